@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs every Debian package Strata's build and tests need. Idempotent: does nothing when all are present.
+set -euo pipefail
+PKGS=(
+  cmake ninja-build g++          # build
+  libgtest-dev libbenchmark-dev  # tests, micro-benchmarks
+  libhwy-dev                     # portable SIMD with runtime dispatch (kernels/)
+  libkissfft-dev                 # real FFT for the VestigeKV selector
+  liblapack-dev libopenblas-dev  # symmetric eigensolver (recall basis), prefill GEMM
+  nlohmann-json3-dev             # config.json, JSON reports
+  libcli11-dev                   # command-line flags
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
