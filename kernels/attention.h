@@ -1,0 +1,69 @@
+// Attention as mergeable online-softmax states.
+//
+// A state over a row set S for one query head is (m, d, o): m = max_{u in S} s_u,
+// d = sum exp(s_u - m), o = sum exp(s_u - m) v_u (unnormalised). States over disjoint sets merge
+// exactly (up to f32 rounding): that is how kept rows and recalled rows, graded pages and exact
+// overlays, and thread chunks combine. The final output is o / d.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+
+#include "core/thread_pool.h"
+
+namespace strata {
+
+// States for G query heads of width dv, stored contiguously: m[G], d[G], o[G * dv].
+struct SoftmaxStates {
+  int n_heads = 0;
+  int dv = 0;
+  float* m = nullptr;
+  float* d = nullptr;
+  float* o = nullptr;
+  void Reset();  // m = -inf, d = 0, o = 0
+};
+
+// Owns storage for SoftmaxStates.
+class SoftmaxStateBuffer {
+ public:
+  SoftmaxStateBuffer() = default;
+  SoftmaxStateBuffer(int n_heads, int dv);
+  SoftmaxStates& states() { return st_; }
+  const SoftmaxStates& states() const { return st_; }
+
+ private:
+  float* Alloc(size_t n);
+  SoftmaxStates st_;
+  struct Free { void operator()(float* p) const; };
+  std::unique_ptr<float[], Free> mem_;
+};
+
+// dst = merge(dst, src); both over the same heads and dv.
+void MergeStates(SoftmaxStates* dst, const SoftmaxStates& src);
+// out[h * dv + j] = o / d; heads with an empty set (d == 0) produce zeros.
+void FinalizeStates(const SoftmaxStates& st, float* out);
+
+// One KV stream read by G query heads at once (all heads of a GQA group, or all heads of an MLA
+// layer, which share the single latent stream).
+//   q:     [G, dk] f32 (already scaled or not: `scale` multiplies q.k)
+//   keys:  row u starts at keys + u * k_stride, dk bf16 values
+//   vals:  row u starts at vals + u * v_stride, dv bf16 values (for MLA: the same rows, first 512)
+// Rows read are [0, n) or, when `rows` is non-null, rows[0..n) (gather; indices into the stream).
+// The result is merged into `st` (call st.Reset() first for a fresh read).
+struct KvStreamView {
+  const uint16_t* keys = nullptr;
+  const uint16_t* vals = nullptr;
+  int64_t k_stride = 0;  // elements
+  int64_t v_stride = 0;  // elements
+  int dk = 0;
+  int dv = 0;
+};
+void AttendStream(const float* q, int n_heads, float scale, const KvStreamView& kv,
+                  const int64_t* rows, int64_t n, SoftmaxStates* st);
+
+// Scalar float64 reference of the same (returns final outputs o/d per head, [G, dv]).
+void AttendStreamRef(const float* q, int n_heads, float scale, const KvStreamView& kv,
+                     const int64_t* rows, int64_t n, double* out);
+
+}  // namespace strata

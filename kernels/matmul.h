@@ -1,0 +1,28 @@
+// Weight-times-activation products for every weight storage type (F32, F16, BF16, Q8_0).
+// Decode is memory-bound: MatVec streams each weight byte once; MatMul (prefill) reuses each
+// weight row across a tile of tokens. Scalar references live beside them for tests.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace strata {
+
+// y[r] = sum_c W[r, c] * x[c] for r in [0, W.rows()). W is a 2-D weight view [rows, cols].
+// Rows are split across `pool` (may be null = caller thread only).
+void MatVec(const TensorView& w, const float* x, float* y, ThreadPool* pool);
+
+// Y[t, r] = sum_c W[r, c] * X[t, c] for t in [0, n). X rows have stride x_stride (elements), Y rows
+// y_stride. Each weight row is read once per tile of tokens.
+void MatMul(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
+            int64_t y_stride, ThreadPool* pool);
+
+// Scalar references (float64 accumulation).
+void MatVecRef(const TensorView& w, const float* x, float* y);
+
+// Dot product of a weight row (any dtype, n elements) with f32 x, SIMD; used by MatVec and tests.
+float DotRow(DType t, const void* row, const float* x, int64_t n);
+
+}  // namespace strata
