@@ -1,0 +1,82 @@
+// KvCache: the per-layer stores of one sequence, the policy that reads and compresses them, and
+// the counters every report is built from.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "kernels/attention.h"
+#include "kv/geometry.h"
+#include "kv/policy.h"
+#include "kv/store.h"
+
+namespace strata {
+
+struct CacheCounters {
+  int64_t reads = 0;               // queries read (per layer summed)
+  int64_t bytes_read_total = 0;
+  int64_t rows_attended_total = 0;
+  int64_t rows_fetched_total = 0;
+  ReadStats last_step;             // summed over layers for the most recent token
+};
+
+class KvCache {
+ public:
+  // Binds the policy to the layers; errors from Bind are returned as they are.
+  static StatusOr<std::unique_ptr<KvCache>> Create(std::vector<LayerGeometry> layers,
+                                                   std::unique_ptr<Policy> policy);
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  int n_layers() const { return static_cast<int>(stores_.size()); }
+  const LayerGeometry& geometry(int layer) const { return stores_[layer].geometry(); }
+  const LayerStore& store(int layer) const { return stores_[layer]; }
+  Policy& policy() { return *policy_; }
+  // Rows appended to layer 0 (every layer holds the same tokens).
+  int64_t n_tokens() const { return stores_.empty() ? 0 : stores_[0].n_rows(); }
+
+  // Appends one token's row(s) (see LayerStore::Append) and notifies the policy.
+  void Append(int layer, const float* k, const float* v);
+
+  // Attention of one query at position `pos` (it sees rows [0, pos]) through the policy.
+  // q: [n_q_heads, k_dim]; out: [n_q_heads, v_dim]. The token at pos must already be appended.
+  void Attend(int layer, const float* q, int64_t pos, ThreadPool* pool, float* out);
+
+  // Prefill observation (event 1). BeginPrefill announces that positions [first, end) are about
+  // to be prefilled; the model then offers every prompt query through ObserveQuery, which keeps
+  // those among the policy's last observation_queries(). EndPrefill is the compression point:
+  // it delivers the observations (exact, causal weights) and calls OnCompress on every layer.
+  void BeginPrefill(int64_t first, int64_t end);
+  void ObserveQuery(int layer, int64_t pos, const float* q);
+  void EndPrefill(ThreadPool* pool);
+  // An explicit compression point without observations.
+  void Compress();
+
+  // Starts a new token's step accounting (the model calls it once per token before layer 0).
+  void BeginStep() { counters_.last_step = ReadStats(); }
+  const CacheCounters& counters() const { return counters_; }
+  // Resident bytes over all layers as the policy accounts them.
+  int64_t ResidentBytes() const;
+  // Bytes per token of the full (uncompressed) cache, summed over layers.
+  int64_t FullBytesPerToken() const;
+
+ private:
+  KvCache(std::vector<LayerGeometry> layers, std::unique_ptr<Policy> policy);
+
+  std::vector<LayerStore> stores_;
+  std::unique_ptr<Policy> policy_;
+  SoftmaxStateBuffer scratch_;
+  CacheCounters counters_;
+  // Observation window: queries at positions >= obs_first_ are recorded per layer.
+  int64_t obs_first_ = 0, obs_end_ = 0;
+  struct Recorded {
+    int64_t pos;
+    std::vector<float> q;  // [n_q_heads, k_dim]
+  };
+  std::vector<std::vector<Recorded>> recorded_;  // [layer]
+};
+
+}  // namespace strata

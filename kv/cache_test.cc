@@ -1,0 +1,247 @@
+#include "kv/cache.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+
+namespace strata {
+namespace {
+
+LayerGeometry Mla(int heads) {
+  LayerGeometry g;
+  g.kind = AttnKind::kMla;
+  g.n_q_heads = heads;
+  g.n_kv_heads = 1;
+  g.k_dim = 40;
+  g.v_dim = 32;
+  g.rope_dim = 8;
+  g.rope = false;
+  g.scale = 0.3f;
+  return g;
+}
+
+LayerGeometry Gqa() {
+  LayerGeometry g;
+  g.kind = AttnKind::kGqa;
+  g.n_q_heads = 6;
+  g.n_kv_heads = 2;
+  g.k_dim = 16;
+  g.v_dim = 16;
+  g.rope_dim = 16;
+  g.scale = 0.25f;
+  return g;
+}
+
+// float64 reference of exact attention over rows [0, limit) for every head.
+std::vector<double> Reference(const LayerStore& s, const std::vector<float>& q, int64_t limit) {
+  const LayerGeometry& g = s.geometry();
+  std::vector<double> out(static_cast<size_t>(g.n_q_heads) * g.v_dim, 0.0);
+  for (int h = 0; h < g.n_q_heads; ++h) {
+    const int kh = h / g.group_size();
+    std::vector<double> sc(limit);
+    double mx = -1e300;
+    for (int64_t u = 0; u < limit; ++u) {
+      double a = 0;
+      const uint16_t* k = s.key_row(kh, u);
+      for (int c = 0; c < g.k_dim; ++c) a += static_cast<double>(q[h * g.k_dim + c]) * Bf16ToF32(k[c]);
+      sc[u] = a * g.scale;
+      mx = std::max(mx, sc[u]);
+    }
+    double z = 0;
+    for (int64_t u = 0; u < limit; ++u) z += std::exp(sc[u] - mx);
+    for (int64_t u = 0; u < limit; ++u) {
+      const double w = std::exp(sc[u] - mx) / z;
+      const uint16_t* v = s.val_row(kh, u);
+      for (int c = 0; c < g.v_dim; ++c) out[h * g.v_dim + c] += w * Bf16ToF32(v[c]);
+    }
+  }
+  return out;
+}
+
+void Fill(KvCache* cache, Rng& rng, int64_t n) {
+  for (int l = 0; l < cache->n_layers(); ++l) {
+    const LayerGeometry& g = cache->geometry(l);
+    std::vector<float> k(g.n_kv_heads * g.k_dim), v(g.n_kv_heads * g.v_dim);
+    for (int64_t t = 0; t < n; ++t) {
+      for (auto& x : k) x = static_cast<float>(rng.Normal());
+      for (auto& x : v) x = static_cast<float>(rng.Normal());
+      cache->Append(l, k.data(), v.data());
+    }
+  }
+}
+
+// The full policy is classic attention: equal to a float64 reference over the bf16 rows, for
+// every query position, at 1 and 3 threads. Tolerance 2e-5: f32 accumulation of O(1) values over
+// <= 300 rows.
+TEST(KvCacheTest, FullPolicyMatchesFloat64Reference) {
+  const uint64_t seed = TestSeed();
+  Rng rng(seed);
+  auto cache = KvCache::Create({Mla(5), Gqa()}, std::make_unique<FullPolicy>());
+  ASSERT_TRUE(cache.ok());
+  KvCache& c = **cache;
+  Fill(&c, rng, 300);
+  ThreadPool pool(3);
+  for (int l = 0; l < 2; ++l) {
+    const LayerGeometry& g = c.geometry(l);
+    for (int64_t pos : {0, 1, 63, 64, 65, 200, 299}) {
+      std::vector<float> q(g.n_q_heads * g.k_dim), out(g.n_q_heads * g.v_dim);
+      for (auto& x : q) x = static_cast<float>(rng.Normal());
+      auto ref = Reference(c.store(l), q, pos + 1);
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+        c.Attend(l, q.data(), pos, p, out.data());
+        for (size_t i = 0; i < out.size(); ++i) {
+          ASSERT_NEAR(out[i], ref[i], 2e-5) << "seed " << seed << " layer " << l << " pos " << pos;
+        }
+      }
+    }
+  }
+}
+
+TEST(KvCacheTest, ReadRowsOfEveryRowEqualsReadPrefix) {
+  const uint64_t seed = TestSeed();
+  Rng rng(seed);
+  auto cache = KvCache::Create({Gqa()}, std::make_unique<FullPolicy>());
+  ASSERT_TRUE(cache.ok());
+  Fill(cache->get(), rng, 150);
+  const LayerStore& s = (*cache)->store(0);
+  const LayerGeometry& g = s.geometry();
+  std::vector<float> q(g.n_q_heads * g.k_dim);
+  for (auto& x : q) x = static_cast<float>(rng.Normal());
+  std::vector<int64_t> rows(150);
+  for (int i = 0; i < 150; ++i) rows[i] = i;
+  SoftmaxStateBuffer a(g.n_q_heads, g.v_dim), b(g.n_q_heads, g.v_dim);
+  a.states().Reset();
+  b.states().Reset();
+  ReadStats sa, sb;
+  ReadPrefix(s, q.data(), 150, nullptr, &a.states(), &sa);
+  ReadRows(s, q.data(), rows.data(), 150, nullptr, &b.states(), &sb);
+  std::vector<float> oa(g.n_q_heads * g.v_dim), ob(oa.size());
+  FinalizeStates(a.states(), oa.data());
+  FinalizeStates(b.states(), ob.data());
+  for (size_t i = 0; i < oa.size(); ++i) ASSERT_NEAR(oa[i], ob[i], 1e-6) << "seed " << seed;
+  EXPECT_EQ(sa.bytes_read, sb.bytes_read);
+  EXPECT_EQ(sa.bytes_read, 150 * 2 * 2 * (16 + 16));
+  // A subset equals the reference restricted to that subset (rows 0..9 only).
+  std::vector<int64_t> sub = {0, 3, 9};
+  SoftmaxStateBuffer c(g.n_q_heads, g.v_dim);
+  c.states().Reset();
+  ReadRows(s, q.data(), sub.data(), 3, nullptr, &c.states(), nullptr);
+  std::vector<float> oc(oa.size());
+  FinalizeStates(c.states(), oc.data());
+  for (int h = 0; h < g.n_q_heads; ++h) {
+    const int kh = h / g.group_size();
+    double sc[3], mx = -1e300, z = 0;
+    for (int i = 0; i < 3; ++i) {
+      double acc = 0;
+      for (int d = 0; d < g.k_dim; ++d) acc += q[h * g.k_dim + d] * Bf16ToF32(s.key_row(kh, sub[i])[d]);
+      sc[i] = acc * g.scale;
+      mx = std::max(mx, sc[i]);
+    }
+    for (double x : sc) z += std::exp(x - mx);
+    for (int d = 0; d < g.v_dim; ++d) {
+      double o = 0;
+      for (int i = 0; i < 3; ++i) o += std::exp(sc[i] - mx) / z * Bf16ToF32(s.val_row(kh, sub[i])[d]);
+      ASSERT_NEAR(oc[h * g.v_dim + d], o, 1e-5);
+    }
+  }
+}
+
+TEST(KvCacheTest, RowsAreStoredOnceInBf16AndPagesCanBeReleased) {
+  const uint64_t seed = TestSeed();
+  Rng rng(seed);
+  LayerStore s(Mla(2));
+  std::vector<float> row(40);
+  std::vector<std::vector<uint16_t>> expect;
+  for (int t = 0; t < 130; ++t) {
+    for (auto& x : row) x = static_cast<float>(rng.Normal());
+    s.Append(row.data(), nullptr);
+    std::vector<uint16_t> b(40);
+    for (int i = 0; i < 40; ++i) b[i] = F32ToBf16(row[i]);
+    expect.push_back(b);
+  }
+  for (int t = 0; t < 130; ++t) {
+    ASSERT_EQ(0, std::memcmp(s.key_row(0, t), expect[t].data(), 80)) << t;
+    ASSERT_EQ(s.val_row(0, t), s.key_row(0, t));  // MLA value = the row's first v_dim columns
+  }
+  EXPECT_EQ(s.n_pages(), 3);
+  EXPECT_EQ(s.resident_bytes(), 3 * 64 * 40 * 2);
+  s.ReleasePage(0, 0);
+  EXPECT_FALSE(s.page_resident(0, 0));
+  EXPECT_EQ(s.resident_bytes(), 2 * 64 * 40 * 2);
+  ASSERT_EQ(0, std::memcmp(s.key_row(0, 64), expect[64].data(), 80));
+}
+
+// Observation weights: exact causal softmax rows that sum to 1 and are zero nowhere inside the
+// causal window; delivered only for the last observation_queries() prompt positions.
+class ObservingPolicy final : public Policy {
+ public:
+  std::string name() const override { return "observe"; }
+  Status Bind(const std::vector<LayerGeometry>&) override { return OkStatus(); }
+  int observation_queries() const override { return 3; }
+  void OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& o) override {
+    seen.push_back(o.query_pos);
+    for (int h = 0; h < o.n_q_heads; ++h) {
+      double s = 0;
+      for (int64_t u = 0; u < o.n_keys; ++u) s += o.weights[h * o.n_keys + u];
+      sums.push_back(s);
+    }
+  }
+  void OnCompress(int layer, LayerStore&) override { ++compressions; }
+  void Read(int, const LayerStore& s, const float* q, int64_t limit, ThreadPool* p,
+            SoftmaxStates* st, ReadStats* stats) override {
+    ReadPrefix(s, q, limit, p, st, stats);
+  }
+  std::vector<int64_t> seen;
+  std::vector<double> sums;
+  int compressions = 0;
+};
+
+TEST(KvCacheTest, PrefillObservationIsCausalAndNormalised) {
+  const uint64_t seed = TestSeed();
+  Rng rng(seed);
+  auto policy = std::make_unique<ObservingPolicy>();
+  ObservingPolicy* p = policy.get();
+  auto cache = KvCache::Create({Gqa()}, std::move(policy));
+  ASSERT_TRUE(cache.ok());
+  KvCache& c = **cache;
+  c.BeginPrefill(0, 10);
+  std::vector<float> q(6 * 16);
+  Fill(&c, rng, 10);
+  for (int64_t pos = 0; pos < 10; ++pos) {
+    for (auto& x : q) x = static_cast<float>(rng.Normal());
+    c.ObserveQuery(0, pos, q.data());
+  }
+  c.EndPrefill(nullptr);
+  EXPECT_EQ(p->seen, (std::vector<int64_t>{7, 8, 9}));
+  for (double s : p->sums) EXPECT_NEAR(s, 1.0, 1e-5);
+  EXPECT_EQ(p->compressions, 1);
+}
+
+class RejectingPolicy final : public Policy {
+ public:
+  std::string name() const override { return "needs-mla"; }
+  Status Bind(const std::vector<LayerGeometry>&) override {
+    return InvalidArgument("model has no MLA layers");
+  }
+  void Read(int, const LayerStore&, const float*, int64_t, ThreadPool*, SoftmaxStates*,
+            ReadStats*) override {}
+};
+
+TEST(KvCacheTest, CreateErrorsNameTheProblem) {
+  auto a = KvCache::Create({Gqa()}, std::make_unique<RejectingPolicy>());
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().message(), "policy 'needs-mla': model has no MLA layers");
+  LayerGeometry bad = Gqa();
+  bad.n_q_heads = 5;  // not a multiple of 2 KV heads
+  auto b = KvCache::Create({bad}, std::make_unique<FullPolicy>());
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find("layer 0"), std::string::npos);
+  auto c = KvCache::Create({}, std::make_unique<FullPolicy>());
+  EXPECT_FALSE(c.ok());
+}
+
+}  // namespace
+}  // namespace strata

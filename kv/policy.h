@@ -1,0 +1,86 @@
+// The cache policy interface: the three events a policy sees and the read it performs.
+//
+// Events (nothing else reaches a policy):
+//   1. prefill statistics: exact attention weights of the last observation_queries() prompt
+//      queries, one query at a time (bounded memory), delivered at the compression point;
+//   2. block close / compression: OnAppend after every appended row (a policy closes its own blocks)
+//      and OnCompress at the compression point (end of a prefill call, or an explicit Compress());
+//   3. decode step: Read, with the current query; the policy picks what to read (recall scan, page
+//      selection, EMA update) and returns online-softmax states that the cache finalises.
+// Cache mutations happen only inside these calls and only through the LayerStore API, so every
+// byte a policy holds is visible to ResidentBytes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "kernels/attention.h"
+#include "kv/geometry.h"
+#include "kv/store.h"
+
+namespace strata {
+
+// Rows and bytes one read touched (summed over layers by the cache).
+struct ReadStats {
+  int64_t rows_attended = 0;  // distinct rows whose full K/V were read (per KV head summed)
+  int64_t rows_fetched = 0;   // rows recalled from an archive this step
+  int64_t bytes_read = 0;     // every byte the read touched: rows, indexes, scales, summaries
+};
+
+// Exact attention weights of one observed prompt query.
+struct PrefillObservation {
+  int64_t query_pos = 0;     // position of the query; it saw rows [0, query_pos]
+  int n_q_heads = 0;
+  int64_t n_keys = 0;        // = query_pos + 1
+  const float* weights = nullptr;  // [n_q_heads, n_keys] softmax probabilities
+};
+
+class Policy {
+ public:
+  virtual ~Policy() = default;
+  virtual std::string name() const = 0;
+  // Checks the policy fits the model (e.g. a row policy on a model with no MLA layer is an error
+  // naming both) and sizes per-layer state.
+  virtual Status Bind(const std::vector<LayerGeometry>& layers) = 0;
+
+  // Event 1. How many trailing prompt queries to observe (0: none).
+  virtual int observation_queries() const { return 0; }
+  virtual void OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& obs) {}
+  // Event 2.
+  virtual void OnAppend(int layer, LayerStore& store) {}
+  virtual void OnCompress(int layer, LayerStore& store) {}
+  // Event 3. q: [n_q_heads, k_dim] f32 for a query that may see rows [0, limit). Writes states for
+  // all n_q_heads heads (st->Reset() already done by the caller).
+  virtual void Read(int layer, const LayerStore& store, const float* q, int64_t limit,
+                    ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) = 0;
+  // Bytes this policy keeps resident for the layer (rows it still holds + its own structures).
+  virtual int64_t ResidentBytes(int layer, const LayerStore& store) const {
+    return store.resident_bytes();
+  }
+};
+
+// The classic cache: every visible row, exactly. The reference every other policy is tested
+// against ("policy off").
+class FullPolicy final : public Policy {
+ public:
+  std::string name() const override { return "full"; }
+  Status Bind(const std::vector<LayerGeometry>& layers) override { return OkStatus(); }
+  void Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
+            SoftmaxStates* st, ReadStats* stats) override;
+};
+
+// Exact reads shared by all row-selecting policies.
+//
+// ReadPrefix: rows [0, limit) of every KV head. ReadRows: the listed rows (ascending, < limit) of
+// every KV head. Both split pages across the pool's threads with per-thread states merged in
+// thread order, and count rows and bytes into stats.
+void ReadPrefix(const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
+                SoftmaxStates* st, ReadStats* stats);
+void ReadRows(const LayerStore& store, const float* q, const int64_t* rows, int64_t n_rows,
+              ThreadPool* pool, SoftmaxStates* st, ReadStats* stats);
+
+}  // namespace strata

@@ -1,0 +1,283 @@
+// deepseek2 forward pass: MLA with absorbed attention over 576-wide latent rows [c_hat ; r] (the
+// branch last), RoPE or NoPE on the branch, optional q LoRA, and MoE FFNs (softmax or sigmoid
+// routing, top-k, shared experts, leading dense layers).
+//
+// Absorbed form, per head h:  q_abs_h = [W_UK,h^T q_nope_h ; q_pe_h]  (d_c + d_r),
+//   s_h(u) = q_abs_h . row_u / sqrt(nope + rope),  o_hat_h = sum softmax * c_hat_u  (d_c),
+//   o_h = W_UV,h o_hat_h  (v),  out = W_o concat_h o_h.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+#include "model/arch.h"
+
+namespace strata {
+namespace {
+
+struct MlaLayer {
+  std::vector<float> attn_norm, ffn_norm, kv_a_norm, q_a_norm;
+  TensorView wq, wq_a, wq_b, wkv_a, wo;
+  TensorView k_b;  // [H, d_c, nope]: per head W_UK,h^T
+  TensorView v_b;  // [H, v, d_c]: per head W_UV,h
+  std::vector<float> k_b_owned, v_b_owned;  // filled when split from a legacy attn_kv_b
+  // FFN: dense or MoE
+  bool moe = false;
+  TensorView gate, up, down;                        // dense [ff, d], [ff, d], [d, ff]
+  TensorView router;                                // [E, d]
+  std::vector<float> router_bias;                   // [E] exp_probs_b (sigmoid routing), optional
+  TensorView gate_exps, up_exps, down_exps;         // [E, ffe, d], [E, ffe, d], [E, d, ffe]
+  TensorView gate_sh, up_sh, down_sh;               // shared experts [ffs, d], [ffs, d], [d, ffs]
+  bool has_shared = false;
+};
+
+TensorView OwnedF32(const std::vector<float>& buf, std::vector<int64_t> shape) {
+  TensorView t;
+  t.data = buf.data();
+  t.dtype = DType::kF32;
+  t.n_dims = static_cast<int>(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) t.shape[i] = shape[i];
+  return t;
+}
+
+std::vector<float> ToF32Vec(const TensorView& t) {
+  std::vector<float> v(t.numel());
+  ToF32(t.dtype, t.data, v.data(), t.numel());
+  return v;
+}
+
+class Deepseek2Model final : public Model {
+ public:
+  Deepseek2Model(std::unique_ptr<GgufFile> f, const ModelConfig& c) : Model(std::move(f), c) {}
+
+  std::vector<LayerGeometry> CacheLayers() const override {
+    const ModelConfig& c = config_;
+    LayerGeometry g;
+    g.kind = AttnKind::kMla;
+    g.n_q_heads = c.n_heads;
+    g.n_kv_heads = 1;
+    g.k_dim = c.kv_lora_rank + c.qk_rope_dim;
+    g.v_dim = c.kv_lora_rank;
+    g.rope_dim = c.qk_rope_dim;
+    g.rope = !c.mla_nope;
+    g.scale = 1.f / std::sqrt(static_cast<float>(c.qk_nope_dim + c.qk_rope_dim));
+    return std::vector<LayerGeometry>(c.n_layers, g);
+  }
+
+ protected:
+  Status LoadWeights() override {
+    const ModelConfig& c = config_;
+    const int64_t d = c.d_model, H = c.n_heads, dc = c.kv_lora_rank, dr = c.qk_rope_dim,
+                  nope = c.qk_nope_dim, vd = c.v_head_dim, qk = nope + dr;
+    layers_.resize(c.n_layers);
+    for (int l = 0; l < c.n_layers; ++l) {
+      const std::string p = "blk." + std::to_string(l) + ".";
+      MlaLayer& L = layers_[l];
+      ASSIGN_OR_RETURN(TensorView an, Weight(p + "attn_norm.weight", {d}));
+      ASSIGN_OR_RETURN(TensorView fn, Weight(p + "ffn_norm.weight", {d}));
+      ASSIGN_OR_RETURN(TensorView kvn, Weight(p + "attn_kv_a_norm.weight", {dc}));
+      L.attn_norm = ToF32Vec(an);
+      L.ffn_norm = ToF32Vec(fn);
+      L.kv_a_norm = ToF32Vec(kvn);
+      if (c.q_lora_rank > 0) {
+        ASSIGN_OR_RETURN(L.wq_a, Weight(p + "attn_q_a.weight", {c.q_lora_rank, d}));
+        ASSIGN_OR_RETURN(TensorView qn, Weight(p + "attn_q_a_norm.weight", {c.q_lora_rank}));
+        L.q_a_norm = ToF32Vec(qn);
+        ASSIGN_OR_RETURN(L.wq_b, Weight(p + "attn_q_b.weight", {H * qk, c.q_lora_rank}));
+      } else {
+        ASSIGN_OR_RETURN(L.wq, Weight(p + "attn_q.weight", {H * qk, d}));
+      }
+      ASSIGN_OR_RETURN(L.wkv_a, Weight(p + "attn_kv_a_mqa.weight", {dc + dr, d}));
+      ASSIGN_OR_RETURN(L.wo, Weight(p + "attn_output.weight", {d, H * vd}));
+      bool has_kb = false;
+      ASSIGN_OR_RETURN(L.k_b, OptionalWeight(p + "attn_k_b.weight", {H, dc, nope}, &has_kb));
+      if (has_kb) {
+        ASSIGN_OR_RETURN(L.v_b, Weight(p + "attn_v_b.weight", {H, vd, dc}));
+      } else {
+        // Legacy unsplit kv_b [H * (nope + v), d_c]: split into W_UK,h^T and W_UV,h at load.
+        ASSIGN_OR_RETURN(TensorView kvb, Weight(p + "attn_kv_b.weight", {H * (nope + vd), dc}));
+        std::vector<float> full = ToF32Vec(kvb);
+        L.k_b_owned.resize(H * dc * nope);
+        L.v_b_owned.resize(H * vd * dc);
+        for (int64_t h = 0; h < H; ++h) {
+          const float* base = full.data() + h * (nope + vd) * dc;
+          for (int64_t i = 0; i < nope; ++i) {
+            for (int64_t j = 0; j < dc; ++j) L.k_b_owned[(h * dc + j) * nope + i] = base[i * dc + j];
+          }
+          std::memcpy(&L.v_b_owned[h * vd * dc], base + nope * dc, sizeof(float) * vd * dc);
+        }
+        L.k_b = OwnedF32(L.k_b_owned, {H, dc, nope});
+        L.v_b = OwnedF32(L.v_b_owned, {H, vd, dc});
+      }
+      L.moe = c.is_moe_layer(l);
+      if (!L.moe) {
+        ASSIGN_OR_RETURN(L.gate, Weight(p + "ffn_gate.weight", {c.d_ff, d}));
+        ASSIGN_OR_RETURN(L.up, Weight(p + "ffn_up.weight", {c.d_ff, d}));
+        ASSIGN_OR_RETURN(L.down, Weight(p + "ffn_down.weight", {d, c.d_ff}));
+      } else {
+        const int64_t E = c.n_experts, ffe = c.d_ff_expert;
+        ASSIGN_OR_RETURN(L.router, Weight(p + "ffn_gate_inp.weight", {E, d}));
+        bool has_bias = false;
+        ASSIGN_OR_RETURN(TensorView rb, OptionalWeight(p + "exp_probs_b.bias", {E}, &has_bias));
+        if (has_bias) L.router_bias = ToF32Vec(rb);
+        ASSIGN_OR_RETURN(L.gate_exps, Weight(p + "ffn_gate_exps.weight", {E, ffe, d}));
+        ASSIGN_OR_RETURN(L.up_exps, Weight(p + "ffn_up_exps.weight", {E, ffe, d}));
+        ASSIGN_OR_RETURN(L.down_exps, Weight(p + "ffn_down_exps.weight", {E, d, ffe}));
+        if (c.n_shared_experts > 0) {
+          const int64_t ffs = ffe * c.n_shared_experts;
+          L.has_shared = true;
+          ASSIGN_OR_RETURN(L.gate_sh, Weight(p + "ffn_gate_shexp.weight", {ffs, d}));
+          ASSIGN_OR_RETURN(L.up_sh, Weight(p + "ffn_up_shexp.weight", {ffs, d}));
+          ASSIGN_OR_RETURN(L.down_sh, Weight(p + "ffn_down_shexp.weight", {d, ffs}));
+        }
+      }
+    }
+    rope_.freq_base = c.rope_base;
+    rope_.freq_scale = c.rope_freq_scale;
+    return OkStatus();
+  }
+
+  void ForwardChunk(const int32_t* tokens, int n, KvCache* cache, ThreadPool* pool,
+                    float* x) override {
+    const ModelConfig& c = config_;
+    const int64_t d = c.d_model, H = c.n_heads, dc = c.kv_lora_rank, dr = c.qk_rope_dim,
+                  nope = c.qk_nope_dim, vd = c.v_head_dim, qk = nope + dr, row = dc + dr;
+    const int64_t p0 = cache->n_tokens();
+    cache->BeginStep();
+    Embed(tokens, n, x);
+    std::vector<float> xn(n * d), q(n * H * qk), kva(n * row), qabs(H * row), att(H * dc),
+        o(n * H * vd), y(n * d);
+    std::vector<float> qa(c.q_lora_rank > 0 ? n * c.q_lora_rank : 0);
+    auto matmul = [&](const TensorView& w, const float* in, int64_t in_dim, float* out,
+                      int64_t out_dim) {
+      if (n == 1) {
+        MatVec(w, in, out, pool);
+      } else {
+        MatMul(w, in, n, in_dim, out, out_dim, pool);
+      }
+    };
+    for (int l = 0; l < c.n_layers; ++l) {
+      const MlaLayer& L = layers_[l];
+      for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.attn_norm.data(), d, c.rms_eps, &xn[i * d]);
+      if (c.q_lora_rank > 0) {
+        const int64_t r = c.q_lora_rank;
+        matmul(L.wq_a, xn.data(), d, qa.data(), r);
+        for (int i = 0; i < n; ++i) RmsNorm(&qa[i * r], L.q_a_norm.data(), r, c.rms_eps, &qa[i * r]);
+        matmul(L.wq_b, qa.data(), r, q.data(), H * qk);
+      } else {
+        matmul(L.wq, xn.data(), d, q.data(), H * qk);
+      }
+      matmul(L.wkv_a, xn.data(), d, kva.data(), row);
+      // Cache rows: [RMSNorm(c) ; k_pe (rotated unless NoPE)].
+      for (int i = 0; i < n; ++i) {
+        float* r = &kva[i * row];
+        RmsNorm(r, L.kv_a_norm.data(), dc, c.rms_eps, r);
+        if (!c.mla_nope) Rope(r + dc, static_cast<int>(dr), p0 + i, RopeStyle::kNorm, rope_);
+        cache->Append(l, r, nullptr);
+      }
+      for (int i = 0; i < n; ++i) {
+        // Absorbed queries for every head, in parallel over heads.
+        auto absorb = [&](int64_t hb, int64_t he, int) {
+          for (int64_t h = hb; h < he; ++h) {
+            float* qh = &q[(i * H + h) * qk];
+            float* out = &qabs[h * row];
+            MatVec(L.k_b.Rows(h * dc, dc), qh, out, nullptr);
+            std::memcpy(out + dc, qh + nope, sizeof(float) * dr);
+            if (!c.mla_nope) Rope(out + dc, static_cast<int>(dr), p0 + i, RopeStyle::kNorm, rope_);
+          }
+        };
+        if (pool) pool->ParallelFor(H, absorb); else absorb(0, H, 0);
+        cache->ObserveQuery(l, p0 + i, qabs.data());
+        cache->Attend(l, qabs.data(), p0 + i, pool, att.data());
+        auto expand = [&](int64_t hb, int64_t he, int) {
+          for (int64_t h = hb; h < he; ++h) {
+            MatVec(L.v_b.Rows(h * vd, vd), &att[h * dc], &o[(i * H + h) * vd], nullptr);
+          }
+        };
+        if (pool) pool->ParallelFor(H, expand); else expand(0, H, 0);
+      }
+      matmul(L.wo, o.data(), H * vd, y.data(), d);
+      for (int64_t j = 0; j < n * d; ++j) x[j] += y[j];
+      for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.ffn_norm.data(), d, c.rms_eps, &xn[i * d]);
+      if (!L.moe) {
+        Ffn(L.gate, L.up, L.down, xn.data(), n, c.d_ff, pool, y.data());
+      } else {
+        Moe(L, xn.data(), n, pool, y.data());
+      }
+      for (int64_t j = 0; j < n * d; ++j) x[j] += y[j];
+    }
+  }
+
+ private:
+  // y = down(silu(gate x) * up x) for n tokens.
+  void Ffn(const TensorView& gate, const TensorView& up, const TensorView& down, const float* x,
+           int n, int64_t ff, ThreadPool* pool, float* y) const {
+    const int64_t d = config_.d_model;
+    std::vector<float> g(n * ff), u(n * ff);
+    if (n == 1) {
+      MatVec(gate, x, g.data(), pool);
+      MatVec(up, x, u.data(), pool);
+      SwiGlu(g.data(), u.data(), ff);
+      MatVec(down, g.data(), y, pool);
+    } else {
+      MatMul(gate, x, n, d, g.data(), ff, pool);
+      MatMul(up, x, n, d, u.data(), ff, pool);
+      SwiGlu(g.data(), u.data(), n * ff);
+      MatMul(down, g.data(), n, ff, y, d, pool);
+    }
+  }
+
+  void Moe(const MlaLayer& L, const float* x, int n, ThreadPool* pool, float* y) const {
+    const ModelConfig& c = config_;
+    const int64_t d = c.d_model, E = c.n_experts, ffe = c.d_ff_expert;
+    std::vector<float> logits(E), score(E), sel_key(E), tmp(d), g(ffe), u(ffe);
+    std::vector<int> order(E);
+    if (L.has_shared) {
+      Ffn(L.gate_sh, L.up_sh, L.down_sh, x, n, ffe * c.n_shared_experts, pool, y);
+    } else {
+      std::fill(y, y + n * d, 0.f);
+    }
+    for (int i = 0; i < n; ++i) {
+      const float* xi = x + i * d;
+      MatVec(L.router, xi, logits.data(), pool);
+      if (c.expert_gating == 2) {
+        for (int64_t e = 0; e < E; ++e) score[e] = 1.f / (1.f + std::exp(-logits[e]));
+      } else {
+        score = logits;
+        Softmax(score.data(), E);
+      }
+      for (int64_t e = 0; e < E; ++e) {
+        sel_key[e] = score[e] + (L.router_bias.empty() ? 0.f : L.router_bias[e]);
+      }
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + c.n_experts_used, order.end(),
+                        [&](int a, int b) { return sel_key[a] != sel_key[b] ? sel_key[a] > sel_key[b] : a < b; });
+      double wsum = 0;
+      for (int k = 0; k < c.n_experts_used; ++k) wsum += score[order[k]];
+      for (int k = 0; k < c.n_experts_used; ++k) {
+        const int e = order[k];
+        float w = score[e];
+        if (c.expert_weights_norm && wsum > 0) w = static_cast<float>(w / wsum);
+        w *= c.expert_weights_scale;
+        MatVec(L.gate_exps.Rows(e * ffe, ffe), xi, g.data(), pool);
+        MatVec(L.up_exps.Rows(e * ffe, ffe), xi, u.data(), pool);
+        SwiGlu(g.data(), u.data(), ffe);
+        MatVec(L.down_exps.Rows(e * d, d), g.data(), tmp.data(), pool);
+        Axpy(w, tmp.data(), y + i * d, d);
+      }
+    }
+  }
+
+  std::vector<MlaLayer> layers_;
+  RopeParams rope_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> NewDeepseek2Model(std::unique_ptr<GgufFile> file, const ModelConfig& config) {
+  return std::make_unique<Deepseek2Model>(std::move(file), config);
+}
+
+}  // namespace strata

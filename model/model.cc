@@ -1,0 +1,206 @@
+#include "model/model.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "io/hf.h"
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+#include "model/arch.h"
+
+namespace strata {
+
+namespace {
+std::string ShapeStr(const std::vector<int64_t>& s) {
+  std::string r = "[";
+  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  return r + "]";
+}
+}  // namespace
+
+StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return NotFound("model path '" + path + "' does not exist");
+  if (S_ISDIR(st.st_mode)) {
+    HfConvertOptions opts;
+    opts.out_dtype = DType::kF32;
+    ASSIGN_OR_RETURN(GgufWriter w, ConvertHfDirectory(path, opts));
+    ASSIGN_OR_RETURN(auto file, GgufFile::FromBuffer(w.ToBytes(), path));
+    return FromGguf(std::move(file));
+  }
+  ASSIGN_OR_RETURN(auto file, GgufFile::Open(path));
+  return FromGguf(std::move(file));
+}
+
+StatusOr<std::unique_ptr<Model>> Model::FromGguf(std::unique_ptr<GgufFile> file) {
+  ASSIGN_OR_RETURN(ModelConfig cfg, ModelConfig::FromGguf(*file));
+  std::unique_ptr<Model> m;
+  const std::string path = file->path();
+  switch (cfg.arch) {
+    case Arch::kLlama:
+    case Arch::kQwen2:
+      m = NewLlamaModel(std::move(file), cfg);
+      break;
+    case Arch::kDeepseek2:
+      m = NewDeepseek2Model(std::move(file), cfg);
+      break;
+  }
+  RETURN_IF_ERROR(m->LoadCommon().WithContext(path));
+  RETURN_IF_ERROR(m->LoadWeights().WithContext(path));
+  return m;
+}
+
+Model::Model(std::unique_ptr<GgufFile> file, ModelConfig config)
+    : file_(std::move(file)), config_(std::move(config)) {}
+
+StatusOr<TensorView> Model::Weight(const std::string& name,
+                                   const std::vector<int64_t>& shape) const {
+  bool present = false;
+  ASSIGN_OR_RETURN(TensorView t, OptionalWeight(name, shape, &present));
+  if (!present) return NotFound("missing tensor " + name + " (expected shape " + ShapeStr(shape) + ")");
+  return t;
+}
+
+StatusOr<TensorView> Model::OptionalWeight(const std::string& name,
+                                           const std::vector<int64_t>& shape,
+                                           bool* present) const {
+  const GgufTensorInfo* info = file_->FindTensor(name);
+  *present = info != nullptr;
+  if (!info) return TensorView();
+  if (info->shape != shape) {
+    return InvalidArgument("tensor " + name + " has shape " + ShapeStr(info->shape) +
+                           ", expected " + ShapeStr(shape));
+  }
+  if (info->dtype != DType::kF32 && info->dtype != DType::kF16 && info->dtype != DType::kBF16 &&
+      info->dtype != DType::kQ8_0) {
+    return Unimplemented("tensor " + name + " has type " + std::string(DTypeName(info->dtype)) +
+                         "; weights must be F32, F16, BF16 or Q8_0");
+  }
+  return file_->Tensor(name);
+}
+
+Status Model::LoadCommon() {
+  const ModelConfig& c = config_;
+  const GgufTensorInfo* emb = file_->FindTensor("token_embd.weight");
+  if (!emb) return NotFound("missing tensor token_embd.weight");
+  if (emb->shape.size() != 2 || emb->shape[1] != c.d_model) {
+    return InvalidArgument("tensor token_embd.weight has shape " + ShapeStr(emb->shape) +
+                           ", expected [n_vocab, " + std::to_string(c.d_model) + "]");
+  }
+  config_.n_vocab = emb->shape[0];
+  ASSIGN_OR_RETURN(tok_embd_, Weight("token_embd.weight", {config_.n_vocab, c.d_model}));
+  ASSIGN_OR_RETURN(output_norm_, Weight("output_norm.weight", {c.d_model}));
+  output_norm_f32_.resize(c.d_model);
+  ToF32(output_norm_.dtype, output_norm_.data, output_norm_f32_.data(), c.d_model);
+  bool has_output = false;
+  ASSIGN_OR_RETURN(output_, OptionalWeight("output.weight", {config_.n_vocab, c.d_model}, &has_output));
+  if (!has_output) output_ = tok_embd_;  // tied embeddings
+  if (file_->Has("tokenizer.ggml.model")) {
+    ASSIGN_OR_RETURN(tokenizer_, Tokenizer::FromGguf(*file_));
+    if (tokenizer_->vocab_size() > config_.n_vocab) {
+      return InvalidArgument("tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
+                             " tokens but token_embd.weight has " +
+                             std::to_string(config_.n_vocab) + " rows");
+    }
+  }
+  return OkStatus();
+}
+
+int64_t Model::total_weight_bytes() const {
+  int64_t b = 0;
+  for (const auto& t : file_->tensors()) b += static_cast<int64_t>(t.n_bytes);
+  return b;
+}
+
+int64_t Model::decode_weight_bytes() const {
+  int64_t b = 0;
+  const ModelConfig& c = config_;
+  for (const auto& t : file_->tensors()) {
+    if (t.name == "token_embd.weight") {
+      b += DTypeRowBytes(t.dtype, c.d_model);
+      if (output_.data == tok_embd_.data) b += static_cast<int64_t>(t.n_bytes);  // tied output
+      continue;
+    }
+    const bool routed = t.name.find("_exps.") != std::string::npos;
+    if (routed && c.n_experts > 0) {
+      b += static_cast<int64_t>(t.n_bytes) / c.n_experts * c.n_experts_used;
+    } else {
+      b += static_cast<int64_t>(t.n_bytes);
+    }
+  }
+  return b;
+}
+
+StatusOr<std::unique_ptr<KvCache>> Model::NewCache(std::unique_ptr<Policy> policy) const {
+  return KvCache::Create(CacheLayers(), std::move(policy));
+}
+
+void Model::Embed(const int32_t* tokens, int n, float* x) const {
+  for (int i = 0; i < n; ++i) {
+    ToF32(tok_embd_.dtype, tok_embd_.row(tokens[i]), x + static_cast<int64_t>(i) * config_.d_model,
+          config_.d_model);
+  }
+}
+
+void Model::Logits(const float* hidden, int n, ThreadPool* pool, float* logits) const {
+  const int d = config_.d_model;
+  std::vector<float> xn(static_cast<size_t>(n) * d);
+  for (int i = 0; i < n; ++i) {
+    RmsNorm(hidden + static_cast<int64_t>(i) * d, output_norm_f32_.data(), d, config_.rms_eps,
+            xn.data() + static_cast<int64_t>(i) * d);
+  }
+  if (n == 1) {
+    MatVec(output_, xn.data(), logits, pool);
+  } else {
+    MatMul(output_, xn.data(), n, d, logits, config_.n_vocab, pool);
+  }
+}
+
+Status Model::Prefill(const int32_t* tokens, int64_t n, int chunk, KvCache* cache,
+                      ThreadPool* pool, float* logits_last, std::vector<float>* all_logits) {
+  if (n <= 0) return InvalidArgument("prefill of " + std::to_string(n) + " tokens");
+  if (chunk <= 0) return InvalidArgument("--chunk must be >= 1, got " + std::to_string(chunk));
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= config_.n_vocab) {
+      return InvalidArgument("token id " + std::to_string(tokens[i]) + " at prompt position " +
+                             std::to_string(i) + " is outside the vocabulary [0, " +
+                             std::to_string(config_.n_vocab) + ")");
+    }
+  }
+  const int64_t first = cache->n_tokens();
+  cache->BeginPrefill(first, first + n);
+  const int d = config_.d_model;
+  std::vector<float> hidden;
+  if (all_logits) all_logits->assign(static_cast<size_t>(n) * config_.n_vocab, 0.f);
+  for (int64_t b = 0; b < n; b += chunk) {
+    const int m = static_cast<int>(std::min<int64_t>(chunk, n - b));
+    hidden.assign(static_cast<size_t>(m) * d, 0.f);
+    ForwardChunk(tokens + b, m, cache, pool, hidden.data());
+    if (all_logits) {
+      Logits(hidden.data(), m, pool, all_logits->data() + b * config_.n_vocab);
+    } else if (logits_last && b + m == n) {
+      Logits(hidden.data() + static_cast<int64_t>(m - 1) * d, 1, pool, logits_last);
+    }
+  }
+  if (all_logits && logits_last) {
+    std::memcpy(logits_last, all_logits->data() + (n - 1) * config_.n_vocab,
+                sizeof(float) * config_.n_vocab);
+  }
+  cache->EndPrefill(pool);
+  return OkStatus();
+}
+
+Status Model::Decode(int32_t token, KvCache* cache, ThreadPool* pool, float* logits) {
+  if (token < 0 || token >= config_.n_vocab) {
+    return InvalidArgument("token id " + std::to_string(token) + " is outside the vocabulary [0, " +
+                           std::to_string(config_.n_vocab) + ")");
+  }
+  std::vector<float> hidden(config_.d_model);
+  ForwardChunk(&token, 1, cache, pool, hidden.data());
+  if (logits) Logits(hidden.data(), 1, pool, logits);
+  return OkStatus();
+}
+
+}  // namespace strata

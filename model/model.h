@@ -1,0 +1,74 @@
+// Model: weights mapped from a GGUF file (or converted from an HF directory), the forward pass
+// over the kv/ cache interface (chunked prefill, single-token decode), and logits.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "io/gguf.h"
+#include "io/tokenizer.h"
+#include "kv/cache.h"
+#include "model/config.h"
+
+namespace strata {
+
+class Model {
+ public:
+  // path: a .gguf file, or a directory with config.json + *.safetensors (converted in memory).
+  static StatusOr<std::unique_ptr<Model>> Load(const std::string& path);
+  // Builds a model from an already-open GGUF (takes ownership).
+  static StatusOr<std::unique_ptr<Model>> FromGguf(std::unique_ptr<GgufFile> file);
+  virtual ~Model() = default;
+
+  const ModelConfig& config() const { return config_; }
+  const GgufFile& file() const { return *file_; }
+  // Null when the file carries no tokenizer metadata.
+  const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  // Bytes of weight storage read per decoded token (all tensors except the embedding table, plus
+  // one embedding row); for MoE, only the routed experts a token uses are counted.
+  int64_t decode_weight_bytes() const;
+  int64_t total_weight_bytes() const;
+
+  // One LayerGeometry per attention layer, in layer order.
+  virtual std::vector<LayerGeometry> CacheLayers() const = 0;
+  StatusOr<std::unique_ptr<KvCache>> NewCache(std::unique_ptr<Policy> policy) const;
+
+  // Feeds `n` prompt tokens at positions cache->n_tokens()..+n in chunks of `chunk` tokens.
+  // The end of the call is the compression point (observations are delivered, OnCompress runs).
+  // logits_last: [n_vocab] for the last token (may be null); all_logits: [n, n_vocab] when non-null.
+  Status Prefill(const int32_t* tokens, int64_t n, int chunk, KvCache* cache, ThreadPool* pool,
+                 float* logits_last, std::vector<float>* all_logits = nullptr);
+  // One token at position cache->n_tokens(); logits: [n_vocab].
+  Status Decode(int32_t token, KvCache* cache, ThreadPool* pool, float* logits);
+
+ protected:
+  Model(std::unique_ptr<GgufFile> file, ModelConfig config);
+  // Runs tokens at positions [cache->n_tokens(), +n): appends their rows, returns final hidden
+  // states (before the output norm) in `hidden` [n, d_model].
+  virtual void ForwardChunk(const int32_t* tokens, int n, KvCache* cache, ThreadPool* pool,
+                            float* hidden) = 0;
+  virtual Status LoadWeights() = 0;
+
+  // Weight lookup with a shape check; errors name the tensor, expected and actual shapes.
+  StatusOr<TensorView> Weight(const std::string& name, const std::vector<int64_t>& shape) const;
+  StatusOr<TensorView> OptionalWeight(const std::string& name, const std::vector<int64_t>& shape,
+                                      bool* present) const;
+  void Embed(const int32_t* tokens, int n, float* x) const;
+  void Logits(const float* hidden, int n, ThreadPool* pool, float* logits) const;
+
+  std::unique_ptr<GgufFile> file_;
+  ModelConfig config_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  TensorView tok_embd_, output_norm_, output_;
+  std::vector<float> output_norm_f32_;
+
+ private:
+  Status LoadCommon();
+};
+
+}  // namespace strata

@@ -1,0 +1,311 @@
+#include "model/synth.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/rng.h"
+#include "io/gguf.h"
+#include "io/hf.h"
+
+namespace strata {
+
+Status SynthOptions::ApplyDims(const std::string& spec) {
+  std::map<std::string, int*> ints = {
+      {"d_model", &d_model},        {"layers", &n_layers},         {"heads", &n_heads},
+      {"kv_heads", &n_kv_heads},    {"head_dim", &head_dim},       {"ff", &d_ff},
+      {"vocab", &vocab},            {"q_lora", &q_lora_rank},      {"kv_lora", &kv_lora_rank},
+      {"nope_dim", &qk_nope_dim},   {"rope_dim", &qk_rope_dim},    {"v_dim", &v_head_dim},
+      {"experts", &n_experts},      {"experts_used", &n_experts_used},
+      {"shared_experts", &n_shared_experts}, {"ff_expert", &d_ff_expert},
+      {"dense_layers", &n_leading_dense},    {"gating", &gating}};
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) return InvalidArgument("--dims item '" + item + "' is not key=value");
+    const std::string key = item.substr(0, eq), val = item.substr(eq + 1);
+    char* end = nullptr;
+    const long long v = std::strtoll(val.c_str(), &end, 10);
+    if (val.empty() || *end != '\0') {
+      return InvalidArgument("--dims " + key + " = '" + val + "' is not an integer");
+    }
+    if (key == "tied") {
+      tied_embeddings = v != 0;
+    } else if (key == "seed") {
+      seed = static_cast<uint64_t>(v);
+    } else if (auto it = ints.find(key); it != ints.end()) {
+      if (v < 0 || v > (1 << 24)) return InvalidArgument("--dims " + key + " = " + val + " is out of range");
+      *it->second = static_cast<int>(v);
+    } else {
+      return InvalidArgument("--dims: unknown key '" + key + "'");
+    }
+  }
+  return OkStatus();
+}
+
+Status SynthOptions::ApplyPreset(const std::string& name) {
+  if (name == "tiny") return OkStatus();
+  if (name == "125m") {  // llama-shaped, ~125M parameters
+    arch = Arch::kLlama;
+    d_model = 768; n_layers = 12; n_heads = 12; n_kv_heads = 4; head_dim = 64; d_ff = 2048;
+    vocab = 32000;
+    return OkStatus();
+  }
+  if (name == "150m") {  // deepseek2-shaped MLA + MoE, ~150M parameters (d_c 512, d_r 64)
+    arch = Arch::kDeepseek2;
+    d_model = 1024; n_layers = 6; n_heads = 16; d_ff = 2816; vocab = 16000;
+    kv_lora_rank = 512; qk_rope_dim = 64; qk_nope_dim = 128; v_head_dim = 128;
+    n_experts = 8; n_experts_used = 2; n_shared_experts = 1; d_ff_expert = 384;
+    n_leading_dense = 1;
+    return OkStatus();
+  }
+  return InvalidArgument("unknown preset '" + name + "' (tiny, 125m, 150m)");
+}
+
+Status SynthOptions::Validate() const {
+  auto pos = [](const char* what, int v) -> Status {
+    if (v <= 0) return InvalidArgument(std::string("synth: ") + what + " must be > 0, got " + std::to_string(v));
+    return OkStatus();
+  };
+  RETURN_IF_ERROR(pos("d_model", d_model));
+  RETURN_IF_ERROR(pos("layers", n_layers));
+  RETURN_IF_ERROR(pos("heads", n_heads));
+  RETURN_IF_ERROR(pos("ff", d_ff));
+  if (vocab < 260) return InvalidArgument("synth: vocab must be >= 260 (3 specials + 256 bytes + 1), got " + std::to_string(vocab));
+  if (d_model % 32 && dtype == DType::kQ8_0) {
+    return InvalidArgument("synth: Q8_0 needs d_model divisible by 32, got " + std::to_string(d_model));
+  }
+  if (arch == Arch::kDeepseek2) {
+    RETURN_IF_ERROR(pos("kv_lora", kv_lora_rank));
+    RETURN_IF_ERROR(pos("nope_dim", qk_nope_dim));
+    RETURN_IF_ERROR(pos("v_dim", v_head_dim));
+    if (qk_rope_dim <= 0 || qk_rope_dim % 2) {
+      return InvalidArgument("synth: rope_dim must be even and > 0, got " + std::to_string(qk_rope_dim));
+    }
+    if (n_experts > 0) {
+      RETURN_IF_ERROR(pos("experts_used", n_experts_used));
+      RETURN_IF_ERROR(pos("ff_expert", d_ff_expert));
+      if (n_experts_used > n_experts) return InvalidArgument("synth: experts_used > experts");
+    }
+  } else {
+    RETURN_IF_ERROR(pos("kv_heads", n_kv_heads));
+    RETURN_IF_ERROR(pos("head_dim", head_dim));
+    if (n_heads % n_kv_heads) return InvalidArgument("synth: heads must be a multiple of kv_heads");
+    if (head_dim % 2) return InvalidArgument("synth: head_dim must be even");
+  }
+  return OkStatus();
+}
+
+namespace {
+
+// SentencePiece-style vocabulary: 3 specials, 256 byte tokens, then pieces with descending scores.
+void AddTokenizer(const SynthOptions& o, GgufWriter* w) {
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<float> scores = {0.f, 0.f, 0.f};
+  std::vector<int32_t> types = {2, 3, 3};  // UNKNOWN, CONTROL, CONTROL
+  char buf[8];
+  for (int b = 0; b < 256; ++b) {
+    std::snprintf(buf, sizeof(buf), "<0x%02X>", b);
+    tokens.push_back(buf);
+    scores.push_back(0.f);
+    types.push_back(6);  // BYTE
+  }
+  const std::string sp = "\xE2\x96\x81";  // U+2581
+  std::vector<std::string> pieces;
+  pieces.push_back(sp);
+  for (char c = 32; c < 127; ++c) {
+    if (c != ' ') pieces.push_back(std::string(1, c));
+  }
+  const std::string letters = "etaoinshrdlcumwfgypbvkjxqz";
+  for (char a : letters) pieces.push_back(sp + a);
+  for (char a : letters) for (char b : letters) pieces.push_back(std::string{a, b});
+  for (char a : letters) for (char b : letters) pieces.push_back(sp + a + b);
+  for (char a : letters) for (char b : letters) for (char c : letters) pieces.push_back(std::string{a, b, c});
+  for (const auto& p : pieces) {
+    if (static_cast<int>(tokens.size()) >= o.vocab) break;
+    scores.push_back(-static_cast<float>(tokens.size()));
+    tokens.push_back(p);
+    types.push_back(1);  // NORMAL
+  }
+  for (int i = static_cast<int>(tokens.size()); i < o.vocab; ++i) {
+    tokens.push_back("<unused" + std::to_string(i) + ">");
+    scores.push_back(-1e9f);
+    types.push_back(5);  // UNUSED
+  }
+  w->Set("tokenizer.ggml.model", GgufValue::String("llama"));
+  w->Set("tokenizer.ggml.tokens", GgufValue::StringArray(tokens));
+  w->Set("tokenizer.ggml.scores", GgufValue::F32Array(scores));
+  w->Set("tokenizer.ggml.token_type", GgufValue::I32Array(types));
+  w->Set("tokenizer.ggml.unknown_token_id", GgufValue::U32(0));
+  w->Set("tokenizer.ggml.bos_token_id", GgufValue::U32(1));
+  w->Set("tokenizer.ggml.eos_token_id", GgufValue::U32(2));
+  w->Set("tokenizer.ggml.add_bos_token", GgufValue::Bool(true));
+}
+
+}  // namespace
+
+Status SynthHf(const SynthOptions& o, const std::string& dir) {
+  RETURN_IF_ERROR(o.Validate());
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return IoError("cannot create directory '" + dir + "': " + ec.message());
+  Rng rng(o.seed);
+  const DType st_dtype = (o.dtype == DType::kF32 || o.dtype == DType::kBF16) ? o.dtype : DType::kF16;
+  std::vector<SafetensorsTensor> ts;
+  auto mat = [&](const std::string& name, std::vector<int64_t> shape, float std_dev) {
+    SafetensorsTensor t;
+    t.name = name;
+    t.dtype = st_dtype;
+    t.shape = shape;
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    t.values.resize(n);
+    for (auto& v : t.values) v = static_cast<float>(rng.Normal() * std_dev);
+    ts.push_back(std::move(t));
+  };
+  auto norm = [&](const std::string& name, int64_t n) {
+    SafetensorsTensor t;
+    t.name = name;
+    t.dtype = DType::kF32;
+    t.shape = {n};
+    t.values.resize(n);
+    for (auto& v : t.values) v = static_cast<float>(1.0 + 0.1 * rng.Normal());
+    ts.push_back(std::move(t));
+  };
+  const int64_t d = o.d_model;
+  const float s = o.init_std;
+  // Embeddings at unit-ish scale so RMSNorm inputs are well conditioned.
+  mat("model.embed_tokens.weight", {o.vocab, d}, 1.0f);
+  nlohmann::json cfg;
+  cfg["hidden_size"] = o.d_model;
+  cfg["num_hidden_layers"] = o.n_layers;
+  cfg["num_attention_heads"] = o.n_heads;
+  cfg["intermediate_size"] = o.d_ff;
+  cfg["vocab_size"] = o.vocab;
+  cfg["rms_norm_eps"] = 1e-5;
+  cfg["rope_theta"] = o.rope_base;
+  cfg["max_position_embeddings"] = 131072;
+  cfg["tie_word_embeddings"] = o.tied_embeddings;
+  cfg["torch_dtype"] = "float16";
+  // Attention weights get a larger scale than the rest so attention is far from uniform and
+  // tests comparing policies see real differences.
+  const float sa = 4.f / std::sqrt(static_cast<float>(d));
+  for (int l = 0; l < o.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    norm(p + "input_layernorm.weight", d);
+    norm(p + "post_attention_layernorm.weight", d);
+    if (o.arch == Arch::kDeepseek2) {
+      const int64_t qk = o.qk_nope_dim + o.qk_rope_dim;
+      if (o.q_lora_rank > 0) {
+        mat(p + "self_attn.q_a_proj.weight", {o.q_lora_rank, d}, sa);
+        norm(p + "self_attn.q_a_layernorm.weight", o.q_lora_rank);
+        mat(p + "self_attn.q_b_proj.weight", {o.n_heads * qk, o.q_lora_rank}, sa);
+      } else {
+        mat(p + "self_attn.q_proj.weight", {o.n_heads * qk, d}, sa);
+      }
+      mat(p + "self_attn.kv_a_proj_with_mqa.weight", {o.kv_lora_rank + o.qk_rope_dim, d}, sa);
+      norm(p + "self_attn.kv_a_layernorm.weight", o.kv_lora_rank);
+      mat(p + "self_attn.kv_b_proj.weight",
+          {o.n_heads * (o.qk_nope_dim + o.v_head_dim), o.kv_lora_rank},
+          1.f / std::sqrt(static_cast<float>(o.kv_lora_rank)));
+      mat(p + "self_attn.o_proj.weight", {d, o.n_heads * o.v_head_dim}, s);
+      if (o.n_experts > 0 && l >= o.n_leading_dense) {
+        mat(p + "mlp.gate.weight", {o.n_experts, d}, sa);
+        for (int e = 0; e < o.n_experts; ++e) {
+          const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
+          mat(ep + "gate_proj.weight", {o.d_ff_expert, d}, s);
+          mat(ep + "up_proj.weight", {o.d_ff_expert, d}, s);
+          mat(ep + "down_proj.weight", {d, o.d_ff_expert}, s);
+        }
+        if (o.n_shared_experts > 0) {
+          const int64_t ffs = int64_t{o.d_ff_expert} * o.n_shared_experts;
+          mat(p + "mlp.shared_experts.gate_proj.weight", {ffs, d}, s);
+          mat(p + "mlp.shared_experts.up_proj.weight", {ffs, d}, s);
+          mat(p + "mlp.shared_experts.down_proj.weight", {d, ffs}, s);
+        }
+      } else {
+        mat(p + "mlp.gate_proj.weight", {o.d_ff, d}, s);
+        mat(p + "mlp.up_proj.weight", {o.d_ff, d}, s);
+        mat(p + "mlp.down_proj.weight", {d, o.d_ff}, s);
+      }
+    } else {
+      const int64_t qd = int64_t{o.n_heads} * o.head_dim, kvd = int64_t{o.n_kv_heads} * o.head_dim;
+      mat(p + "self_attn.q_proj.weight", {qd, d}, sa);
+      mat(p + "self_attn.k_proj.weight", {kvd, d}, sa);
+      mat(p + "self_attn.v_proj.weight", {kvd, d}, s * 10);
+      mat(p + "self_attn.o_proj.weight", {d, qd}, s);
+      if (o.arch == Arch::kQwen2) {
+        mat(p + "self_attn.q_proj.bias", {qd}, 0.1f);
+        mat(p + "self_attn.k_proj.bias", {kvd}, 0.1f);
+        mat(p + "self_attn.v_proj.bias", {kvd}, 0.1f);
+        ts[ts.size() - 3].dtype = ts[ts.size() - 2].dtype = ts[ts.size() - 1].dtype = DType::kF32;
+      }
+      mat(p + "mlp.gate_proj.weight", {o.d_ff, d}, s);
+      mat(p + "mlp.up_proj.weight", {o.d_ff, d}, s);
+      mat(p + "mlp.down_proj.weight", {d, o.d_ff}, s);
+    }
+  }
+  norm("model.norm.weight", d);
+  if (!o.tied_embeddings) mat("lm_head.weight", {o.vocab, d}, s);
+  if (o.arch == Arch::kDeepseek2) {
+    cfg["architectures"] = {"DeepseekV2ForCausalLM"};
+    cfg["num_key_value_heads"] = o.n_heads;
+    cfg["kv_lora_rank"] = o.kv_lora_rank;
+    cfg["q_lora_rank"] = o.q_lora_rank > 0 ? nlohmann::json(o.q_lora_rank) : nlohmann::json(nullptr);
+    cfg["qk_nope_head_dim"] = o.qk_nope_dim;
+    cfg["qk_rope_head_dim"] = o.qk_rope_dim;
+    cfg["v_head_dim"] = o.v_head_dim;
+    cfg["n_routed_experts"] = o.n_experts > 0 ? nlohmann::json(o.n_experts) : nlohmann::json(nullptr);
+    cfg["num_experts_per_tok"] = o.n_experts_used;
+    cfg["n_shared_experts"] = o.n_shared_experts;
+    cfg["moe_intermediate_size"] = o.d_ff_expert;
+    cfg["first_k_dense_replace"] = o.n_leading_dense;
+    cfg["routed_scaling_factor"] = 1.0;
+    cfg["norm_topk_prob"] = false;
+    cfg["scoring_func"] = o.gating == 2 ? "sigmoid" : "softmax";
+    cfg["topk_method"] = "greedy";
+    cfg["mla_use_nope"] = o.nope;
+  } else {
+    cfg["architectures"] = {o.arch == Arch::kQwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+    cfg["num_key_value_heads"] = o.n_kv_heads;
+    cfg["head_dim"] = o.head_dim;
+  }
+  RETURN_IF_ERROR(WriteSafetensors(dir + "/model.safetensors", ts));
+  std::ofstream f(dir + "/config.json");
+  f << cfg.dump(2) << "\n";
+  if (!f.good()) return IoError("cannot write " + dir + "/config.json");
+  return OkStatus();
+}
+
+Status SynthGguf(const SynthOptions& o, const std::string& path) {
+  RETURN_IF_ERROR(o.Validate());
+  char tmpl[] = "/tmp/strata-synth-XXXXXX";
+  if (!mkdtemp(tmpl)) return IoError("cannot create a temporary directory under /tmp");
+  const std::string tmp = tmpl;
+  Status st = SynthHf(o, tmp);
+  if (st.ok()) {
+    HfConvertOptions co;
+    co.out_dtype = o.dtype;
+    auto w = ConvertHfDirectory(tmp, co);
+    if (!w.ok()) {
+      st = w.status();
+    } else {
+      w->Set("general.name", GgufValue::String(std::string("strata-synth-") + ArchName(o.arch)));
+      AddTokenizer(o, &*w);
+      st = w->WriteFile(path);
+    }
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(tmp, ec);
+  return st;
+}
+
+}  // namespace strata

@@ -1,0 +1,57 @@
+// Random-weight test models (`strata synth`): an HF-layout checkpoint (safetensors + config.json)
+// or, through the same converter users run, a GGUF with a SentencePiece-style tokenizer.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "model/config.h"
+
+namespace strata {
+
+struct SynthOptions {
+  Arch arch = Arch::kLlama;
+  bool nope = false;  // deepseek2: NoPE branch (mla_use_nope)
+  int d_model = 64;
+  int n_layers = 2;
+  int n_heads = 4;
+  int n_kv_heads = 2;   // llama/qwen2
+  int head_dim = 16;    // llama/qwen2
+  int d_ff = 128;
+  int vocab = 512;
+  // deepseek2
+  int q_lora_rank = 0;
+  int kv_lora_rank = 32;
+  int qk_nope_dim = 16;
+  int qk_rope_dim = 8;
+  int v_head_dim = 16;
+  int n_experts = 4;
+  int n_experts_used = 2;
+  int n_shared_experts = 1;
+  int d_ff_expert = 32;
+  int n_leading_dense = 1;
+  int gating = 1;          // 1 softmax, 2 sigmoid
+  bool tied_embeddings = false;
+  float rope_base = 10000.f;
+  float init_std = 0.02f;
+  uint64_t seed = 1;
+  DType dtype = DType::kF16;  // storage of matrices
+
+  // "key=value,key=value" over the field names above (d_model, layers, heads, kv_heads,
+  // head_dim, ff, vocab, q_lora, kv_lora, nope_dim, rope_dim, v_dim, experts, experts_used,
+  // shared_experts, ff_expert, dense_layers, gating, tied, seed). Unknown keys are errors.
+  Status ApplyDims(const std::string& spec);
+  // Named shapes: "tiny" (tests), "125m" (llama-shaped ~125M), "150m" (deepseek2-shaped ~150M).
+  Status ApplyPreset(const std::string& name);
+  Status Validate() const;
+};
+
+// Writes DIR/config.json and DIR/model.safetensors.
+Status SynthHf(const SynthOptions& o, const std::string& dir);
+// Writes a GGUF file (converted from an HF checkpoint written to a temporary folder).
+Status SynthGguf(const SynthOptions& o, const std::string& path);
+
+}  // namespace strata
