@@ -61,7 +61,7 @@ void KvCache::Attend(int layer, const float* q, int64_t pos, ThreadPool* pool, f
 }
 
 void KvCache::BeginPrefill(int64_t first, int64_t end) {
-  const int n_obs = policy_->observation_queries();
+  const int64_t n_obs = policy_->observation_queries(end - first);
   obs_end_ = end;
   obs_first_ = std::max(first, end - n_obs);
   if (n_obs <= 0) obs_first_ = obs_end_;
@@ -79,7 +79,13 @@ void KvCache::EndPrefill(ThreadPool* pool) {
     const LayerStore& store = stores_[l];
     const LayerGeometry& g = store.geometry();
     std::vector<float> w;
+    const bool need_weights = policy_->observation_needs_weights();
     for (const Recorded& r : recorded_[l]) {
+      if (!need_weights) {
+        PrefillObservation obs{r.pos, g.n_q_heads, g.k_dim, r.q.data(), r.pos + 1, nullptr};
+        policy_->OnPrefillStats(l, store, obs);
+        continue;
+      }
       // Exact causal softmax weights of this query over rows [0, pos] (bf16 rows, f64 sums).
       const int64_t n = r.pos + 1;
       w.assign(static_cast<size_t>(g.n_q_heads) * n, 0.f);
@@ -100,7 +106,7 @@ void KvCache::EndPrefill(ThreadPool* pool) {
         for (int64_t u = 0; u < n; ++u) sum += std::exp(wh[u] - mx);
         for (int64_t u = 0; u < n; ++u) wh[u] = static_cast<float>(std::exp(wh[u] - mx) / sum);
       }
-      PrefillObservation obs{r.pos, g.n_q_heads, n, w.data()};
+      PrefillObservation obs{r.pos, g.n_q_heads, g.k_dim, r.q.data(), n, w.data()};
       policy_->OnPrefillStats(l, store, obs);
     }
     recorded_[l].clear();

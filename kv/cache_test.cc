@@ -180,7 +180,7 @@ class ObservingPolicy final : public Policy {
  public:
   std::string name() const override { return "observe"; }
   Status Bind(const std::vector<LayerGeometry>&) override { return OkStatus(); }
-  int observation_queries() const override { return 3; }
+  int64_t observation_queries(int64_t) const override { return 3; }
   void OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& o) override {
     seen.push_back(o.query_pos);
     for (int h = 0; h < o.n_q_heads; ++h) {

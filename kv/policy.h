@@ -31,12 +31,14 @@ struct ReadStats {
   int64_t bytes_read = 0;     // every byte the read touched: rows, indexes, scales, summaries
 };
 
-// Exact attention weights of one observed prompt query.
+// One observed prompt query and, when the policy asks for them, its exact attention weights.
 struct PrefillObservation {
   int64_t query_pos = 0;     // position of the query; it saw rows [0, query_pos]
   int n_q_heads = 0;
+  int k_dim = 0;
+  const float* q = nullptr;  // [n_q_heads, k_dim] the query as the cache saw it (MLA: absorbed)
   int64_t n_keys = 0;        // = query_pos + 1
-  const float* weights = nullptr;  // [n_q_heads, n_keys] softmax probabilities
+  const float* weights = nullptr;  // [n_q_heads, n_keys] softmax probabilities, or null
 };
 
 class Policy {
@@ -47,8 +49,10 @@ class Policy {
   // naming both) and sizes per-layer state.
   virtual Status Bind(const std::vector<LayerGeometry>& layers) = 0;
 
-  // Event 1. How many trailing prompt queries to observe (0: none).
-  virtual int observation_queries() const { return 0; }
+  // Event 1. How many trailing prompt queries to observe for a prefill of `prompt_len` tokens
+  // (0: none), and whether their attention weights are needed (or only the queries).
+  virtual int64_t observation_queries(int64_t prompt_len) const { return 0; }
+  virtual bool observation_needs_weights() const { return true; }
   virtual void OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& obs) {}
   // Event 2.
   virtual void OnAppend(int layer, LayerStore& store) {}
