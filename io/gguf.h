@@ -69,6 +69,12 @@ struct GgufTensorInfo {
 
 class GgufFile {
  public:
+  // Limits on what a file may claim: deeper array nesting, more dims or more elements in one
+  // tensor are OutOfRange errors.
+  static constexpr int kMaxArrayDepth = 8;
+  static constexpr int kMaxDims = 4;
+  static constexpr int64_t kMaxTensorElems = int64_t{1} << 40;
+
   // Maps the file read-only. Every structural problem is a DataLoss/OutOfRange/Unimplemented
   // error naming the file and what is wrong; the file is never trusted (counts, lengths, dims,
   // offsets are bounds-checked before use).
@@ -77,11 +83,17 @@ class GgufFile {
   static StatusOr<std::unique_ptr<GgufFile>> FromBuffer(std::vector<uint8_t> bytes,
                                                         std::string name = "<memory>");
   ~GgufFile();
+  GgufFile(const GgufFile&) = delete;
+  GgufFile& operator=(const GgufFile&) = delete;
 
   const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t file_size() const { return size_; }
+  // Byte offset of the data section (a multiple of alignment()); tensor offsets are relative to it.
+  uint64_t data_offset() const { return data_offset_; }
+  // The whole file image (file_size() bytes).
+  const uint8_t* data() const { return base_; }
 
   // Metadata in file order.
   const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kv_; }
@@ -134,12 +146,18 @@ class GgufWriter {
   Status AddTensorF32(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                       const float* values);  // converts from f32 into dtype
   void set_alignment(uint64_t a);            // also written as general.alignment when != 32
+                                             // (CHECKs a nonzero power of two)
+  uint64_t alignment() const { return alignment_; }
   // Serialises to bytes / to a file (written to PATH.tmp then renamed, so a killed writer never
   // leaves a truncated file under the final name).
   std::vector<uint8_t> ToBytes() const;
   Status WriteFile(const std::string& path) const;
 
  private:
+  // Header, metadata, tensor infos and the padding up to the data section.
+  std::vector<uint8_t> HeaderBytes() const;
+  // Offset of each tensor relative to the data section.
+  std::vector<uint64_t> TensorOffsets() const;
   struct PendingTensor {
     std::string name;
     DType dtype;

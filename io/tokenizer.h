@@ -1,6 +1,21 @@
 // Tokenizer built from GGUF metadata (llama.cpp keys): SentencePiece-style (`tokenizer.ggml.model`
 // = "llama": scores, U+2581 word marker, byte fallback tokens <0xNN>) and byte-level BPE ("gpt2":
 // merges, GPT-2 byte-to-unicode map).
+//
+// Behaviour follows llama.cpp (llm_tokenizer_spm / llm_tokenizer_bpe) so that real GGUF files
+// tokenize the same way, with these deliberate differences:
+// - "gpt2" pre-tokenization always uses the GPT-2 regex ('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|
+//   ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+), implemented by hand; `tokenizer.ggml.pre` is kept
+//   but model-specific regexes (llama3, deepseek, qwen2, ...) are not implemented. Unicode
+//   classes are approximated: ASCII exactly; for other code points, tables of the common letter
+//   scripts (Latin-1/Extended, IPA, Greek, Cyrillic, Armenian, Hebrew, Arabic, Indic letters,
+//   Thai, Georgian, Hangul, Hiragana/Katakana, CJK, fullwidth forms) count as \p{L}, Unicode
+//   decimal digits and common numeric symbols as \p{N}, the White_Space set as \s; everything
+//   else (punctuation, symbols, combining marks, emoji) is "other".
+// - Invalid UTF-8 never throws: stray bytes become one-byte pieces and still round-trip.
+// - Decode drops the leading space added by add_space_prefix even when a BOS precedes the text
+//   (llama.cpp keeps it in that case), so Decode(Encode(x)) == x. Clean-up of spaces before
+//   punctuation (clean_up_tokenization_spaces) is not done, for the same reason.
 #pragma once
 
 #include <cstdint>
@@ -14,36 +29,80 @@ namespace strata {
 
 class GgufFile;
 
+// Token types as stored in tokenizer.ggml.token_type (llama.cpp's llama_token_type).
+enum class TokenType : int32_t {
+  kUndefined = 0,
+  kNormal = 1,
+  kUnknown = 2,
+  kControl = 3,      // <s>, </s>, <|im_start|>: never printed by Decode
+  kUserDefined = 4,  // matched verbatim in the input text, printed verbatim
+  kUnused = 5,
+  kByte = 6,  // SentencePiece byte fallback <0xNN>
+};
+
+// Everything the tokenizer is built from, decoupled from the GGUF container. Field names follow
+// the tokenizer.ggml.* keys; optional arrays may be empty.
+struct TokenizerData {
+  std::string model;                 // "llama" (SentencePiece) or "gpt2" (byte-level BPE)
+  std::vector<std::string> tokens;   // [n_vocab]
+  std::vector<float> scores;         // [n_vocab] or empty (all 0)
+  std::vector<int32_t> token_types;  // [n_vocab] TokenType values, or empty (inferred)
+  std::vector<std::string> merges;   // "left right", rank = index (gpt2 only)
+  int32_t bos = -1, eos = -1, unk = -1, pad = -1;  // -1: none
+  bool add_bos = true;
+  bool add_space_prefix = true;  // "llama" only: prepend U+2581 to the text
+  std::string pre;               // tokenizer.ggml.pre (informational, see the header comment)
+};
+
 class Tokenizer {
  public:
   enum class Kind { kSentencePiece, kBytePairGpt2 };
 
   // Reads tokenizer.ggml.{model,tokens,scores,token_type,merges,bos_token_id,eos_token_id,
-  // unknown_token_id,add_bos_token,add_space_prefix}. Errors name the missing or bad key.
+  // unknown_token_id,padding_token_id,add_bos_token,add_space_prefix,pre}. Errors name the
+  // missing or bad key. Absent keys take llama.cpp's defaults ("llama": bos 1, eos 2, unk 0,
+  // add_bos and add_space_prefix true; "gpt2": no special ids, add_bos false).
   static StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& f);
+  // Validates `data` (model name, array lengths, special ids in range, merges well formed and in
+  // the vocabulary, gpt2 byte coverage); errors name the key and the bad value.
+  static StatusOr<std::unique_ptr<Tokenizer>> FromData(TokenizerData data);
 
   Kind kind() const { return kind_; }
-  int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
+  int32_t vocab_size() const { return vocab_size_; }
   int32_t bos_id() const { return bos_; }
   int32_t eos_id() const { return eos_; }
+  int32_t unk_id() const;
+  int32_t pad_id() const;
   bool add_bos() const { return add_bos_; }
-  const std::string& token_text(int32_t id) const { return tokens_.at(id); }
+  const std::string& token_text(int32_t id) const;  // CHECKs the id (use CheckId first)
+  TokenType token_type(int32_t id) const;           // kUndefined for out-of-range ids
+  // The id of an exact token text, or -1.
+  int32_t TokenId(const std::string& text) const;
 
-  // Text -> ids. Prepends BOS when add_bos is true and `with_bos` is set.
+  // Text -> ids. Prepends BOS when add_bos is true and `with_bos` is set. User-defined tokens
+  // in the text are always matched verbatim (as llama.cpp does); control tokens such as
+  // "<|im_start|>" only when `parse_special` is set.
   std::vector<int32_t> Encode(const std::string& text, bool with_bos) const;
-  // Ids -> text (byte tokens reassembled into UTF-8; BOS/EOS/control tokens dropped).
+  std::vector<int32_t> Encode(const std::string& text, bool with_bos, bool parse_special) const;
+  // Ids -> text (byte tokens reassembled into UTF-8; BOS/EOS/control tokens dropped; ids out of
+  // range skipped). For "llama" with add_space_prefix the first printed space is removed.
   std::string Decode(const std::vector<int32_t>& ids) const;
-  // Text piece of one id as it should be printed when streaming (may be a partial UTF-8 byte).
+  // Text piece of one id as it should be printed when streaming (may be a partial UTF-8 byte;
+  // keeps the leading space; "" for control tokens and out-of-range ids).
   std::string DecodeToken(int32_t id) const;
   // Returns InvalidArgument naming the id when out of range.
   Status CheckId(int32_t id) const;
+
+  // The GPT-2 pre-tokenizer on its own: the pieces `text` is split into before byte-level BPE
+  // (their concatenation is `text`). Exposed for tests and diagnostics.
+  static std::vector<std::string> SplitGpt2Words(const std::string& text);
 
  private:
   Tokenizer() = default;
   struct Impl;
   std::shared_ptr<const Impl> impl_;
   Kind kind_ = Kind::kSentencePiece;
-  std::vector<std::string> tokens_;
+  int32_t vocab_size_ = 0;
   int32_t bos_ = -1, eos_ = -1;
   bool add_bos_ = false;
 };

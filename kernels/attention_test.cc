@@ -1,0 +1,276 @@
+#include "kernels/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "kernels/test_util.h"
+
+namespace strata {
+namespace {
+
+// A KV stream in bf16: MLA-like (values are the first dv entries of the key rows) or separate
+// K and V buffers, with strides larger than the row widths.
+struct Stream {
+  std::vector<uint16_t> k, v;
+  KvStreamView view;
+};
+
+Stream MakeStream(Rng& rng, int64_t n, int dk, int dv, bool shared, float key_scale = 1.f) {
+  Stream s;
+  const int64_t ks = dk + static_cast<int64_t>(rng.Below(9));
+  s.k.resize(n * ks + 1);
+  for (auto& x : s.k) x = F32ToBf16(static_cast<float>(rng.Normal()) * key_scale);
+  s.view.keys = s.k.data() + 1;  // not 64-byte aligned
+  s.view.k_stride = ks;
+  s.view.dk = dk;
+  s.view.dv = dv;
+  if (shared) {
+    s.view.vals = s.view.keys;
+    s.view.v_stride = ks;
+  } else {
+    const int64_t vs = dv + static_cast<int64_t>(rng.Below(9));
+    s.v.resize(n * vs + 3);
+    for (auto& x : s.v) x = F32ToBf16(static_cast<float>(rng.Normal()));
+    s.view.vals = s.v.data() + 3;
+    s.view.v_stride = vs;
+  }
+  return s;
+}
+
+std::vector<float> RandomQ(Rng& rng, int g, int dk) {
+  std::vector<float> q(static_cast<size_t>(g) * dk);
+  for (auto& x : q) x = static_cast<float>(rng.Normal());
+  return q;
+}
+
+std::vector<float> Attend(const std::vector<float>& q, int g, float scale, const KvStreamView& kv,
+                          const int64_t* rows, int64_t n) {
+  SoftmaxStateBuffer buf(g, kv.dv);
+  AttendStream(q.data(), g, scale, kv, rows, n, &buf.states());
+  std::vector<float> out(static_cast<size_t>(g) * kv.dv);
+  FinalizeStates(buf.states(), out.data());
+  return out;
+}
+
+struct Shape {
+  int g, dk, dv;
+  bool shared;
+};
+
+// Outputs are convex combinations of bf16 values of size ~1. f32 scores differ from float64 by
+// ~sqrt(dk) eps |q||k| scale ~ 1e-6 and the online rescaling adds a few roundings per tile, so
+// outputs agree to ~1e-6 absolute; 2e-5 absolute leaves margin without hiding a wrong or
+// missing row (which moves the output by ~|v|/n >= 1e-3 at the sizes used here).
+constexpr double kRefTol = 2e-5;
+
+TEST(AttentionTest, AttendStreamMatchesFloat64Reference) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  ForEachSimdTarget([&] {
+    const Shape shapes[] = {{16, 576, 512, true}, {4, 128, 128, false}, {8, 128, 128, false},
+                            {3, 37, 19, false},   {5, 40, 24, true},    {1, 1, 1, false},
+                            {7, 17, 33, false},   {2, 64, 64, true}};
+    const int64_t ns[] = {1, 2, 31, 32, 33, 64, 65, 200};
+    for (const Shape& sh : shapes) {
+      for (int64_t n : ns) {
+        if (sh.dk >= 512 && n > 65) continue;  // keep the float64 reference quick
+        Stream s = MakeStream(rng, n, sh.dk, sh.dv, sh.shared, 2.f);
+        std::vector<float> q = RandomQ(rng, sh.g, sh.dk);
+        const float scale = 1.f / std::sqrt(static_cast<float>(sh.dk));
+        std::vector<float> got = Attend(q, sh.g, scale, s.view, nullptr, n);
+        std::vector<double> ref(static_cast<size_t>(sh.g) * sh.dv);
+        AttendStreamRef(q.data(), sh.g, scale, s.view, nullptr, n, ref.data());
+        for (size_t i = 0; i < ref.size(); ++i) {
+          ASSERT_NEAR(got[i], ref[i], kRefTol)
+              << "G=" << sh.g << " dk=" << sh.dk << " dv=" << sh.dv << " n=" << n << " i=" << i;
+        }
+      }
+    }
+  });
+}
+
+// Large score ranges (sharp softmax, running max growing across tiles) stay finite and accurate.
+TEST(AttentionTest, SharpScoresNoOverflow) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  ForEachSimdTarget([&] {
+    const int g = 4, dk = 64, dv = 32;
+    const int64_t n = 300;
+    Stream s = MakeStream(rng, n, dk, dv, false, 30.f);
+    std::vector<float> q = RandomQ(rng, g, dk);
+    std::vector<float> got = Attend(q, g, 1.f, s.view, nullptr, n);
+    std::vector<double> ref(g * dv);
+    AttendStreamRef(q.data(), g, 1.f, s.view, nullptr, n, ref.data());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i]));
+      // Scores ~ 1e3: f32 score error ~ 1e-4 absolute shifts weights by ~1e-4 relative.
+      ASSERT_NEAR(got[i], ref[i], 2e-3) << i;
+    }
+  });
+}
+
+// Split the rows into k random disjoint parts (some possibly empty), attend each part through a
+// gather list, merge in random order: equals attending the whole set densely (to f32 rounding of
+// the rescalings, ~1e-6 relative; 1e-5 relative + 1e-6 absolute) and the float64 reference.
+TEST(AttentionTest, MergeOfRandomPartsEqualsWhole) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  ForEachSimdTarget([&] {
+    const Shape shapes[] = {{16, 576, 512, true}, {4, 128, 128, false}, {3, 37, 19, false}};
+    for (const Shape& sh : shapes) {
+      for (int k = 1; k <= 8; ++k) {
+        const int64_t n = 1 + static_cast<int64_t>(rng.Below(sh.dk >= 512 ? 120 : 400));
+        Stream s = MakeStream(rng, n, sh.dk, sh.dv, sh.shared);
+        std::vector<float> q = RandomQ(rng, sh.g, sh.dk);
+        const float scale = 1.f / std::sqrt(static_cast<float>(sh.dk));
+        std::vector<float> whole = Attend(q, sh.g, scale, s.view, nullptr, n);
+
+        std::vector<std::vector<int64_t>> parts(k);
+        for (int64_t u = 0; u < n; ++u) parts[rng.Below(k)].push_back(u);
+        std::vector<int> order(k);
+        std::iota(order.begin(), order.end(), 0);
+        for (int i = k - 1; i > 0; --i) std::swap(order[i], order[rng.Below(i + 1)]);
+        SoftmaxStateBuffer acc(sh.g, sh.dv), part(sh.g, sh.dv);
+        for (int pi : order) {
+          part.states().Reset();
+          AttendStream(q.data(), sh.g, scale, s.view, parts[pi].data(),
+                       static_cast<int64_t>(parts[pi].size()), &part.states());
+          MergeStates(&acc.states(), part.states());
+        }
+        std::vector<float> merged(whole.size());
+        FinalizeStates(acc.states(), merged.data());
+        std::vector<double> ref(whole.size());
+        AttendStreamRef(q.data(), sh.g, scale, s.view, nullptr, n, ref.data());
+        for (size_t i = 0; i < whole.size(); ++i) {
+          ASSERT_TRUE(std::isfinite(merged[i]));
+          ASSERT_NEAR(merged[i], whole[i], 1e-5 * std::fabs(whole[i]) + 1e-6)
+              << "G=" << sh.g << " k=" << k << " n=" << n << " i=" << i;
+          ASSERT_NEAR(merged[i], ref[i], kRefTol) << "k=" << k << " i=" << i;
+        }
+      }
+    }
+  });
+}
+
+// A gather over an index list reads the same rows in the same order as a dense read of those rows
+// copied out, through the same arithmetic: bit-identical.
+TEST(AttentionTest, GatherEqualsDenseOverSameRows) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  ForEachSimdTarget([&] {
+    for (bool shared : {true, false}) {
+      const int g = shared ? 16 : 4, dk = shared ? 576 : 128, dv = shared ? 512 : 128;
+      const int64_t n_all = 300;
+      Stream s = MakeStream(rng, n_all, dk, dv, shared);
+      std::vector<int64_t> rows;
+      for (int64_t u = 0; u < n_all; ++u)
+        if (rng.Below(3) == 0) rows.push_back(u);
+      for (int i = static_cast<int>(rows.size()) - 1; i > 0; --i)
+        std::swap(rows[i], rows[rng.Below(i + 1)]);
+      const int64_t n = static_cast<int64_t>(rows.size());
+      // Dense copy of the gathered rows, same strides.
+      Stream d = s;
+      for (int64_t i = 0; i < n; ++i) {
+        std::memcpy(d.k.data() + 1 + i * s.view.k_stride, s.view.keys + rows[i] * s.view.k_stride,
+                    sizeof(uint16_t) * s.view.k_stride);
+        if (!shared) {
+          std::memcpy(d.v.data() + 3 + i * s.view.v_stride, s.view.vals + rows[i] * s.view.v_stride,
+                      sizeof(uint16_t) * s.view.v_stride);
+        }
+      }
+      d.view.keys = d.k.data() + 1;
+      d.view.vals = shared ? d.view.keys : d.v.data() + 3;
+      std::vector<float> q = RandomQ(rng, g, dk);
+      const float scale = 0.07f;
+      std::vector<float> a = Attend(q, g, scale, s.view, rows.data(), n);
+      std::vector<float> b = Attend(q, g, scale, d.view, nullptr, n);
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(F32Bits(a[i]), F32Bits(b[i])) << i;
+    }
+  });
+}
+
+TEST(AttentionTest, EmptySetsAndMergesWithEmptySides) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  const int g = 3, dk = 24, dv = 20;
+  Stream s = MakeStream(rng, 50, dk, dv, false);
+  std::vector<float> q = RandomQ(rng, g, dk);
+
+  // n = 0 leaves a fresh state empty; finalizing it gives zeros, not NaN.
+  SoftmaxStateBuffer e(g, dv);
+  AttendStream(q.data(), g, 0.2f, s.view, nullptr, 0, &e.states());
+  std::vector<float> out(g * dv, 1.f);
+  FinalizeStates(e.states(), out.data());
+  for (float v : out) ASSERT_EQ(v, 0.f);
+
+  SoftmaxStateBuffer full(g, dv);
+  AttendStream(q.data(), g, 0.2f, s.view, nullptr, 50, &full.states());
+  std::vector<float> want(g * dv);
+  FinalizeStates(full.states(), want.data());
+
+  // full <- empty: unchanged, bit for bit.
+  MergeStates(&full.states(), e.states());
+  FinalizeStates(full.states(), out.data());
+  for (int i = 0; i < g * dv; ++i) ASSERT_EQ(F32Bits(out[i]), F32Bits(want[i]));
+  // empty <- full: takes the source verbatim.
+  MergeStates(&e.states(), full.states());
+  FinalizeStates(e.states(), out.data());
+  for (int i = 0; i < g * dv; ++i) ASSERT_EQ(F32Bits(out[i]), F32Bits(want[i]));
+  // empty <- empty: still empty, no NaN.
+  SoftmaxStateBuffer e1(g, dv), e2(g, dv);
+  MergeStates(&e1.states(), e2.states());
+  for (int h = 0; h < g; ++h) {
+    ASSERT_EQ(e1.states().d[h], 0.f);
+    ASSERT_EQ(e1.states().m[h], -std::numeric_limits<float>::infinity());
+  }
+  FinalizeStates(e1.states(), out.data());
+  for (float v : out) ASSERT_EQ(v, 0.f);
+}
+
+TEST(AttentionTest, MergeStatesMatchesClosedForm) {
+  // Two single-row states: merge(m1, m2) gives weights softmax([s1, s2]).
+  SoftmaxStateBuffer a(1, 2), b(1, 2);
+  a.states().m[0] = 1.f;
+  a.states().d[0] = 1.f;
+  a.states().o[0] = 1.f;
+  a.states().o[1] = 0.f;
+  b.states().m[0] = 3.f;
+  b.states().d[0] = 1.f;
+  b.states().o[0] = 0.f;
+  b.states().o[1] = 1.f;
+  MergeStates(&a.states(), b.states());
+  float out[2];
+  FinalizeStates(a.states(), out);
+  const double w1 = 1 / (1 + std::exp(2.0));
+  EXPECT_NEAR(out[0], w1, 1e-7);
+  EXPECT_NEAR(out[1], 1 - w1, 1e-7);
+  EXPECT_EQ(a.states().m[0], 3.f);
+}
+
+TEST(AttentionTest, StateBufferIsAlignedAndReset) {
+  SoftmaxStateBuffer b(5, 33);
+  const SoftmaxStates& st = b.states();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(st.o) % 64, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(st.m) % 64, 0u);
+  for (int h = 0; h < 5; ++h) {
+    EXPECT_EQ(st.m[h], -std::numeric_limits<float>::infinity());
+    EXPECT_EQ(st.d[h], 0.f);
+  }
+  for (int i = 0; i < 5 * 33; ++i) EXPECT_EQ(st.o[i], 0.f);
+}
+
+}  // namespace
+}  // namespace strata
