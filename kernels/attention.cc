@@ -181,7 +181,7 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
   const int64_t dkp = (dk + N - 1) / N * N;
   const int64_t dvp = (dv + N - 1) / N * N;
   // MLA: values are the first dv entries of the key rows: convert each row once.
-  const bool shared = kv.vals == kv.keys && kv.v_stride == kv.k_stride && dv <= dk;
+  const bool shared = kv.values_in_keys();
 
   thread_local Scratch sc;
   Grow(&sc.q, G * dkp);
@@ -208,8 +208,8 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
     const int nr_pad = (nr + kScoreRows - 1) / kScoreRows * kScoreRows;
     for (int i = 0; i < nr; ++i) {
       const int64_t u = rows ? rows[t0 + i] : t0 + i;
-      Bf16RowToF32(kv.keys + u * kv.k_stride, dk, dkp, kt + i * dkp);
-      if (!shared) Bf16RowToF32(kv.vals + u * kv.v_stride, dv, dvp, sc.vt.data() + i * dvp);
+      Bf16RowToF32(kv.key_row(u), dk, dkp, kt + i * dkp);
+      if (!shared) Bf16RowToF32(kv.val_row(u), dv, dvp, sc.vt.data() + i * dvp);
     }
     for (int i = nr; i < nr_pad; ++i) std::fill(kt + i * dkp, kt + (i + 1) * dkp, 0.f);
 
@@ -379,7 +379,7 @@ void AttendStreamRef(const float* q, int n_heads, float scale, const KvStreamVie
     double m = -std::numeric_limits<double>::infinity();
     for (int64_t i = 0; i < n; ++i) {
       const int64_t u = rows ? rows[i] : i;
-      const uint16_t* k = kv.keys + u * kv.k_stride;
+      const uint16_t* k = kv.key_row(u);
       double acc = 0;
       for (int c = 0; c < kv.dk; ++c)
         acc += static_cast<double>(q[g * kv.dk + c]) * Bf16ToF32(k[c]);
@@ -389,7 +389,7 @@ void AttendStreamRef(const float* q, int n_heads, float scale, const KvStreamVie
     double d = 0;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t u = rows ? rows[i] : i;
-      const uint16_t* v = kv.vals + u * kv.v_stride;
+      const uint16_t* v = kv.val_row(u);
       const double p = std::exp(s[i] - m);
       d += p;
       for (int j = 0; j < kv.dv; ++j) og[j] += p * Bf16ToF32(v[j]);

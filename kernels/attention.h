@@ -58,6 +58,17 @@ struct KvStreamView {
   int64_t v_stride = 0;  // elements
   int dk = 0;
   int dv = 0;
+  // Alternative addressing for rows scattered over pages: row u's key is key_ptrs[u] and its
+  // value val_ptrs[u] (the same array for MLA). When set, keys/vals/strides are ignored.
+  const uint16_t* const* key_ptrs = nullptr;
+  const uint16_t* const* val_ptrs = nullptr;
+
+  const uint16_t* key_row(int64_t u) const { return key_ptrs ? key_ptrs[u] : keys + u * k_stride; }
+  const uint16_t* val_row(int64_t u) const { return val_ptrs ? val_ptrs[u] : vals + u * v_stride; }
+  // MLA: values are the first dv columns of the key rows.
+  bool values_in_keys() const {
+    return (key_ptrs ? val_ptrs == key_ptrs : vals == keys && v_stride == k_stride) && dv <= dk;
+  }
 };
 void AttendStream(const float* q, int n_heads, float scale, const KvStreamView& kv,
                   const int64_t* rows, int64_t n, SoftmaxStates* st);

@@ -17,13 +17,12 @@ SoftmaxStates HeadSlice(const SoftmaxStates& st, int first_head, int n_heads) {
   return s;
 }
 
-// A unit of read work: rows of one page of one KV head, either a contiguous prefix of the page
-// (rows == nullptr) or a gather list of page-local indices.
+// A unit of read work: rows [0, n) of `view` (contiguous rows of one page, or a slice of a
+// row-pointer list) for the query heads of KV head `head`.
 struct Task {
   int head;
-  int64_t page;
+  KvStreamView view;
   int64_t n;
-  const int64_t* local_rows;  // page-local, or null for [0, n)
 };
 
 void RunTasks(const LayerStore& store, const float* q, const std::vector<Task>& tasks,
@@ -34,8 +33,8 @@ void RunTasks(const LayerStore& store, const float* q, const std::vector<Task>& 
     for (int64_t t = b; t < e; ++t) {
       const Task& task = tasks[t];
       SoftmaxStates sub = HeadSlice(*out, task.head * G, G);
-      AttendStream(q + static_cast<int64_t>(task.head) * G * g.k_dim, G, g.scale,
-                   store.PageView(task.head, task.page), task.local_rows, task.n, &sub);
+      AttendStream(q + static_cast<int64_t>(task.head) * G * g.k_dim, G, g.scale, task.view,
+                   nullptr, task.n, &sub);
     }
   };
   const int T = pool ? pool->size() : 1;
@@ -66,7 +65,7 @@ void ReadPrefix(const LayerStore& store, const float* q, int64_t limit, ThreadPo
   for (int h = 0; h < g.n_kv_heads; ++h) {
     for (int64_t p = 0; p < n_pages; ++p) {
       const int64_t n = std::min(store.page_rows(p), limit - store.page_begin(p));
-      tasks.push_back({h, p, n, nullptr});
+      tasks.push_back({h, store.PageView(h, p), n});
     }
   }
   RunTasks(store, q, tasks, pool, st);
@@ -79,26 +78,30 @@ void ReadPrefix(const LayerStore& store, const float* q, int64_t limit, ThreadPo
 void ReadRows(const LayerStore& store, const float* q, const int64_t* rows, int64_t n_rows,
               ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
   const LayerGeometry& g = store.geometry();
-  // Page-local indices, grouped by page (rows are ascending).
-  std::vector<int64_t> local(n_rows);
-  std::vector<std::pair<int64_t, int64_t>> spans;  // (first index into local, count) per page
-  std::vector<int64_t> span_page;
+  // One row-pointer list per KV head, read in slices of kSlice rows: scattered rows (a kept set
+  // of 1/32 of the context touches every page with one or two rows) then cost one kernel call
+  // per slice, not one per page.
+  constexpr int64_t kSlice = 256;
+  const bool mla = g.kind == AttnKind::kMla;
+  std::vector<const uint16_t*> kptr(static_cast<size_t>(n_rows) * g.n_kv_heads);
+  std::vector<const uint16_t*> vptr(mla ? 0 : kptr.size());
   for (int64_t i = 0; i < n_rows; ++i) {
     STRATA_CHECK(rows[i] >= 0 && rows[i] < store.n_rows());
     STRATA_CHECK_MSG(i == 0 || rows[i] > rows[i - 1], "ReadRows needs ascending, distinct rows");
-    const int64_t p = rows[i] / LayerStore::kPageRows;
-    local[i] = rows[i] - p * LayerStore::kPageRows;
-    if (span_page.empty() || span_page.back() != p) {
-      span_page.push_back(p);
-      spans.push_back({i, 0});
+    for (int h = 0; h < g.n_kv_heads; ++h) {
+      kptr[h * n_rows + i] = store.key_row(h, rows[i]);
+      if (!mla) vptr[h * n_rows + i] = store.val_row(h, rows[i]);
     }
-    ++spans.back().second;
   }
   std::vector<Task> tasks;
-  tasks.reserve(spans.size() * g.n_kv_heads);
   for (int h = 0; h < g.n_kv_heads; ++h) {
-    for (size_t s = 0; s < spans.size(); ++s) {
-      tasks.push_back({h, span_page[s], spans[s].second, local.data() + spans[s].first});
+    for (int64_t b = 0; b < n_rows; b += kSlice) {
+      KvStreamView v;
+      v.dk = g.k_dim;
+      v.dv = g.v_dim;
+      v.key_ptrs = kptr.data() + h * n_rows + b;
+      v.val_ptrs = mla ? v.key_ptrs : vptr.data() + h * n_rows + b;
+      tasks.push_back({h, v, std::min(kSlice, n_rows - b)});
     }
   }
   RunTasks(store, q, tasks, pool, st);

@@ -45,6 +45,9 @@ class Policy {
  public:
   virtual ~Policy() = default;
   virtual std::string name() const = 0;
+  // The policy with the settings it actually uses (e.g. "vestige ratio 32, block 512, kappa 2"),
+  // for the CLI to print; valid after Bind.
+  virtual std::string describe() const { return name(); }
   // Checks the policy fits the model (e.g. a row policy on a model with no MLA layer is an error
   // naming both) and sizes per-layer state.
   virtual Status Bind(const std::vector<LayerGeometry>& layers) = 0;
