@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "kernels/ops.h"
 
 namespace strata {
 
@@ -74,40 +75,88 @@ void KvCache::ObserveQuery(int layer, int64_t pos, const float* q) {
   recorded_[layer].push_back({pos, std::vector<float>(q, q + int64_t{g.n_q_heads} * g.k_dim)});
 }
 
+namespace {
+
+// Exact causal softmax weights of one observed query over rows [0, n) for every query head:
+// w [n_q_heads, n]. Scores are f32 SIMD dot products of the f32 query with the bf16 keys, each
+// key page converted to f32 once and shared by the G heads of its KV head; the max and the
+// normalising sum are float64. Memory: the caller's w plus one page of f32 keys.
+void ObservationWeights(const LayerStore& store, const float* q, int64_t n,
+                        std::vector<float>* kbuf, float* w) {
+  const LayerGeometry& g = store.geometry();
+  const int G = g.group_size();
+  const int64_t P = LayerStore::kPageRows;
+  kbuf->resize(static_cast<size_t>(P) * g.k_dim);
+  for (int h = 0; h < g.n_kv_heads; ++h) {
+    for (int64_t p0 = 0; p0 < n; p0 += P) {
+      const int64_t rows = std::min(P, n - p0);
+      for (int64_t i = 0; i < rows; ++i) {
+        const uint16_t* k = store.key_row(h, p0 + i);
+        float* dst = kbuf->data() + i * g.k_dim;
+        for (int c = 0; c < g.k_dim; ++c) dst[c] = Bf16ToF32(k[c]);
+      }
+      for (int r = 0; r < G; ++r) {
+        const int64_t hq = static_cast<int64_t>(h) * G + r;
+        const float* qh = q + hq * g.k_dim;
+        float* wh = w + hq * n + p0;
+        for (int64_t i = 0; i < rows; ++i) {
+          wh[i] = g.scale * Dot(qh, kbuf->data() + i * g.k_dim, g.k_dim);
+        }
+      }
+    }
+  }
+  for (int hq = 0; hq < g.n_q_heads; ++hq) {
+    float* wh = w + static_cast<int64_t>(hq) * n;
+    double mx = -INFINITY;
+    for (int64_t u = 0; u < n; ++u) mx = std::max(mx, static_cast<double>(wh[u]));
+    double sum = 0;
+    for (int64_t u = 0; u < n; ++u) sum += std::exp(wh[u] - mx);
+    const double inv = 1.0 / sum;
+    for (int64_t u = 0; u < n; ++u) wh[u] = static_cast<float>(std::exp(wh[u] - mx) * inv);
+  }
+}
+
+}  // namespace
+
 void KvCache::EndPrefill(ThreadPool* pool) {
+  // Observed queries are processed in batches of one per thread: each thread computes one
+  // query's weights into its own [n_q_heads, pos + 1] buffer, then the batch is delivered in
+  // position order. Memory: threads x n_q_heads x T floats, never n_obs x T.
+  const bool need_weights = policy_->observation_needs_weights();
+  const int T = pool ? pool->size() : 1;
+  std::vector<std::vector<float>> w(T), kbuf(T);
   for (int l = 0; l < n_layers(); ++l) {
     const LayerStore& store = stores_[l];
     const LayerGeometry& g = store.geometry();
-    std::vector<float> w;
-    const bool need_weights = policy_->observation_needs_weights();
-    for (const Recorded& r : recorded_[l]) {
-      if (!need_weights) {
+    const std::vector<Recorded>& rec = recorded_[l];
+    if (!need_weights) {
+      for (const Recorded& r : rec) {
         PrefillObservation obs{r.pos, g.n_q_heads, g.k_dim, r.q.data(), r.pos + 1, nullptr};
         policy_->OnPrefillStats(l, store, obs);
-        continue;
       }
-      // Exact causal softmax weights of this query over rows [0, pos] (bf16 rows, f64 sums).
-      const int64_t n = r.pos + 1;
-      w.assign(static_cast<size_t>(g.n_q_heads) * n, 0.f);
-      const int G = g.group_size();
-      for (int h = 0; h < g.n_q_heads; ++h) {
-        const float* qh = r.q.data() + static_cast<int64_t>(h) * g.k_dim;
-        float* wh = w.data() + static_cast<int64_t>(h) * n;
-        double mx = -INFINITY;
-        for (int64_t u = 0; u < n; ++u) {
-          const uint16_t* k = store.key_row(h / G, u);
-          double s = 0;
-          for (int c = 0; c < g.k_dim; ++c) s += static_cast<double>(qh[c]) * Bf16ToF32(k[c]);
-          s *= g.scale;
-          wh[u] = static_cast<float>(s);
-          mx = std::max(mx, s);
+      recorded_[l].clear();
+      continue;
+    }
+    const int64_t n_rec = static_cast<int64_t>(rec.size());
+    for (int64_t b0 = 0; b0 < n_rec; b0 += T) {
+      const int64_t nb = std::min<int64_t>(T, n_rec - b0);
+      auto work = [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) {
+          const Recorded& r = rec[b0 + i];
+          w[i].resize(static_cast<size_t>(g.n_q_heads) * (r.pos + 1));
+          ObservationWeights(store, r.q.data(), r.pos + 1, &kbuf[i], w[i].data());
         }
-        double sum = 0;
-        for (int64_t u = 0; u < n; ++u) sum += std::exp(wh[u] - mx);
-        for (int64_t u = 0; u < n; ++u) wh[u] = static_cast<float>(std::exp(wh[u] - mx) / sum);
+      };
+      if (pool && nb > 1) {
+        pool->ParallelFor(nb, work);
+      } else {
+        work(0, nb, 0);
       }
-      PrefillObservation obs{r.pos, g.n_q_heads, g.k_dim, r.q.data(), n, w.data()};
-      policy_->OnPrefillStats(l, store, obs);
+      for (int64_t i = 0; i < nb; ++i) {
+        const Recorded& r = rec[b0 + i];
+        PrefillObservation obs{r.pos, g.n_q_heads, g.k_dim, r.q.data(), r.pos + 1, w[i].data()};
+        policy_->OnPrefillStats(l, store, obs);
+      }
     }
     recorded_[l].clear();
   }

@@ -1,0 +1,147 @@
+// Test helpers shared by the baseline policy tests: geometries, random caches, f64 references.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "kv/cache.h"
+#include "kv/registry.h"
+
+namespace strata::baselines::testing {
+
+inline LayerGeometry MlaGeometry(int heads = 4) {
+  LayerGeometry g;
+  g.kind = AttnKind::kMla;
+  g.n_q_heads = heads;
+  g.n_kv_heads = 1;
+  g.k_dim = 40;
+  g.v_dim = 32;
+  g.rope_dim = 8;
+  g.rope = false;
+  g.scale = 0.3f;
+  return g;
+}
+
+inline LayerGeometry GqaGeometry(int q_heads = 6, int kv_heads = 2, int dim = 16) {
+  LayerGeometry g;
+  g.kind = AttnKind::kGqa;
+  g.n_q_heads = q_heads;
+  g.n_kv_heads = kv_heads;
+  g.k_dim = dim;
+  g.v_dim = dim;
+  g.rope_dim = dim;
+  g.scale = 0.25f;
+  return g;
+}
+
+inline std::unique_ptr<KvCache> NewCache(const LayerGeometry& g, const PolicySpec& spec) {
+  auto p = MakePolicy(spec);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  if (!p.ok()) return nullptr;
+  auto c = KvCache::Create({g}, std::move(p).value());
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+// Deterministic random rows: row u of layer 0 from (seed, u); `bump` is added to every value.
+inline void RowAt(const LayerGeometry& g, uint64_t seed, int64_t u, float bump,
+                  std::vector<float>* k, std::vector<float>* v) {
+  Rng rng(seed * 1000003u + static_cast<uint64_t>(u));
+  k->resize(static_cast<size_t>(g.n_kv_heads) * g.k_dim);
+  v->resize(static_cast<size_t>(g.n_kv_heads) * g.v_dim);
+  for (auto& x : *k) x = static_cast<float>(rng.Normal()) + bump;
+  for (auto& x : *v) x = static_cast<float>(rng.Normal()) + bump;
+}
+
+inline std::vector<float> RandomQuery(const LayerGeometry& g, Rng& rng, float sd = 1.f) {
+  std::vector<float> q(static_cast<size_t>(g.n_q_heads) * g.k_dim);
+  for (auto& x : q) x = sd * static_cast<float>(rng.Normal());
+  return q;
+}
+
+// Prefill of rows [0, n0) with every position observed (queries from `seed`), the compression
+// point, then rows [n0, n) appended without compression. Rows after `perturb_after` get +10.
+inline void Build(KvCache* c, uint64_t seed, int64_t n0, int64_t n, int64_t perturb_after = -1,
+                  ThreadPool* pool = nullptr) {
+  const LayerGeometry& g = c->geometry(0);
+  std::vector<float> k, v;
+  Rng qrng(seed ^ 0xabcdef);
+  c->BeginPrefill(0, n0);
+  for (int64_t u = 0; u < n0; ++u) {
+    RowAt(g, seed, u, (perturb_after >= 0 && u > perturb_after) ? 10.f : 0.f, &k, &v);
+    c->Append(0, k.data(), v.data());
+    const std::vector<float> q = RandomQuery(g, qrng);
+    c->ObserveQuery(0, u, q.data());
+  }
+  c->EndPrefill(pool);
+  for (int64_t u = n0; u < n; ++u) {
+    RowAt(g, seed, u, (perturb_after >= 0 && u > perturb_after) ? 10.f : 0.f, &k, &v);
+    c->Append(0, k.data(), v.data());
+  }
+}
+
+// f64 attention of q over explicit key/value rows (f32) for every query head.
+inline std::vector<double> RefAttention(const LayerGeometry& g, const float* q,
+                                        const std::vector<std::vector<float>>& keys_by_head,
+                                        const std::vector<std::vector<float>>& vals_by_head,
+                                        const std::vector<std::vector<int64_t>>& rows_by_head) {
+  std::vector<double> out(static_cast<size_t>(g.n_q_heads) * g.v_dim, 0.0);
+  const int G = g.group_size();
+  for (int hq = 0; hq < g.n_q_heads; ++hq) {
+    const int h = hq / G;
+    const auto& rows = rows_by_head[rows_by_head.size() == 1 ? 0 : h];
+    std::vector<double> s(rows.size());
+    double mx = -1e300;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      double a = 0;
+      const float* k = keys_by_head[h].data() + rows[i] * g.k_dim;
+      for (int c = 0; c < g.k_dim; ++c) a += static_cast<double>(q[hq * g.k_dim + c]) * k[c];
+      s[i] = a * g.scale;
+      mx = std::max(mx, s[i]);
+    }
+    double z = 0;
+    for (double x : s) z += std::exp(x - mx);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const double w = std::exp(s[i] - mx) / z;
+      const float* v = vals_by_head[h].data() + rows[i] * g.v_dim;
+      for (int c = 0; c < g.v_dim; ++c) out[hq * g.v_dim + c] += w * v[c];
+    }
+  }
+  return out;
+}
+
+// The store's rows as f32, per KV head: keys [n, k_dim], values [n, v_dim].
+inline void StoreRows(const LayerStore& s, std::vector<std::vector<float>>* keys,
+                      std::vector<std::vector<float>>* vals) {
+  const LayerGeometry& g = s.geometry();
+  keys->assign(g.n_kv_heads, {});
+  vals->assign(g.n_kv_heads, {});
+  for (int h = 0; h < g.n_kv_heads; ++h) {
+    for (int64_t u = 0; u < s.n_rows(); ++u) {
+      const uint16_t* k = s.key_row(h, u);
+      const uint16_t* v = s.val_row(h, u);
+      for (int c = 0; c < g.k_dim; ++c) (*keys)[h].push_back(Bf16ToF32(k[c]));
+      for (int c = 0; c < g.v_dim; ++c) (*vals)[h].push_back(Bf16ToF32(v[c]));
+    }
+  }
+}
+
+inline double MaxAbsDiff(const std::vector<float>& a, const std::vector<double>& b) {
+  double d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(a[i] - b[i]));
+  return d;
+}
+
+inline const std::vector<std::string>& AllBaselines() {
+  static const std::vector<std::string> names = {"streaming", "h2o",   "h2o-recent", "snapkv",
+                                                 "quest",     "kivi2", "kivi4",      "random"};
+  return names;
+}
+
+}  // namespace strata::baselines::testing
