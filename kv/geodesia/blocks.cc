@@ -1,0 +1,502 @@
+// Geodesia-KV graded block storage (see blocks.h).
+#include "kv/geodesia/blocks.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "core/check.h"
+#include "core/dtype.h"
+#include "kv/geodesia/quant.h"
+
+namespace strata::geodesia {
+
+int LevelIndex(int level) {
+  for (int i = 0; i < kNumLevels; ++i) {
+    if (kLevels[i] == level) return i;
+  }
+  return -1;
+}
+
+bool IsLevel(int level) { return LevelIndex(level) >= 0; }
+
+const char* DemotionModeName(DemotionMode m) {
+  return m == DemotionMode::kOnce ? "once" : "cascade";
+}
+
+Status ValidateGradedConfig(const GradedConfig& c) {
+  if (c.n_kv_heads <= 0) {
+    return InvalidArgument("geodesia: n_kv_heads must be >= 1, got " + std::to_string(c.n_kv_heads));
+  }
+  if (c.head_dim <= 0) {
+    return InvalidArgument("geodesia: head_dim must be >= 1, got " + std::to_string(c.head_dim));
+  }
+  if (c.group_size <= 0 || kBlockTokens % c.group_size != 0 || c.head_dim % c.group_size != 0) {
+    return InvalidArgument("geodesia: group size " + std::to_string(c.group_size) +
+                           " must divide the block size 64 and the head dim " +
+                           std::to_string(c.head_dim));
+  }
+  return OkStatus();
+}
+
+SlotLayout GetSlotLayout(int level, int head_dim, int group_size) {
+  const int64_t D = head_dim, P = kBlockTokens, g = group_size;
+  SlotLayout s;
+  if (level == 16) {
+    s.k_rows = 0;
+    s.v_rows = P * D * 2;
+    s.bytes = 2 * P * D * 2;
+  } else if (level == 1) {
+    s.k_rows = 0;
+    s.v_rows = D * 2;
+    s.bytes = 2 * D * 2;
+  } else {
+    STRATA_CHECK_MSG(level == 8 || level == 4 || level == 2, "level %d", level);
+    const int64_t codes = P * D * level / 8;
+    const int64_t kgroups = P / g, vgroups = D / g;
+    s.k_codes = 0;
+    s.v_codes = codes;
+    s.k_lo = 2 * codes;
+    s.k_step = s.k_lo + kgroups * D * 2;
+    s.v_lo = s.k_step + kgroups * D * 2;
+    s.v_step = s.v_lo + P * vgroups * 2;
+    s.bytes = s.v_step + P * vgroups * 2;
+    s.scale_bytes = s.bytes - 2 * codes;
+  }
+  return s;
+}
+
+int64_t SlotBytes(int level, int head_dim, int group_size) {
+  return GetSlotLayout(level, head_dim, group_size).bytes;
+}
+
+void ReconstructBlock(const PackedHeadView& view, int64_t b, double* k, double* v) {
+  const int D = view.head_dim, g = view.group_size, P = kBlockTokens;
+  const int level = view.level[b];
+  const int nv = view.n_valid[b];
+  const SlotLayout L = GetSlotLayout(level, D, g);
+  const uint8_t* slot = view.slab[LevelIndex(level)] + view.offset[b];
+  std::fill(k, k + P * D, 0.0);
+  std::fill(v, v + P * D, 0.0);
+  if (level == 16) {
+    const uint16_t* kr = reinterpret_cast<const uint16_t*>(slot + L.k_rows);
+    const uint16_t* vr = reinterpret_cast<const uint16_t*>(slot + L.v_rows);
+    for (int64_t i = 0; i < int64_t{nv} * D; ++i) {
+      k[i] = Bf16ToF32(kr[i]);
+      v[i] = Bf16ToF32(vr[i]);
+    }
+  } else if (level == 1) {
+    const uint16_t* kc = reinterpret_cast<const uint16_t*>(slot + L.k_rows);
+    const uint16_t* vc = reinterpret_cast<const uint16_t*>(slot + L.v_rows);
+    for (int t = 0; t < nv; ++t) {
+      for (int c = 0; c < D; ++c) {
+        k[t * D + c] = F16ToF32(kc[c]);
+        v[t * D + c] = F16ToF32(vc[c]);
+      }
+    }
+  } else {
+    std::vector<uint8_t> kc(P * D), vc(P * D);
+    UnpackCodes(slot + L.k_codes, int64_t{P} * D, level, kc.data());
+    UnpackCodes(slot + L.v_codes, int64_t{P} * D, level, vc.data());
+    const uint16_t* klo = reinterpret_cast<const uint16_t*>(slot + L.k_lo);
+    const uint16_t* kst = reinterpret_cast<const uint16_t*>(slot + L.k_step);
+    const uint16_t* vlo = reinterpret_cast<const uint16_t*>(slot + L.v_lo);
+    const uint16_t* vst = reinterpret_cast<const uint16_t*>(slot + L.v_step);
+    const int GV = D / g;
+    for (int t = 0; t < nv; ++t) {
+      const int tg = t / g;
+      for (int c = 0; c < D; ++c) {
+        const int ki = tg * D + c;
+        k[t * D + c] = kc[t * D + c] * static_cast<double>(F16ToF32(kst[ki])) +
+                       F16ToF32(klo[ki]);
+        const int vi = t * GV + c / g;
+        v[t * D + c] = vc[t * D + c] * static_cast<double>(F16ToF32(vst[vi])) +
+                       F16ToF32(vlo[vi]);
+      }
+    }
+  }
+}
+
+namespace {
+
+// Quantizes a full block (64 rows of keys and values, f32 [64, D]) into a level-L slot.
+void EncodeQuantized(const float* k, const float* v, int D, int g, int bits, uint8_t* slot) {
+  const int P = kBlockTokens;
+  const SlotLayout L = GetSlotLayout(bits, D, g);
+  uint16_t* klo = reinterpret_cast<uint16_t*>(slot + L.k_lo);
+  uint16_t* kst = reinterpret_cast<uint16_t*>(slot + L.k_step);
+  uint16_t* vlo = reinterpret_cast<uint16_t*>(slot + L.v_lo);
+  uint16_t* vst = reinterpret_cast<uint16_t*>(slot + L.v_step);
+  std::vector<uint8_t> codes(P * D);
+  // Keys: per channel over time groups of g tokens.
+  for (int tg = 0; tg < P / g; ++tg) {
+    for (int c = 0; c < D; ++c) {
+      float lo = k[tg * g * D + c], hi = lo;
+      for (int t = tg * g; t < (tg + 1) * g; ++t) {
+        lo = std::min(lo, k[t * D + c]);
+        hi = std::max(hi, k[t * D + c]);
+      }
+      const QuantParams p = MakeQuantParams(lo, hi, bits);
+      klo[tg * D + c] = p.lo;
+      kst[tg * D + c] = p.step;
+      for (int t = tg * g; t < (tg + 1) * g; ++t) {
+        codes[t * D + c] = QuantizeValue(k[t * D + c], p, bits);
+      }
+    }
+  }
+  PackCodes(codes.data(), int64_t{P} * D, bits, slot + L.k_codes);
+  // Values: per token over channel groups of g channels.
+  const int GV = D / g;
+  for (int t = 0; t < P; ++t) {
+    for (int cg = 0; cg < GV; ++cg) {
+      const float* x = v + t * D + cg * g;
+      float lo = x[0], hi = x[0];
+      for (int c = 1; c < g; ++c) {
+        lo = std::min(lo, x[c]);
+        hi = std::max(hi, x[c]);
+      }
+      const QuantParams p = MakeQuantParams(lo, hi, bits);
+      vlo[t * GV + cg] = p.lo;
+      vst[t * GV + cg] = p.step;
+      for (int c = 0; c < g; ++c) codes[t * D + cg * g + c] = QuantizeValue(x[c], p, bits);
+    }
+  }
+  PackCodes(codes.data(), int64_t{P} * D, bits, slot + L.v_codes);
+}
+
+// Centroid of the first n rows (f64 mean, stored f16).
+void EncodeCentroid(const float* k, const float* v, int n, int D, uint8_t* slot) {
+  uint16_t* kc = reinterpret_cast<uint16_t*>(slot);
+  uint16_t* vc = kc + D;
+  for (int c = 0; c < D; ++c) {
+    double sk = 0, sv = 0;
+    for (int t = 0; t < n; ++t) {
+      sk += k[t * D + c];
+      sv += v[t * D + c];
+    }
+    kc[c] = F32ToF16(static_cast<float>(sk / n));
+    vc[c] = F32ToF16(static_cast<float>(sv / n));
+  }
+}
+
+double MaxRowDiff(const double* a, const double* b, int n, int D) {
+  double worst = 0;
+  for (int t = 0; t < n; ++t) {
+    double s = 0;
+    for (int c = 0; c < D; ++c) {
+      const double e = a[t * D + c] - b[t * D + c];
+      s += e * e;
+    }
+    worst = std::max(worst, std::sqrt(s));
+  }
+  return worst;
+}
+
+}  // namespace
+
+StatusOr<GradedLayer> GradedLayer::Create(const GradedConfig& config) {
+  RETURN_IF_ERROR(ValidateGradedConfig(config));
+  return GradedLayer(config);
+}
+
+GradedLayer::GradedLayer(const GradedConfig& c) : c_(c), heads_(c.n_kv_heads) {
+  for (int i = 0; i < kNumLevels; ++i) slabs_[i].slot_bytes = SlotBytes(kLevels[i], c.head_dim, c.group_size);
+}
+
+int64_t GradedLayer::AllocSlot(int li) {
+  Slab& s = slabs_[li];
+  if (s.free_slots.empty()) {
+    const int64_t cap = std::max<int64_t>(4, 2 * s.n_slots);
+    AlignedBuffer<uint8_t> mem(static_cast<size_t>(cap * s.slot_bytes));
+    if (s.n_slots > 0) std::memcpy(mem.data(), s.mem.data(), s.n_slots * s.slot_bytes);
+    for (int64_t i = cap - 1; i >= s.n_slots; --i) s.free_slots.push_back(i * s.slot_bytes);
+    s.mem = std::move(mem);
+    s.n_slots = cap;
+  }
+  const int64_t off = s.free_slots.back();
+  s.free_slots.pop_back();
+  return off;
+}
+
+void GradedLayer::FreeSlot(int li, int64_t offset) {
+  Slab& s = slabs_[li];
+  std::memset(s.mem.data() + offset, 0, s.slot_bytes);
+  s.free_slots.push_back(offset);
+}
+
+void GradedLayer::MaybeCompact(int li) {
+  const Slab& s = slabs_[li];
+  if (static_cast<int64_t>(s.free_slots.size()) * 4 > s.n_slots) CompactSlab(li);
+}
+
+void GradedLayer::CompactSlab(int li) {
+  // Live slots move to the front in (head, block) order; the rest of the slab is released.
+  Slab& m = slabs_[li];
+  const int64_t live = m.live();
+  AlignedBuffer<uint8_t> mem(static_cast<size_t>(live * m.slot_bytes));
+  int64_t next = 0;
+  for (Head& hd : heads_) {
+    for (size_t b = 0; b < hd.level.size(); ++b) {
+      if (LevelIndex(hd.level[b]) != li) continue;
+      std::memcpy(mem.data() + next, m.mem.data() + hd.offset[b], m.slot_bytes);
+      hd.offset[b] = next;
+      next += m.slot_bytes;
+    }
+  }
+  STRATA_CHECK(next == live * m.slot_bytes);
+  m.mem = std::move(mem);
+  m.n_slots = live;
+  m.free_slots.clear();
+}
+
+void GradedLayer::Compact() {
+  for (int li = 0; li < kNumLevels; ++li) {
+    if (!slabs_[li].free_slots.empty()) CompactSlab(li);
+  }
+  for (Head& hd : heads_) {
+    hd.box.shrink_to_fit();
+    hd.res_k.shrink_to_fit();
+    hd.res_v.shrink_to_fit();
+  }
+}
+
+void GradedLayer::Append(const uint16_t* k, const uint16_t* v) {
+  const int D = c_.head_dim;
+  if (n_tokens_ % kBlockTokens == 0) {
+    n_valid_.push_back(0);
+    for (Head& hd : heads_) {
+      hd.level.push_back(16);
+      hd.offset.push_back(AllocSlot(LevelIndex(16)));
+      hd.res_mask.push_back(0);
+      hd.res_begin.push_back(static_cast<int32_t>(hd.res_pos.size()));
+      hd.ek.push_back(0);
+      hd.ev.push_back(0);
+      hd.vnorm.push_back(0);
+      hd.box.resize(hd.box.size() + 2 * D, 0);
+    }
+  }
+  const int64_t b = n_blocks() - 1;
+  const int t = n_valid_[b];
+  const SlotLayout L = GetSlotLayout(16, D, c_.group_size);
+  uint8_t* base = slabs_[LevelIndex(16)].mem.data();
+  for (int h = 0; h < c_.n_kv_heads; ++h) {
+    uint8_t* slot = base + heads_[h].offset[b];
+    std::memcpy(slot + L.k_rows + t * D * 2, k + h * D, D * 2);
+    std::memcpy(slot + L.v_rows + t * D * 2, v + h * D, D * 2);
+  }
+  ++n_valid_[b];
+  ++n_tokens_;
+  if (n_valid_[b] == kBlockTokens) CloseBlock(b);
+}
+
+void GradedLayer::CloseBlock(int64_t b) {
+  const int D = c_.head_dim;
+  const SlotLayout L = GetSlotLayout(16, D, c_.group_size);
+  for (Head& hd : heads_) {
+    STRATA_CHECK(hd.level[b] == 16);
+    const uint8_t* slot = slabs_[LevelIndex(16)].mem.data() + hd.offset[b];
+    const uint16_t* kr = reinterpret_cast<const uint16_t*>(slot + L.k_rows);
+    const uint16_t* vr = reinterpret_cast<const uint16_t*>(slot + L.v_rows);
+    uint16_t* bmin = hd.box.data() + b * 2 * D;
+    uint16_t* bmax = bmin + D;
+    for (int c = 0; c < D; ++c) {
+      float lo = Bf16ToF32(kr[c]), hi = lo;
+      for (int t = 1; t < kBlockTokens; ++t) {
+        const float x = Bf16ToF32(kr[t * D + c]);
+        lo = std::min(lo, x);
+        hi = std::max(hi, x);
+      }
+      bmin[c] = F16RoundDown(lo);
+      bmax[c] = F16RoundUp(hi);
+    }
+    double vmax = 0;
+    for (int t = 0; t < kBlockTokens; ++t) {
+      double s = 0;
+      for (int c = 0; c < D; ++c) {
+        const double x = Bf16ToF32(vr[t * D + c]);
+        s += x * x;
+      }
+      vmax = std::max(vmax, std::sqrt(s));
+    }
+    // Rounded up so that it stays an upper bound of every exact value norm.
+    hd.vnorm[b] = std::nextafter(static_cast<float>(vmax), std::numeric_limits<float>::infinity());
+  }
+}
+
+Status GradedLayer::Demote(int h, int64_t b, int level) {
+  if (h < 0 || h >= c_.n_kv_heads) {
+    return InvalidArgument("geodesia: Demote: KV head " + std::to_string(h) + " outside [0, " +
+                           std::to_string(c_.n_kv_heads) + ")");
+  }
+  if (!IsLevel(level)) {
+    return InvalidArgument("geodesia: Demote: level " + std::to_string(level) +
+                           " is not one of 16, 8, 4, 2, 1");
+  }
+  if (b < 0 || !closed(b)) {
+    return InvalidArgument("geodesia: Demote: block " + std::to_string(b) +
+                           " is not a closed block (closed blocks: " +
+                           std::to_string(n_closed_blocks()) + ")");
+  }
+  Head& hd = heads_[h];
+  const int cur = hd.level[b];
+  if (level >= cur) {
+    return InvalidArgument("geodesia: Demote: head " + std::to_string(h) + " block " +
+                           std::to_string(b) + " is at level " + std::to_string(cur) +
+                           "; target level " + std::to_string(level) + " is not lower");
+  }
+  if (c_.demotion == DemotionMode::kOnce && cur != 16) {
+    return InvalidArgument("geodesia: Demote: head " + std::to_string(h) + " block " +
+                           std::to_string(b) + " was already re-encoded (level " +
+                           std::to_string(cur) + "); demotion mode 'once' freezes it");
+  }
+  const int D = c_.head_dim, P = kBlockTokens;
+  const PackedHeadView vw = view(h);
+  std::vector<double> k_old(P * D), v_old(P * D), k_new(P * D), v_new(P * D);
+  ReconstructBlock(vw, b, k_old.data(), v_old.data());
+  // The source: the exact bf16 rows (level 16) or the current reconstruction in f32 (cascade).
+  std::vector<float> ks(P * D), vs(P * D);
+  for (int i = 0; i < P * D; ++i) {
+    ks[i] = static_cast<float>(k_old[i]);
+    vs[i] = static_cast<float>(v_old[i]);
+  }
+  const int li_new = LevelIndex(level), li_old = LevelIndex(cur);
+  const int64_t off = AllocSlot(li_new);
+  uint8_t* slot = slabs_[li_new].mem.data() + off;
+  if (level == 1) {
+    EncodeCentroid(ks.data(), vs.data(), n_valid_[b], D, slot);
+  } else {
+    EncodeQuantized(ks.data(), vs.data(), D, c_.group_size, level, slot);
+  }
+  FreeSlot(li_old, hd.offset[b]);
+  hd.level[b] = static_cast<int8_t>(level);
+  hd.offset[b] = off;
+  ReconstructBlock(view(h), b, k_new.data(), v_new.data());
+  hd.ek[b] += MaxRowDiff(k_old.data(), k_new.data(), n_valid_[b], D);
+  hd.ev[b] += MaxRowDiff(v_old.data(), v_new.data(), n_valid_[b], D);
+  MaybeCompact(li_old);
+  return OkStatus();
+}
+
+Status GradedLayer::AddResidual(int h, int64_t pos, const uint16_t* k, const uint16_t* v) {
+  if (h < 0 || h >= c_.n_kv_heads) {
+    return InvalidArgument("geodesia: AddResidual: KV head " + std::to_string(h) + " outside [0, " +
+                           std::to_string(c_.n_kv_heads) + ")");
+  }
+  if (pos < 0 || pos >= n_tokens_) {
+    return InvalidArgument("geodesia: AddResidual: position " + std::to_string(pos) +
+                           " outside [0, " + std::to_string(n_tokens_) + ")");
+  }
+  Head& hd = heads_[h];
+  auto it = std::lower_bound(hd.res_pos.begin(), hd.res_pos.end(), pos);
+  if (it != hd.res_pos.end() && *it == pos) {
+    return InvalidArgument("geodesia: AddResidual: position " + std::to_string(pos) +
+                           " of head " + std::to_string(h) + " is already overridden");
+  }
+  const int D = c_.head_dim;
+  const int64_t idx = it - hd.res_pos.begin();
+  hd.res_pos.insert(it, pos);
+  hd.res_k.insert(hd.res_k.begin() + idx * D, k, k + D);
+  hd.res_v.insert(hd.res_v.begin() + idx * D, v, v + D);
+  const int64_t b = pos / kBlockTokens;
+  hd.res_mask[b] |= uint64_t{1} << (pos % kBlockTokens);
+  for (int64_t bb = b + 1; bb < n_blocks(); ++bb) ++hd.res_begin[bb];
+  return OkStatus();
+}
+
+bool GradedLayer::has_residual(int h, int64_t pos) const {
+  const Head& hd = heads_[h];
+  return std::binary_search(hd.res_pos.begin(), hd.res_pos.end(), pos);
+}
+
+std::array<int64_t, kNumLevels> GradedLayer::level_histogram(int h) const {
+  std::array<int64_t, kNumLevels> n{};
+  for (int8_t l : heads_[h].level) ++n[LevelIndex(l)];
+  return n;
+}
+
+const uint16_t* GradedLayer::box_min(int h, int64_t b) const {
+  STRATA_CHECK(closed(b));
+  return heads_[h].box.data() + b * 2 * c_.head_dim;
+}
+
+const uint16_t* GradedLayer::box_max(int h, int64_t b) const {
+  return box_min(h, b) + c_.head_dim;
+}
+
+void GradedLayer::Reconstruct(int h, int64_t b, double* k, double* v) const {
+  ReconstructBlock(view(h), b, k, v);
+}
+
+const uint8_t* GradedLayer::slot(int h, int64_t b) const {
+  return slabs_[LevelIndex(heads_[h].level[b])].mem.data() + heads_[h].offset[b];
+}
+
+PackedHeadView GradedLayer::view(int h) const {
+  const Head& hd = heads_[h];
+  PackedHeadView v;
+  v.head_dim = c_.head_dim;
+  v.group_size = c_.group_size;
+  v.n_blocks = n_blocks();
+  v.level = hd.level.data();
+  v.offset = hd.offset.data();
+  v.n_valid = n_valid_.data();
+  for (int i = 0; i < kNumLevels; ++i) v.slab[i] = slabs_[i].mem.data();
+  if (!hd.res_pos.empty()) {
+    v.res_mask = hd.res_mask.data();
+    v.res_begin = hd.res_begin.data();
+    v.res_k = hd.res_k.data();
+    v.res_v = hd.res_v.data();
+  }
+  return v;
+}
+
+ResidentBytes GradedLayer::resident_bytes(int h) const {
+  const Head& hd = heads_[h];
+  const int D = c_.head_dim;
+  ResidentBytes r;
+  for (int8_t l : hd.level) {
+    const SlotLayout L = GetSlotLayout(l, D, c_.group_size);
+    r.payload += L.bytes - L.scale_bytes;
+    r.scales += L.scale_bytes;
+  }
+  r.boxes = n_blocks() * 2 * D * 2;
+  r.residual = static_cast<int64_t>(hd.res_pos.size()) * 2 * D * 2;
+  return r;
+}
+
+ResidentBytes GradedLayer::resident_bytes() const {
+  ResidentBytes r;
+  for (int h = 0; h < c_.n_kv_heads; ++h) {
+    const ResidentBytes x = resident_bytes(h);
+    r.payload += x.payload;
+    r.scales += x.scales;
+    r.boxes += x.boxes;
+    r.residual += x.residual;
+  }
+  return r;
+}
+
+int64_t GradedLayer::allocated_bytes() const {
+  int64_t n = 0;
+  for (const Slab& s : slabs_) n += s.n_slots * s.slot_bytes;
+  for (const Head& hd : heads_) {
+    n += static_cast<int64_t>(hd.box.capacity() + hd.res_k.capacity() + hd.res_v.capacity()) * 2;
+  }
+  return n;
+}
+
+double BoxUpperBound(const uint16_t* kmin, const uint16_t* kmax, const float* q, int head_dim,
+                     float scale) {
+  double s = 0;
+  for (int c = 0; c < head_dim; ++c) {
+    const double a = static_cast<double>(q[c]) * F16ToF32(kmin[c]);
+    const double b = static_cast<double>(q[c]) * F16ToF32(kmax[c]);
+    s += std::max(a, b);
+  }
+  return static_cast<double>(scale) * s;
+}
+
+}  // namespace strata::geodesia

@@ -1,0 +1,217 @@
+// Geodesia-KV graded block storage: one layer's K/V per KV head in 64-token blocks at levels
+// 16 (bf16), 8/4/2 (packed codes + f16 scales) and 1 (f16 centroid), with key boxes, an exact
+// per-token residual overlay and the per-(head, block) tables the packed kernel reads.
+//
+// Layout (GPU-friendly; spec sections 1.2-1.4, 6):
+//   * one slab per level, shared by all KV heads of the layer, holding fixed-size slots:
+//       16: [K 64 x D bf16][V 64 x D bf16]                                  (256 D bytes)
+//       L : [K codes 64*D*L/8][V codes 64*D*L/8]                           (packed LSB-first,
+//           [K lo f16 (64/g) x D][K step f16 (64/g) x D]                    token-major t*D + d)
+//           [V lo f16 64 x (D/g)][V step f16 64 x (D/g)]
+//        1: [K centroid D f16][V centroid D f16]
+//     keys are quantized per channel over time groups of g tokens, values per token over channel
+//     groups of g channels. Scale arrays exist only inside quantized slots.
+//   * per head, per block (struct-of-arrays): level (int8), byte offset of the slot in its level's
+//     slab (int64), exact-residual mask (uint64, bit t = token t overridden) and the index of the
+//     block's first residual row (int32); per block (shared by all heads): n_valid (int32).
+//   * per head: the key box of every block, [n_blocks, 2, D] f16 (kmin then kmax), filled when the
+//     block closes from its exact keys, rounded OUTWARD (down for kmin, up for kmax) so that
+//     U_b(q) = scale * sum_c max(q_c kmin_c, q_c kmax_c) >= scale * q.k for every key of the block.
+//     (The reference rounds to nearest; outward rounding differs by at most one f16 ulp and keeps
+//     the bound sound.) A closed box never changes, whatever the block's later level.
+//   * per head: exact residual rows, [n_res, D] bf16 K and V sorted by position.
+//
+// Life of a block: the open (last) block is exact and receives Append()s; when it reaches 64
+// tokens it closes: its box and the max L2 norm of its exact values are recorded. A closed block
+// may be demoted (Demote) to a lower level; the old slot is freed at once and the slab is compacted
+// when more than a quarter of it is free, so allocated bytes really shrink (Compact() forces it).
+//
+// Demotion modes (spec section 11, item 4):
+//   kOnce    (reference): a block is re-encoded once, from its exact bf16 rows, and is then
+//            immutable: only level-16 blocks may be demoted (to any lower level). Nothing beyond the
+//            block's own level-16 slot is kept, and that slot is freed by the demotion.
+//   kCascade: any closed block may be demoted again, re-encoding the CURRENT reconstruction
+//            (dequantized in f32) into the new level. No exact source is kept either.
+// Every re-encode adds max_t ||k_old - k_new||_2 to ek(h, b) and the value analogue to ev(h, b)
+// (computed in f64 over the block's valid tokens); the certificate uses them.
+//
+// Thread safety: const methods may run concurrently; mutators need exclusive access. Any mutator
+// (Append, Demote, AddResidual, Compact) invalidates PackedHeadViews and row pointers.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "core/buffer.h"
+#include "core/status.h"
+
+namespace strata::geodesia {
+
+inline constexpr int kBlockTokens = 64;
+inline constexpr int kNumLevels = 5;
+// The ladder, highest first. A level's index in it selects its slab.
+inline constexpr std::array<int, kNumLevels> kLevels = {16, 8, 4, 2, 1};
+// Index of a level in kLevels (16 -> 0 ... 1 -> 4), -1 for a level not on the ladder.
+int LevelIndex(int level);
+bool IsLevel(int level);
+
+enum class DemotionMode { kOnce, kCascade };
+const char* DemotionModeName(DemotionMode m);
+
+struct GradedConfig {
+  int n_kv_heads = 0;
+  int head_dim = 0;     // D: key and value head dim (must be equal)
+  int group_size = 64;  // g: must divide 64 and head_dim
+  DemotionMode demotion = DemotionMode::kOnce;
+};
+// Checks a config; the error names the bad value.
+Status ValidateGradedConfig(const GradedConfig& c);
+
+// Byte offsets of the parts of one block's slot at a level (D = head dim, g = group size, L =
+// level). Level 16: k_rows = 0 and v_rows = 64 D * 2 ([64, D] bf16 each). Level L in {8,4,2}:
+// k_codes, v_codes (64 D L / 8 bytes each), k_lo, k_step ([64/g, D] f16), v_lo, v_step ([64, D/g]
+// f16). Level 1: k_rows = 0 and v_rows = 2 D ([D] f16 centroids). Unused parts are -1.
+struct SlotLayout {
+  int64_t k_rows = -1, v_rows = -1;
+  int64_t k_codes = -1, v_codes = -1, k_lo = -1, k_step = -1, v_lo = -1, v_step = -1;
+  int64_t bytes = 0;        // whole slot
+  int64_t scale_bytes = 0;  // of which f16 scales (quantized levels only)
+};
+SlotLayout GetSlotLayout(int level, int head_dim, int group_size);
+// Bytes of one block's slot at `level` (payload + scales).
+int64_t SlotBytes(int level, int head_dim, int group_size);
+
+// The tables of one KV head as the packed kernel reads them (pointers into a GradedLayer; valid
+// until the layer's next mutation).
+struct PackedHeadView {
+  int head_dim = 0;
+  int group_size = 0;
+  int64_t n_blocks = 0;
+  const int8_t* level = nullptr;    // [n_blocks] 16, 8, 4, 2 or 1
+  const int64_t* offset = nullptr;  // [n_blocks] byte offset of the slot in slab[LevelIndex(level)]
+  const int32_t* n_valid = nullptr;  // [n_blocks] valid tokens, 0..64 (0: the block is skipped)
+  std::array<const uint8_t*, kNumLevels> slab = {};  // per-level slot bases
+  // Exact residual overlay; all null when the head has none. Token t of block b is overridden
+  // when bit t of res_mask[b] is set; its exact rows are row
+  // res_begin[b] + popcount(res_mask[b] & ((1 << t) - 1)) of res_k / res_v.
+  const uint64_t* res_mask = nullptr;  // [n_blocks]
+  const int32_t* res_begin = nullptr;  // [n_blocks]
+  const uint16_t* res_k = nullptr;     // [n_res, head_dim] bf16
+  const uint16_t* res_v = nullptr;     // [n_res, head_dim] bf16
+};
+
+// Block b of a view decoded into f64 (no residual overlay): k, v: [64, head_dim], rows
+// [n_valid, 64) zero. The exact values the stored representation denotes: bf16 rows, code * step +
+// lo (computed in f64), or the f16 centroid on every valid row.
+void ReconstructBlock(const PackedHeadView& view, int64_t b, double* k, double* v);
+
+// Bytes a layer (or one head) keeps resident, by kind. total() is what accounting charges.
+struct ResidentBytes {
+  int64_t payload = 0;   // bf16 rows, packed codes, centroids (open block: a full 64-row slot)
+  int64_t scales = 0;    // f16 lo/step of quantized blocks
+  int64_t boxes = 0;     // f16 key boxes, one per block (open block included)
+  int64_t residual = 0;  // exact residual K and V rows
+  int64_t total() const { return payload + scales + boxes + residual; }
+};
+
+class GradedLayer {
+ public:
+  static StatusOr<GradedLayer> Create(const GradedConfig& config);
+  GradedLayer(GradedLayer&&) = default;
+  GradedLayer& operator=(GradedLayer&&) = default;
+  GradedLayer(const GradedLayer&) = delete;
+  GradedLayer& operator=(const GradedLayer&) = delete;
+
+  const GradedConfig& config() const { return c_; }
+  int n_kv_heads() const { return c_.n_kv_heads; }
+  int head_dim() const { return c_.head_dim; }
+  int64_t n_tokens() const { return n_tokens_; }
+  int64_t n_blocks() const { return static_cast<int64_t>(n_valid_.size()); }
+  // Blocks with 64 tokens (closed): all but a partial or just-opened last block.
+  int64_t n_closed_blocks() const { return n_tokens_ / kBlockTokens; }
+  bool closed(int64_t b) const { return b < n_closed_blocks(); }
+  int32_t n_valid(int64_t b) const { return n_valid_[b]; }
+
+  // Appends one token for every KV head. k, v: [n_kv_heads, head_dim] bf16.
+  void Append(const uint16_t* k, const uint16_t* v);
+
+  // Re-encodes closed block b of head h at `level` (< its current level) and frees the old slot.
+  // Errors (InvalidArgument, naming the values): a level not on the ladder, an open block, a
+  // level not below the current one, or (kOnce) a block that is no longer exact.
+  Status Demote(int h, int64_t b, int level);
+
+  // Keeps an exact copy of token `pos` of head h (k, v: [head_dim] bf16) that overrides the
+  // token's reconstruction in attention. Errors: pos outside [0, n_tokens) or already overridden.
+  Status AddResidual(int h, int64_t pos, const uint16_t* k, const uint16_t* v);
+  bool has_residual(int h, int64_t pos) const;
+  int64_t n_residual(int h) const { return static_cast<int64_t>(heads_[h].res_pos.size()); }
+
+  int level(int h, int64_t b) const { return heads_[h].level[b]; }
+  // Blocks of head h at each ladder level, indexed like kLevels.
+  std::array<int64_t, kNumLevels> level_histogram(int h) const;
+  // Key box of closed block b (CHECK): [head_dim] f16 bits each.
+  const uint16_t* box_min(int h, int64_t b) const;
+  const uint16_t* box_max(int h, int64_t b) const;
+  // Accumulated re-encode errors (0 for a block never demoted) and the max L2 norm of the block's
+  // exact values, recorded at close (0 for the open block).
+  double ek(int h, int64_t b) const { return heads_[h].ek[b]; }
+  double ev(int h, int64_t b) const { return heads_[h].ev[b]; }
+  float v_norm_max(int h, int64_t b) const { return heads_[h].vnorm[b]; }
+
+  // ReconstructBlock(view(h), b, k, v).
+  void Reconstruct(int h, int64_t b, double* k, double* v) const;
+  // Raw slot bytes of block b (SlotBytes(level) of them): for byte-identity checks.
+  const uint8_t* slot(int h, int64_t b) const;
+
+  PackedHeadView view(int h) const;
+
+  ResidentBytes resident_bytes() const;       // all heads
+  ResidentBytes resident_bytes(int h) const;  // one head
+  // Bytes actually allocated (slab capacities + tables' payload arrays); >= resident total, equal
+  // right after Compact().
+  int64_t allocated_bytes() const;
+  // Packs every slab to its live slots and releases the rest.
+  void Compact();
+
+ private:
+  // A level's slots; freed slots go to a free list until compaction.
+  struct Slab {
+    int64_t slot_bytes = 0;
+    int64_t n_slots = 0;  // capacity in slots
+    AlignedBuffer<uint8_t> mem;
+    std::vector<int64_t> free_slots;
+    int64_t live() const { return n_slots - static_cast<int64_t>(free_slots.size()); }
+  };
+  struct Head {
+    std::vector<int8_t> level;       // [n_blocks]
+    std::vector<int64_t> offset;     // [n_blocks] byte offset in the level's slab
+    std::vector<uint64_t> res_mask;  // [n_blocks]
+    std::vector<int32_t> res_begin;  // [n_blocks]
+    std::vector<double> ek, ev;      // [n_blocks]
+    std::vector<float> vnorm;        // [n_blocks]
+    std::vector<uint16_t> box;       // [n_blocks, 2, D] f16
+    std::vector<int64_t> res_pos;    // [n_res] ascending
+    std::vector<uint16_t> res_k;     // [n_res, D] bf16
+    std::vector<uint16_t> res_v;     // [n_res, D] bf16
+  };
+
+  explicit GradedLayer(const GradedConfig& c);
+  int64_t AllocSlot(int li);
+  void FreeSlot(int li, int64_t offset);
+  void MaybeCompact(int li);
+  void CompactSlab(int li);
+  void CloseBlock(int64_t b);
+
+  GradedConfig c_;
+  int64_t n_tokens_ = 0;
+  std::vector<int32_t> n_valid_;  // [n_blocks]
+  std::array<Slab, kNumLevels> slabs_;
+  std::vector<Head> heads_;
+};
+
+// scale * sum_c max(q_c kmin_c, q_c kmax_c) in f64: the compressed-Quest page bound (spec 4).
+double BoxUpperBound(const uint16_t* kmin, const uint16_t* kmax, const float* q, int head_dim,
+                     float scale);
+
+}  // namespace strata::geodesia

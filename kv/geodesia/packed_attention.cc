@@ -1,0 +1,908 @@
+// Geodesia-KV packed attention over mixed-level blocks (see packed_attention.h).
+//
+// Version log (2-core AMD EPYC Zen5 host, AVX3 target):
+//   v1  Per block, in sub-tiles of 32 tokens: packed codes are unpacked to bytes in natural order
+//       (128-bit shifts + byte/word interleaves, LSB-first), promoted to f32 and dequantized with
+//       one FMA against the block's f32 scale rows into an L1 tile, once for all G query heads of
+//       the KV group; scores come from a 4-head x 4-row register tile and o += P V from a
+//       4-head x 4-vector tile (as in kernels/attention.cc); masked tokens (residual overrides,
+//       t >= n_valid) get p = 0; a centroid block is one logit + ln(n); a block's residual rows
+//       follow it as an exact tile. Measured: see BenchPackedAttention / docs/geodesia.md.
+#include "kv/geodesia/packed_attention.h"
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/buffer.h"
+#include "core/check.h"
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "kv/geodesia/accounting.h"
+#include "kv/geodesia/quant.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kv/geodesia/packed_attention.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+
+#ifndef STRATA_KV_GEODESIA_PACKED_ONCE_  // this file is re-included once per SIMD target
+#define STRATA_KV_GEODESIA_PACKED_ONCE_
+namespace strata::geodesia::packed_internal {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline uint64_t ValidMask(int nv) {
+  return nv >= 64 ? ~uint64_t{0} : ((uint64_t{1} << nv) - 1);
+}
+// Overridden tokens of block b among its valid ones.
+inline uint64_t OverrideMask(const PackedHeadView& v, int64_t b) {
+  return v.res_mask ? (v.res_mask[b] & ValidMask(v.n_valid[b])) : 0;
+}
+// Residual row of token t of block b (t overridden).
+inline int64_t ResidualRow(const PackedHeadView& v, int64_t b, int t) {
+  const uint64_t below = t == 0 ? 0 : (v.res_mask[b] & ((uint64_t{1} << t) - 1));
+  return v.res_begin[b] + std::popcount(below);
+}
+inline const uint8_t* SlotPtr(const PackedHeadView& v, int64_t b) {
+  return v.slab[LevelIndex(v.level[b])] + v.offset[b];
+}
+
+}  // namespace strata::geodesia::packed_internal
+#endif  // STRATA_KV_GEODESIA_PACKED_ONCE_
+
+HWY_BEFORE_NAMESPACE();
+namespace strata::geodesia {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+namespace pi = packed_internal;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+constexpr int kTile = 32;  // tokens per sub-tile
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kScoreRows = 4;
+constexpr int kVCols = 4;
+#else
+constexpr int kScoreRows = 2;
+constexpr int kVCols = 2;
+#endif
+
+struct Scratch {
+  AlignedBuffer<float> q;     // [G, Dp] scaled queries, zero-padded
+  AlignedBuffer<float> kt;    // [kTile, Dp] dequantized keys
+  AlignedBuffer<float> vt;    // [kTile, Dp] dequantized values
+  AlignedBuffer<float> s;     // [G, kTile] scores, then probabilities
+  AlignedBuffer<float> o;     // [G, Dp] one tile's unnormalised output (f32)
+  AlignedBuffer<double> o64;  // [G, Dp] running output (f64)
+  AlignedBuffer<float> ks;    // [64/g, Dp] key steps of the block (f32)
+  AlignedBuffer<float> kl;    // [64/g, Dp] key los
+  AlignedBuffer<float> cen;   // [2, Dp] centroid key and value
+  AlignedBuffer<uint8_t> codes;  // [kTile * D + 64] unpacked codes
+  std::vector<float> m, tm, td, oc;  // [G] running max, tile max, tile sum; [G * D]
+  std::vector<double> d;             // [G] running sum
+  std::vector<int64_t> rows;     // residual rows of a block
+};
+
+void Grow(AlignedBuffer<float>* b, size_t n) {
+  if (b->size() < n) b->Resize(n);
+}
+
+// dst[0..dp) = bf16 src[0..n) as f32, zeros in [n, dp).
+HWY_INLINE void Bf16RowToF32(const uint16_t* src, int64_t n, int64_t dp, float* dst) {
+  const DF df;
+  const hn::Rebind<uint16_t, DF> du16;
+  const hn::Rebind<uint32_t, DF> du32;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t c = 0;
+  for (; c + N <= n; c += N) {
+    const auto u = hn::PromoteTo(du32, hn::LoadU(du16, src + c));
+    hn::Store(hn::BitCast(df, hn::ShiftLeft<16>(u)), df, dst + c);
+  }
+  for (; c < n; ++c) dst[c] = Bf16ToF32(src[c]);
+  for (; c < dp; ++c) dst[c] = 0.f;
+}
+
+// Unpacks n_bytes LSB-first packed bytes of `bits`-bit codes into codes in natural order.
+HWY_INLINE void UnpackBytes(const uint8_t* src, int64_t n_bytes, int bits, uint8_t* dst) {
+#if HWY_TARGET == HWY_SCALAR
+  UnpackCodes(src, n_bytes * 8 / bits, bits, dst);
+#else
+  const hn::Full128<uint8_t> d8;
+  const hn::Full128<uint16_t> d16;
+  int64_t i = 0;
+  if (bits == 4) {
+    const auto m4 = hn::Set(d8, 0x0F);
+    for (; i + 16 <= n_bytes; i += 16) {
+      const auto v = hn::LoadU(d8, src + i);
+      const auto lo = hn::And(v, m4);
+      const auto hi = hn::ShiftRight<4>(v);
+      hn::StoreU(hn::InterleaveLower(d8, lo, hi), d8, dst + 2 * i);
+      hn::StoreU(hn::InterleaveUpper(d8, lo, hi), d8, dst + 2 * i + 16);
+    }
+    for (; i < n_bytes; ++i) {
+      dst[2 * i] = src[i] & 0xF;
+      dst[2 * i + 1] = src[i] >> 4;
+    }
+  } else {  // bits == 2
+    const auto m2 = hn::Set(d8, 3);
+    for (; i + 16 <= n_bytes; i += 16) {
+      const auto v = hn::LoadU(d8, src + i);
+      const auto p0 = hn::And(v, m2);
+      const auto p1 = hn::And(hn::ShiftRight<2>(v), m2);
+      const auto p2 = hn::And(hn::ShiftRight<4>(v), m2);
+      const auto p3 = hn::ShiftRight<6>(v);
+      const auto a_lo = hn::BitCast(d16, hn::InterleaveLower(d8, p0, p1));
+      const auto a_hi = hn::BitCast(d16, hn::InterleaveUpper(d8, p0, p1));
+      const auto b_lo = hn::BitCast(d16, hn::InterleaveLower(d8, p2, p3));
+      const auto b_hi = hn::BitCast(d16, hn::InterleaveUpper(d8, p2, p3));
+      uint8_t* o = dst + 4 * i;
+      hn::StoreU(hn::BitCast(d8, hn::InterleaveLower(d16, a_lo, b_lo)), d8, o);
+      hn::StoreU(hn::BitCast(d8, hn::InterleaveUpper(d16, a_lo, b_lo)), d8, o + 16);
+      hn::StoreU(hn::BitCast(d8, hn::InterleaveLower(d16, a_hi, b_hi)), d8, o + 32);
+      hn::StoreU(hn::BitCast(d8, hn::InterleaveUpper(d16, a_hi, b_hi)), d8, o + 48);
+    }
+    for (; i < n_bytes; ++i) {
+      for (int j = 0; j < 4; ++j) dst[4 * i + j] = (src[i] >> (2 * j)) & 3;
+    }
+  }
+#endif
+}
+
+// dst[c] = codes[c] * step[c] + lo[c] for c < n (vectors), zeros in [n, dp).
+HWY_INLINE void DequantRowVec(const uint8_t* codes, const float* step, const float* lo, int64_t n,
+                              int64_t dp, float* dst) {
+  const DF df;
+  const hn::Rebind<uint8_t, DF> du8;
+  const hn::Rebind<int32_t, DF> di32;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t c = 0;
+  for (; c + N <= n; c += N) {
+    const VF x = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(du8, codes + c)));
+    hn::Store(hn::MulAdd(x, hn::Load(df, step + c), hn::Load(df, lo + c)), df, dst + c);
+  }
+  for (; c < n; ++c) dst[c] = static_cast<float>(codes[c]) * step[c] + lo[c];
+  for (; c < dp; ++c) dst[c] = 0.f;
+}
+
+// dst[c] = codes[c] * step + lo over one channel group [0, n).
+HWY_INLINE void DequantGroup(const uint8_t* codes, float step, float lo, int64_t n, float* dst) {
+  const DF df;
+  const hn::Rebind<uint8_t, DF> du8;
+  const hn::Rebind<int32_t, DF> di32;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  const VF vs = hn::Set(df, step), vl = hn::Set(df, lo);
+  int64_t c = 0;
+  for (; c + N <= n; c += N) {
+    const VF x = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(du8, codes + c)));
+    hn::StoreU(hn::MulAdd(x, vs, vl), df, dst + c);
+  }
+  for (; c < n; ++c) dst[c] = static_cast<float>(codes[c]) * step + lo;
+}
+
+template <int H>
+HWY_INLINE void ScoreTile(const float* q, const float* k, int64_t dp, float* s) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  constexpr int R = kScoreRows;
+  VF acc[H][R];
+  for (int h = 0; h < H; ++h)
+    for (int r = 0; r < R; ++r) acc[h][r] = hn::Zero(df);
+  for (int64_t c = 0; c < dp; c += N) {
+    VF kv[R];
+    for (int r = 0; r < R; ++r) kv[r] = hn::Load(df, k + r * dp + c);
+    for (int h = 0; h < H; ++h) {
+      const VF qv = hn::Load(df, q + h * dp + c);
+      for (int r = 0; r < R; ++r) acc[h][r] = hn::MulAdd(qv, kv[r], acc[h][r]);
+    }
+  }
+  for (int h = 0; h < H; ++h)
+    for (int r = 0; r < R; ++r) s[h * kTile + r] = hn::GetLane(hn::SumOfLanes(df, acc[h][r]));
+}
+
+template <int H, int C>
+HWY_INLINE void VTile(const float* p, const float* v, int64_t vs, int nr, float* o, int64_t dvp) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  VF acc[H][C];
+  for (int h = 0; h < H; ++h)
+    for (int j = 0; j < C; ++j) acc[h][j] = hn::Load(df, o + h * dvp + j * N);
+  for (int u = 0; u < nr; ++u) {
+    VF vv[C];
+    for (int j = 0; j < C; ++j) vv[j] = hn::Load(df, v + u * vs + j * N);
+    for (int h = 0; h < H; ++h) {
+      const VF pb = hn::Set(df, p[h * kTile + u]);
+      for (int j = 0; j < C; ++j) acc[h][j] = hn::MulAdd(pb, vv[j], acc[h][j]);
+    }
+  }
+  for (int h = 0; h < H; ++h)
+    for (int j = 0; j < C; ++j) hn::Store(acc[h][j], df, o + h * dvp + j * N);
+}
+
+template <int H>
+HWY_INLINE void VTileC(int nc, const float* p, const float* v, int64_t vs, int nr, float* o,
+                       int64_t dvp) {
+  switch (nc) {
+    case 1: return VTile<H, 1>(p, v, vs, nr, o, dvp);
+    case 2: return VTile<H, 2>(p, v, vs, nr, o, dvp);
+#if HWY_TARGET <= HWY_AVX3
+    case 3: return VTile<H, 3>(p, v, vs, nr, o, dvp);
+    case 4: return VTile<H, 4>(p, v, vs, nr, o, dvp);
+#endif
+    default: STRATA_CHECK(false);
+  }
+}
+
+class Runner {
+ public:
+  Runner(const PackedHeadView& view, const float* q, int G, float scale)
+      : v_(view), G_(G), D_(view.head_dim) {
+    const DF df;
+    N_ = static_cast<int64_t>(hn::Lanes(df));
+    Dp_ = (D_ + N_ - 1) / N_ * N_;
+    sc_ = &scratch_;
+    Scratch& sc = *sc_;
+    Grow(&sc.q, G * Dp_);
+    Grow(&sc.kt, kTile * Dp_);
+    Grow(&sc.vt, kTile * Dp_);
+    Grow(&sc.s, G * kTile);
+    Grow(&sc.o, G * Dp_);
+    Grow(&sc.ks, (kBlockTokens / v_.group_size) * Dp_);
+    Grow(&sc.kl, (kBlockTokens / v_.group_size) * Dp_);
+    Grow(&sc.cen, 2 * Dp_);
+    if (sc.codes.size() < static_cast<size_t>(kTile * D_ + 64)) sc.codes.Resize(kTile * D_ + 64);
+    if (sc.o64.size() < static_cast<size_t>(G * Dp_)) sc.o64.Resize(G * Dp_);
+    sc.m.assign(G, pi::kNegInf);
+    sc.tm.assign(G, pi::kNegInf);
+    sc.td.assign(G, 0.f);
+    sc.d.assign(G, 0.0);
+    std::fill(sc.o64.data(), sc.o64.data() + G * Dp_, 0.0);
+    for (int h = 0; h < G; ++h) {
+      float* dst = sc.q.data() + h * Dp_;
+      for (int c = 0; c < D_; ++c) dst[c] = q[h * D_ + c] * scale;
+      std::fill(dst + D_, dst + Dp_, 0.f);
+    }
+  }
+
+  void Block(int64_t b) {
+    const int nv = v_.n_valid[b];
+    if (nv <= 0) return;
+    const int level = v_.level[b];
+    const uint64_t over = pi::OverrideMask(v_, b);
+    const uint8_t* slot = pi::SlotPtr(v_, b);
+    if (level == 1) {
+      Centroid(slot, nv - std::popcount(over));
+    } else if (level == 16) {
+      const SlotLayout L = GetSlotLayout(16, D_, v_.group_size);
+      const uint16_t* kr = reinterpret_cast<const uint16_t*>(slot + L.k_rows);
+      const uint16_t* vr = reinterpret_cast<const uint16_t*>(slot + L.v_rows);
+      for (int t0 = 0; t0 < nv; t0 += kTile) {
+        const int nr = std::min(kTile, nv - t0);
+        for (int i = 0; i < nr; ++i) Bf16RowToF32(kr + (t0 + i) * D_, D_, Dp_, kt() + i * Dp_);
+        Tile(nr, over >> t0, [&](float* vt) {
+          for (int i = 0; i < nr; ++i) Bf16RowToF32(vr + (t0 + i) * D_, D_, Dp_, vt + i * Dp_);
+        });
+      }
+    } else {
+      Quantized(slot, level, nv, over);
+    }
+    if (over != 0) Residual(b, over);
+  }
+
+  // Merges the local state into st.
+  void Finish(SoftmaxStates* st) {
+    Scratch& sc = *sc_;
+    sc.oc.resize(static_cast<size_t>(G_) * D_);
+    sc.td.resize(G_);
+    for (int h = 0; h < G_; ++h) {
+      for (int c = 0; c < D_; ++c) sc.oc[h * D_ + c] = static_cast<float>(sc.o64[h * Dp_ + c]);
+      sc.td[h] = static_cast<float>(sc.d[h]);
+    }
+    SoftmaxStates local;
+    local.n_heads = G_;
+    local.dv = D_;
+    local.m = sc.m.data();
+    local.d = sc.td.data();
+    local.o = sc.oc.data();
+    MergeStates(st, local);
+  }
+
+ private:
+  float* kt() { return sc_->kt.data(); }
+
+  void Quantized(const uint8_t* slot, int bits, int nv, uint64_t over) {
+    Scratch& sc = *sc_;
+    const int g = v_.group_size;
+    const SlotLayout L = GetSlotLayout(bits, D_, g);
+    const uint16_t* klo = reinterpret_cast<const uint16_t*>(slot + L.k_lo);
+    const uint16_t* kst = reinterpret_cast<const uint16_t*>(slot + L.k_step);
+    const uint16_t* vlo = reinterpret_cast<const uint16_t*>(slot + L.v_lo);
+    const uint16_t* vst = reinterpret_cast<const uint16_t*>(slot + L.v_step);
+    const int n_tg = (nv + g - 1) / g;
+    for (int tg = 0; tg < n_tg; ++tg) {
+      for (int c = 0; c < D_; ++c) {
+        sc.ks[tg * Dp_ + c] = F16ToF32(kst[tg * D_ + c]);
+        sc.kl[tg * Dp_ + c] = F16ToF32(klo[tg * D_ + c]);
+      }
+    }
+    const int GV = D_ / g;
+    uint8_t* codes = sc.codes.data();
+    for (int t0 = 0; t0 < nv; t0 += kTile) {
+      const int nr = std::min(kTile, nv - t0);
+      // Keys.
+      // Sub-tiles start at multiples of 32 tokens, hence on byte boundaries.
+      const int64_t tile_off = int64_t{t0} * D_ * bits / 8;
+      const int64_t tile_bytes = (int64_t{nr} * D_ * bits + 7) / 8;
+      const uint8_t* kc = slot + L.k_codes + tile_off;
+      if (bits != 8) {
+        UnpackBytes(kc, tile_bytes, bits, codes);
+        kc = codes;
+      }
+      for (int i = 0; i < nr; ++i) {
+        const int tg = (t0 + i) / g;
+        DequantRowVec(kc + i * D_, sc.ks.data() + tg * Dp_, sc.kl.data() + tg * Dp_, D_, Dp_,
+                      kt() + i * Dp_);
+      }
+      Tile(nr, over >> t0, [&](float* vt) {
+        const uint8_t* vc = slot + L.v_codes + tile_off;
+        if (bits != 8) {
+          UnpackBytes(vc, tile_bytes, bits, codes);
+          vc = codes;
+        }
+        for (int i = 0; i < nr; ++i) {
+          const int t = t0 + i;
+          float* row = vt + i * Dp_;
+          for (int cg = 0; cg < GV; ++cg) {
+            DequantGroup(vc + i * D_ + cg * g, F16ToF32(vst[t * GV + cg]),
+                         F16ToF32(vlo[t * GV + cg]), g, row + cg * g);
+          }
+          for (int c = D_; c < Dp_; ++c) row[c] = 0.f;
+        }
+      });
+    }
+  }
+
+  void Centroid(const uint8_t* slot, int n) {
+    if (n <= 0) return;
+    Scratch& sc = *sc_;
+    const DF df;
+    const uint16_t* kc = reinterpret_cast<const uint16_t*>(slot);
+    const uint16_t* vc = kc + D_;
+    float* ck = sc.cen.data();
+    float* cv = ck + Dp_;
+    for (int c = 0; c < D_; ++c) {
+      ck[c] = F16ToF32(kc[c]);
+      cv[c] = F16ToF32(vc[c]);
+    }
+    for (int c = D_; c < Dp_; ++c) ck[c] = cv[c] = 0.f;
+    const float logn = std::log(static_cast<float>(n));
+    for (int h = 0; h < G_; ++h) {
+      VF acc = hn::Zero(df);
+      const float* qh = sc.q.data() + h * Dp_;
+      for (int64_t c = 0; c < Dp_; c += N_) {
+        acc = hn::MulAdd(hn::Load(df, qh + c), hn::Load(df, ck + c), acc);
+      }
+      const float s = hn::GetLane(hn::SumOfLanes(df, acc)) + logn;
+      // A one-row tile: max s, sum 1, output the centroid value.
+      MergeTile(h, s, 1.f, cv);
+    }
+  }
+
+  // Merges a tile state (tm, td, to[Dp]) of head h into the running f64 state. Tile states
+  // depend only on the tile's rows, never on how the block list was split, and the f64 running
+  // state adds no f32 rounding: that is what keeps results split-invariant to ~1e-7.
+  void MergeTile(int h, float tm, float td, const float* to) {
+    Scratch& sc = *sc_;
+    double* oh = sc.o64.data() + h * Dp_;
+    if (tm > sc.m[h]) {
+      if (sc.m[h] != pi::kNegInf) {
+        const double f = std::exp(static_cast<double>(sc.m[h]) - tm);
+        sc.d[h] *= f;
+        for (int64_t c = 0; c < Dp_; ++c) oh[c] *= f;
+      }
+      sc.m[h] = tm;
+    }
+    const double w = std::exp(static_cast<double>(tm) - sc.m[h]);
+    sc.d[h] += w * td;
+    for (int64_t c = 0; c < Dp_; ++c) oh[c] += w * static_cast<double>(to[c]);
+  }
+
+  void Residual(int64_t b, uint64_t over) {
+    Scratch& sc = *sc_;
+    sc.rows.clear();
+    for (uint64_t m = over; m != 0; m &= m - 1) {
+      sc.rows.push_back(pi::ResidualRow(v_, b, std::countr_zero(m)));
+    }
+    const int n = static_cast<int>(sc.rows.size());
+    for (int t0 = 0; t0 < n; t0 += kTile) {
+      const int nr = std::min(kTile, n - t0);
+      for (int i = 0; i < nr; ++i) {
+        Bf16RowToF32(v_.res_k + sc.rows[t0 + i] * D_, D_, Dp_, kt() + i * Dp_);
+      }
+      Tile(nr, 0, [&](float* vt) {
+        for (int i = 0; i < nr; ++i) {
+          Bf16RowToF32(v_.res_v + sc.rows[t0 + i] * D_, D_, Dp_, vt + i * Dp_);
+        }
+      });
+    }
+  }
+
+  // One sub-tile: keys already in kt rows [0, nr); rows whose bit is set in `masked` (bit i =
+  // row i) are skipped. fill_v(vt) writes the value rows [0, nr) (called only when needed).
+  template <class FillV>
+  void Tile(int nr, uint64_t masked, const FillV& fill_v) {
+    Scratch& sc = *sc_;
+    const DF df;
+    const int nr_pad = (nr + kScoreRows - 1) / kScoreRows * kScoreRows;
+    float* k = kt();
+    for (int i = nr; i < nr_pad; ++i) std::fill(k + i * Dp_, k + (i + 1) * Dp_, 0.f);
+    float* s = sc.s.data();
+    for (int g0 = 0; g0 < G_; g0 += 4) {
+      const int nh = std::min(4, G_ - g0);
+      const float* qg = sc.q.data() + g0 * Dp_;
+      float* sg = s + g0 * kTile;
+      for (int i0 = 0; i0 < nr_pad; i0 += kScoreRows) {
+        const float* kr = k + i0 * Dp_;
+        switch (nh) {
+          case 1: ScoreTile<1>(qg, kr, Dp_, sg + i0); break;
+          case 2: ScoreTile<2>(qg, kr, Dp_, sg + i0); break;
+          case 3: ScoreTile<3>(qg, kr, Dp_, sg + i0); break;
+          default: ScoreTile<4>(qg, kr, Dp_, sg + i0); break;
+        }
+      }
+    }
+    const uint64_t live = (nr >= 64 ? ~uint64_t{0} : ((uint64_t{1} << nr) - 1)) & ~masked;
+    if (live == 0) return;
+    const VF vfloor = hn::Set(df, -1000.f);  // exp(-1000) = 0 and keeps Exp in range
+    for (int h = 0; h < G_; ++h) {
+      float* sh = s + h * kTile;
+      for (int i = 0; i < kTile; ++i) {
+        if (!((live >> i) & 1)) sh[i] = pi::kNegInf;
+      }
+      float tmax = pi::kNegInf;
+      for (int i = 0; i < nr; ++i) tmax = std::max(tmax, sh[i]);
+      const VF vm = hn::Set(df, tmax);
+      VF sum = hn::Zero(df);
+      for (int i = 0; i < kTile; i += static_cast<int>(N_)) {
+        const VF x = hn::Max(hn::Sub(hn::Load(df, sh + i), vm), vfloor);
+        const VF p = hn::Exp(df, x);
+        hn::Store(p, df, sh + i);
+        sum = hn::Add(sum, p);
+      }
+      sc.tm[h] = tmax;
+      sc.td[h] = hn::GetLane(hn::SumOfLanes(df, sum));
+    }
+    std::fill(sc.o.data(), sc.o.data() + G_ * Dp_, 0.f);
+    float* vt = sc.vt.data();
+    fill_v(vt);
+    for (int g0 = 0; g0 < G_; g0 += 4) {
+      const int nh = std::min(4, G_ - g0);
+      const float* pg = s + g0 * kTile;
+      for (int64_t c0 = 0; c0 < Dp_; c0 += kVCols * N_) {
+        const int nc = static_cast<int>(std::min<int64_t>(kVCols, (Dp_ - c0) / N_));
+        float* og = sc.o.data() + g0 * Dp_ + c0;
+        switch (nh) {
+          case 1: VTileC<1>(nc, pg, vt + c0, Dp_, nr, og, Dp_); break;
+          case 2: VTileC<2>(nc, pg, vt + c0, Dp_, nr, og, Dp_); break;
+          case 3: VTileC<3>(nc, pg, vt + c0, Dp_, nr, og, Dp_); break;
+          default: VTileC<4>(nc, pg, vt + c0, Dp_, nr, og, Dp_); break;
+        }
+      }
+    }
+    for (int h = 0; h < G_; ++h) MergeTile(h, sc.tm[h], sc.td[h], sc.o.data() + h * Dp_);
+  }
+
+  static thread_local Scratch scratch_;
+  const PackedHeadView& v_;
+  int G_, D_;
+  int64_t N_ = 0, Dp_ = 0;
+  Scratch* sc_ = nullptr;
+};
+
+thread_local Scratch Runner::scratch_;
+
+void PackedAttendImpl(const PackedHeadView& view, const float* q, int n_q, float scale,
+                      const int64_t* blocks, int64_t n_list, SoftmaxStates* st) {
+  Runner r(view, q, n_q, scale);
+  for (int64_t i = 0; i < n_list; ++i) r.Block(blocks ? blocks[i] : i);
+  r.Finish(st);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace strata::geodesia
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace strata::geodesia {
+
+HWY_EXPORT(PackedAttendImpl);
+
+namespace {
+namespace pi = packed_internal;
+
+void CheckArgs(const PackedHeadView& view, int n_q, const int64_t* blocks, int64_t n_list,
+               const SoftmaxStates* st) {
+  STRATA_CHECK(st->n_heads == n_q && st->dv == view.head_dim);
+  STRATA_CHECK(view.group_size > 0 && kBlockTokens % view.group_size == 0 &&
+               view.head_dim % view.group_size == 0);
+  if (blocks == nullptr) STRATA_CHECK(n_list <= view.n_blocks);
+  for (int64_t i = 0; blocks && i < n_list; ++i) {
+    STRATA_CHECK_MSG(blocks[i] >= 0 && blocks[i] < view.n_blocks, "block %lld of %lld",
+                     static_cast<long long>(blocks[i]), static_cast<long long>(view.n_blocks));
+  }
+}
+
+}  // namespace
+
+void PackedAttend(const PackedHeadView& view, const float* q, int n_q, float scale,
+                  const int64_t* blocks, int64_t n_list, SoftmaxStates* st) {
+  CheckArgs(view, n_q, blocks, n_list, st);
+  if (n_q <= 0 || n_list <= 0) return;
+  HWY_DYNAMIC_DISPATCH(PackedAttendImpl)(view, q, n_q, scale, blocks, n_list, st);
+}
+
+void PackedAttendScalar(const PackedHeadView& view, const float* q, int n_q, float scale,
+                        const int64_t* blocks, int64_t n_list, SoftmaxStates* st) {
+  CheckArgs(view, n_q, blocks, n_list, st);
+  if (n_q <= 0 || n_list <= 0) return;
+  const int D = view.head_dim, g = view.group_size, P = kBlockTokens;
+  std::vector<float> m(n_q, pi::kNegInf), d(n_q, 0.f), o(static_cast<size_t>(n_q) * D, 0.f);
+  std::vector<float> k(P * D), v(P * D), s(P);
+  std::vector<float> logw(P);  // log-multiplicity of each row (ln n for a centroid, else 0)
+  std::vector<uint8_t> kc(P * D), vc(P * D);
+  for (int64_t i = 0; i < n_list; ++i) {
+    const int64_t b = blocks ? blocks[i] : i;
+    const int nv = view.n_valid[b];
+    if (nv <= 0) continue;
+    const int level = view.level[b];
+    const uint64_t over = pi::OverrideMask(view, b);
+    const uint8_t* slot = pi::SlotPtr(view, b);
+    const SlotLayout L = GetSlotLayout(level, D, g);
+    // Rows of this block as (k, v, logw), live ones listed in `rows`.
+    std::vector<int> rows;
+    if (level == 16) {
+      const uint16_t* kr = reinterpret_cast<const uint16_t*>(slot + L.k_rows);
+      const uint16_t* vr = reinterpret_cast<const uint16_t*>(slot + L.v_rows);
+      for (int t = 0; t < nv; ++t) {
+        if ((over >> t) & 1) continue;
+        for (int c = 0; c < D; ++c) {
+          k[t * D + c] = Bf16ToF32(kr[t * D + c]);
+          v[t * D + c] = Bf16ToF32(vr[t * D + c]);
+        }
+        logw[t] = 0.f;
+        rows.push_back(t);
+      }
+    } else if (level == 1) {
+      const int n = nv - std::popcount(over);
+      if (n > 0) {
+        const uint16_t* kr = reinterpret_cast<const uint16_t*>(slot);
+        for (int c = 0; c < D; ++c) {
+          k[c] = F16ToF32(kr[c]);
+          v[c] = F16ToF32(kr[D + c]);
+        }
+        logw[0] = std::log(static_cast<float>(n));
+        rows.push_back(0);
+      }
+    } else {
+      UnpackCodes(slot + L.k_codes, int64_t{P} * D, level, kc.data());
+      UnpackCodes(slot + L.v_codes, int64_t{P} * D, level, vc.data());
+      const uint16_t* klo = reinterpret_cast<const uint16_t*>(slot + L.k_lo);
+      const uint16_t* kst = reinterpret_cast<const uint16_t*>(slot + L.k_step);
+      const uint16_t* vlo = reinterpret_cast<const uint16_t*>(slot + L.v_lo);
+      const uint16_t* vst = reinterpret_cast<const uint16_t*>(slot + L.v_step);
+      const int GV = D / g;
+      for (int t = 0; t < nv; ++t) {
+        if ((over >> t) & 1) continue;
+        for (int c = 0; c < D; ++c) {
+          const int ki = (t / g) * D + c, vi = t * GV + c / g;
+          k[t * D + c] = kc[t * D + c] * F16ToF32(kst[ki]) + F16ToF32(klo[ki]);
+          v[t * D + c] = vc[t * D + c] * F16ToF32(vst[vi]) + F16ToF32(vlo[vi]);
+        }
+        logw[t] = 0.f;
+        rows.push_back(t);
+      }
+    }
+    // Residual rows of the block follow it (same order as the SIMD kernel).
+    std::vector<std::pair<const uint16_t*, const uint16_t*>> res;
+    for (uint64_t mm = over; mm != 0; mm &= mm - 1) {
+      const int64_t r = pi::ResidualRow(view, b, std::countr_zero(mm));
+      res.emplace_back(view.res_k + r * D, view.res_v + r * D);
+    }
+    auto attend = [&](int n_rows, auto key, auto val, auto lw) {
+      if (n_rows == 0) return;
+      for (int h = 0; h < n_q; ++h) {
+        float tmax = pi::kNegInf;
+        for (int r = 0; r < n_rows; ++r) {
+          float acc = 0.f;
+          for (int c = 0; c < D; ++c) acc += q[h * D + c] * scale * key(r, c);
+          s[r] = acc + lw(r);
+          tmax = std::max(tmax, s[r]);
+        }
+        float* oh = o.data() + h * D;
+        if (tmax > m[h]) {
+          if (m[h] != pi::kNegInf) {
+            const float f = std::exp(m[h] - tmax);
+            d[h] *= f;
+            for (int c = 0; c < D; ++c) oh[c] *= f;
+          }
+          m[h] = tmax;
+        }
+        for (int r = 0; r < n_rows; ++r) {
+          const float p = std::exp(s[r] - m[h]);
+          d[h] += p;
+          for (int c = 0; c < D; ++c) oh[c] += p * val(r, c);
+        }
+      }
+    };
+    attend(
+        static_cast<int>(rows.size()), [&](int r, int c) { return k[rows[r] * D + c]; },
+        [&](int r, int c) { return v[rows[r] * D + c]; }, [&](int r) { return logw[rows[r]]; });
+    attend(
+        static_cast<int>(res.size()), [&](int r, int c) { return Bf16ToF32(res[r].first[c]); },
+        [&](int r, int c) { return Bf16ToF32(res[r].second[c]); }, [](int) { return 0.f; });
+  }
+  SoftmaxStates local;
+  local.n_heads = n_q;
+  local.dv = D;
+  local.m = m.data();
+  local.d = d.data();
+  local.o = o.data();
+  MergeStates(st, local);
+}
+
+void PackedAttendSplit(const PackedHeadView& view, const float* q, int n_q, float scale,
+                       const int64_t* blocks, int64_t n_list, int n_splits, ThreadPool* pool,
+                       SoftmaxStates* st) {
+  STRATA_CHECK(n_splits >= 1);
+  std::vector<SoftmaxStateBuffer> parts;
+  parts.reserve(n_splits);
+  for (int s = 0; s < n_splits; ++s) parts.emplace_back(n_q, view.head_dim);
+  auto run = [&](int s) {
+    int64_t b0, b1;
+    ChunkRange(n_list, 1, s, n_splits, &b0, &b1);
+    if (b1 <= b0) return;
+    if (blocks) {
+      PackedAttend(view, q, n_q, scale, blocks + b0, b1 - b0, &parts[s].states());
+    } else {
+      std::vector<int64_t> ids(b1 - b0);
+      for (int64_t i = b0; i < b1; ++i) ids[i - b0] = i;
+      PackedAttend(view, q, n_q, scale, ids.data(), b1 - b0, &parts[s].states());
+    }
+  };
+  if (pool && pool->size() > 1) {
+    pool->ParallelFor(n_splits, [&](int64_t a, int64_t e, int) {
+      for (int64_t s = a; s < e; ++s) run(static_cast<int>(s));
+    });
+  } else {
+    for (int s = 0; s < n_splits; ++s) run(s);
+  }
+  for (int s = 0; s < n_splits; ++s) MergeStates(st, parts[s].states());
+}
+
+void PackedAttendRef(const PackedHeadView& view, const float* q, int n_q, float scale,
+                     const int64_t* blocks, int64_t n_list, double* out) {
+  const int D = view.head_dim, P = kBlockTokens;
+  // All (logit offset, key, value) rows read, in f64.
+  std::vector<double> keys, vals, logw;
+  std::vector<double> k(P * D), v(P * D);
+  for (int64_t i = 0; i < n_list; ++i) {
+    const int64_t b = blocks ? blocks[i] : i;
+    const int nv = view.n_valid[b];
+    if (nv <= 0) continue;
+    const uint64_t over = pi::OverrideMask(view, b);
+    ReconstructBlock(view, b, k.data(), v.data());
+    if (view.level[b] == 1) {
+      const int n = nv - std::popcount(over);
+      if (n > 0) {
+        keys.insert(keys.end(), k.begin(), k.begin() + D);
+        vals.insert(vals.end(), v.begin(), v.begin() + D);
+        logw.push_back(std::log(static_cast<double>(n)));
+      }
+    } else {
+      for (int t = 0; t < nv; ++t) {
+        if ((over >> t) & 1) continue;
+        keys.insert(keys.end(), k.begin() + t * D, k.begin() + (t + 1) * D);
+        vals.insert(vals.end(), v.begin() + t * D, v.begin() + (t + 1) * D);
+        logw.push_back(0.0);
+      }
+    }
+    for (uint64_t mm = over; mm != 0; mm &= mm - 1) {
+      const int64_t r = pi::ResidualRow(view, b, std::countr_zero(mm));
+      for (int c = 0; c < D; ++c) keys.push_back(Bf16ToF32(view.res_k[r * D + c]));
+      for (int c = 0; c < D; ++c) vals.push_back(Bf16ToF32(view.res_v[r * D + c]));
+      logw.push_back(0.0);
+    }
+  }
+  const int64_t n = static_cast<int64_t>(logw.size());
+  std::vector<double> s(std::max<int64_t>(n, 1));
+  for (int h = 0; h < n_q; ++h) {
+    double* oh = out + static_cast<int64_t>(h) * D;
+    std::fill(oh, oh + D, 0.0);
+    if (n == 0) continue;
+    double mx = -std::numeric_limits<double>::infinity();
+    for (int64_t r = 0; r < n; ++r) {
+      double acc = 0;
+      for (int c = 0; c < D; ++c) acc += static_cast<double>(q[h * D + c]) * keys[r * D + c];
+      s[r] = acc * scale + logw[r];
+      mx = std::max(mx, s[r]);
+    }
+    double den = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      const double p = std::exp(s[r] - mx);
+      den += p;
+      for (int c = 0; c < D; ++c) oh[c] += p * vals[r * D + c];
+    }
+    for (int c = 0; c < D; ++c) oh[c] /= den;
+  }
+}
+
+int64_t PackedReadBytes(const PackedHeadView& view, const int64_t* blocks, int64_t n_list) {
+  int64_t bytes = 0;
+  for (int64_t i = 0; i < n_list; ++i) {
+    const int64_t b = blocks ? blocks[i] : i;
+    bytes += SlotBytes(view.level[b], view.head_dim, view.group_size);
+    if (view.res_mask) bytes += std::popcount(view.res_mask[b]) * int64_t{4} * view.head_dim;
+  }
+  return bytes;
+}
+
+void PackedAttendLayer(const GradedLayer& layer, const float* q, int n_q_heads, float scale,
+                       int n_splits, ThreadPool* pool, SoftmaxStates* st) {
+  const int H = layer.n_kv_heads(), D = layer.head_dim();
+  STRATA_CHECK(n_q_heads % H == 0 && st->n_heads == n_q_heads && st->dv == D);
+  STRATA_CHECK(n_splits >= 1);
+  const int G = n_q_heads / H;
+  const int64_t nb = layer.n_blocks();
+  const int n_tasks = H * n_splits;
+  std::vector<SoftmaxStateBuffer> parts;
+  parts.reserve(n_tasks);
+  for (int i = 0; i < n_tasks; ++i) parts.emplace_back(G, D);
+  std::vector<PackedHeadView> views(H);
+  for (int h = 0; h < H; ++h) views[h] = layer.view(h);
+  auto run = [&](int task) {
+    const int h = task / n_splits, s = task % n_splits;
+    SoftmaxStates& ps = parts[task].states();
+    ps.Reset();
+    int64_t b0, b1;
+    ChunkRange(nb, 1, s, n_splits, &b0, &b1);
+    if (b1 <= b0) return;
+    int64_t ids_small[256];
+    std::vector<int64_t> ids_big;
+    int64_t* ids = ids_small;
+    if (b1 - b0 > 256) {
+      ids_big.resize(b1 - b0);
+      ids = ids_big.data();
+    }
+    for (int64_t i = b0; i < b1; ++i) ids[i - b0] = i;
+    PackedAttend(views[h], q + static_cast<int64_t>(h) * G * D, G, scale, ids, b1 - b0, &ps);
+  };
+  if (pool && pool->size() > 1) {
+    pool->ParallelFor(n_tasks, [&](int64_t a, int64_t e, int) {
+      for (int64_t t = a; t < e; ++t) run(static_cast<int>(t));
+    });
+  } else {
+    for (int t = 0; t < n_tasks; ++t) run(t);
+  }
+  for (int h = 0; h < H; ++h) {
+    SoftmaxStates dst;
+    dst.n_heads = G;
+    dst.dv = D;
+    dst.m = st->m + h * G;
+    dst.d = st->d + h * G;
+    dst.o = st->o + static_cast<int64_t>(h) * G * D;
+    for (int s = 0; s < n_splits; ++s) MergeStates(&dst, parts[h * n_splits + s].states());
+  }
+}
+
+PackedBenchResult BenchPackedAttention(const PackedBenchConfig& c, ThreadPool* pool) {
+  using Clock = std::chrono::steady_clock;
+  GradedConfig gc;
+  gc.n_kv_heads = c.n_kv_heads;
+  gc.head_dim = c.head_dim;
+  gc.group_size = c.group_size;
+  GradedLayer layer = std::move(GradedLayer::Create(gc)).value();
+  const int H = c.n_kv_heads, D = c.head_dim;
+  Rng rng(c.seed);
+  // Full cache: [H][ctx, D] bf16 K and V.
+  std::vector<uint16_t> fk(static_cast<size_t>(H) * c.ctx * D), fv(fk.size());
+  for (size_t i = 0; i < fk.size(); ++i) {
+    fk[i] = F32ToBf16(static_cast<float>(rng.Normal()));
+    fv[i] = F32ToBf16(static_cast<float>(rng.Normal()));
+  }
+  std::vector<uint16_t> kt(static_cast<size_t>(H) * D), vt(kt.size());
+  for (int64_t t = 0; t < c.ctx; ++t) {
+    for (int h = 0; h < H; ++h) {
+      std::memcpy(kt.data() + h * D, fk.data() + (h * c.ctx + t) * D, D * 2);
+      std::memcpy(vt.data() + h * D, fv.data() + (h * c.ctx + t) * D, D * 2);
+    }
+    layer.Append(kt.data(), vt.data());
+  }
+  // Level assignment: hot blocks stay exact; the rest by the mix, shuffled per head.
+  const int64_t nc = layer.n_closed_blocks();
+  for (int h = 0; h < H; ++h) {
+    std::vector<int64_t> cold;
+    for (int64_t b = 1; b < nc - 2; ++b) cold.push_back(b);
+    for (int64_t i = static_cast<int64_t>(cold.size()) - 1; i > 0; --i) {
+      std::swap(cold[i], cold[rng.Below(i + 1)]);
+    }
+    double acc = 0;
+    size_t pos = 0;
+    for (int li = 0; li < kNumLevels; ++li) {
+      acc += c.mix[li];
+      const size_t end = std::min(cold.size(), static_cast<size_t>(std::llround(acc * cold.size())));
+      for (; pos < end; ++pos) {
+        if (kLevels[li] != 16) STRATA_CHECK(layer.Demote(h, cold[pos], kLevels[li]).ok());
+      }
+    }
+  }
+  layer.Compact();
+  PackedBenchResult r;
+  const ResidentBytes rb = layer.resident_bytes();
+  const double values = 2.0 * c.ctx * D * H;
+  r.resident_bpv = 8.0 * rb.total() / values;
+  r.payload_bpv = 8.0 * (rb.total() - rb.boxes) / values;
+
+  const int n_splits = c.n_splits > 0 ? c.n_splits : (pool ? pool->size() : 1);
+  const int Q = c.n_q_heads, G = Q / H;
+  std::vector<float> q(static_cast<size_t>(Q) * D);
+  for (auto& x : q) x = static_cast<float>(rng.Normal());
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  SoftmaxStateBuffer st(Q, D);
+  double best_p = 1e30, best_f = 1e30;
+  // Full: the same task structure (KV head x row chunk), AttendStream over bf16 rows.
+  const int n_tasks = H * n_splits;
+  std::vector<SoftmaxStateBuffer> parts;
+  for (int i = 0; i < n_tasks; ++i) parts.emplace_back(G, D);
+  auto full_step = [&]() {
+    auto run = [&](int task) {
+      const int h = task / n_splits, s = task % n_splits;
+      SoftmaxStates& ps = parts[task].states();
+      ps.Reset();
+      int64_t r0, r1;
+      ChunkRange(c.ctx, 64, s, n_splits, &r0, &r1);
+      KvStreamView kv;
+      kv.keys = fk.data() + (static_cast<int64_t>(h) * c.ctx + r0) * D;
+      kv.vals = fv.data() + (static_cast<int64_t>(h) * c.ctx + r0) * D;
+      kv.k_stride = kv.v_stride = D;
+      kv.dk = kv.dv = D;
+      AttendStream(q.data() + static_cast<int64_t>(h) * G * D, G, scale, kv, nullptr, r1 - r0, &ps);
+    };
+    if (pool && pool->size() > 1) {
+      pool->ParallelFor(n_tasks, [&](int64_t a, int64_t e, int) {
+        for (int64_t t = a; t < e; ++t) run(static_cast<int>(t));
+      });
+    } else {
+      for (int t = 0; t < n_tasks; ++t) run(t);
+    }
+    st.states().Reset();
+    for (int h = 0; h < H; ++h) {
+      SoftmaxStates dst{G, D, st.states().m + h * G, st.states().d + h * G,
+                        st.states().o + static_cast<int64_t>(h) * G * D};
+      for (int s = 0; s < n_splits; ++s) MergeStates(&dst, parts[h * n_splits + s].states());
+    }
+  };
+  for (int rep = 0; rep < c.reps + 1; ++rep) {  // the first rep warms up
+    auto t0 = Clock::now();
+    st.states().Reset();
+    PackedAttendLayer(layer, q.data(), Q, scale, n_splits, pool, &st.states());
+    auto t1 = Clock::now();
+    full_step();
+    auto t2 = Clock::now();
+    if (rep == 0) continue;
+    best_p = std::min(best_p, std::chrono::duration<double, std::milli>(t1 - t0).count());
+    best_f = std::min(best_f, std::chrono::duration<double, std::milli>(t2 - t1).count());
+  }
+  r.packed_ms = best_p;
+  r.full_ms = best_f;
+  r.speedup = best_f / best_p;
+  return r;
+}
+
+}  // namespace strata::geodesia
+#endif  // HWY_ONCE

@@ -1,0 +1,599 @@
+#include "kv/geodesia/policy.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <sstream>
+
+#include "core/check.h"
+#include "kv/geodesia/accounting.h"
+#include "kv/geodesia/packed_attention.h"
+#include "kv/geodesia/quest.h"
+#include "kv/geodesia/residual.h"
+
+namespace strata {
+
+using geodesia::AllocBlock;
+using geodesia::GradedLayer;
+using geodesia::kBlockTokens;
+using geodesia::kLevels;
+using geodesia::kNumLevels;
+
+namespace {
+
+// Blocks per unit of read work (a (KV head, chunk) task). Fixed, so results do not depend on the
+// pool size.
+constexpr int64_t kChunkBlocks = 16;
+
+SoftmaxStates Slice(const SoftmaxStates& st, int first, int n) {
+  SoftmaxStates s;
+  s.n_heads = n;
+  s.dv = st.dv;
+  s.m = st.m + first;
+  s.d = st.d + first;
+  s.o = st.o + static_cast<int64_t>(first) * st.dv;
+  return s;
+}
+
+// Contiguous states for n units of G heads x dv.
+struct StateArray {
+  int G = 0, dv = 0;
+  std::vector<float> m, d, o;
+  void Resize(int64_t n, int g, int v) {
+    G = g;
+    dv = v;
+    m.resize(n * G);
+    d.resize(n * G);
+    o.resize(n * G * dv);
+  }
+  SoftmaxStates at(int64_t i) {
+    SoftmaxStates s;
+    s.n_heads = G;
+    s.dv = dv;
+    s.m = m.data() + i * G;
+    s.d = d.data() + i * G;
+    s.o = o.data() + i * G * dv;
+    return s;
+  }
+};
+
+// f(i, worker) for i in [0, n); worker < WorkerCount(pool).
+int WorkerCount(ThreadPool* pool) { return pool ? pool->size() : 1; }
+template <typename F>
+void ParallelTasks(ThreadPool* pool, int64_t n, F&& f) {
+  if (pool == nullptr || pool->size() == 1 || n < 2) {
+    for (int64_t i = 0; i < n; ++i) f(i, 0);
+    return;
+  }
+  pool->ParallelFor(n, [&](int64_t b, int64_t e, int k) {
+    for (int64_t i = b; i < e; ++i) f(i, k);
+  });
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Config
+
+std::string GeodesiaConfig::ToString() const {
+  std::ostringstream s;
+  s << "bits " << bits << ", group " << group << ", decay " << decay << ", window " << window
+    << ", sinks " << sinks << ", rd-frac " << rd_frac << ", quest-keep " << quest_keep
+    << ", ratchet " << (ratchet == geodesia::Ratchet::kReference ? "reference" : "clean")
+    << ", requant " << (requant == geodesia::DemotionMode::kOnce ? "once" : "cascade")
+    << ", budget " << (budget_all ? "all" : "levels");
+  if (mass_power != 1) s << ", mass-power " << mass_power;
+  if (value_weight != 0) s << ", value-weight " << value_weight;
+  return s.str();
+}
+
+StatusOr<GeodesiaConfig> GeodesiaConfig::FromSpec(const PolicySpec& spec, bool cquest) {
+  GeodesiaConfig c;
+  auto num = [](double v) { std::ostringstream s; s << v; return s.str(); };
+  ASSIGN_OR_RETURN(c.bits, spec.GetDouble("bits", cquest ? 16.0 : 5.0));
+  // The cheapest representation is every block a centroid: 2 D 16 bits per 2 * 64 * D values.
+  const double centroid_bpv = 0.25;
+  if (!std::isfinite(c.bits) || c.bits < centroid_bpv) {
+    return InvalidArgument("--bits = " + num(c.bits) +
+                           " is below the all-centroid cost of 0.25 bits/value: no allocation can "
+                           "meet it (the exact residual rows of --rd-frac are charged above the "
+                           "budget, never instead of it)");
+  }
+  ASSIGN_OR_RETURN(int64_t group, spec.GetInt("group", 64));
+  if (group < 1 || group > 64 || 64 % group != 0) {
+    return InvalidArgument("--group = " + std::to_string(group) +
+                           " must divide the 64-token block (1, 2, 4, ..., 64)");
+  }
+  c.group = static_cast<int>(group);
+  ASSIGN_OR_RETURN(c.decay, spec.GetDouble("decay", 0.5));
+  if (!(c.decay >= 0 && c.decay <= 1)) {
+    return InvalidArgument("--decay = " + num(c.decay) + " must be in [0, 1]");
+  }
+  ASSIGN_OR_RETURN(c.window, spec.GetInt("window", 128));
+  if (c.window < 0) return InvalidArgument("--window = " + std::to_string(c.window) + " < 0");
+  ASSIGN_OR_RETURN(c.sinks, spec.GetInt("sinks", 4));
+  if (c.sinks < 0) return InvalidArgument("--sinks = " + std::to_string(c.sinks) + " < 0");
+  ASSIGN_OR_RETURN(c.rd_frac, spec.GetDouble("rd-frac", 0.0));
+  if (!(c.rd_frac >= 0 && c.rd_frac <= 1)) {
+    return InvalidArgument("--rd-frac = " + num(c.rd_frac) + " must be in [0, 1]");
+  }
+  ASSIGN_OR_RETURN(c.quest_keep, spec.GetDouble("quest-keep", cquest ? 0.125 : 1.0));
+  if (!(c.quest_keep > 0 && c.quest_keep <= 1)) {
+    return InvalidArgument("--quest-keep = " + num(c.quest_keep) + " must be in (0, 1]");
+  }
+  const std::string ratchet = spec.GetString("ratchet", "reference");
+  if (ratchet == "reference") {
+    c.ratchet = geodesia::Ratchet::kReference;
+  } else if (ratchet == "clean") {
+    c.ratchet = geodesia::Ratchet::kClean;
+  } else {
+    return InvalidArgument("--ratchet = '" + ratchet + "' must be reference or clean");
+  }
+  const std::string requant = spec.GetString("requant", "once");
+  if (requant == "once") {
+    c.requant = geodesia::DemotionMode::kOnce;
+  } else if (requant == "cascade") {
+    c.requant = geodesia::DemotionMode::kCascade;
+  } else {
+    return InvalidArgument("--requant = '" + requant + "' must be once or cascade");
+  }
+  ASSIGN_OR_RETURN(c.mass_power, spec.GetDouble("mass-power", 1.0));
+  if (!(c.mass_power > 0 && std::isfinite(c.mass_power))) {
+    return InvalidArgument("--mass-power = " + num(c.mass_power) + " must be > 0");
+  }
+  ASSIGN_OR_RETURN(c.value_weight, spec.GetDouble("value-weight", 0.0));
+  if (!(c.value_weight >= 0 && std::isfinite(c.value_weight))) {
+    return InvalidArgument("--value-weight = " + num(c.value_weight) + " must be >= 0");
+  }
+  const std::string budget = spec.GetString("budget", "levels");
+  if (budget == "levels") {
+    c.budget_all = false;
+  } else if (budget == "all") {
+    c.budget_all = true;
+  } else {
+    return InvalidArgument("--budget = '" + budget + "' must be levels or all");
+  }
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-layer state
+
+struct GeodesiaPolicy::Layer {
+  LayerGeometry g;
+  int D = 0, G = 0, n_kv = 0;
+  std::unique_ptr<GradedLayer> graded;
+  std::unique_ptr<geodesia::PrefillObserver> observer;
+  std::vector<geodesia::MassEma> ema;              // [n_kv]
+  // Error proxies e(L) (ek + w_v ev) of each block at ladder indices 1..4, computed on the
+  // block's representation at ladder index err_at (-1: not computed yet). [n_kv][nb]
+  std::vector<std::vector<std::array<float, kNumLevels - 1>>> err;
+  std::vector<std::vector<int8_t>> err_at;
+  std::vector<std::vector<int64_t>> res_pos;       // [n_kv]
+  bool active = false;
+  bool read_seen = true;            // the next append starts a new call
+  bool first_query_pending = true;  // the next read is the first query of its call
+  int64_t q_offset = 0;             // first query position of the current call
+  int64_t released_upto = 0;        // LayerStore pages [0, released_upto) are released
+  std::vector<std::vector<int64_t>> last_blocks;  // [n_q] graded blocks of the last read
+  std::vector<uint16_t> kbuf, vbuf;               // [n_kv, D] append scratch
+  // Read scratch, reused across reads (no per-read allocation of large buffers).
+  StateArray chunk, tail, tmp;                    // chunk states, per-head tail, per-worker
+  std::vector<std::vector<float>> bm, bd;         // [n_kv][nb * G] per-block partials
+  std::vector<std::vector<int64_t>> unions;       // [n_kv] blocks read
+};
+
+GeodesiaPolicy::GeodesiaPolicy(GeodesiaConfig config, std::string name)
+    : c_(std::move(config)), name_(std::move(name)) {}
+GeodesiaPolicy::~GeodesiaPolicy() = default;
+
+Status GeodesiaPolicy::Bind(const std::vector<LayerGeometry>& layers) {
+  if (layers.empty()) return InvalidArgument(name_ + ": the model has no attention layers");
+  layers_.clear();
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LayerGeometry& g = layers[l];
+    const std::string where = "layer " + std::to_string(l) + " (" + g.ToString() + ")";
+    if (g.kind != AttnKind::kGqa) {
+      return InvalidArgument(name_ + " needs GQA/MHA layers (per-KV-head K/V rows); " + where +
+                             " is MLA");
+    }
+    if (g.k_dim != g.v_dim) {
+      return InvalidArgument(name_ + " needs equal key and value head dims; " + where +
+                             " has k_dim " + std::to_string(g.k_dim) + " and v_dim " +
+                             std::to_string(g.v_dim));
+    }
+    if (g.k_dim % c_.group != 0) {
+      return InvalidArgument("--group = " + std::to_string(c_.group) +
+                             " does not divide the head dim " + std::to_string(g.k_dim) + " of " +
+                             where);
+    }
+    geodesia::GradedConfig gc;
+    gc.n_kv_heads = g.n_kv_heads;
+    gc.head_dim = g.k_dim;
+    gc.group_size = c_.group;
+    gc.demotion = c_.requant;
+    auto graded = GradedLayer::Create(gc);
+    if (!graded.ok()) return graded.status().WithContext(where);
+    auto L = std::make_unique<Layer>();
+    L->g = g;
+    L->D = g.k_dim;
+    L->G = g.group_size();
+    L->n_kv = g.n_kv_heads;
+    L->graded = std::make_unique<GradedLayer>(std::move(graded).value());
+    L->observer = std::make_unique<geodesia::PrefillObserver>(g.n_kv_heads, L->G, c_.rd_frac > 0);
+    L->ema.resize(g.n_kv_heads);
+    L->err.resize(g.n_kv_heads);
+    L->err_at.resize(g.n_kv_heads);
+    L->res_pos.resize(g.n_kv_heads);
+    L->last_blocks.resize(g.n_q_heads);
+    L->kbuf.resize(static_cast<size_t>(g.n_kv_heads) * g.k_dim);
+    L->vbuf.resize(static_cast<size_t>(g.n_kv_heads) * g.k_dim);
+    layers_.push_back(std::move(L));
+  }
+  return OkStatus();
+}
+
+int64_t GeodesiaPolicy::observation_queries(int64_t prompt_len) const {
+  // The prior is applied once: later prefills need no observation (and their rows may be gone).
+  return any_active_ ? 0 : c_.n_obs();
+}
+
+void GeodesiaPolicy::OnPrefillStats(int layer, const LayerStore& store,
+                                    const PrefillObservation& obs) {
+  Layer& L = *layers_[layer];
+  if (L.active || obs.weights == nullptr) return;
+  L.observer->Add(obs);
+}
+
+void GeodesiaPolicy::OnAppend(int layer, LayerStore& store) {
+  Layer& L = *layers_[layer];
+  const int64_t n = store.n_rows();
+  for (int h = 0; h < L.n_kv; ++h) {
+    std::copy_n(store.key_row(h, n - 1), L.D, L.kbuf.data() + static_cast<int64_t>(h) * L.D);
+    std::copy_n(store.val_row(h, n - 1), L.D, L.vbuf.data() + static_cast<int64_t>(h) * L.D);
+  }
+  L.graded->Append(L.kbuf.data(), L.vbuf.data());
+  if (L.read_seen) {
+    // A new call: its first row is n - 1; no read of it sees rows of blocks before that row's
+    // block through the LayerStore, so their pages can go.
+    L.read_seen = false;
+    L.first_query_pending = true;
+    if (L.active) ReleasePages(layer, store, (n - 1) / kBlockTokens);
+  }
+}
+
+void GeodesiaPolicy::OnCompress(int layer, LayerStore& store) {
+  if (!layers_[layer]->active) Activate(layer, store);
+}
+
+void GeodesiaPolicy::Activate(int layer, const LayerStore& store) {
+  Layer& L = *layers_[layer];
+  const int64_t prompt_len = store.n_rows();
+  const int64_t nb = (prompt_len + kBlockTokens - 1) / kBlockTokens;
+  for (int h = 0; h < L.n_kv; ++h) {
+    L.ema[h].SetPrior(L.observer->BlockMass(h, nb));
+    if (c_.rd_frac > 0 && prompt_len > 0 && L.observer->n_rows(h) > 0) {
+      const std::vector<double> score = L.observer->TokenScore(h, prompt_len);
+      const std::vector<double> vres = geodesia::ValueResiduals(
+          [&](int64_t j) { return store.val_row(h, j); }, prompt_len, L.D);
+      geodesia::ResidualSelectOptions o;
+      o.frac = c_.rd_frac;
+      L.res_pos[h] = geodesia::SelectResidualTokens(score, vres, prompt_len, o);
+      for (int64_t pos : L.res_pos[h]) {
+        const Status st = L.graded->AddResidual(h, pos, store.key_row(h, pos),
+                                                store.val_row(h, pos));
+        STRATA_CHECK_MSG(st.ok(), "%s", st.ToString().c_str());
+      }
+    }
+  }
+  L.observer.reset();
+  L.active = true;
+  L.first_query_pending = true;
+  any_active_ = true;
+}
+
+void GeodesiaPolicy::ReleasePages(int layer, LayerStore& store, int64_t upto_block) {
+  Layer& L = *layers_[layer];
+  for (int64_t p = L.released_upto; p < upto_block; ++p) {
+    for (int h = 0; h < L.n_kv; ++h) {
+      if (store.page_resident(h, p)) store.ReleasePage(h, p);
+    }
+  }
+  L.released_upto = std::max(L.released_upto, upto_block);
+}
+
+void GeodesiaPolicy::RunAllocator(int layer, int64_t q_offset, std::vector<char>* changed,
+                                  ThreadPool* pool) {
+  Layer& L = *layers_[layer];
+  GradedLayer& gl = *L.graded;
+  const int64_t nb = gl.n_blocks();
+  if (changed) changed->assign(static_cast<size_t>(L.n_kv) * nb, 0);
+  if (!c_.allocate() || nb == 0) return;
+  stats_.calls++;
+  std::vector<char> hot = geodesia::HotBlocks(nb, q_offset, c_.sinks, c_.window);
+  for (int64_t b = 0; b < nb; ++b) {
+    if (!gl.closed(b)) hot[b] = 1;
+  }
+  const bool cascade = c_.requant == geodesia::DemotionMode::kCascade;
+  const auto beta = geodesia::LadderBits(L.D, c_.group);
+  // Error proxies of the blocks that can move and have none for their current representation.
+  std::vector<std::pair<int, int64_t>> todo;
+  for (int h = 0; h < L.n_kv; ++h) {
+    L.err[h].resize(nb);
+    L.err_at[h].resize(nb, -1);
+    for (int64_t b = 0; b < nb; ++b) {
+      const int idx = geodesia::LevelIndex(gl.level(h, b));
+      const bool movable = !hot[b] && idx < kNumLevels - 1 && (cascade || idx == 0);
+      if (movable && L.err_at[h][b] != idx) todo.push_back({h, b});
+    }
+  }
+  const bool with_v = c_.value_weight > 0;
+  ParallelTasks(pool, static_cast<int64_t>(todo.size()), [&](int64_t i, int) {
+    const auto [h, b] = todo[i];
+    std::vector<double> k(static_cast<size_t>(kBlockTokens) * L.D), v(k.size());
+    gl.Reconstruct(h, b, k.data(), v.data());
+    const geodesia::BlockErrors e =
+        geodesia::ComputeBlockErrors(k.data(), v.data(), gl.n_valid(b), L.D, c_.group, with_v);
+    for (int li = 1; li < kNumLevels; ++li) {
+      L.err[h][b][li - 1] = static_cast<float>(e.ek[li] + c_.value_weight * e.ev[li]);
+    }
+    L.err_at[h][b] = static_cast<int8_t>(geodesia::LevelIndex(gl.level(h, b)));
+  });
+  geodesia::AllocatorOptions ao;
+  ao.mass_power = c_.mass_power;
+  ao.ratchet = c_.ratchet;
+  ao.cascade = cascade;
+  std::vector<AllocBlock> blocks(nb);
+  for (int h = 0; h < L.n_kv; ++h) {
+    for (int64_t b = 0; b < nb; ++b) {
+      AllocBlock& a = blocks[b];
+      a.index = geodesia::LevelIndex(gl.level(h, b));
+      a.hot = hot[b] != 0;
+      a.mass = L.ema[h].mass(b);
+      a.err = {};
+      if (L.err_at[h][b] == a.index) {
+        // e(current) = 0: the marginal error of a re-encode is measured from what is stored.
+        for (int li = a.index + 1; li < kNumLevels; ++li) a.err[li] = L.err[h][b][li - 1];
+      }
+    }
+    double target = c_.bits * 2.0 * static_cast<double>(nb) * kBlockTokens * L.D;
+    if (c_.budget_all) {
+      target -= 32.0 * L.D * static_cast<double>(gl.n_residual(h));  // residual rows
+      target -= 32.0 * L.D * static_cast<double>(nb);                 // boxes
+    }
+    const geodesia::AllocResult r = geodesia::Allocate(blocks, beta, target, ao);
+    for (int64_t b = 0; b < nb; ++b) {
+      if (r.index[b] == blocks[b].index) continue;
+      const Status st = gl.Demote(h, b, kLevels[r.index[b]]);
+      STRATA_CHECK_MSG(st.ok(), "%s", st.ToString().c_str());
+      stats_.demotions++;
+      L.err_at[h][b] = -1;
+      if (changed) (*changed)[static_cast<size_t>(h) * nb + b] = 1;
+    }
+  }
+}
+
+void GeodesiaPolicy::Maintain(int layer, int64_t n_rows, ThreadPool* pool) {
+  Layer& L = *layers_[layer];
+  STRATA_CHECK_MSG(L.active, "Maintain before the first compression point (layer %d)", layer);
+  STRATA_CHECK(n_rows == L.graded->n_tokens());
+  if (n_rows == 0) return;
+  RunAllocator(layer, n_rows - 1, nullptr, pool);
+  L.read_seen = true;
+}
+
+void GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
+                          ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
+  Layer& L = *layers_[layer];
+  L.read_seen = true;
+  if (!L.active) {
+    ReadPrefix(store, q, limit, pool, st, stats);
+    return;
+  }
+  GradedLayer& gl = *L.graded;
+  const int G = L.G, D = L.D, n_kv = L.n_kv;
+  const float scale = L.g.scale;
+  const bool first = L.first_query_pending;
+  L.first_query_pending = false;
+  if (first) L.q_offset = limit - 1;
+  const int64_t q_offset = std::min(L.q_offset, limit - 1);
+  const int64_t n_full = limit / kBlockTokens;  // graded blocks [0, n_full) lie below limit
+  const int64_t tail_begin = n_full * kBlockTokens;
+  const int64_t tail_n = limit - tail_begin;    // exact rows read from the LayerStore
+  const bool quest = c_.quest();
+  const bool need_mass = first && c_.allocate();
+
+  // Blocks each query head reads, and their union per KV head.
+  std::vector<std::vector<int64_t>>& unions = L.unions;
+  unions.resize(n_kv);
+  for (auto& u : unions) u.clear();
+  std::vector<std::vector<char>> selected;  // quest: [n_q][n_full] per head membership
+  if (quest) {
+    const int64_t n_cand = std::min(q_offset / kBlockTokens, n_full);
+    selected.assign(static_cast<size_t>(n_kv) * G, std::vector<char>(n_full, 0));
+    for (int h = 0; h < n_kv; ++h) {
+      std::vector<char> any(n_full, 0);
+      for (int r = 0; r < G; ++r) {
+        const int qh = h * G + r;
+        std::vector<int64_t> sel = geodesia::SelectPages(
+            gl, h, q + static_cast<int64_t>(qh) * D, scale, n_cand, c_.quest_keep);
+        for (int64_t b = n_cand; b < n_full; ++b) sel.push_back(b);  // current page(s)
+        for (int64_t b : sel) selected[qh][b] = any[b] = 1;
+        L.last_blocks[qh] = std::move(sel);
+      }
+      for (int64_t b = 0; b < n_full; ++b) {
+        if (any[b]) unions[h].push_back(b);
+      }
+    }
+  } else {
+    for (int h = 0; h < n_kv; ++h) {
+      unions[h].resize(n_full);
+      for (int64_t b = 0; b < n_full; ++b) unions[h][b] = b;
+    }
+    for (int qh = 0; qh < n_kv * G; ++qh) L.last_blocks[qh] = unions[qh / G];
+  }
+
+  // Units of work: (KV head, chunk of its union list).
+  struct Task {
+    int h;
+    int64_t begin, end;  // positions in unions[h]
+  };
+  std::vector<Task> tasks;
+  for (int h = 0; h < n_kv; ++h) {
+    const int64_t n = static_cast<int64_t>(unions[h].size());
+    for (int64_t b = 0; b < n; b += kChunkBlocks) {
+      tasks.push_back({h, b, std::min(n, b + kChunkBlocks)});
+    }
+  }
+  StateArray& chunk = L.chunk;
+  chunk.Resize(static_cast<int64_t>(tasks.size()), G, D);
+  StateArray& tail = L.tail;
+  tail.Resize(n_kv, G, D);
+  L.tmp.Resize(WorkerCount(pool), G, D);
+  const int64_t nb_all = gl.n_blocks();
+  // Per-block partials of the first query (for the mass): [n_kv][nb_all * G].
+  std::vector<std::vector<float>>& bm = L.bm;
+  std::vector<std::vector<float>>& bd = L.bd;
+  if (need_mass) {
+    bm.resize(n_kv);
+    bd.resize(n_kv);
+    for (int h = 0; h < n_kv; ++h) {
+      bm[h].assign(static_cast<size_t>(nb_all) * G, -INFINITY);
+      bd[h].assign(static_cast<size_t>(nb_all) * G, 0.f);
+    }
+  }
+
+  auto run_task = [&](int64_t ti, int worker, bool record) {
+    const Task& t = tasks[ti];
+    const geodesia::PackedHeadView view = gl.view(t.h);
+    const float* qh = q + static_cast<int64_t>(t.h) * G * D;
+    SoftmaxStates cs = chunk.at(ti);
+    cs.Reset();
+    const int64_t* list = unions[t.h].data();
+    if (!quest && !record) {
+      geodesia::PackedAttend(view, qh, G, scale, list + t.begin, t.end - t.begin, &cs);
+      return;
+    }
+    for (int64_t i = t.begin; i < t.end; ++i) {
+      const int64_t b = list[i];
+      SoftmaxStates ts = L.tmp.at(worker);
+      ts.Reset();
+      geodesia::PackedAttend(view, qh, G, scale, &b, 1, &ts);
+      for (int r = 0; r < G; ++r) {
+        if (quest && !selected[t.h * G + r][b]) continue;
+        if (record) {
+          bm[t.h][b * G + r] = ts.m[r];
+          bd[t.h][b * G + r] = ts.d[r];
+        }
+        SoftmaxStates dst = Slice(cs, r, 1);
+        MergeStates(&dst, Slice(ts, r, 1));
+      }
+    }
+  };
+  ParallelTasks(pool, static_cast<int64_t>(tasks.size()),
+                [&](int64_t ti, int w) { run_task(ti, w, need_mass); });
+  for (int h = 0; h < n_kv; ++h) {
+    SoftmaxStates ts = tail.at(h);
+    ts.Reset();
+    if (tail_n > 0) {
+      AttendStream(q + static_cast<int64_t>(h) * G * D, G, scale, store.PageView(h, n_full),
+                   nullptr, tail_n, &ts);
+      if (need_mass) {
+        for (int r = 0; r < G; ++r) {
+          bm[h][n_full * G + r] = ts.m[r];
+          bd[h][n_full * G + r] = ts.d[r];
+        }
+      }
+    }
+  }
+
+  if (need_mass) {
+    for (int h = 0; h < n_kv; ++h) {
+      L.ema[h].Update(geodesia::BlockMassFromStates(bm[h].data(), bd[h].data(), nb_all, G),
+                      c_.decay);
+    }
+    std::vector<char> changed;
+    RunAllocator(layer, L.q_offset, &changed, pool);
+    std::vector<int64_t> redo;
+    for (int64_t ti = 0; ti < static_cast<int64_t>(tasks.size()); ++ti) {
+      const Task& t = tasks[ti];
+      for (int64_t i = t.begin; i < t.end; ++i) {
+        if (changed[static_cast<size_t>(t.h) * nb_all + unions[t.h][i]]) {
+          redo.push_back(ti);
+          break;
+        }
+      }
+    }
+    ParallelTasks(pool, static_cast<int64_t>(redo.size()),
+                  [&](int64_t i, int w) { run_task(redo[i], w, false); });
+  }
+
+  // Merge in a fixed order: chunks of each head, then its exact tail.
+  for (int64_t ti = 0; ti < static_cast<int64_t>(tasks.size()); ++ti) {
+    SoftmaxStates dst = Slice(*st, tasks[ti].h * G, G);
+    MergeStates(&dst, chunk.at(ti));
+  }
+  for (int h = 0; h < n_kv; ++h) {
+    SoftmaxStates dst = Slice(*st, h * G, G);
+    MergeStates(&dst, tail.at(h));
+  }
+
+  // Accounting: the engine's bytes, and the spec's per-query-head bits (section 1.5).
+  const int64_t nb = gl.n_blocks();
+  const int64_t box_bytes = quest ? nb * 2 * D * 2 : 0;
+  const auto beta = geodesia::LadderBits(D, c_.group);
+  const double values = 2.0 * static_cast<double>(limit) * D;
+  for (int h = 0; h < n_kv; ++h) {
+    const geodesia::PackedHeadView view = gl.view(h);
+    const int64_t packed = geodesia::PackedReadBytes(view, unions[h].data(),
+                                                     static_cast<int64_t>(unions[h].size()));
+    const int64_t bytes = packed + tail_n * 2 * D * 2 + box_bytes;
+    int64_t rows = tail_n;
+    for (int64_t b : unions[h]) rows += gl.n_valid(b);
+    if (stats) {
+      stats->bytes_read += bytes;
+      stats->rows_attended += rows;
+    }
+    const double resident = static_cast<double>(geodesia::ResidentBitsClosedForm(
+        gl.level_histogram(h), gl.n_residual(h), D, c_.group, quest));
+    stats_.values += G * values;
+    stats_.resident_bits += G * resident;
+    stats_.read_bits_union += G * 8.0 * static_cast<double>(bytes);
+    for (int r = 0; r < G; ++r) {
+      if (!quest) {
+        stats_.read_bits += resident;
+        continue;
+      }
+      double bits = static_cast<double>(nb) * 32 * D;
+      for (int64_t b : L.last_blocks[h * G + r]) {
+        bits += static_cast<double>(beta[geodesia::LevelIndex(gl.level(h, b))]);
+        if (view.res_mask) bits += 32.0 * D * std::popcount(view.res_mask[b]);
+      }
+      if (tail_n > 0) bits += static_cast<double>(beta[0]);  // the current block, charged exact
+      stats_.read_bits += bits;
+    }
+  }
+}
+
+int64_t GeodesiaPolicy::ResidentBytes(int layer, const LayerStore& store) const {
+  return store.resident_bytes() + layers_[layer]->graded->resident_bytes().total();
+}
+
+bool GeodesiaPolicy::active(int layer) const { return layers_[layer]->active; }
+const GradedLayer& GeodesiaPolicy::graded(int layer) const { return *layers_[layer]->graded; }
+const std::vector<double>& GeodesiaPolicy::mass(int layer, int h) const {
+  return layers_[layer]->ema[h].mass();
+}
+const std::vector<int64_t>& GeodesiaPolicy::residual_positions(int layer, int h) const {
+  return layers_[layer]->res_pos[h];
+}
+const std::vector<int64_t>& GeodesiaPolicy::last_read_blocks(int layer, int r) const {
+  return layers_[layer]->last_blocks[r];
+}
+
+StatusOr<std::unique_ptr<Policy>> MakeGeodesiaPolicy(const PolicySpec& spec, bool cquest) {
+  ASSIGN_OR_RETURN(GeodesiaConfig c, GeodesiaConfig::FromSpec(spec, cquest));
+  return std::unique_ptr<Policy>(new GeodesiaPolicy(std::move(c), cquest ? "cquest" : "geodesia"));
+}
+
+}  // namespace strata

@@ -1,0 +1,137 @@
+// GeodesiaPolicy: Geodesia-KV over GQA/MHA layers. The cache of record is a GradedLayer per
+// layer (64-token blocks at 16/8/4/2/1 bits, boxes, exact residual rows); a budgeted allocator
+// demotes blocks by observed attention mass; reads are the packed kernel over the graded blocks
+// (optionally only the compressed-Quest pages) merged with the exact rows of the current block.
+// Spec: /work/shared/specs/geodesia-kv.md sections 1.5, 2, 3, 4, 11; docs/geodesia.md.
+//
+// Life of a layer:
+//   * before the first compression point (end of the first prefill, or Compress()) the policy is
+//     inactive: rows go to the LayerStore AND the graded layer (all exact), reads are ReadPrefix
+//     (bit-identical to `full`), and the prefill observer collects block mass / token scores;
+//   * at the first compression point: the prefill prior is recorded, and (rd-frac > 0) the RD
+//     residual tokens are chosen and copied exactly (once);
+//   * a "call" is one forward pass (Model::ForwardChunk): every layer appends its rows, then reads
+//     its queries. The first read after an append is the call's first query (q_offset): it
+//     computes the per-block attention mass of that query over the current cache (mean over the
+//     group's query heads), updates the EMA (prior applied once), runs the allocator against the
+//     layer budget and demotes (levels only go down), then attends over the new representation;
+//     later reads of the same call only attend;
+//   * a read for a query that sees rows [0, limit) attends the graded blocks that lie wholly
+//     below limit through the packed kernel, and rows [64 floor(limit / 64), limit) exactly from
+//     the LayerStore (those blocks are hot): queries inside a chunk never see later rows;
+//   * LayerStore pages of blocks wholly before the current call's first row are released (their
+//     exact form, when they are still at 16 bits, lives in the graded layer), so resident memory is
+//     the graded layer plus at most a few pages per head.
+// Decisions (spec section 11): prior applied once; boxes refreshed when a block closes (blocks.h);
+// bits >= 16 means "everything exact" (the allocator does not run: the reference ratchet would
+// demote one step per call even at B = 16); with the compressed-Quest gate and the allocator both
+// on, the mass of a call comes from the pages the query really read (unread pages count 0) so that
+// the gate keeps its read savings; without prefill observations no RD residual is chosen.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "kv/geodesia/allocator.h"
+#include "kv/geodesia/blocks.h"
+#include "kv/geodesia/observer.h"
+#include "kv/policy.h"
+#include "kv/registry.h"
+
+namespace strata {
+
+struct GeodesiaConfig {
+  double bits = 5;             // B, bits per value per layer (`bits`); >= 16: everything exact
+  int group = 64;              // g (`group`)
+  double decay = 0.5;          // EMA decay d (`decay`)
+  int64_t window = 128;        // exact recent window in tokens (`window`)
+  int64_t sinks = 4;           // sink tokens: ceil(sinks / 64) >= 1 blocks stay exact (`sinks`)
+  double rd_frac = 0;          // f of the RD residual (`rd-frac`); 0: off
+  double quest_keep = 1;       // compressed-Quest keep fraction (`quest-keep`); 1: gate off
+  geodesia::Ratchet ratchet = geodesia::Ratchet::kReference;     // `ratchet reference|clean`
+  geodesia::DemotionMode requant = geodesia::DemotionMode::kOnce;  // `requant once|cascade`
+  double mass_power = 1;       // p (`mass-power`)
+  double value_weight = 0;     // w_v (`value-weight`)
+  // `budget levels|all`: levels (reference) = the budget covers the block levels only, residual
+  // rows and boxes come on top; all = they are charged against it too (the resident total meets B).
+  bool budget_all = false;
+
+  bool quest() const { return quest_keep < 1; }
+  bool allocate() const { return bits < 16; }
+  // Observed prompt queries: 64 with the RD residual on, else 32 (spec 2.1).
+  int n_obs() const { return rd_frac > 0 ? 64 : 32; }
+  std::string ToString() const;
+  // cquest: Compressed-Quest defaults (bits 16 = an exact cache, quest-keep 0.125).
+  static StatusOr<GeodesiaConfig> FromSpec(const PolicySpec& spec, bool cquest);
+};
+
+// Counters of the spec's rate accounting (section 1.5), summed over reads (queries), layers and
+// query heads. bpv = bits / values.
+struct GeodesiaStats {
+  int64_t calls = 0;             // allocator runs (first queries of a call, per layer)
+  int64_t demotions = 0;         // block re-encodes
+  double values = 0;             // sum of 2 T D per (read, query head)
+  double resident_bits = 0;      // closed form per (read, query head): levels + residual + boxes
+  double read_bits = 0;          // reference: per query head's own page set (dense = resident)
+  double read_bits_union = 0;    // engine: per KV head, the union its query heads read, charged
+                                 // once per query head (bits actually fetched x G)
+  double resident_bpv() const { return values > 0 ? resident_bits / values : 0; }
+  double read_bpv() const { return values > 0 ? read_bits / values : 0; }
+  double read_bpv_union() const { return values > 0 ? read_bits_union / values : 0; }
+};
+
+class GeodesiaPolicy final : public Policy {
+ public:
+  explicit GeodesiaPolicy(GeodesiaConfig config, std::string name = "geodesia");
+  ~GeodesiaPolicy() override;
+
+  std::string name() const override { return name_; }
+  std::string describe() const override { return name_ + ": " + c_.ToString(); }
+  Status Bind(const std::vector<LayerGeometry>& layers) override;
+  int64_t observation_queries(int64_t prompt_len) const override;
+  void OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& obs) override;
+  void OnAppend(int layer, LayerStore& store) override;
+  void OnCompress(int layer, LayerStore& store) override;
+  void Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
+            SoftmaxStates* st, ReadStats* stats) override;
+  // LayerStore pages still held + the graded layer's live bytes (payload, scales, boxes, residual
+  // rows). The slabs' free capacity between compactions is GradedLayer::allocated_bytes().
+  int64_t ResidentBytes(int layer, const LayerStore& store) const override;
+
+  // For benchmarks that fill a cache synthetically (no prefill, no queries): ends the current call
+  // and runs the allocator on the current EMA (no mass update) as a call whose first query sits
+  // at n_rows - 1 (n_rows = the layer's rows now); the next append then releases the LayerStore
+  // pages of the blocks before its own. The layer must be active (Compress() first).
+  void Maintain(int layer, int64_t n_rows, ThreadPool* pool = nullptr);
+
+  const GeodesiaConfig& config() const { return c_; }
+  const GeodesiaStats& stats() const { return stats_; }
+  bool active(int layer) const;
+  const geodesia::GradedLayer& graded(int layer) const;
+  // The EMA mass of KV head h (blocks beyond the state read 0).
+  const std::vector<double>& mass(int layer, int h) const;
+  // Positions of the RD residual of KV head h (ascending; empty when off).
+  const std::vector<int64_t>& residual_positions(int layer, int h) const;
+  // Blocks read by query head r at the last read of `layer` (graded blocks, ascending; the exact
+  // tail rows are not listed). For tests of the compressed-Quest gate.
+  const std::vector<int64_t>& last_read_blocks(int layer, int r) const;
+
+ private:
+  struct Layer;
+  void Activate(int layer, const LayerStore& store);
+  void RunAllocator(int layer, int64_t q_offset, std::vector<char>* changed, ThreadPool* pool);
+  void ReleasePages(int layer, LayerStore& store, int64_t upto_block);
+
+  GeodesiaConfig c_;
+  std::string name_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  bool any_active_ = false;
+  GeodesiaStats stats_;
+};
+
+StatusOr<std::unique_ptr<Policy>> MakeGeodesiaPolicy(const PolicySpec& spec, bool cquest);
+
+}  // namespace strata

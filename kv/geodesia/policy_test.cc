@@ -1,0 +1,528 @@
+#include "kv/geodesia/policy.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "kv/cache.h"
+#include "kv/geodesia/accounting.h"
+#include "kv/geodesia/quest.h"
+#include "kv/registry.h"
+
+namespace strata {
+namespace {
+
+using geodesia::GradedLayer;
+using geodesia::kBlockTokens;
+using geodesia::kLevels;
+using geodesia::kNumLevels;
+
+LayerGeometry Gqa(int n_q, int n_kv, int d) {
+  LayerGeometry g;
+  g.kind = AttnKind::kGqa;
+  g.n_q_heads = n_q;
+  g.n_kv_heads = n_kv;
+  g.k_dim = g.v_dim = d;
+  g.scale = 1.f / std::sqrt(static_cast<float>(d));
+  return g;
+}
+
+// Synthetic rows with structure: keys = a per-(head, channel) offset + a slowly drifting
+// component + noise, so blocks differ in range and attention is uneven.
+class Source {
+ public:
+  Source(uint64_t seed, const LayerGeometry& g) : rng_(seed), g_(g) {
+    offset_.resize(g.n_kv_heads * g.k_dim);
+    for (auto& x : offset_) x = static_cast<float>(rng_.Normal());
+  }
+  void Row(int64_t pos, std::vector<float>* k, std::vector<float>* v, float shift = 0) {
+    const int n = g_.n_kv_heads * g_.k_dim;
+    k->resize(n);
+    v->resize(n);
+    const float drift = static_cast<float>(std::sin(pos * 0.01));
+    const float amp = 0.3f + 2.f * static_cast<float>(std::abs(std::sin(pos / 64 * 0.7)));
+    for (int i = 0; i < n; ++i) {
+      (*k)[i] = offset_[i] + drift + amp * static_cast<float>(rng_.Normal()) + shift;
+      (*v)[i] = amp * static_cast<float>(rng_.Normal()) + shift;
+    }
+  }
+  void Query(std::vector<float>* q, float gain = 2.f) {
+    q->resize(g_.n_q_heads * g_.k_dim);
+    for (auto& x : *q) x = gain * static_cast<float>(rng_.Normal());
+  }
+  Rng& rng() { return rng_; }
+
+ private:
+  Rng rng_;
+  LayerGeometry g_;
+  std::vector<float> offset_;
+};
+
+std::unique_ptr<KvCache> NewCache(const std::vector<LayerGeometry>& layers,
+                                  const PolicySpec& spec) {
+  auto p = MakePolicy(spec);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  auto c = KvCache::Create(layers, std::move(p).value());
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return std::move(c).value();
+}
+
+GeodesiaPolicy& Geo(KvCache& c) { return dynamic_cast<GeodesiaPolicy&>(c.policy()); }
+
+// One forward call of `n` tokens at the end of the cache (one layer): appends all rows, then
+// reads every query in order (what Model::ForwardChunk does). Returns [n, n_q, D] outputs.
+// shift_from: rows at positions >= shift_from get +shift on keys and values.
+std::vector<float> Call(KvCache& cache, Source& src, int n, ThreadPool* pool, bool prefill,
+                        int64_t shift_from = -1, float shift = 0) {
+  const LayerGeometry& g = cache.geometry(0);
+  const int64_t p0 = cache.n_tokens();
+  if (prefill) cache.BeginPrefill(p0, p0 + n);
+  std::vector<float> k, v, q;
+  std::vector<std::vector<float>> qs(n);
+  for (int i = 0; i < n; ++i) {
+    const int64_t pos = p0 + i;
+    src.Row(pos, &k, &v, shift_from >= 0 && pos >= shift_from ? shift : 0.f);
+    for (int l = 0; l < cache.n_layers(); ++l) cache.Append(l, k.data(), v.data());
+  }
+  for (int i = 0; i < n; ++i) src.Query(&qs[i]);
+  std::vector<float> out(static_cast<size_t>(n) * g.n_q_heads * g.v_dim);
+  for (int l = 0; l < cache.n_layers(); ++l) {
+    for (int i = 0; i < n; ++i) {
+      if (prefill) cache.ObserveQuery(l, p0 + i, qs[i].data());
+      cache.Attend(l, qs[i].data(), p0 + i, pool, out.data() + static_cast<size_t>(i) * g.n_q_heads * g.v_dim);
+    }
+  }
+  if (prefill) cache.EndPrefill(pool);
+  return out;
+}
+
+// f64 attention of query q (all heads) over the graded representation of blocks [0, n_full)
+// (residual overlay applied) plus the exact rows [64 n_full, limit) of the LayerStore.
+std::vector<double> Reference(const GradedLayer& gl, const LayerStore& store, const float* q,
+                              int64_t limit, const LayerGeometry& g,
+                              const std::vector<std::vector<int64_t>>* pages = nullptr) {
+  const int D = g.k_dim, G = g.group_size();
+  const int64_t n_full = limit / kBlockTokens;
+  std::vector<double> out(static_cast<size_t>(g.n_q_heads) * D, 0.0);
+  std::vector<double> kb(64 * D), vb(64 * D);
+  for (int h = 0; h < g.n_kv_heads; ++h) {
+    const geodesia::PackedHeadView view = gl.view(h);
+    // Rows of this head: (key, value) in f64.
+    std::vector<std::vector<double>> keys, vals;
+    std::vector<int64_t> block_of;
+    for (int64_t b = 0; b < n_full; ++b) {
+      geodesia::ReconstructBlock(view, b, kb.data(), vb.data());
+      int res = 0;
+      for (int t = 0; t < view.n_valid[b]; ++t) {
+        std::vector<double> kr(kb.begin() + t * D, kb.begin() + (t + 1) * D);
+        std::vector<double> vr(vb.begin() + t * D, vb.begin() + (t + 1) * D);
+        if (view.res_mask && (view.res_mask[b] >> t & 1)) {
+          const int64_t row = view.res_begin[b] + res++;
+          for (int c = 0; c < D; ++c) {
+            kr[c] = Bf16ToF32(view.res_k[row * D + c]);
+            vr[c] = Bf16ToF32(view.res_v[row * D + c]);
+          }
+        }
+        keys.push_back(kr);
+        vals.push_back(vr);
+        block_of.push_back(b);
+      }
+    }
+    for (int64_t u = n_full * kBlockTokens; u < limit; ++u) {
+      std::vector<double> kr(D), vr(D);
+      for (int c = 0; c < D; ++c) {
+        kr[c] = Bf16ToF32(store.key_row(h, u)[c]);
+        vr[c] = Bf16ToF32(store.val_row(h, u)[c]);
+      }
+      keys.push_back(kr);
+      vals.push_back(vr);
+      block_of.push_back(-1);
+    }
+    for (int r = 0; r < G; ++r) {
+      const int qh = h * G + r;
+      std::vector<char> use(n_full, 1);
+      if (pages) {
+        std::fill(use.begin(), use.end(), 0);
+        for (int64_t b : (*pages)[qh]) use[b] = 1;
+      }
+      std::vector<double> s(keys.size());
+      double mx = -1e300;
+      for (size_t u = 0; u < keys.size(); ++u) {
+        if (block_of[u] >= 0 && !use[block_of[u]]) continue;
+        double d = 0;
+        for (int c = 0; c < D; ++c) d += static_cast<double>(q[qh * D + c]) * keys[u][c];
+        s[u] = d * g.scale;
+        mx = std::max(mx, s[u]);
+      }
+      double z = 0;
+      for (size_t u = 0; u < keys.size(); ++u) {
+        if (block_of[u] >= 0 && !use[block_of[u]]) continue;
+        const double w = std::exp(s[u] - mx);
+        z += w;
+        for (int c = 0; c < D; ++c) out[qh * D + c] += w * vals[u][c];
+      }
+      for (int c = 0; c < D; ++c) out[qh * D + c] /= z;
+    }
+  }
+  return out;
+}
+
+double MaxAbs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::abs(x));
+  return m;
+}
+
+PolicySpec Spec(const std::string& name, std::map<std::string, std::string> s) {
+  return PolicySpec{name, std::move(s)};
+}
+
+// Spec 12.8-12.10 over 500 random Q = 1 calls: hot blocks exact after every call, levels never
+// move up, a quantized block's payload never changes (requant once), and the per-layer budget
+// holds whenever the hot blocks leave room for it.
+TEST(GeodesiaPolicyTest, HotExactMonotoneBudgetOver500Calls) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng pick(seed);
+  ThreadPool pool(2);
+  for (const std::string requant : {"once", "cascade"}) {
+    const LayerGeometry g = Gqa(8, 2, 64);
+    const double bits = requant == "once" ? 1.5 + 4 * pick.Uniform() : 2 + 2 * pick.Uniform();
+    const std::string ratchet = pick.Below(2) ? "reference" : "clean";
+    SCOPED_TRACE(requant + " bits " + std::to_string(bits) + " ratchet " + ratchet);
+    auto cache = NewCache({g}, Spec("geodesia", {{"bits", std::to_string(bits)},
+                                                 {"requant", requant},
+                                                 {"ratchet", ratchet}}));
+    Source src(seed + 1, g);
+    const int P = 300 + static_cast<int>(pick.Below(500));
+    Call(*cache, src, P, &pool, true);
+    GeodesiaPolicy& geo = Geo(*cache);
+    const GradedLayer& gl = geo.graded(0);
+    const auto beta = geodesia::LadderBits(g.k_dim, 64);
+    std::vector<std::vector<int>> prev(g.n_kv_heads);
+    std::map<std::pair<int, int64_t>, std::vector<uint8_t>> frozen;
+    const int calls = requant == "once" ? 500 : 150;
+    for (int call = 0; call < calls; ++call) {
+      Call(*cache, src, 1, &pool, false);
+      const int64_t pos = cache->n_tokens() - 1;
+      const int64_t nb = gl.n_blocks();
+      const std::vector<char> hot = geodesia::HotBlocks(nb, pos, 4, 128);
+      int64_t n_hot = 0;
+      for (char x : hot) n_hot += x;
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        int64_t total = 0;
+        prev[h].resize(nb, 0);
+        for (int64_t b = 0; b < nb; ++b) {
+          const int idx = geodesia::LevelIndex(gl.level(h, b));
+          total += beta[idx];
+          if (hot[b]) ASSERT_EQ(gl.level(h, b), 16) << "call " << call << " block " << b;
+          ASSERT_GE(idx, prev[h][b]) << "level moved up: call " << call << " block " << b;
+          prev[h][b] = idx;
+          if (requant == "once" && idx > 0) {
+            const uint8_t* s = gl.slot(h, b);
+            std::vector<uint8_t> bytes(s, s + geodesia::SlotBytes(gl.level(h, b), g.k_dim, 64));
+            auto [it, inserted] = frozen.insert({{h, b}, bytes});
+            if (!inserted) ASSERT_EQ(it->second, bytes) << "payload changed: block " << b;
+          }
+        }
+        const double target = bits * 2.0 * nb * 64 * g.k_dim;
+        const double min_total = n_hot * beta[0] + (nb - n_hot) * beta[4];
+        if (min_total <= target) {
+          ASSERT_LE(total, target) << "call " << call;
+        }
+      }
+    }
+    EXPECT_GT(geo.stats().demotions, 0);
+  }
+}
+
+// The read decomposition: a Q = 1 read equals an f64 softmax over the graded reconstruction of
+// the closed blocks (exact residual rows overriding theirs) plus the exact current rows, for a
+// cache mixing levels and residuals, with and without a partial current block. Tolerance 2e-4
+// of max |ref|: the kernel works in f32 over ~1000 rows.
+TEST(GeodesiaPolicyTest, ReadMatchesF64ReferenceOverGradedBlocks) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ThreadPool pool(2);
+  for (const std::string requant : {"once", "cascade"}) {
+    const LayerGeometry g = Gqa(6, 2, 64);
+    auto cache = NewCache({g}, Spec("geodesia", {{"bits", "2.5"},
+                                                 {"rd-frac", "0.08"},
+                                                 {"requant", requant},
+                                                 {"group", "32"}}));
+    Source src(seed, g);
+    Call(*cache, src, 1000, &pool, true);
+    std::vector<float> q;
+    for (int call = 0; call < 90; ++call) {
+      const std::vector<float> out = Call(*cache, src, 1, &pool, false);
+      if (call % 10 != 0 && cache->n_tokens() % 64 != 0) continue;
+      // Replay the same query through the reference: rerun the read (not a new call).
+      src.Query(&q);
+      std::vector<float> got(g.n_q_heads * g.v_dim);
+      cache->Attend(0, q.data(), cache->n_tokens() - 1, &pool, got.data());
+      const std::vector<double> ref =
+          Reference(Geo(*cache).graded(0), cache->store(0), q.data(), cache->n_tokens(), g);
+      const double tol = 2e-4 * MaxAbs(ref);
+      for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], tol) << "call " << call;
+    }
+    std::array<int64_t, kNumLevels> hist{};
+    for (int h = 0; h < 2; ++h) {
+      const auto hh = Geo(*cache).graded(0).level_histogram(h);
+      for (int i = 0; i < kNumLevels; ++i) hist[i] += hh[i];
+    }
+    EXPECT_GT(hist[0], 0);
+    EXPECT_GT(hist[1] + hist[2] + hist[3] + hist[4], 0);
+  }
+}
+
+// Policy off: bits 16 (nothing is demoted) reproduces `full`. Bit-identical before the first
+// compression point (both read through ReadPrefix); afterwards the graded path reads the same
+// bf16 rows through the packed kernel in another f32 summation order: within 2e-5 of max |out|.
+TEST(GeodesiaPolicyTest, Bits16ReproducesFull) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ThreadPool pool(2);
+  const LayerGeometry g = Gqa(8, 4, 64);
+  auto full = NewCache({g, g}, Spec("full", {}));
+  auto geo = NewCache({g, g}, Spec("geodesia", {{"bits", "16"}}));
+  Source s1(seed, g), s2(seed, g);
+  const std::vector<float> a = Call(*full, s1, 333, &pool, true);
+  const std::vector<float> b = Call(*geo, s2, 333, &pool, true);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  for (int call = 0; call < 200; ++call) {
+    const int n = call % 7 == 0 ? 5 : 1;
+    const std::vector<float> x = Call(*full, s1, n, &pool, false);
+    const std::vector<float> y = Call(*geo, s2, n, &pool, false);
+    float mx = 0;
+    for (float v : x) mx = std::max(mx, std::abs(v));
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], y[i], 2e-5f * mx) << "call " << call;
+  }
+  EXPECT_EQ(Geo(*geo).stats().demotions, 0);
+  for (int h = 0; h < g.n_kv_heads; ++h) {
+    EXPECT_EQ(Geo(*geo).graded(1).level_histogram(h)[0], Geo(*geo).graded(1).n_blocks());
+  }
+}
+
+// Spec 12.14: adding +10 to every key and value after position p changes neither the outputs up
+// to p nor any level or page decision, inside a chunked call (the allocator runs at the chunk's
+// first query; queries of the chunk see only earlier rows). With and without the Quest gate.
+TEST(GeodesiaPolicyTest, Causality) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ThreadPool pool(2);
+  for (const std::string keep : {"1", "0.25"}) {
+    const LayerGeometry g = Gqa(4, 2, 64);
+    const PolicySpec spec = Spec("geodesia", {{"bits", "2"}, {"quest-keep", keep}});
+    auto a = NewCache({g}, spec);
+    auto b = NewCache({g}, spec);
+    Source sa(seed, g), sb(seed, g);
+    Call(*a, sa, 900, &pool, true);
+    Call(*b, sb, 900, &pool, true);
+    for (int i = 0; i < 20; ++i) {
+      Call(*a, sa, 1, &pool, false);
+      Call(*b, sb, 1, &pool, false);
+    }
+    const int n = 150;  // crosses two block boundaries
+    const int64_t p0 = a->n_tokens();
+    const int64_t p = p0 + 70;
+    const std::vector<float> oa = Call(*a, sa, n, &pool, false);
+    const std::vector<float> ob = Call(*b, sb, n, &pool, false, p + 1, 10.f);
+    const size_t per = static_cast<size_t>(g.n_q_heads) * g.v_dim;
+    for (int64_t i = 0; i <= p - p0; ++i) {
+      ASSERT_EQ(std::memcmp(oa.data() + i * per, ob.data() + i * per, per * sizeof(float)), 0)
+          << "output at " << p0 + i << " (keep " << keep << ")";
+    }
+    bool differs = false;
+    for (size_t i = (p - p0 + 1) * per; i < oa.size(); ++i) differs |= oa[i] != ob[i];
+    EXPECT_TRUE(differs);
+    const GradedLayer& ga = Geo(*a).graded(0);
+    const GradedLayer& gb = Geo(*b).graded(0);
+    for (int h = 0; h < g.n_kv_heads; ++h) {
+      for (int64_t blk = 0; blk < ga.n_blocks(); ++blk) {
+        ASSERT_EQ(ga.level(h, blk), gb.level(h, blk)) << "block " << blk;
+      }
+    }
+  }
+}
+
+// Spec 12.17 over an exact cache (cquest): every query head reads ceil(0.125 n_closed) pages plus
+// the current one, the top ones by the box bound; unselected pages get no weight (the output
+// equals an f64 softmax over exactly those pages); the reference read rate equals the closed
+// form ((k + 1) beta16 + nb 32 D) / (2 T D) per query head, below the resident rate.
+TEST(GeodesiaPolicyTest, CompressedQuestPagesAndReadRate) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ThreadPool pool(2);
+  const LayerGeometry g = Gqa(8, 2, 64);
+  auto cache = NewCache({g}, Spec("cquest", {}));
+  Source src(seed, g);
+  const int P = 64 * 40 + static_cast<int>(src.rng().Below(64));
+  Call(*cache, src, P, &pool, true);
+  GeodesiaPolicy& geo = Geo(*cache);
+  const auto beta = geodesia::LadderBits(g.k_dim, 64);
+  for (int call = 0; call < 70; ++call) {
+    const GeodesiaStats before = geo.stats();
+    const int64_t nbytes_before = cache->counters().bytes_read_total;
+    const std::vector<float> out = Call(*cache, src, 1, &pool, false);
+    const int64_t T = cache->n_tokens();
+    const int64_t q_offset = T - 1;
+    const int64_t n_cand = q_offset / 64;
+    const int64_t k = static_cast<int64_t>(std::ceil(0.125 * n_cand));
+    const int64_t nb = (T + 63) / 64;
+    std::vector<std::vector<int64_t>> pages(g.n_q_heads);
+    for (int qh = 0; qh < g.n_q_heads; ++qh) {
+      pages[qh] = geo.last_read_blocks(0, qh);
+      const int64_t graded_current = T % 64 == 0 ? 1 : 0;  // current page in the graded list
+      ASSERT_EQ(static_cast<int64_t>(pages[qh].size()), k + graded_current) << "call " << call;
+    }
+    (void)nbytes_before;
+    // Spec 12.16: U_b(q) bounds the true scores; the selected pages are the top-k by U_b.
+    // (Checked against the partner module's bound function on the stored boxes.)
+    const double values = 2.0 * T * g.k_dim * g.n_q_heads;
+    const double want_read = g.n_q_heads * ((k + 1.0) * beta[0] + nb * 32.0 * g.k_dim);
+    EXPECT_NEAR(geo.stats().values - before.values, values, 1e-6 * values);
+    EXPECT_NEAR(geo.stats().read_bits - before.read_bits, want_read, 1e-6 * want_read);
+    const double resident = geo.stats().resident_bits - before.resident_bits;
+    EXPECT_LT(want_read, resident);
+    if (call % 10 == 0) {
+      std::vector<float> q;
+      src.Query(&q);
+      std::vector<float> got(g.n_q_heads * g.v_dim);
+      cache->Attend(0, q.data(), T - 1, &pool, got.data());
+      for (int qh = 0; qh < g.n_q_heads; ++qh) pages[qh] = geo.last_read_blocks(0, qh);
+      const std::vector<double> ref =
+          Reference(geo.graded(0), cache->store(0), q.data(), T, g, &pages);
+      const double tol = 2e-4 * MaxAbs(ref);
+      for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], tol);
+      // Top-k by the box bound, among the closed pages before the query.
+      for (int qh = 0; qh < g.n_q_heads; ++qh) {
+        const int h = qh / g.group_size();
+        const std::vector<int64_t> sel = geodesia::SelectPages(
+            geo.graded(0), h, q.data() + qh * g.k_dim, g.scale, n_cand, 0.125);
+        std::vector<int64_t> want = sel;
+        if (T % 64 == 0) want.push_back(n_cand);
+        EXPECT_EQ(pages[qh], want);
+        double min_sel = 1e300, max_unsel = -1e300;
+        for (int64_t b = 0; b < n_cand; ++b) {
+          const double u = geodesia::BoxUpperBound(geo.graded(0).box_min(h, b),
+                                                   geo.graded(0).box_max(h, b),
+                                                   q.data() + qh * g.k_dim, g.k_dim, g.scale);
+          if (std::binary_search(sel.begin(), sel.end(), b)) {
+            min_sel = std::min(min_sel, u);
+          } else {
+            max_unsel = std::max(max_unsel, u);
+          }
+        }
+        EXPECT_GE(min_sel, max_unsel);
+      }
+    }
+  }
+  // The engine reads the union per KV head: at least the per-head figure, at most G times it.
+  EXPECT_GE(geo.stats().read_bits_union, geo.stats().read_bits * 0.99);
+  EXPECT_LT(geo.stats().read_bpv(), geo.stats().resident_bpv());
+}
+
+// RD residual through the policy (spec 12.15): max(64, ceil(f P)) exact tokens per KV head,
+// chosen once after prefill (unchanged by later calls), the last 64 prompt tokens included, no
+// continuation token ever; the first prefill observes 64 queries when the residual is on.
+TEST(GeodesiaPolicyTest, ResidualChosenOnceAfterPrefill) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ThreadPool pool(2);
+  const LayerGeometry g = Gqa(4, 2, 64);
+  auto cache = NewCache({g}, Spec("geodesia", {{"bits", "3"}, {"rd-frac", "0.1"}}));
+  EXPECT_EQ(cache->policy().observation_queries(1000), 64);
+  Source src(seed, g);
+  const int P = 1000 + static_cast<int>(src.rng().Below(500));
+  Call(*cache, src, P, &pool, true);
+  EXPECT_EQ(cache->policy().observation_queries(1000), 0);
+  GeodesiaPolicy& geo = Geo(*cache);
+  std::vector<std::vector<int64_t>> first(g.n_kv_heads);
+  const int64_t want = std::max<int64_t>(64, static_cast<int64_t>(std::ceil(0.1 * P)));
+  for (int h = 0; h < g.n_kv_heads; ++h) {
+    first[h] = geo.residual_positions(0, h);
+    EXPECT_EQ(static_cast<int64_t>(first[h].size()), want);
+    EXPECT_EQ(geo.graded(0).n_residual(h), want);
+    for (int64_t j = P - 64; j < P; ++j) EXPECT_TRUE(geo.graded(0).has_residual(h, j));
+  }
+  for (int call = 0; call < 100; ++call) Call(*cache, src, call % 9 == 0 ? 3 : 1, &pool, false);
+  for (int h = 0; h < g.n_kv_heads; ++h) {
+    EXPECT_EQ(geo.residual_positions(0, h), first[h]);
+    EXPECT_EQ(geo.graded(0).n_residual(h), want);
+    for (int64_t j = P; j < cache->n_tokens(); ++j) EXPECT_FALSE(geo.graded(0).has_residual(h, j));
+  }
+}
+
+// Memory really shrinks: LayerStore pages of blocks before the current call are released and the
+// resident bytes follow the graded levels.
+TEST(GeodesiaPolicyTest, ResidentBytesShrink) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ThreadPool pool(2);
+  const LayerGeometry g = Gqa(8, 2, 128);
+  auto cache = NewCache({g}, Spec("geodesia", {{"bits", "2"}}));
+  Source src(seed, g);
+  Call(*cache, src, 4096, &pool, true);
+  for (int i = 0; i < 3; ++i) Call(*cache, src, 1, &pool, false);
+  const int64_t full = cache->n_tokens() * g.bytes_per_token();
+  const int64_t res = cache->ResidentBytes();
+  const GradedLayer& gl = Geo(*cache).graded(0);
+  const auto rb = gl.resident_bytes();
+  // The engine's figure: LayerStore pages still held + the graded layer's live bytes (about
+  // 2.25 bits/value here: 2 of levels, 0.25 of boxes, plus the exact hot blocks of a short cache).
+  EXPECT_LT(res, full / 4) << res << " vs full " << full << " store "
+                           << cache->store(0).resident_bytes() << " allocated "
+                           << gl.allocated_bytes();
+  EXPECT_EQ(res, cache->store(0).resident_bytes() + rb.total());
+  EXPECT_GE(gl.allocated_bytes(), rb.total());
+  // The levels (payload + scales) meet the 2-bit budget over the padded blocks exactly.
+  EXPECT_LE(8 * (rb.payload + rb.scales), 2 * 2 * gl.n_blocks() * 64 * 128 * g.n_kv_heads);
+  const GeodesiaStats& s = Geo(*cache).stats();
+  EXPECT_LT(s.resident_bpv(), 2.5);  // 2 bits + 0.25 of boxes when counted (not here) + slack
+}
+
+// Impossible settings are errors from MakePolicy / Bind that name the value.
+TEST(GeodesiaPolicyTest, SettingErrors) {
+  auto make = [](std::map<std::string, std::string> s) { return MakePolicy(Spec("geodesia", s)); };
+  auto bad = make({{"bits", "0.1"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--bits = 0.1"), std::string::npos) << bad.status().ToString();
+  bad = make({{"group", "48"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("48"), std::string::npos);
+  bad = make({{"ratchet", "sometimes"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("sometimes"), std::string::npos);
+  bad = make({{"requant", "twice"}});
+  ASSERT_FALSE(bad.ok());
+  bad = make({{"decay", "1.5"}});
+  ASSERT_FALSE(bad.ok());
+  bad = make({{"quest-keep", "0"}});
+  ASSERT_FALSE(bad.ok());
+  // Bind: group 64 does not divide head dim 48.
+  auto p = make({});
+  ASSERT_TRUE(p.ok());
+  auto c = KvCache::Create({Gqa(4, 2, 48)}, std::move(p).value());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("48"), std::string::npos) << c.status().ToString();
+  // Bind: an MLA model.
+  LayerGeometry mla;
+  mla.kind = AttnKind::kMla;
+  mla.n_q_heads = 4;
+  mla.n_kv_heads = 1;
+  mla.k_dim = 576;
+  mla.v_dim = 512;
+  mla.rope_dim = 64;
+  c = KvCache::Create({mla}, std::move(make({})).value());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("MLA"), std::string::npos) << c.status().ToString();
+}
+
+}  // namespace
+}  // namespace strata

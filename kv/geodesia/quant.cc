@@ -1,0 +1,85 @@
+// Geodesia-KV scalar quantizer and bit packing (see quant.h).
+#include "kv/geodesia/quant.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+#include "core/dtype.h"
+
+namespace strata::geodesia {
+
+QuantParams MakeQuantParams(float min, float max, int bits) {
+  STRATA_CHECK(bits == 2 || bits == 4 || bits == 8);
+  STRATA_CHECK(min <= max);
+  const float levels = static_cast<float>((1 << bits) - 1);
+  QuantParams p;
+  p.lo = F32ToF16(min);
+  p.step = F32ToF16((max - min) / levels);
+  return p;
+}
+
+uint8_t QuantizeValue(float x, QuantParams p, int bits) {
+  const float step = F16ToF32(p.step);
+  if (!(step > 0.f)) return 0;  // constant group (or a step below the f16 range): code 0
+  const float lo = F16ToF32(p.lo);
+  const float t = std::nearbyint((x - lo) / step);  // round half to even (default FP mode)
+  const float top = static_cast<float>((1 << bits) - 1);
+  return static_cast<uint8_t>(std::clamp(t, 0.f, top));
+}
+
+float DequantizeValue(uint8_t code, QuantParams p) {
+  return static_cast<float>(code) * F16ToF32(p.step) + F16ToF32(p.lo);
+}
+
+int64_t PackedBytes(int64_t n_codes, int bits) { return n_codes * bits / 8; }
+
+void PackCodes(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
+  STRATA_CHECK(bits == 2 || bits == 4 || bits == 8);
+  const int per = 8 / bits;
+  STRATA_CHECK(n % per == 0);
+  const int64_t nb = n / per;
+  for (int64_t i = 0; i < nb; ++i) {
+    uint8_t byte = 0;
+    for (int j = 0; j < per; ++j) {
+      const uint8_t c = codes[i * per + j];
+      STRATA_CHECK(c < (1u << bits));
+      byte |= static_cast<uint8_t>(c << (j * bits));
+    }
+    out[i] = byte;
+  }
+}
+
+void UnpackCodes(const uint8_t* packed, int64_t n, int bits, uint8_t* codes) {
+  STRATA_CHECK(bits == 2 || bits == 4 || bits == 8);
+  const int per = 8 / bits;
+  STRATA_CHECK(n % per == 0);
+  const uint8_t mask = static_cast<uint8_t>((1u << bits) - 1);
+  for (int64_t i = 0; i < n / per; ++i) {
+    for (int j = 0; j < per; ++j) codes[i * per + j] = (packed[i] >> (j * bits)) & mask;
+  }
+}
+
+namespace {
+// Next f16 toward -inf / +inf (finite or infinite inputs; NaN is not expected here).
+uint16_t F16NextDown(uint16_t h) {
+  if (h == 0x0000 || h == 0x8000) return 0x8001;
+  return (h & 0x8000) ? static_cast<uint16_t>(h + 1) : static_cast<uint16_t>(h - 1);
+}
+uint16_t F16NextUp(uint16_t h) {
+  if (h == 0x0000 || h == 0x8000) return 0x0001;
+  return (h & 0x8000) ? static_cast<uint16_t>(h - 1) : static_cast<uint16_t>(h + 1);
+}
+}  // namespace
+
+uint16_t F16RoundDown(float x) {
+  const uint16_t h = F32ToF16(x);
+  return F16ToF32(h) <= x ? h : F16NextDown(h);
+}
+
+uint16_t F16RoundUp(float x) {
+  const uint16_t h = F32ToF16(x);
+  return F16ToF32(h) >= x ? h : F16NextUp(h);
+}
+
+}  // namespace strata::geodesia

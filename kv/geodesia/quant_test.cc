@@ -1,0 +1,142 @@
+// Tests of the Geodesia-KV scalar quantizer, bit packing and outward f16 rounding.
+#include "kv/geodesia/quant.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+
+namespace strata::geodesia {
+namespace {
+
+// Half an f16 ulp of |x| (f16 has 10 mantissa bits; subnormal spacing 2^-24).
+double HalfUlpF16(double x) {
+  const double a = std::fabs(x);
+  if (a < 6.103515625e-05) return std::ldexp(1.0, -25);
+  return std::ldexp(1.0, static_cast<int>(std::floor(std::log2(a))) - 11);
+}
+
+TEST(GeodesiaQuant, PackLsbFirstExamples) {
+  const uint8_t c2[4] = {1, 2, 3, 0};
+  uint8_t out = 0;
+  PackCodes(c2, 4, 2, &out);
+  EXPECT_EQ(out, 0x39);
+  const uint8_t c4[2] = {0xA, 0x3};
+  PackCodes(c4, 2, 4, &out);
+  EXPECT_EQ(out, 0x3A);
+  const uint8_t c8[1] = {0xC7};
+  PackCodes(c8, 1, 8, &out);
+  EXPECT_EQ(out, 0xC7);
+  uint8_t back[4];
+  UnpackCodes(&out, 1, 8, back);
+  EXPECT_EQ(back[0], 0xC7);
+  const uint8_t b39 = 0x39;
+  UnpackCodes(&b39, 4, 2, back);
+  EXPECT_EQ(back[0], 1);
+  EXPECT_EQ(back[1], 2);
+  EXPECT_EQ(back[2], 3);
+  EXPECT_EQ(back[3], 0);
+}
+
+TEST(GeodesiaQuant, PackUnpackIdentity) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  for (int bits : {2, 4, 8}) {
+    const int64_t n = 8 * (1 + static_cast<int64_t>(rng.Below(1000)));
+    std::vector<uint8_t> c(n), p(PackedBytes(n, bits)), u(n);
+    for (auto& x : c) x = static_cast<uint8_t>(rng.Below(1u << bits));
+    PackCodes(c.data(), n, bits, p.data());
+    UnpackCodes(p.data(), n, bits, u.data());
+    EXPECT_EQ(c, u) << "bits " << bits;
+    EXPECT_EQ(static_cast<int64_t>(p.size()), n * bits / 8);
+  }
+}
+
+TEST(GeodesiaQuant, CodeRangeAndErrorBound) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int bits = (trial % 3 == 0) ? 2 : (trial % 3 == 1 ? 4 : 8);
+    const int n = 1 + static_cast<int>(rng.Below(128));
+    const double scale = std::exp(std::clamp(rng.Normal() * 2, -6.0, 4.0));
+    const double shift = rng.Normal() * scale * 4;
+    std::vector<float> x(n);
+    float lo = 1e30f, hi = -1e30f;
+    for (auto& v : x) {
+      v = static_cast<float>(shift + scale * rng.Normal());
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+    const QuantParams p = MakeQuantParams(lo, hi, bits);
+    const double lo16 = F16ToF32(p.lo), step16 = F16ToF32(p.step);
+    const double step32 = (static_cast<double>(hi) - lo) / ((1 << bits) - 1);
+    // Stated bound: half a step plus the f16 rounding of lo and of step (the latter multiplied by
+    // the top code), plus f32 rounding of the reconstruction (2^-22 relative).
+    const double bound = step16 / 2 + std::fabs(lo - lo16) +
+                         ((1 << bits) - 1) * std::fabs(step32 - step16) +
+                         std::ldexp(std::max(std::fabs(lo), std::fabs(hi)), -21);
+    EXPECT_LE(std::fabs(lo - lo16), HalfUlpF16(lo));
+    for (float v : x) {
+      const uint8_t c = QuantizeValue(v, p, bits);
+      ASSERT_LT(c, 1u << bits);
+      const double r = DequantizeValue(c, p);
+      ASSERT_TRUE(std::isfinite(r));
+      ASSERT_LE(std::fabs(v - r), bound) << "bits " << bits << " x " << v << " lo " << lo
+                                         << " hi " << hi;
+    }
+  }
+}
+
+TEST(GeodesiaQuant, ConstantGroupHasNoNaN) {
+  for (int bits : {2, 4, 8}) {
+    for (float c : {0.f, 1.5f, -3.25f, 1e-3f, 700.f}) {
+      const QuantParams p = MakeQuantParams(c, c, bits);
+      EXPECT_EQ(p.step, 0);
+      EXPECT_EQ(QuantizeValue(c, p, bits), 0);
+      const float r = DequantizeValue(0, p);
+      EXPECT_FALSE(std::isnan(r));
+      EXPECT_EQ(r, F16ToF32(F32ToF16(c)));
+    }
+    // A range below the f16 step resolution: step underflows to 0; still no NaN.
+    const QuantParams p = MakeQuantParams(1e-3f, 1e-3f + 1e-9f, bits);
+    EXPECT_EQ(p.step, 0);
+    EXPECT_EQ(QuantizeValue(1e-3f + 1e-9f, p, bits), 0);
+    EXPECT_FALSE(std::isnan(DequantizeValue(0, p)));
+  }
+}
+
+TEST(GeodesiaQuant, RoundHalfToEven) {
+  // lo = 0, step = 1 (exact in f16): 0.5 -> 0, 1.5 -> 2, 2.5 -> 2.
+  QuantParams p;
+  p.lo = F32ToF16(0.f);
+  p.step = F32ToF16(1.f);
+  EXPECT_EQ(QuantizeValue(0.5f, p, 4), 0);
+  EXPECT_EQ(QuantizeValue(1.5f, p, 4), 2);
+  EXPECT_EQ(QuantizeValue(2.5f, p, 4), 2);
+  EXPECT_EQ(QuantizeValue(99.f, p, 4), 15);
+  EXPECT_EQ(QuantizeValue(-9.f, p, 4), 0);
+}
+
+TEST(GeodesiaQuant, OutwardF16Rounding) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  for (int i = 0; i < 20000; ++i) {
+    const float x = static_cast<float>(rng.Normal() * std::exp(std::clamp(rng.Normal() * 4, -15.0, 9.0)));
+    const float dn = F16ToF32(F16RoundDown(x)), up = F16ToF32(F16RoundUp(x));
+    ASSERT_LE(dn, x);
+    ASSERT_GE(up, x);
+    ASSERT_LE(up - dn, 2 * HalfUlpF16(x) * 2 + 1e-30);
+  }
+  EXPECT_EQ(F16ToF32(F16RoundDown(0.f)), 0.f);
+  EXPECT_EQ(F16ToF32(F16RoundUp(0.f)), 0.f);
+}
+
+}  // namespace
+}  // namespace strata::geodesia
