@@ -1,0 +1,568 @@
+#include "kv/vestige/policy.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+
+#include "core/check.h"
+
+namespace strata {
+namespace {
+
+std::atomic<int64_t> g_instances{0};
+
+// The default tier 2: one RecallTier per MLA layer, driven as recall.h describes (same-step
+// query). Any tier error is sticky and turns every later scan of that layer into a dense fallback
+// (exact), never into a silent miss.
+class TierHook final : public VestigeRecallHook {
+ public:
+  TierHook(const RecallOptions& opt, const std::vector<LayerGeometry>& layers) : opt_(opt) {
+    tiers_.resize(layers.size());
+    ok_.assign(layers.size(), 0);
+    for (size_t l = 0; l < layers.size(); ++l) {
+      if (layers[l].kind != AttnKind::kMla) continue;
+      Status s = tiers_[l].Configure(layers[l], opt);
+      if (!s.ok()) {
+        Note(s.WithContext("layer " + std::to_string(l)));
+        continue;
+      }
+      ok_[l] = 1;
+    }
+  }
+
+  int64_t observation_queries(int64_t prompt_len) const override {
+    // Prompt queries [T/2, T) (spec 3.4); RecallTier strides them down to calib-queries.
+    return opt_.calibration == RecallCalibration::kPrefix ? prompt_len - prompt_len / 2 : 0;
+  }
+  void Observe(int layer, const LayerStore& store, const PrefillObservation& obs) override {
+    if (ok_[layer]) tiers_[layer].ObserveQuery(obs.query_pos, obs.q);
+  }
+  void OnSelection(int layer, const LayerStore& store, int64_t n_closed,
+                   const std::vector<int64_t>& archived) override {
+    if (!ok_[layer]) return;
+    Status s = tiers_[layer].IndexClosedRows(store, n_closed);
+    if (!s.ok()) {
+      Fail(layer, s);
+      return;
+    }
+    tiers_[layer].SetArchive(archived.data(), static_cast<int64_t>(archived.size()));
+  }
+  void OnCompress(int layer, const LayerStore& store) override {
+    if (!ok_[layer] || opt_.calibration != RecallCalibration::kPrefix) return;
+    Status s = tiers_[layer].CalibratePrefix(store, nullptr);
+    if (!s.ok()) Fail(layer, s);
+  }
+  void Fetch(int layer, const LayerStore& store, const float* q, int64_t limit,
+             const std::vector<int64_t>& attended, const SoftmaxStates& attended_states,
+             const std::vector<int64_t>& archived, ThreadPool* pool, std::vector<int64_t>* fetched,
+             bool* fallback) override {
+    if (!ok_[layer]) {
+      *fallback = true;
+      return;
+    }
+    RecallTier& t = tiers_[layer];
+    const int H = attended_states.n_heads;
+    max1_.assign(attended_states.m, attended_states.m + H);
+    const float* entropy = nullptr;
+    if (t.needs_entropy()) {
+      entropy_.resize(H);
+      AttendedScoreStats(store, q, attended.data(), static_cast<int64_t>(attended.size()), pool,
+                         max1_.data(), entropy_.data());
+      entropy = entropy_.data();
+    }
+    const RecallScan r = t.Scan(store, q, limit, max1_.data(), entropy, pool);
+    if (r.fallback) {
+      *fallback = true;
+      return;
+    }
+    fetched->insert(fetched->end(), r.rows, r.rows + r.n);
+  }
+  int64_t ScanBytesPerArchivedRow(int layer) const override {
+    return tiers_[layer].configured() ? tiers_[layer].scan_bytes_per_row() : 0;
+  }
+  int64_t ResidentBytes(int layer) const override {
+    return tiers_[layer].configured() ? tiers_[layer].ResidentBytes() : 0;
+  }
+  Status status() const override { return error_; }
+  const RecallTier* tier(int layer) const { return ok_[layer] ? &tiers_[layer] : nullptr; }
+
+ private:
+  void Note(const Status& s) {
+    if (error_.ok()) error_ = s;
+  }
+  void Fail(int layer, const Status& s) {
+    Note(s.WithContext("recall tier of layer " + std::to_string(layer)));
+    ok_[layer] = 0;
+  }
+  RecallOptions opt_;
+  std::vector<RecallTier> tiers_;
+  std::vector<uint8_t> ok_;
+  std::vector<float> max1_, entropy_;
+  Status error_;
+};
+
+}  // namespace
+
+std::string VestigeConfig::ToString() const {
+  char buf[512];
+  std::snprintf(
+      buf, sizeof(buf),
+      "%s: ratio %g, block %lld, kappa %d (cutoff period %g rows), sinks %d, archive %s, "
+      "recall %s (rank %d, capacity %lld, calibration %s)",
+      selector.full_row ? "fullrow" : "vestige", ratio(), static_cast<long long>(selector.block),
+      selector.kappa, cutoff_period(), selector.sinks,
+      archive == VestigeArchivePlacement::kRam ? "ram" : ("file:" + archive_dir).c_str(),
+      recall ? "on" : "off", recall_options.rank, static_cast<long long>(recall_options.capacity),
+      std::string(RecallCalibrationName(recall_options.calibration)).c_str());
+  return buf;
+}
+
+StatusOr<VestigeConfig> VestigeConfig::FromSpec(const PolicySpec& spec, bool full_row) {
+  VestigeConfig c;
+  c.selector.full_row = full_row;
+  ASSIGN_OR_RETURN(c.selector.ratio, VestigeRatio::Parse(spec.GetString("ratio", "32")));
+  ASSIGN_OR_RETURN(const int64_t block, spec.GetInt("block", 4096));
+  ASSIGN_OR_RETURN(const int64_t kappa, spec.GetInt("kappa", 16));
+  ASSIGN_OR_RETURN(const int64_t sinks, spec.GetInt("sinks", 4));
+  if (block < LayerStore::kPageRows || block % LayerStore::kPageRows != 0) {
+    return InvalidArgument("--block = " + std::to_string(block) +
+                           " must be a positive multiple of the 64-row page");
+  }
+  if (kappa < 1) return InvalidArgument("--kappa = " + std::to_string(kappa) + " must be >= 1");
+  if (kappa >= block / 2) {
+    return InvalidArgument("--kappa = " + std::to_string(kappa) + " must be < block/2 = " +
+                           std::to_string(block / 2) + " (--block " + std::to_string(block) + ")");
+  }
+  if (sinks < 0 || sinks > block) {
+    return InvalidArgument("--sinks = " + std::to_string(sinks) + " must be in [0, block]");
+  }
+  c.selector.block = block;
+  c.selector.kappa = static_cast<int>(kappa);
+  c.selector.sinks = static_cast<int>(sinks);
+
+  const std::string archive = spec.GetString("archive", "ram");
+  if (archive == "ram") {
+    c.archive = VestigeArchivePlacement::kRam;
+  } else if (archive.rfind("file:", 0) == 0 && archive.size() > 5) {
+    c.archive = VestigeArchivePlacement::kFile;
+    c.archive_dir = archive.substr(5);
+    struct stat sb;
+    if (::stat(c.archive_dir.c_str(), &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+      return InvalidArgument("--archive = '" + archive + "': '" + c.archive_dir +
+                             "' is not a directory");
+    }
+    if (::access(c.archive_dir.c_str(), W_OK) != 0) {
+      return InvalidArgument("--archive = '" + archive + "': '" + c.archive_dir +
+                             "' is not writable");
+    }
+  } else {
+    return InvalidArgument("--archive = '" + archive + "' must be ram or file:DIR");
+  }
+
+  ASSIGN_OR_RETURN(c.recall, spec.GetBool("recall", true));
+  PolicySpec rs = spec;
+  if (rs.settings.count("rank") && !rs.settings.count("recall-rank")) {
+    rs.settings["recall-rank"] = rs.settings["rank"];  // --rank is the brief's name for it
+  }
+  ASSIGN_OR_RETURN(c.recall_options, RecallOptions::FromSpec(rs));
+  c.rank_explicit = rs.settings.count("recall-rank") != 0;
+  if (c.recall && c.archive == VestigeArchivePlacement::kFile) {
+    // The scan reads each archived row's branch r_u from the store (spec 1.3: no sidecar), so it
+    // cannot run over released pages yet.
+    return Unimplemented("--archive = '" + archive +
+                         "' with --recall on: the recall scan reads archived rows from RAM; use "
+                         "--archive ram or --recall off");
+  }
+  return c;
+}
+
+VestigePolicy::VestigePolicy(VestigeConfig cfg) : cfg_(std::move(cfg)), instance_(g_instances++) {}
+
+VestigePolicy::~VestigePolicy() {
+  // The archive files are this cache's working storage: they live exactly as long as the cache.
+  for (Layer& L : layers_) {
+    if (!L.file) continue;
+    const std::string path = L.file->path();
+    L.file.reset();
+    ::unlink(path.c_str());
+  }
+}
+
+Status VestigePolicy::Bind(const std::vector<LayerGeometry>& layers) {
+  layers_.clear();
+  layers_.resize(layers.size());
+  int n_mla = 0;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LayerGeometry& g = layers[l];
+    if (g.kind != AttnKind::kMla) continue;
+    ++n_mla;
+    if (g.rope_dim < 1 || g.rope_dim >= g.k_dim) {
+      return InvalidArgument("layer " + std::to_string(l) +
+                             ": MLA branch width rope_dim = " + std::to_string(g.rope_dim) +
+                             " must be in [1, k_dim = " + std::to_string(g.k_dim) + ")");
+    }
+    Layer& L = layers_[l];
+    L.mla = true;
+    L.k_dim = g.k_dim;
+    L.sel = VestigeSelector(cfg_.selector, g.k_dim, g.rope_dim);
+    if (cfg_.archive == VestigeArchivePlacement::kFile) {
+      const std::string path = cfg_.archive_dir + "/vestige-" + std::to_string(::getpid()) + "-" +
+                               std::to_string(instance_) + "-layer" + std::to_string(l) + ".arc";
+      ASSIGN_OR_RETURN(VestigeArchiveFile f, VestigeArchiveFile::Create(path, 2 * int64_t{g.k_dim},
+                                                                        LayerStore::kPageRows));
+      L.file = std::make_unique<VestigeArchiveFile>(std::move(f));
+    }
+  }
+  if (n_mla == 0) {
+    return InvalidArgument(name() + " selects MLA latent rows, but none of the model's " +
+                           std::to_string(layers.size()) +
+                           " attention layers is MLA (GQA only); use another policy");
+  }
+  if (cfg_.recall && !recall_) {
+    if (!cfg_.rank_explicit) {
+      // Default rank: 64, or the largest multiple of 8 that fits the smallest d_c (small models).
+      for (const LayerGeometry& g : layers) {
+        if (g.kind == AttnKind::kMla) {
+          cfg_.recall_options.rank =
+              std::min(cfg_.recall_options.rank, (g.k_dim - g.rope_dim) / 8 * 8);
+        }
+      }
+      cfg_.recall_options.rank = std::max(cfg_.recall_options.rank, 8);
+    }
+    for (size_t l = 0; l < layers.size(); ++l) {
+      if (layers[l].kind == AttnKind::kMla) {
+        RETURN_IF_ERROR(cfg_.recall_options.Validate(layers[l].k_dim - layers[l].rope_dim)
+                            .WithContext("layer " + std::to_string(l)));
+      }
+    }
+    recall_ = std::make_unique<TierHook>(cfg_.recall_options, layers);
+    RETURN_IF_ERROR(recall_->status());
+  }
+  return OkStatus();
+}
+
+const VestigeSelector& VestigePolicy::selector(int layer) const {
+  STRATA_CHECK(layers_[layer].mla);
+  return layers_[layer].sel;
+}
+
+int64_t VestigePolicy::n_closed(int layer) const {
+  return layers_[layer].mla ? layers_[layer].sel.n_closed() : 0;
+}
+
+std::string VestigePolicy::archive_path(int layer) const {
+  return layers_[layer].file ? layers_[layer].file->path() : std::string();
+}
+
+void VestigePolicy::NoteError(const Status& s) {
+  if (archive_status_.ok() && !s.ok()) archive_status_ = s;
+}
+
+void VestigePolicy::OnAppend(int layer, LayerStore& store) { CloseReady(layer, store); }
+void VestigePolicy::OnCompress(int layer, LayerStore& store) {
+  CloseReady(layer, store);
+  if (recall_ && layers_[layer].mla) recall_->OnCompress(layer, store);
+}
+
+void VestigePolicy::CloseReady(int layer, LayerStore& store) {
+  Layer& L = layers_[layer];
+  if (!L.mla) return;
+  const int64_t first_new = L.sel.n_closed();
+  bool closed = false;
+  while (store.n_rows() - L.sel.n_closed() >= cfg_.selector.block) {
+    L.sel.CloseBlock(store);
+    closed = true;
+    ++closes_;
+  }
+  if (!closed) return;
+  // Catching up several blocks with one rebalance equals closing them one by one: sigma is
+  // immutable and the selection depends only on the closed sigma.
+  L.sel.Rebalance();
+  AfterSelection(layer, store, first_new);
+}
+
+void VestigePolicy::AfterSelection(int layer, LayerStore& store, int64_t first_new) {
+  Layer& L = layers_[layer];
+  const int64_t n_closed = L.sel.n_closed();
+  const std::vector<uint8_t>& kept = L.sel.kept_mask();
+  if (L.file) {
+    const int64_t P = LayerStore::kPageRows;
+    const int64_t n_pages = n_closed / P;  // block is a multiple of the page: whole pages
+    L.released.resize(n_pages, 0);
+    // 1. Write every resident, fully archived closed page once; release them after one commit.
+    if (L.file_ok) {
+      std::vector<int64_t> to_release;
+      for (int64_t p = 0; p < n_pages; ++p) {
+        if (L.released[p]) continue;
+        bool any_kept = false;
+        for (int64_t u = p * P; u < (p + 1) * P && !any_kept; ++u) any_kept = kept[u] != 0;
+        if (any_kept) continue;
+        // A page's rows are contiguous in the store: [P, k_dim] bf16 from its first row.
+        Status s = L.file->AppendPage(p, store.key_row(0, p * P), P);
+        if (!s.ok()) {
+          NoteError(s);
+          L.file_ok = false;
+          break;
+        }
+        to_release.push_back(p);
+      }
+      if (L.file_ok && !to_release.empty()) {
+        Status s = L.file->Commit();
+        if (!s.ok()) {
+          NoteError(s);
+          L.file_ok = false;
+        } else {
+          for (int64_t p : to_release) {
+            store.ReleasePage(0, p);
+            L.released[p] = 1;
+            L.released_bytes += P * 2 * int64_t{L.k_dim};
+          }
+        }
+      }
+    }
+    // 2. Kept rows of released pages (a rebalance can move archived rows back) are served from
+    //    a policy buffer, read once from the file; rows that left the kept set are dropped.
+    std::vector<int64_t> pos;
+    std::vector<uint16_t> data;
+    size_t old = 0;
+    const size_t K = L.k_dim;
+    for (int64_t u : L.sel.kept()) {
+      if (!L.released[u / P]) continue;
+      while (old < L.restored_pos.size() && L.restored_pos[old] < u) ++old;
+      const size_t at = data.size();
+      data.resize(at + K);
+      if (old < L.restored_pos.size() && L.restored_pos[old] == u) {
+        std::memcpy(data.data() + at, L.restored.data() + old * K, 2 * K);
+      } else {
+        Status s = L.file->ReadRow(u, data.data() + at);
+        if (!s.ok()) {
+          NoteError(s);
+          data.resize(at);
+          continue;
+        }
+      }
+      pos.push_back(u);
+    }
+    L.restored_pos = std::move(pos);
+    L.restored = std::move(data);
+  }
+  if (recall_) recall_->OnSelection(layer, store, n_closed, L.sel.archived());
+}
+
+int64_t VestigePolicy::observation_queries(int64_t prompt_len) const {
+  return recall_ ? recall_->observation_queries(prompt_len) : 0;
+}
+
+void VestigePolicy::OnPrefillStats(int layer, const LayerStore& store,
+                                   const PrefillObservation& obs) {
+  if (recall_ && layers_[layer].mla) recall_->Observe(layer, store, obs);
+}
+
+const RecallTier* VestigePolicy::recall_tier(int layer) const {
+  auto* t = dynamic_cast<const TierHook*>(recall_.get());
+  return t ? t->tier(layer) : nullptr;
+}
+
+Status VestigePolicy::ReadRow(int layer, const LayerStore& store, int64_t row,
+                              uint16_t* out) const {
+  const Layer& L = layers_[layer];
+  if (row < 0 || row >= store.n_rows()) {
+    return OutOfRange("row " + std::to_string(row) + " of layer " + std::to_string(layer) + " (" +
+                      std::to_string(store.n_rows()) + " rows)");
+  }
+  const int64_t p = row / LayerStore::kPageRows;
+  const int64_t width = store.geometry().k_dim * int64_t{store.geometry().n_kv_heads};
+  if (store.page_resident(0, p)) {
+    std::memcpy(out, store.key_row(0, row), 2 * width);
+    return OkStatus();
+  }
+  auto it = std::lower_bound(L.restored_pos.begin(), L.restored_pos.end(), row);
+  if (it != L.restored_pos.end() && *it == row) {
+    std::memcpy(out, L.restored.data() + (it - L.restored_pos.begin()) * L.k_dim, 2 * width);
+    return OkStatus();
+  }
+  STRATA_CHECK(L.file != nullptr);
+  return L.file->ReadRow(row, out);
+}
+
+void VestigePolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
+                         ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
+  Layer& L = layers_[layer];
+  if (!L.mla) {  // GQA layers of a mixed model are read in full
+    ReadPrefix(store, q, limit, pool, st, stats);
+    return;
+  }
+  STRATA_CHECK(limit >= 1 && limit <= store.n_rows());
+  const LayerGeometry& g = store.geometry();
+  const int64_t row_bytes = g.bytes_per_token();
+  const int64_t block = cfg_.selector.block;
+  const int64_t n_closed = L.sel.n_closed();
+  const int64_t tail_begin = std::min(n_closed, (limit - 1) / block * block);
+  const std::vector<int64_t>& kept = L.sel.kept();
+  const int64_t n_kept = std::lower_bound(kept.begin(), kept.end(), tail_begin) - kept.begin();
+  const int64_t n_arch = tail_begin - n_kept;
+  VestigeReadInfo info;
+  info.rows_kept = n_kept;
+  info.rows_tail = limit - tail_begin;
+  info.rows_archived = n_arch;
+  ++reads_;
+  ReadStats local;
+  if (n_arch == 0) {
+    // Nothing archived below the tail: exactly the full policy's read (kill switch).
+    ReadPrefix(store, q, limit, pool, st, &local);
+    info.rows_attended = limit;
+    info.bytes_read = local.bytes_read;
+    L.last = info;
+    if (stats) {
+      stats->rows_attended += local.rows_attended;
+      stats->bytes_read += local.bytes_read;
+    }
+    return;
+  }
+  // Attended rows: kept below the tail, then the tail [tail_begin, limit).
+  L.rows.assign(kept.begin(), kept.begin() + n_kept);
+  for (int64_t u = tail_begin; u < limit; ++u) L.rows.push_back(u);
+  // Tier 2 scans for queries at or past the last closed row (every decode step); a prompt query
+  // inside a block that its own chunk closed reads kept ∪ its own block without a scan.
+  const bool scan = recall_ != nullptr && limit >= n_closed;
+  if (scan) L.attended.assign(L.rows.begin(), L.rows.end());  // ReadSet edits L.rows in place
+  int64_t extra = ReadSet(L, store, q, L.rows, pool, st, &local);
+  L.fetched.clear();
+  bool fallback = false;
+  if (scan) {
+    const std::vector<int64_t>& arch = L.sel.archived();
+    L.archived.assign(arch.begin(), arch.end());  // all < n_closed <= limit
+    recall_->Fetch(layer, store, q, limit, L.attended, *st, L.archived, pool, &L.fetched,
+                   &fallback);
+    info.bytes_read += n_arch * recall_->ScanBytesPerArchivedRow(layer);
+    std::sort(L.fetched.begin(), L.fetched.end());
+    L.fetched.erase(std::unique(L.fetched.begin(), L.fetched.end()), L.fetched.end());
+    // Rows of the query's own block are already read as its tail.
+    L.fetched.erase(std::lower_bound(L.fetched.begin(), L.fetched.end(), tail_begin),
+                    L.fetched.end());
+    for (int64_t u : L.fetched) {
+      // A fetched row must be archived, else it would be counted twice in the softmax.
+      STRATA_CHECK_MSG(u >= 0 && u < tail_begin && !L.sel.kept_mask()[u],
+                       "recall fetched row %lld, which is not an archived row below %lld",
+                       static_cast<long long>(u), static_cast<long long>(tail_begin));
+    }
+  }
+  if (fallback) {
+    ++fallbacks_;
+    info.fallback = true;
+    if (std::find(L.released.begin(), L.released.end(), 1) == L.released.end()) {
+      // Dense step over RAM rows: the full policy's own read, bit for bit (spec section 9.17).
+      st->Reset();
+      local = ReadStats();
+      ReadPrefix(store, q, limit, pool, st, &local);
+      info.rows_attended = limit;
+      info.rows_fetched = n_arch;
+      info.bytes_read += local.bytes_read;
+      L.last = info;
+      if (stats) {
+        stats->rows_attended += local.rows_attended;
+        stats->rows_fetched += n_arch;
+        stats->bytes_read += info.bytes_read;
+      }
+      return;
+    }
+    L.fetched.assign(L.archived.begin(),
+                     std::lower_bound(L.archived.begin(), L.archived.end(), tail_begin));
+  }
+  info.rows_fetched = static_cast<int64_t>(L.fetched.size());
+  // Fetched rows are archived, hence disjoint from the attended set: merging their state into st
+  // completes one exact softmax over kept ∪ tail ∪ fetched.
+  if (!L.fetched.empty()) extra += ReadSet(L, store, q, L.fetched, pool, st, &local);
+  info.rows_from_file = extra;
+  info.rows_attended = local.rows_attended + extra;
+  info.bytes_read += local.bytes_read + extra * row_bytes;
+  L.last = info;
+  if (stats) {
+    stats->rows_attended += info.rows_attended;
+    stats->rows_fetched += info.rows_fetched;
+    stats->bytes_read += info.bytes_read;
+  }
+}
+
+int64_t VestigePolicy::ReadSet(Layer& L, const LayerStore& store, const float* q,
+                               std::vector<int64_t>& rows, ThreadPool* pool, SoftmaxStates* st,
+                               ReadStats* local) {
+  const LayerGeometry& g = store.geometry();
+  // Split off rows whose page went to the archive file: kept ones come from the restored buffer,
+  // others (fetched, or a prompt query's own block) from the file.
+  L.file_rows.clear();
+  L.restored_idx.clear();
+  if (L.file && !L.released.empty()) {
+    size_t w = 0;
+    for (int64_t u : rows) {
+      const int64_t p = u / LayerStore::kPageRows;
+      if (p >= static_cast<int64_t>(L.released.size()) || !L.released[p]) {
+        rows[w++] = u;
+        continue;
+      }
+      auto it = std::lower_bound(L.restored_pos.begin(), L.restored_pos.end(), u);
+      if (it != L.restored_pos.end() && *it == u) {
+        L.restored_idx.push_back(it - L.restored_pos.begin());
+      } else {
+        L.file_rows.push_back(u);
+      }
+    }
+    rows.resize(w);
+  }
+  if (!rows.empty()) {
+    ReadRows(store, q, rows.data(), static_cast<int64_t>(rows.size()), pool, st, local);
+  }
+  KvStreamView view;
+  view.k_stride = view.v_stride = L.k_dim;
+  view.dk = g.k_dim;
+  view.dv = g.v_dim;
+  if (!L.restored_idx.empty()) {
+    view.keys = view.vals = L.restored.data();
+    AttendStream(q, g.n_q_heads, g.scale, view, L.restored_idx.data(),
+                 static_cast<int64_t>(L.restored_idx.size()), st);
+  }
+  int64_t from_file = 0;
+  if (!L.file_rows.empty()) {
+    L.file_buf.resize(L.file_rows.size() * L.k_dim);
+    for (int64_t u : L.file_rows) {
+      Status s = L.file->ReadRow(u, L.file_buf.data() + from_file * L.k_dim);
+      if (!s.ok()) {
+        NoteError(s);  // left out of this read, never read as garbage
+        continue;
+      }
+      ++from_file;
+    }
+    view.keys = view.vals = L.file_buf.data();
+    if (from_file > 0) AttendStream(q, g.n_q_heads, g.scale, view, nullptr, from_file, st);
+  }
+  return static_cast<int64_t>(L.restored_idx.size()) + from_file;
+}
+
+VestigeResidency VestigePolicy::Residency(int layer, const LayerStore& store) const {
+  const Layer& L = layers_[layer];
+  VestigeResidency r;
+  r.store_bytes = store.resident_bytes();
+  if (!L.mla) return r;
+  r.restored_bytes = static_cast<int64_t>(L.restored.size() * sizeof(uint16_t));
+  r.metadata_bytes = L.sel.n_closed() * (4 + 8);
+  r.index_bytes = recall_ ? recall_->ResidentBytes(layer) : 0;
+  r.file_bytes = L.file ? L.file->file_bytes() : 0;
+  r.released_bytes = L.released_bytes;
+  return r;
+}
+
+int64_t VestigePolicy::ResidentBytes(int layer, const LayerStore& store) const {
+  const VestigeResidency r = Residency(layer, store);
+  return r.store_bytes + r.restored_bytes + r.metadata_bytes + r.index_bytes;
+}
+
+StatusOr<std::unique_ptr<Policy>> MakeVestigePolicy(const PolicySpec& spec, bool full_row) {
+  ASSIGN_OR_RETURN(VestigeConfig cfg, VestigeConfig::FromSpec(spec, full_row));
+  return std::unique_ptr<Policy>(new VestigePolicy(std::move(cfg)));
+}
+
+}  // namespace strata

@@ -1,0 +1,198 @@
+// VestigePolicy: VestigeKV tier 1 (blockwise low-pass residual selection) over MLA latent rows,
+// the archive of rows it stops reading (RAM or a checksummed file), the tier-2 recall hook, and
+// the read/byte accounting every report uses. Spec: /work/shared/specs/vestigekv.md sections 1-4.
+//
+// Row sets of one MLA layer with n rows, n_closed = a multiple of `block`:
+//   kept     = sinks [0, 4) ∪ top-m of sigma over all closed rows   (closed rows that are read)
+//   archived = closed rows not kept                                 (never modified or deleted)
+//   tail     = [n_closed, n)                                        (always read)
+// A read for a query that sees rows [0, limit) attends kept ∪ tail ∪ fetched (fetched ⊆ archived,
+// from the recall tier) with ONE exact softmax: the resident rows go through ReadRows and rows
+// served from the file archive through AttendStream into the same online-softmax state. When no
+// row below the tail is archived the read is ReadPrefix, the full policy's own call, so the policy
+// with everything kept (ratio 1, or n < block) is bit-identical to `full`.
+//
+// Causality inside a prefill chunk: a block may close (OnAppend) while earlier queries of the same
+// chunk are still to be read. Such a query's own block is read in full: the tail of a read starts
+// at min(n_closed, block start of position limit - 1).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "kv/policy.h"
+#include "kv/registry.h"
+#include "kv/vestige/archive.h"
+#include "kv/vestige/recall.h"
+#include "kv/vestige/selector.h"
+
+namespace strata {
+
+enum class VestigeArchivePlacement {
+  kRam,   // archived rows stay in LayerStore pages; only reads change
+  kFile,  // fully archived pages are written to DIR and released from RAM
+};
+
+struct VestigeConfig {
+  VestigeSelectorConfig selector;  // block, kappa, sinks, full_row, ratio
+  VestigeArchivePlacement archive = VestigeArchivePlacement::kRam;
+  std::string archive_dir;  // kFile: the folder for the archive files
+  // Tier 2 (recall): on/off here; its own settings (recall-rank (alias rank), recall-capacity,
+  // recall-margin, recall-overflow, calibration, z-floor, calib-queries) are parsed by
+  // RecallOptions::FromSpec from the same spec.
+  bool recall = true;
+  RecallOptions recall_options;
+  bool rank_explicit = false;  // false: Bind lowers the default 64 to fit d_c (multiple of 8)
+
+  // Effective values for printing by the CLI (the library prints nothing).
+  int64_t block() const { return selector.block; }
+  int kappa() const { return selector.kappa; }
+  // Cutoff period of the low-pass in rows: block / kappa (256 at the defaults).
+  double cutoff_period() const { return static_cast<double>(selector.block) / selector.kappa; }
+  double ratio() const { return selector.ratio.AsDouble(); }
+  // One line: "vestige: ratio 32, block 4096, kappa 16 (cutoff period 256 rows), sinks 4, ...".
+  std::string ToString() const;
+
+  // Parses and validates the settings (ratio, kappa, block, sinks, archive, recall and the recall
+  // tier's keys); errors name the flag and the value.
+  static StatusOr<VestigeConfig> FromSpec(const PolicySpec& spec, bool full_row);
+};
+
+// Per-step, per-layer accounting of the last read.
+struct VestigeReadInfo {
+  int64_t rows_attended = 0;  // kept + tail + fetched rows read in full
+  int64_t rows_kept = 0;      // closed kept rows read
+  int64_t rows_tail = 0;
+  int64_t rows_archived = 0;  // archived rows below the read's tail (scanned when recall is on)
+  int64_t rows_fetched = 0;
+  int64_t rows_from_file = 0;  // of the attended rows, those served from the archive file
+  int64_t bytes_read = 0;      // rows x row bytes + archived x index bytes (recall on)
+  bool fallback = false;       // the recall tier asked for dense attention this step
+};
+
+// Bytes resident for one layer, by tier.
+struct VestigeResidency {
+  int64_t store_bytes = 0;     // LayerStore pages still allocated (kept, tail, archived in RAM)
+  int64_t restored_bytes = 0;  // kept rows of released pages held in a policy buffer
+  int64_t metadata_bytes = 0;  // sigma (4 B/closed row) + kept/archived tables (8 B/row)
+  int64_t index_bytes = 0;     // recall index (reported by the recall tier)
+  int64_t file_bytes = 0;      // on disk (not RAM)
+  int64_t released_bytes = 0;  // RAM given back by releasing archived pages
+};
+
+// The tier-2 hook: the policy drives the recall tier only through this interface. The default
+// implementation wraps RecallTier (kv/vestige/recall.h), one per MLA layer; tests install their
+// own to check the merge. Rows are positions in the layer.
+class VestigeRecallHook {
+ public:
+  virtual ~VestigeRecallHook() = default;
+  // Prefill observation (forwarded from the policy's event 1; weights are never requested).
+  virtual int64_t observation_queries(int64_t prompt_len) const { return 0; }
+  virtual void Observe(int layer, const LayerStore& store, const PrefillObservation& obs) {}
+  // After every close + rebalance: the closed prefix is [0, n_closed); archived ascending.
+  virtual void OnSelection(int layer, const LayerStore& store, int64_t n_closed,
+                           const std::vector<int64_t>& archived) {}
+  // At the compression point, after the selection (prefix calibration).
+  virtual void OnCompress(int layer, const LayerStore& store) {}
+  // The decode-step scan, called after the attended set (kept ∪ tail, `attended` ascending) has
+  // been read into `attended_states` (m = the lam-scaled max per head). `archived`: the archived
+  // rows (ascending, all < limit). Appends fetched rows (a subset of `archived`, any order;
+  // duplicates removed by the caller) or sets *fallback for a dense step.
+  virtual void Fetch(int layer, const LayerStore& store, const float* q, int64_t limit,
+                     const std::vector<int64_t>& attended, const SoftmaxStates& attended_states,
+                     const std::vector<int64_t>& archived, ThreadPool* pool,
+                     std::vector<int64_t>* fetched, bool* fallback) = 0;
+  // Scan bytes per archived row per step (spec 1.3: 2r + 4 + 2 d_r = 260 at r = d_r = 64).
+  virtual int64_t ScanBytesPerArchivedRow(int layer) const = 0;
+  virtual int64_t ResidentBytes(int layer) const { return 0; }
+  // The first error the tier hit (it then answers with dense fallbacks, which are exact).
+  virtual Status status() const { return OkStatus(); }
+};
+
+class VestigePolicy final : public Policy {
+ public:
+  // full_row: the "fullrow" ablation (sigma over all k_dim columns).
+  explicit VestigePolicy(VestigeConfig cfg);
+  ~VestigePolicy() override;
+
+  std::string name() const override { return cfg_.selector.full_row ? "fullrow" : "vestige"; }
+  std::string describe() const override { return cfg_.ToString(); }
+  Status Bind(const std::vector<LayerGeometry>& layers) override;
+  int64_t observation_queries(int64_t prompt_len) const override;
+  bool observation_needs_weights() const override { return false; }
+  void OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& obs) override;
+  void OnAppend(int layer, LayerStore& store) override;
+  void OnCompress(int layer, LayerStore& store) override;
+  void Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
+            SoftmaxStates* st, ReadStats* stats) override;
+  int64_t ResidentBytes(int layer, const LayerStore& store) const override;
+
+  const VestigeConfig& config() const { return cfg_; }
+  // Installs the tier-2 implementation (null: none). Call before the first append.
+  void SetRecallHook(std::unique_ptr<VestigeRecallHook> hook) { recall_ = std::move(hook); }
+  VestigeRecallHook* recall_hook() const { return recall_.get(); }
+
+  bool is_mla(int layer) const { return layers_[layer].mla; }
+  // Selection state of an MLA layer (CHECK: layer is MLA).
+  const VestigeSelector& selector(int layer) const;
+  int64_t n_closed(int layer) const;
+  const VestigeReadInfo& last_read(int layer) const { return layers_[layer].last; }
+  VestigeResidency Residency(int layer, const LayerStore& store) const;
+  // Totals over the policy's life.
+  int64_t closes() const { return closes_; }
+  int64_t reads() const { return reads_; }
+  int64_t fallbacks() const { return fallbacks_; }
+  double fallback_rate() const { return reads_ ? static_cast<double>(fallbacks_) / reads_ : 0.0; }
+  // The first archive I/O error (OK when none). On a write error the page simply stays resident;
+  // on a read error the row is left out of that read and counted here — never read as garbage.
+  const Status& archive_status() const { return archive_status_; }
+  // Path of layer's archive file ("" in RAM placement or before the first release).
+  std::string archive_path(int layer) const;
+
+  // Any row of the layer as bf16 [k_dim], from RAM, the restored buffer or the archive file.
+  Status ReadRow(int layer, const LayerStore& store, int64_t row, uint16_t* out) const;
+  // The RecallTier of an MLA layer when the default recall hook is installed, else null.
+  const RecallTier* recall_tier(int layer) const;
+
+ private:
+  struct Layer {
+    bool mla = false;
+    int k_dim = 0;
+    VestigeSelector sel;
+    VestigeReadInfo last;
+    // File placement.
+    std::unique_ptr<VestigeArchiveFile> file;
+    std::vector<uint8_t> released;      // [n_pages] 1 when the page went to the file
+    std::vector<int64_t> restored_pos;  // kept rows of released pages, ascending
+    std::vector<uint16_t> restored;     // [restored_pos.size(), k_dim] bf16
+    int64_t released_bytes = 0;
+    // Read scratch.
+    std::vector<int64_t> rows, attended, archived, fetched, file_rows;
+    std::vector<uint16_t> file_buf;     // [file_rows, k_dim] bf16 read from the file
+    std::vector<int64_t> restored_idx;  // indices into `restored` for one read
+    bool file_ok = true;                // false after a write error: no more releases
+  };
+  void CloseReady(int layer, LayerStore& store);
+  void AfterSelection(int layer, LayerStore& store, int64_t first_new);
+  // Reads `rows` (ascending) into st: resident rows with ReadRows, rows of released pages from the
+  // restored buffer or the file with AttendStream. Returns the rows read outside ReadRows.
+  int64_t ReadSet(Layer& L, const LayerStore& store, const float* q, std::vector<int64_t>& rows,
+                  ThreadPool* pool, SoftmaxStates* st, ReadStats* local);
+  void NoteError(const Status& s);
+
+  VestigeConfig cfg_;
+  std::vector<Layer> layers_;
+  std::unique_ptr<VestigeRecallHook> recall_;
+  Status archive_status_;
+  int64_t closes_ = 0, reads_ = 0, fallbacks_ = 0;
+  int64_t instance_ = 0;
+};
+
+// Registry entry makers ("vestige" and "fullrow").
+StatusOr<std::unique_ptr<Policy>> MakeVestigePolicy(const PolicySpec& spec, bool full_row);
+
+}  // namespace strata

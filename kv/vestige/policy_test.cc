@@ -1,0 +1,478 @@
+#include "kv/vestige/policy.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "kv/cache.h"
+#include "kv/registry.h"
+
+namespace strata {
+namespace {
+
+LayerGeometry Mla(int heads = 4) {
+  LayerGeometry g;
+  g.kind = AttnKind::kMla;
+  g.n_q_heads = heads;
+  g.n_kv_heads = 1;
+  g.k_dim = 40;
+  g.v_dim = 32;
+  g.rope_dim = 8;
+  g.rope = false;
+  g.scale = 0.3f;
+  return g;
+}
+
+LayerGeometry Gqa() {
+  LayerGeometry g;
+  g.kind = AttnKind::kGqa;
+  g.n_q_heads = 4;
+  g.n_kv_heads = 2;
+  g.k_dim = 16;
+  g.v_dim = 16;
+  g.rope_dim = 16;
+  g.scale = 0.25f;
+  return g;
+}
+
+std::string TempDir() {
+  const std::string d = std::filesystem::temp_directory_path() /
+                        ("strata_vestige_policy_" + std::to_string(getpid()));
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+std::unique_ptr<KvCache> MakeCache(std::vector<LayerGeometry> layers, const PolicySpec& spec) {
+  auto p = MakePolicy(spec);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  if (!p.ok()) return nullptr;
+  auto c = KvCache::Create(std::move(layers), std::move(p).value());
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(c).value() : nullptr;
+}
+
+VestigePolicy& Vp(KvCache& c) { return dynamic_cast<VestigePolicy&>(c.policy()); }
+
+// Appends one random token to every layer; records the bf16 rows of layer 0 when `log` is given.
+void AppendRandom(KvCache* c, Rng& rng, std::vector<std::vector<uint16_t>>* log = nullptr) {
+  for (int l = 0; l < c->n_layers(); ++l) {
+    const LayerGeometry& g = c->geometry(l);
+    std::vector<float> k(g.n_kv_heads * g.k_dim), v(g.n_kv_heads * g.v_dim);
+    for (auto& x : k) x = static_cast<float>(rng.Normal());
+    for (auto& x : v) x = static_cast<float>(rng.Normal());
+    if (log && l == 0) {
+      std::vector<uint16_t> r(g.k_dim);
+      for (int i = 0; i < g.k_dim; ++i) r[i] = F32ToBf16(k[i]);
+      log->push_back(r);
+    }
+    c->Append(l, k.data(), v.data());
+  }
+}
+
+std::vector<float> RandomQuery(Rng& rng, const LayerGeometry& g) {
+  std::vector<float> q(g.n_q_heads * g.k_dim);
+  for (auto& x : q) x = static_cast<float>(rng.Normal());
+  return q;
+}
+
+std::vector<float> Attend(KvCache* c, int layer, const std::vector<float>& q, int64_t pos,
+                          ThreadPool* pool) {
+  const LayerGeometry& g = c->geometry(layer);
+  std::vector<float> out(g.n_q_heads * g.v_dim);
+  c->Attend(layer, q.data(), pos, pool, out.data());
+  return out;
+}
+
+// float64 attention over the listed rows (MLA: value = the row's first v_dim columns).
+std::vector<double> MaskedRef(const std::vector<std::vector<uint16_t>>& rows,
+                              const LayerGeometry& g, const std::vector<float>& q,
+                              const std::vector<int64_t>& set) {
+  std::vector<double> out(g.n_q_heads * g.v_dim, 0.0);
+  for (int h = 0; h < g.n_q_heads; ++h) {
+    std::vector<double> s(set.size());
+    double mx = -1e300;
+    for (size_t i = 0; i < set.size(); ++i) {
+      double a = 0;
+      for (int c = 0; c < g.k_dim; ++c)
+        a += double{q[h * g.k_dim + c]} * Bf16ToF32(rows[set[i]][c]);
+      s[i] = a * g.scale;
+      mx = std::max(mx, s[i]);
+    }
+    double z = 0;
+    for (double& x : s) z += (x = std::exp(x - mx));
+    for (size_t i = 0; i < set.size(); ++i) {
+      for (int c = 0; c < g.v_dim; ++c)
+        out[h * g.v_dim + c] += s[i] / z * Bf16ToF32(rows[set[i]][c]);
+    }
+  }
+  return out;
+}
+
+// The rows a query at position pos reads without recall: kept rows below its tail, and the tail,
+// which starts at min(n_closed, start of pos's block) (a query's own block is read in full).
+std::vector<int64_t> ReadSetOf(const VestigePolicy& p, int64_t pos, int64_t block) {
+  const int64_t tail = std::min(p.n_closed(0), pos / block * block);
+  std::vector<int64_t> set;
+  for (int64_t u : p.selector(0).kept()) {
+    if (u < tail) set.push_back(u);
+  }
+  for (int64_t u = tail; u <= pos; ++u) set.push_back(u);
+  return set;
+}
+
+// Kill switch: ratio 1 (everything kept) is bit-identical to `full` at every position, 1 and 3
+// threads, MLA and mixed MLA+GQA; so is any ratio before the first block closes.
+TEST(VestigePolicyTest, KillSwitchIsBitExact) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (const char* ratio : {"1", "4"}) {
+    SCOPED_TRACE(std::string("ratio ") + ratio);
+    Rng rng(seed);
+    const std::vector<LayerGeometry> layers = {Mla(), Gqa(), Mla(8)};
+    auto full = MakeCache(layers, {"full", {}});
+    const bool ratio1 = std::string(ratio) == "1";
+    auto vest = MakeCache(
+        layers, {"vestige", {{"ratio", ratio}, {"block", ratio1 ? "64" : "4096"}, {"kappa", "2"}}});
+    ASSERT_TRUE(full && vest);
+    ThreadPool pool(3);
+    for (int64_t t = 0; t < 300; ++t) {
+      Rng r1 = rng;
+      AppendRandom(full.get(), rng);
+      AppendRandom(vest.get(), r1);
+      if (t % 37 != 0 && t != 299) continue;
+      for (int l = 0; l < 3; ++l) {
+        const std::vector<float> q = RandomQuery(rng, layers[l]);
+        for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+          for (int64_t pos : {t, t / 2}) {
+            const auto a = Attend(full.get(), l, q, pos, p), b = Attend(vest.get(), l, q, pos, p);
+            ASSERT_EQ(0, std::memcmp(a.data(), b.data(), 4 * a.size()))
+                << "layer " << l << " pos " << pos;
+          }
+        }
+      }
+    }
+    if (ratio1) {
+      EXPECT_GT(Vp(*vest).n_closed(0), 0);
+    }
+    EXPECT_EQ(vest->counters().bytes_read_total, full->counters().bytes_read_total);
+  }
+}
+
+// After a random sequence of closes (random ratio, block, kappa, sinks, ram and file archive):
+// kept ∪ archived ∪ tail = all rows, pairwise disjoint; every row is byte-identical to what was
+// appended (served from RAM, the restored buffer or the file); reads equal a float64 masked
+// reference over kept ∪ tail; with the file archive, RAM is released and the output matches the
+// RAM placement to f32 rounding.
+TEST(VestigePolicyTest, PartitionImmutabilityAndMaskedReads) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  const std::string dir = TempDir();
+  for (int trial = 0; trial < 4; ++trial) {
+    const std::string block = std::to_string(64 * (1 + rng.Below(2)));
+    const std::string kappa = std::to_string(1 + rng.Below(8));
+    const std::string ratio = std::to_string(2 + rng.Below(7));
+    const std::string sinks = std::to_string(rng.Below(5));
+    SCOPED_TRACE("block " + block + " kappa " + kappa + " ratio " + ratio + " sinks " + sinks);
+    const LayerGeometry g = Mla();
+    PolicySpec ram{"vestige",
+                   {{"block", block},
+                    {"kappa", kappa},
+                    {"ratio", ratio},
+                    {"sinks", sinks},
+                    {"recall", "off"}}};
+    PolicySpec file = ram;
+    file.settings["archive"] = "file:" + dir;
+    auto a = MakeCache({g}, ram), b = MakeCache({g}, file);
+    ASSERT_TRUE(a && b);
+    std::vector<std::vector<uint16_t>> rows;
+    const int64_t n = 200 + rng.Below(500);
+    int64_t last_closed = 0;
+    for (int64_t t = 0; t < n; ++t) {
+      Rng r1 = rng;
+      AppendRandom(a.get(), rng, &rows);
+      AppendRandom(b.get(), r1);
+      VestigePolicy& pa = Vp(*a);
+      if (pa.n_closed(0) == last_closed && t != n - 1) continue;
+      last_closed = pa.n_closed(0);
+      ASSERT_EQ(pa.selector(0).kept(), Vp(*b).selector(0).kept());
+      // Partition of [0, n_rows).
+      std::vector<int> seen(t + 1, 0);
+      for (int64_t u : pa.selector(0).kept()) seen[u]++;
+      for (int64_t u : pa.selector(0).archived()) seen[u]++;
+      for (int64_t u = pa.n_closed(0); u <= t; ++u) seen[u]++;
+      for (int64_t u = 0; u <= t; ++u) ASSERT_EQ(seen[u], 1) << "row " << u;
+      // Immutability, through both placements.
+      std::vector<uint16_t> out(g.k_dim);
+      for (int64_t u = 0; u <= t; ++u) {
+        ASSERT_TRUE(pa.ReadRow(0, a->store(0), u, out.data()).ok());
+        ASSERT_EQ(0, std::memcmp(out.data(), rows[u].data(), 2 * g.k_dim));
+        ASSERT_TRUE(Vp(*b).ReadRow(0, b->store(0), u, out.data()).ok());
+        ASSERT_EQ(0, std::memcmp(out.data(), rows[u].data(), 2 * g.k_dim)) << "file row " << u;
+      }
+      // Reads: the decode query (limit = t + 1).
+      const std::vector<float> q = RandomQuery(rng, g);
+      const std::vector<int64_t> set = ReadSetOf(pa, t, std::stoll(block));
+      const auto ref = MaskedRef(rows, g, q, set);
+      const auto oa = Attend(a.get(), 0, q, t, nullptr), ob = Attend(b.get(), 0, q, t, nullptr);
+      for (size_t i = 0; i < ref.size(); ++i) {
+        // f32 accumulation over <= 700 O(1) rows: 2e-5.
+        ASSERT_NEAR(oa[i], ref[i], 2e-5);
+        ASSERT_NEAR(ob[i], ref[i], 2e-5);
+      }
+      EXPECT_EQ(pa.last_read(0).rows_attended, static_cast<int64_t>(set.size()));
+      EXPECT_EQ(pa.last_read(0).rows_archived, static_cast<int64_t>(t + 1 - set.size()));
+    }
+    ASSERT_TRUE(Vp(*b).archive_status().ok()) << Vp(*b).archive_status().ToString();
+    const VestigeResidency rb = Vp(*b).Residency(0, b->store(0));
+    EXPECT_EQ(rb.store_bytes + rb.released_bytes, a->store(0).resident_bytes());
+    EXPECT_LE(b->ResidentBytes(), a->ResidentBytes());
+    const std::string path = Vp(*b).archive_path(0);
+    EXPECT_TRUE(std::filesystem::exists(path));
+    b.reset();
+    EXPECT_FALSE(std::filesystem::exists(path));  // the archive lives as long as the cache
+  }
+}
+
+// With a large ratio, most pages of a long sequence leave RAM under the file placement, and the
+// file-backed archive serves kept rows of released pages after later rebalances.
+TEST(VestigePolicyTest, FileArchiveReleasesPages) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  const LayerGeometry g = Mla();
+  auto c = MakeCache({g}, {"vestige",
+                           {{"block", "256"},
+                            {"kappa", "4"},
+                            {"ratio", "64"},
+                            {"recall", "off"},
+                            {"archive", "file:" + TempDir()}}});
+  ASSERT_TRUE(c);
+  std::vector<std::vector<uint16_t>> rows;
+  for (int t = 0; t < 2048; ++t) AppendRandom(c.get(), rng, &rows);
+  VestigePolicy& p = Vp(*c);
+  const VestigeResidency r = p.Residency(0, c->store(0));
+  EXPECT_GT(r.released_bytes, 0);
+  EXPECT_GT(r.file_bytes, r.released_bytes);
+  EXPECT_EQ(r.store_bytes + r.released_bytes, 2048 * 2 * g.k_dim);
+  const std::vector<float> q = RandomQuery(rng, g);
+  const std::vector<int64_t> set = ReadSetOf(p, 2047, 256);
+  const auto ref = MaskedRef(rows, g, q, set);
+  const auto out = Attend(c.get(), 0, q, 2047, nullptr);
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-5);
+  // Kept rows whose page was released (moved back by a later rebalance) come from the file.
+  int64_t off_ram = 0;
+  for (int64_t u : set) off_ram += !c->store(0).page_resident(0, u / LayerStore::kPageRows);
+  EXPECT_EQ(p.last_read(0).rows_from_file, off_ram);
+}
+
+// A recall hook that fetches a random subset of the archive (plus, to test the disjointness
+// guard's dedup, duplicates): the read equals the float64 reference over kept ∪ tail ∪ fetched,
+// each row once, in RAM and file placements; counters report the fetch and the scan bytes.
+class RandomFetch final : public VestigeRecallHook {
+ public:
+  explicit RandomFetch(uint64_t seed) : rng_(seed) {}
+  void Fetch(int layer, const LayerStore& store, const float* q, int64_t limit,
+             const std::vector<int64_t>& attended, const SoftmaxStates& st,
+             const std::vector<int64_t>& archived, ThreadPool* pool, std::vector<int64_t>* fetched,
+             bool* fallback) override {
+    last.clear();
+    for (int64_t u : archived) {
+      if (rng_.Below(5) == 0) {
+        fetched->push_back(u);
+        fetched->push_back(u);
+        last.push_back(u);
+      }
+    }
+    *fallback = dense;
+  }
+  int64_t ScanBytesPerArchivedRow(int layer) const override { return 260; }
+  std::vector<int64_t> last;
+  bool dense = false;
+
+ private:
+  Rng rng_;
+};
+
+TEST(VestigePolicyTest, FetchedRowsMergeIntoOneExactSoftmax) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  const LayerGeometry g = Mla();
+  for (const std::string& archive : {std::string("ram"), "file:" + TempDir()}) {
+    SCOPED_TRACE(archive);
+    auto p = VestigeConfig::FromSpec({"vestige",
+                                      {{"block", "64"},
+                                       {"kappa", "2"},
+                                       {"ratio", "8"},
+                                       {"recall", "off"},
+                                       {"archive", archive}}},
+                                     false);
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    auto pol = std::make_unique<VestigePolicy>(p.value());
+    auto hook = std::make_unique<RandomFetch>(rng.Next());
+    RandomFetch* h = hook.get();
+    pol->SetRecallHook(std::move(hook));
+    auto made = KvCache::Create({g}, std::move(pol));
+    ASSERT_TRUE(made.ok());
+    KvCache* c = made->get();
+    std::vector<std::vector<uint16_t>> rows;
+    ThreadPool pool(2);
+    for (int t = 0; t < 400; ++t) {
+      AppendRandom(c, rng, &rows);
+      if (t < 130 || t % 25) continue;
+      VestigePolicy& vp = Vp(*c);
+      const std::vector<float> q = RandomQuery(rng, g);
+      const auto out = Attend(c, 0, q, t, &pool);
+      const std::vector<int64_t> base = ReadSetOf(vp, t, 64);
+      std::set<int64_t> set(base.begin(), base.end());
+      for (int64_t u : h->last)
+        ASSERT_TRUE(set.insert(u).second) << "fetched row " << u << " twice";
+      const auto ref = MaskedRef(rows, g, q, std::vector<int64_t>(set.begin(), set.end()));
+      for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-5);
+      const VestigeReadInfo& info = vp.last_read(0);
+      EXPECT_EQ(info.rows_fetched, static_cast<int64_t>(h->last.size()));
+      EXPECT_EQ(info.rows_attended, static_cast<int64_t>(set.size()));
+      EXPECT_EQ(info.bytes_read,
+                info.rows_attended * g.bytes_per_token() + info.rows_archived * 260);
+    }
+    // A dense fallback in RAM placement is the full policy's read, bit for bit.
+    if (archive == "ram") {
+      h->dense = true;
+      auto full = MakeCache({g}, {"full", {}});
+      for (const auto& r : rows) {
+        std::vector<float> k(g.k_dim);
+        for (int i = 0; i < g.k_dim; ++i) k[i] = Bf16ToF32(r[i]);
+        full->Append(0, k.data(), nullptr);
+      }
+      const std::vector<float> q = RandomQuery(rng, g);
+      const int64_t pos = static_cast<int64_t>(rows.size()) - 1;
+      const auto a = Attend(full.get(), 0, q, pos, &pool), b = Attend(c, 0, q, pos, &pool);
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), 4 * a.size()));
+      EXPECT_TRUE(Vp(*c).last_read(0).fallback);
+      EXPECT_EQ(Vp(*c).fallbacks(), 1);
+    }
+  }
+}
+
+// Accounting: bytes read = attended rows x row bytes + archived rows x scan bytes (recall on),
+// and fewer bytes than full with recall off. With the default recall tier on random data the
+// provisional/calibrated scan may fire widely or fall back to dense (exact); the counters must
+// then say so rather than claim a saving.
+TEST(VestigePolicyTest, ByteAccountingWithRecallOnAndOff) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  LayerGeometry g = Mla();
+  for (const char* recall : {"off", "on"}) {
+    SCOPED_TRACE(std::string("recall ") + recall);
+    Rng rng(seed);
+    auto full = MakeCache({g}, {"full", {}});
+    auto vest = MakeCache({g}, {"vestige",
+                                {{"block", "256"},
+                                 {"kappa", "4"},
+                                 {"ratio", "8"},
+                                 {"calibration", "decode"},
+                                 {"recall", recall}}});
+    ASSERT_TRUE(full && vest);
+    VestigePolicy& p = Vp(*vest);
+    ASSERT_EQ(p.recall_hook() != nullptr, std::string(recall) == "on");
+    for (int t = 0; t < 1100; ++t) {
+      Rng r1 = rng;
+      AppendRandom(full.get(), rng);
+      AppendRandom(vest.get(), r1);
+    }
+    const int64_t scan = p.recall_hook() ? p.recall_hook()->ScanBytesPerArchivedRow(0) : 0;
+    if (p.recall_hook()) EXPECT_EQ(scan, 2 * 32 + 4 + 2 * 8);  // rank 32 (fits d_c), d_r 8
+    for (int s = 0; s < 20; ++s) {
+      const std::vector<float> q = RandomQuery(rng, g);
+      Attend(full.get(), 0, q, 1099, nullptr);
+      Attend(vest.get(), 0, q, 1099, nullptr);
+      const VestigeReadInfo& info = p.last_read(0);
+      EXPECT_EQ(info.bytes_read,
+                info.rows_attended * g.bytes_per_token() + info.rows_archived * scan);
+      EXPECT_EQ(info.rows_archived, static_cast<int64_t>(p.selector(0).archived().size()));
+    }
+    if (std::string(recall) == "off") {
+      EXPECT_LT(vest->counters().bytes_read_total, full->counters().bytes_read_total);
+    } else {
+      EXPECT_TRUE(p.recall_hook()->status().ok()) << p.recall_hook()->status().ToString();
+    }
+  }
+}
+
+TEST(VestigePolicyTest, InvalidSettingsAreClearErrors) {
+  struct Bad {
+    std::map<std::string, std::string> s;
+    std::string needle;
+  };
+  const std::vector<Bad> bads = {
+      {{{"ratio", "0.5"}}, "--ratio"},
+      {{{"ratio", "x"}}, "--ratio"},
+      {{{"kappa", "0"}}, "--kappa"},
+      {{{"kappa", "2048"}}, "--kappa"},
+      {{{"block", "100"}}, "--block"},
+      {{{"block", "32"}}, "--block"},
+      {{{"block", "64"}, {"kappa", "32"}}, "--kappa"},
+      {{{"sinks", "-1"}}, "--sinks"},
+      {{{"archive", "disk"}}, "--archive"},
+      {{{"archive", "file:/nonexistent/dir/x"}}, "--archive"},
+      {{{"archive", "file:" + TempDir()}}, "--archive"},  // with recall on (the default)
+      {{{"recall", "maybe"}}, "--recall"},
+      {{{"calibration", "both"}}, "calibration"},
+      {{{"rank", "12"}}, "rank"},
+  };
+  for (const Bad& b : bads) {
+    for (const char* name : {"vestige", "fullrow"}) {
+      auto p = MakePolicy({name, b.s});
+      ASSERT_FALSE(p.ok()) << b.needle;
+      EXPECT_NE(p.status().message().find(b.needle), std::string::npos) << p.status().ToString();
+    }
+  }
+  // A model with no MLA layer.
+  auto p = MakePolicy({"vestige", {}});
+  ASSERT_TRUE(p.ok());
+  auto c = KvCache::Create({Gqa(), Gqa()}, std::move(p).value());
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("MLA"), std::string::npos) << c.status().ToString();
+  // Effective values are exposed for the CLI.
+  auto ok = VestigeConfig::FromSpec({"vestige", {{"ratio", "32"}}}, false);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->block(), 4096);
+  EXPECT_EQ(ok->kappa(), 16);
+  EXPECT_EQ(ok->cutoff_period(), 256.0);
+  EXPECT_NE(ok->ToString().find("cutoff period 256"), std::string::npos) << ok->ToString();
+}
+
+// Determinism: two identical runs give identical kept sets and identical outputs.
+TEST(VestigePolicyTest, Deterministic) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::vector<std::vector<float>> outs[2];
+  std::vector<int64_t> kept[2];
+  for (int run = 0; run < 2; ++run) {
+    Rng rng(seed);
+    auto c = MakeCache(
+        {Mla()},
+        {"vestige", {{"block", "128"}, {"kappa", "3"}, {"ratio", "5"}, {"calibration", "decode"}}});
+    ThreadPool pool(run + 1);
+    for (int t = 0; t < 600; ++t) {
+      AppendRandom(c.get(), rng);
+      if (t % 50 == 49) outs[run].push_back(Attend(c.get(), 0, RandomQuery(rng, Mla()), t, &pool));
+    }
+    kept[run] = Vp(*c).selector(0).kept();
+  }
+  EXPECT_EQ(kept[0], kept[1]);
+  ASSERT_EQ(outs[0].size(), outs[1].size());
+  for (size_t i = 0; i < outs[0].size(); ++i) {
+    for (size_t j = 0; j < outs[0][i].size(); ++j) ASSERT_NEAR(outs[0][i][j], outs[1][i][j], 1e-6);
+  }
+}
+
+}  // namespace
+}  // namespace strata
