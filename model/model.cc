@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "io/hf.h"
+#include "io/tokenizer_json.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/arch.h"
@@ -27,6 +28,8 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {
     HfConvertOptions opts;
     opts.out_dtype = DType::kF32;
     ASSIGN_OR_RETURN(GgufWriter w, ConvertHfDirectory(path, opts));
+    const std::string tok = path + "/" + kTokenizerJsonName;
+    if (stat(tok.c_str(), &st) == 0) RETURN_IF_ERROR(AddTokenizerJson(tok, &w));
     ASSIGN_OR_RETURN(auto file, GgufFile::FromBuffer(w.ToBytes(), path));
     return FromGguf(std::move(file));
   }

@@ -1,0 +1,190 @@
+// `strata bench decode`: decode tokens/s at several context lengths and thread counts, against the
+// memory-bandwidth floor measured in the same process.
+//
+// Floor: a decode step must read every decode weight byte and every KV byte the policy touches, so
+// tokens/s <= bandwidth / (decode_weight_bytes + KV bytes read per token). The KV cache is filled
+// with synthetic rows (random values, appended straight into the cache) rather than by a prefill:
+// decode cost depends on how many rows are read, not on what they hold, and a 16k prefill on a
+// small machine would take far longer than the measurement.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/rng.h"
+#include "kernels/membw.h"
+#include "model/model.h"
+
+namespace strata::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Appends `ctx` synthetic tokens to every layer, cycling through a few random rows per layer.
+void FillCache(KvCache* cache, int64_t ctx, uint64_t seed, std::ostream& err) {
+  constexpr int kDistinctRows = 61;
+  Rng rng(seed);
+  struct Rows {
+    std::vector<float> k, v;  // [kDistinctRows, n_kv_heads * k_dim], [.., n_kv_heads * v_dim]
+    int64_t k_width = 0, v_width = 0;
+  };
+  std::vector<Rows> rows(cache->n_layers());
+  for (int l = 0; l < cache->n_layers(); ++l) {
+    const LayerGeometry& g = cache->geometry(l);
+    Rows& r = rows[l];
+    const bool mla = g.kind == AttnKind::kMla;
+    r.k_width = mla ? g.k_dim : int64_t{g.n_kv_heads} * g.k_dim;
+    r.v_width = mla ? 0 : int64_t{g.n_kv_heads} * g.v_dim;
+    r.k.resize(kDistinctRows * r.k_width);
+    r.v.resize(kDistinctRows * r.v_width);
+    for (auto& x : r.k) x = static_cast<float>(rng.Normal());
+    for (auto& x : r.v) x = static_cast<float>(rng.Normal());
+  }
+  const int64_t step = std::max<int64_t>(1, ctx / 4);
+  for (int64_t t = 0; t < ctx; ++t) {
+    const int64_t i = t % kDistinctRows;
+    for (int l = 0; l < cache->n_layers(); ++l) {
+      const Rows& r = rows[l];
+      cache->Append(l, r.k.data() + i * r.k_width,
+                    r.v_width ? r.v.data() + i * r.v_width : nullptr);
+    }
+    if ((t + 1) % step == 0 && ctx >= 4096) {
+      err << "  filled " << (t + 1) << " / " << ctx << " tokens\n" << std::flush;
+    }
+  }
+}
+
+}  // namespace
+
+void AddBenchDecodeCommand(CLI::App* bench, BenchDecodeOptions* o) {
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  o->threads = hw > 1 ? "1," + std::to_string(hw) : "1";
+  CLI::App* cmd = bench->add_subcommand(
+      "decode", "Decode tokens/s vs the memory-bandwidth floor, per context length and threads");
+  cmd->add_option("-m,--model", o->model,
+                  "Model (.gguf or HF directory); default: the built-in model");
+  cmd->add_option("--ctx", o->ctx, "Context lengths (comma-separated) the cache is filled to")
+      ->capture_default_str();
+  cmd->add_option("--threads", o->threads, "Thread counts (comma-separated)")
+      ->capture_default_str();
+  cmd->add_option("--tokens", o->tokens, "Timed decode steps per configuration")
+      ->capture_default_str();
+  cmd->add_option("--warmup", o->warmup, "Untimed decode steps before timing")
+      ->capture_default_str();
+  cmd->add_option("--bw-mib", o->bw_mib, "Buffer size of the read-bandwidth probe in MiB")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Seed of the synthetic cache rows and tokens")
+      ->capture_default_str();
+  cmd->add_option("--json", o->json_path, "Also write the results as JSON to this file");
+}
+
+int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream& err) {
+  auto fail = [&](const std::string& msg) {
+    err << "error: " << msg << "\n";
+    return kExitUsage;
+  };
+  if (o.tokens < 1) return fail("--tokens must be >= 1, got " + std::to_string(o.tokens));
+  if (o.warmup < 0) return fail("--warmup must be >= 0, got " + std::to_string(o.warmup));
+  if (o.bw_mib < 1) return fail("--bw-mib must be >= 1, got " + std::to_string(o.bw_mib));
+  auto ctxs = ParseIntList("--ctx", o.ctx);
+  if (!ctxs.ok()) return fail(ctxs.status().message());
+  for (int64_t c : *ctxs) {
+    if (c < 0) return fail("--ctx values must be >= 0, got " + std::to_string(c));
+  }
+  auto threads = ParseIntList("--threads", o.threads);
+  if (!threads.ok()) return fail(threads.status().message());
+  for (int64_t t : *threads) {
+    if (t < 1 || t > 4096)
+      return fail("--threads values must be in [1, 4096], got " + std::to_string(t));
+  }
+
+  std::string path = o.model;
+  if (path.empty()) {
+    auto def = ResolveDefaultModel(o.models_dir.empty() ? DefaultModelsDir() : o.models_dir,
+                                   o.cache_dir.empty() ? DefaultCacheDir() : o.cache_dir, err);
+    if (!def.ok()) return fail(def.status().ToString());
+    path = *def;
+  } else {
+    err << "model: " << path << "\n";
+  }
+  auto loaded = Model::Load(path);
+  if (!loaded.ok()) {
+    return fail("cannot load model '" + path + "' (-m): " + loaded.status().ToString());
+  }
+  Model& m = **loaded;
+  err << m.config().Summary() << "\n";
+  const int64_t weight_bytes = m.decode_weight_bytes();
+  const int64_t n_vocab = m.config().n_vocab;
+  std::vector<float> logits(n_vocab);
+  Rng token_rng(o.seed ^ 0x70c3e5ull);
+
+  Table t({"ctx", "threads", "tok/s", "floor tok/s", "fraction", "weight MB", "KV MB read/token",
+           "bandwidth GB/s"});
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t n_threads : *threads) {
+    ThreadPool pool(static_cast<int>(n_threads));
+    err << "[threads " << n_threads << "] measuring read bandwidth (" << o.bw_mib << " MiB)...\n"
+        << std::flush;
+    const double bw = MeasureReadBandwidth(static_cast<size_t>(o.bw_mib) << 20, &pool);
+    err << "[threads " << n_threads << "] " << FormatFixed(bw / 1e9, 2) << " GB/s\n";
+    for (int64_t ctx : *ctxs) {
+      err << "[threads " << n_threads << ", ctx " << ctx << "] filling the cache...\n"
+          << std::flush;
+      auto cache_or = m.NewCache(std::make_unique<FullPolicy>());
+      if (!cache_or.ok()) return fail(cache_or.status().ToString());
+      KvCache& cache = **cache_or;
+      FillCache(&cache, ctx, o.seed + static_cast<uint64_t>(ctx), err);
+      auto step = [&]() -> Status {
+        const int32_t tok = static_cast<int32_t>(token_rng.Below(n_vocab));
+        return m.Decode(tok, &cache, &pool, logits.data());
+      };
+      for (int i = 0; i < o.warmup; ++i) {
+        if (Status st = step(); !st.ok()) return fail("decode: " + st.ToString());
+      }
+      err << "[threads " << n_threads << ", ctx " << ctx << "] timing " << o.tokens
+          << " decode steps...\n"
+          << std::flush;
+      const int64_t read_before = cache.counters().bytes_read_total;
+      const auto t0 = Clock::now();
+      for (int i = 0; i < o.tokens; ++i) {
+        if (Status st = step(); !st.ok()) return fail("decode: " + st.ToString());
+      }
+      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      const double kv_per_token =
+          static_cast<double>(cache.counters().bytes_read_total - read_before) / o.tokens;
+      const double tok_s = secs > 0 ? o.tokens / secs : 0;
+      const double floor_tok_s = bw / (static_cast<double>(weight_bytes) + kv_per_token);
+      const double fraction = floor_tok_s > 0 ? tok_s / floor_tok_s : 0;
+      t.AddRow({std::to_string(ctx), std::to_string(n_threads), FormatFixed(tok_s, 1),
+                FormatFixed(floor_tok_s, 1), FormatFixed(fraction, 3),
+                FormatFixed(weight_bytes / 1e6, 2), FormatFixed(kv_per_token / 1e6, 3),
+                FormatFixed(bw / 1e9, 2)});
+      rows.push_back({{"ctx", ctx},
+                      {"threads", n_threads},
+                      {"tokens", o.tokens},
+                      {"seconds", secs},
+                      {"tok_per_s", tok_s},
+                      {"floor_tok_per_s", floor_tok_s},
+                      {"fraction", fraction},
+                      {"decode_weight_bytes", weight_bytes},
+                      {"kv_bytes_read_per_token", kv_per_token},
+                      {"read_bandwidth_bytes_per_s", bw}});
+    }
+  }
+  out << "decode, model " << path << " (" << ArchName(m.config().arch) << "), " << o.tokens
+      << " timed steps; floor = read bandwidth / (decode weight bytes + KV bytes read per "
+         "token)\n";
+  t.Print(out);
+  if (!o.json_path.empty()) {
+    nlohmann::json j = {{"model", path}, {"summary", m.config().Summary()}, {"results", rows}};
+    if (Status st = WriteTextFile(o.json_path, DumpJson(j)); !st.ok()) {
+      return fail("--json: " + st.ToString());
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,130 @@
+// The `strata` commands as functions: options structs filled by the CLI11 parser (or by tests),
+// and Run functions that print to the given streams and return the process exit code.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace strata::cli {
+
+// Cache-policy settings as dedicated flags (--ratio, --kappa, --bits, ...), declared once in
+// cli/common.cc for every command that builds a policy. Values stay text (empty = not given);
+// the policy parses and validates them, so errors name the flag and the value.
+struct PolicyFlags {
+  std::map<std::string, std::string> values;
+};
+void AddPolicyFlags(CLI::App* cmd, PolicyFlags* f);
+
+struct InspectOptions {
+  std::string path;       // .gguf file or HF directory
+  std::string json_path;  // optional JSON report
+};
+void AddInspectCommand(CLI::App* app, InspectOptions* o);
+int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err);
+
+struct GenerateOptions {
+  std::string model;  // empty: the built-in default model
+  std::string prompt = "The quick brown fox";
+  int64_t n_predict = 32;
+  float temperature = 0.f;
+  float top_p = 1.f;
+  uint64_t seed = 0;
+  int threads = 0;  // 0 means "not given": hardware concurrency
+  int chunk = 512;
+  std::string policy = "full";
+  std::string policy_settings;  // "key=value,..." passed to the policy registry
+  PolicyFlags policy_flags;
+  std::string json_path;
+  // Where the built-in default model lives (set from the build; tests override them).
+  std::string models_dir;
+  std::string cache_dir;
+};
+void AddGenerateCommand(CLI::App* app, GenerateOptions* o);
+int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err);
+
+struct SynthCliOptions {
+  std::string arch;  // empty: the preset's architecture (llama for tiny)
+  bool nope = false;
+  std::string preset = "tiny";
+  std::string dims;
+  std::string dtype = "f16";
+  uint64_t seed = 1;
+  std::string format = "gguf";
+  std::string out_path;
+};
+void AddSynthCommand(CLI::App* app, SynthCliOptions* o);
+int RunSynth(const SynthCliOptions& o, std::ostream& out, std::ostream& err);
+
+struct BenchDecodeOptions {
+  std::string model;
+  std::string ctx = "0,4096,16384";
+  std::string threads;  // empty: "1,<hardware concurrency>"
+  int tokens = 32;
+  int warmup = 1;
+  int64_t bw_mib = 512;  // bandwidth probe buffer
+  uint64_t seed = 1;
+  std::string json_path;
+  std::string models_dir;
+  std::string cache_dir;
+};
+void AddBenchDecodeCommand(CLI::App* bench, BenchDecodeOptions* o);
+int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream& err);
+
+// `strata bench attention` (cli/bench_attention.cc): full vs VestigeKV per-step attention.
+struct BenchAttentionOptions {
+  std::string kind = "mla";
+  std::string ctx = "8192,32768,131072";
+  int heads = 16;
+  std::string policy = "full,vestige";
+  double ratio = 32;
+  int rank = 64;
+  int d_c = 512;
+  int d_r = 64;
+  double fetch_frac = 0.005;
+  int steps = 8;
+  int threads = 1;  // set to the hardware concurrency by AddBenchAttentionCommand
+  uint64_t seed = 1;
+  std::string json_path;
+};
+void AddBenchAttentionCommand(CLI::App* bench, BenchAttentionOptions* o);
+int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::ostream& err);
+
+// `strata eval needle|ppl|kl` (cli/eval.cc; its options are private to that file).
+struct EvalCliOptions;
+std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app);
+int RunEval(const EvalCliOptions& o, std::ostream& out, std::ostream& err);
+
+// `strata convert` and `strata logits` (cli/convert.cc).
+struct ConvertOptions {
+  std::string dir;
+  std::string out_path;
+  std::string dtype = "f16";
+};
+void AddConvertCommand(CLI::App* app, ConvertOptions* o);
+int RunConvert(const ConvertOptions& o, std::ostream& out, std::ostream& err);
+
+struct LogitsOptions {
+  std::string model;
+  std::string tokens_path;
+  std::string out_path;
+  int chunk = 512;
+  std::string policy = "full";
+  std::string policy_settings;
+  PolicyFlags policy_flags;
+};
+void AddLogitsCommand(CLI::App* app, LogitsOptions* o);
+int RunLogits(const LogitsOptions& o, std::ostream& out, std::ostream& err);
+
+// The whole binary: parses args (without the program name) and runs the chosen command. --help
+// prints to `out` and returns 0; parse errors and unknown commands print to `err` and return 2.
+int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+}  // namespace strata::cli

@@ -1,0 +1,230 @@
+#include "cli/common.h"
+
+#include <CLI/CLI.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "kv/registry.h"
+#include "model/synth.h"
+
+#ifndef STRATA_SOURCE_DIR
+#define STRATA_SOURCE_DIR "."
+#endif
+#ifndef STRATA_BINARY_DIR
+#define STRATA_BINARY_DIR "."
+#endif
+
+namespace strata::cli {
+
+namespace {
+bool LooksNumeric(const std::string& s) {
+  if (s.empty()) return false;
+  const char c = s[0];
+  return std::isdigit(static_cast<unsigned char>(c)) ||
+         ((c == '-' || c == '.') && s.size() > 1 && std::isdigit(static_cast<unsigned char>(s[1])));
+}
+}  // namespace
+
+void Table::Print(std::ostream& out) const {
+  const size_t n_cols = header_.size();
+  std::vector<size_t> width(n_cols, 0);
+  for (size_t c = 0; c < n_cols; ++c) width[c] = header_[c].size();
+  for (const auto& r : rows_) {
+    for (size_t c = 0; c < n_cols && c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
+  }
+  auto print_row = [&](const std::vector<std::string>& r, bool is_header) {
+    std::string line;
+    for (size_t c = 0; c < n_cols; ++c) {
+      const std::string cell = c < r.size() ? r[c] : "";
+      const std::string pad(width[c] - cell.size(), ' ');
+      if (c) line += "  ";
+      const bool right = !is_header && LooksNumeric(cell);
+      line += right ? pad + cell : cell + pad;
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << "\n";
+  };
+  print_row(header_, true);
+  std::string rule;
+  for (size_t c = 0; c < n_cols; ++c) rule += (c ? "  " : "") + std::string(width[c], '-');
+  out << rule << "\n";
+  for (const auto& r : rows_) print_row(r, false);
+}
+
+std::string FormatFixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
+  return buf;
+}
+
+std::string FormatBytes(double bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  double v = bytes;
+  while (std::abs(v) >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  if (u == 0) return std::to_string(static_cast<int64_t>(bytes)) + " B";
+  return FormatFixed(v, 2) + " " + kUnits[u];
+}
+
+std::string FormatShape(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+StatusOr<std::vector<int64_t>> ParseIntList(const std::string& flag, const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || errno == ERANGE) {
+      return InvalidArgument(flag + ": '" + item + "' in '" + text + "' is not an integer");
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) return InvalidArgument(flag + " needs at least one value, got '" + text + "'");
+  return out;
+}
+
+std::vector<std::string> PolicyNames() {
+  std::vector<std::string> names;
+  for (const PolicyInfo& p : Policies()) names.push_back(p.name);
+  return names;
+}
+
+void AddPolicyFlags(CLI::App* cmd, PolicyFlags* f) {
+  static const std::pair<const char*, const char*> kFlags[] = {
+      {"ratio", "Row budget: keep 1/R of the closed rows besides sinks and the tail (R >= 1; "
+                "vestige, fullrow and the eviction baselines)"},
+      {"sinks", "Always-kept first rows (default 4)"},
+      {"kappa", "VestigeKV: low-pass bins kept per block (default 16; < block/2)"},
+      {"block", "VestigeKV: rows per closed block (default 4096; a multiple of 64)"},
+      {"rank", "VestigeKV: recall basis rank r (multiple of 8, <= d_c; default 64)"},
+      {"recall", "VestigeKV: recall tier on|off (default on)"},
+      {"recall-capacity", "VestigeKV: fetch buffer rows; overflow reads densely (default 4096)"},
+      {"archive", "VestigeKV: archive placement ram or file:DIR (default ram)"},
+      {"calibration", "VestigeKV: recall calibration prefix|decode (default prefix)"},
+      {"bits", "Geodesia-KV: budget in bits per value"},
+      {"group", "Geodesia-KV: quantization group size (divides 64 and the head dim; default 64)"},
+      {"decay", "Geodesia-KV: EMA decay of block attention mass (default 0.5)"},
+      {"window", "Geodesia-KV: recent tokens kept exact (default 128)"},
+      {"rd-frac", "Geodesia-KV: fraction of prompt tokens kept as exact residual rows"},
+      {"quest-keep", "Geodesia-KV / Compressed-Quest: fraction of closed pages read per query"},
+      {"ratchet", "Geodesia-KV: allocator ratchet reference|clean"},
+      {"requant", "Geodesia-KV: demotion re-encoding once|cascade"},
+  };
+  for (const auto& [key, help] : kFlags) {
+    cmd->add_option(std::string("--") + key, f->values[key], help);
+  }
+}
+
+StatusOr<std::unique_ptr<Policy>> MakeCliPolicy(const std::string& name,
+                                                const std::string& settings,
+                                                const PolicyFlags* flags) {
+  PolicySpec spec;
+  spec.name = name;
+  std::stringstream ss(settings);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return InvalidArgument("--policy-set item '" + item + "' is not key=value");
+    }
+    spec.settings[item.substr(0, eq)] = item.substr(eq + 1);
+  }
+  if (flags) {
+    for (const auto& [key, value] : flags->values) {
+      if (value.empty()) continue;
+      if (spec.settings.count(key)) {
+        return InvalidArgument("--" + key + " is given both as a flag and in --policy-set");
+      }
+      spec.settings[key] = value;
+    }
+  }
+  auto p = MakePolicy(spec);
+  if (!p.ok()) return p.status().WithContext("--policy " + name);
+  return p;
+}
+
+StatusOr<std::string> ResolveDefaultModel(const std::string& models_dir,
+                                          const std::string& cache_dir, std::ostream& err) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!models_dir.empty() && fs::is_directory(models_dir, ec)) {
+    std::vector<std::string> found;
+    for (const auto& e : fs::directory_iterator(models_dir, ec)) {
+      if (e.is_regular_file(ec) && e.path().extension() == ".gguf") found.push_back(e.path());
+    }
+    std::sort(found.begin(), found.end());
+    if (!found.empty()) {
+      err << "model: " << found[0] << " (the repository's default model; pass -m to choose)\n";
+      return found[0];
+    }
+  }
+  const std::string path = (fs::path(cache_dir) / "default-model.gguf").string();
+  if (!fs::exists(path, ec)) {
+    fs::create_directories(cache_dir, ec);
+    if (ec) return IoError("cannot create directory '" + cache_dir + "': " + ec.message());
+    SynthOptions o;
+    o.arch = Arch::kLlama;
+    o.d_model = 128;
+    o.n_layers = 4;
+    o.n_heads = 4;
+    o.n_kv_heads = 2;
+    o.head_dim = 32;
+    o.d_ff = 384;
+    o.vocab = 1024;
+    o.seed = 20240601;
+    o.dtype = DType::kF16;
+    err << "model: generating the built-in random-weight model into " << path << " (once)\n";
+    // Written under a per-process name and renamed, so concurrent first runs never see a
+    // partial file.
+    const std::string tmp = path + "." + std::to_string(getpid());
+    RETURN_IF_ERROR(SynthGguf(o, tmp).WithContext("built-in default model"));
+    fs::rename(tmp, path, ec);
+    if (ec) return IoError("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
+  }
+  err << "model: " << path
+      << " (built-in random-weight llama, d_model 128, 4 layers; pass -m to choose)\n";
+  return path;
+}
+
+std::string DefaultModelsDir() { return std::string(STRATA_SOURCE_DIR) + "/models"; }
+
+std::string DefaultCacheDir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg && *xdg) return std::string(xdg) + "/strata";
+  return STRATA_BINARY_DIR;
+}
+
+std::string DumpJson(const nlohmann::json& j) {
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+Status WriteTextFile(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) return IoError("cannot open '" + path + "' for writing");
+  f << text;
+  f.close();
+  if (!f) return IoError("cannot write '" + path + "'");
+  return OkStatus();
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,69 @@
+// Shared pieces of the `strata` commands: text tables, byte/number formatting, list parsing, the
+// policy registry and the built-in default model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "cli/commands.h"
+#include "kv/policy.h"
+
+namespace strata::cli {
+
+// Exit codes: 0 success, 2 a bad flag, input file or request (the message names it).
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitUsage = 2;
+
+// A plain text table: a header row, then rows; columns are padded to their widest cell, numbers
+// (cells that start with a digit, '-' or '.') right-aligned.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header) : header_(std::move(header)) {}
+  void AddRow(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  void Print(std::ostream& out) const;
+
+ private:
+  std::vector<std::string> header_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+// "1.50 MiB", "812 B".
+std::string FormatBytes(double bytes);
+// printf("%.*f").
+std::string FormatFixed(double v, int digits);
+// "[768, 32000]".
+std::string FormatShape(const std::vector<int64_t>& shape);
+
+// "0,4096,16384" -> {0, 4096, 16384}; errors name the flag and the bad item.
+StatusOr<std::vector<int64_t>> ParseIntList(const std::string& flag, const std::string& text);
+
+// Names of the registered cache policies (kv/registry.h), for help texts.
+std::vector<std::string> PolicyNames();
+// A policy from the registry by `--policy NAME` and `--policy-set key=value,...`; errors name
+// the flag and list the available policies.
+// Dedicated flags (PolicyFlags) are merged over --policy-set; a key given both ways is an error.
+StatusOr<std::unique_ptr<Policy>> MakeCliPolicy(const std::string& name,
+                                                const std::string& settings,
+                                                const PolicyFlags* flags = nullptr);
+
+// The built-in model used when -m is omitted: the first *.gguf in `models_dir` (sorted by name)
+// if there is one, else `cache_dir`/default-model.gguf, generated once with SynthGguf (a small
+// llama: d_model 128, 4 layers) and reused. Says which model it uses on `err`.
+StatusOr<std::string> ResolveDefaultModel(const std::string& models_dir,
+                                          const std::string& cache_dir, std::ostream& err);
+// The directories ResolveDefaultModel uses in the binary: <source>/models, and
+// $XDG_CACHE_HOME/strata when XDG_CACHE_HOME is set, else the build directory.
+std::string DefaultModelsDir();
+std::string DefaultCacheDir();
+
+// Pretty JSON (invalid UTF-8 in generated text is replaced, never thrown on).
+std::string DumpJson(const nlohmann::json& j);
+// Writes `text` to `path` (JSON reports); IoError naming the path on failure.
+Status WriteTextFile(const std::string& path, const std::string& text);
+
+}  // namespace strata::cli

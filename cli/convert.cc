@@ -1,0 +1,118 @@
+// `strata convert` (HF safetensors + config.json [+ strata_tokenizer.json] -> GGUF) and
+// `strata logits` (every position's logits of a token-id file, as raw f32, for parity checks).
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "io/hf.h"
+#include "io/tokenizer_json.h"
+#include "model/model.h"
+
+namespace strata::cli {
+
+namespace {
+StatusOr<DType> ParseWeightDType(const std::string& s) {
+  if (s == "f32") return DType::kF32;
+  if (s == "f16") return DType::kF16;
+  if (s == "bf16") return DType::kBF16;
+  if (s == "q8_0") return DType::kQ8_0;
+  return InvalidArgument("--dtype '" + s + "' is not one of f32, f16, bf16, q8_0");
+}
+}  // namespace
+
+void AddConvertCommand(CLI::App* app, ConvertOptions* o) {
+  CLI::App* cmd = app->add_subcommand(
+      "convert", "Convert an HF checkpoint directory (config.json + *.safetensors) to GGUF");
+  cmd->add_option("dir", o->dir, "HF checkpoint directory")->required();
+  cmd->add_option("-o,--out", o->out_path, "Output .gguf file")->required();
+  cmd->add_option("--dtype", o->dtype, "Storage of weight matrices: f32, f16, bf16 or q8_0")
+      ->capture_default_str();
+}
+
+int RunConvert(const ConvertOptions& o, std::ostream& out, std::ostream& err) {
+  auto fail = [&](const std::string& msg) {
+    err << "error: " << msg << "\n";
+    return kExitUsage;
+  };
+  auto dtype = ParseWeightDType(o.dtype);
+  if (!dtype.ok()) return fail(dtype.status().message());
+  HfConvertOptions co;
+  co.out_dtype = *dtype;
+  auto w = ConvertHfDirectory(o.dir, co);
+  if (!w.ok()) return fail("cannot convert '" + o.dir + "': " + w.status().ToString());
+  const std::string tok = o.dir + "/" + kTokenizerJsonName;
+  const bool has_tok = std::filesystem::exists(tok);
+  if (has_tok) {
+    if (Status st = AddTokenizerJson(tok, &*w); !st.ok()) return fail(st.ToString());
+  }
+  if (Status st = w->WriteFile(o.out_path); !st.ok()) return fail(st.ToString());
+  // Read the result back through the engine's own loader: a conversion that the engine cannot
+  // load is an error here, not at the first generate.
+  auto m = Model::Load(o.out_path);
+  if (!m.ok()) return fail("converted file does not load: " + m.status().ToString());
+  out << "wrote " << o.out_path << ": " << (*m)->config().Summary() << "; "
+      << FormatBytes(static_cast<double>((*m)->total_weight_bytes())) << " of weights ("
+      << o.dtype << "), tokenizer: "
+      << (has_tok ? std::string(kTokenizerJsonName) : std::string("none")) << "\n";
+  return kExitOk;
+}
+
+void AddLogitsCommand(CLI::App* app, LogitsOptions* o) {
+  CLI::App* cmd = app->add_subcommand(
+      "logits", "Write the logits at every position of a token-id sequence (raw f32)");
+  cmd->add_option("-m,--model", o->model, "Model (.gguf or HF directory)")->required();
+  cmd->add_option("--tokens", o->tokens_path,
+                  "Text file of whitespace-separated token ids (used as they are: no BOS added)")
+      ->required();
+  cmd->add_option("--out", o->out_path, "Output: little-endian f32 [n_tokens, n_vocab]")
+      ->required();
+  cmd->add_option("--chunk", o->chunk, "Prefill chunk size")->capture_default_str();
+  cmd->add_option("--policy", o->policy, "KV cache policy")->capture_default_str();
+  cmd->add_option("--policy-set", o->policy_settings, "Policy settings as key=value,...");
+  AddPolicyFlags(cmd, &o->policy_flags);
+}
+
+int RunLogits(const LogitsOptions& o, std::ostream& out, std::ostream& err) {
+  auto fail = [&](const std::string& msg) {
+    err << "error: " << msg << "\n";
+    return kExitUsage;
+  };
+  if (o.chunk < 1) return fail("--chunk must be >= 1, got " + std::to_string(o.chunk));
+  std::ifstream tf(o.tokens_path);
+  if (!tf) return fail("cannot open --tokens file '" + o.tokens_path + "'");
+  std::vector<int32_t> ids;
+  std::string word;
+  while (tf >> word) {
+    char* end = nullptr;
+    const long long v = std::strtoll(word.c_str(), &end, 10);
+    if (*end != '\0' || v < 0 || v > INT32_MAX) {
+      return fail("--tokens file '" + o.tokens_path + "': '" + word + "' is not a token id");
+    }
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) return fail("--tokens file '" + o.tokens_path + "' holds no token ids");
+  auto policy = MakeCliPolicy(o.policy, o.policy_settings, &o.policy_flags);
+  if (!policy.ok()) return fail(policy.status().message());
+  auto m = Model::Load(o.model);
+  if (!m.ok()) return fail("cannot load model '" + o.model + "' (-m): " + m.status().ToString());
+  auto cache = (*m)->NewCache(std::move(policy).value());
+  if (!cache.ok()) return fail(cache.status().ToString());
+  std::vector<float> all;
+  if (Status st = (*m)->Prefill(ids.data(), static_cast<int64_t>(ids.size()), o.chunk,
+                                cache->get(), nullptr, nullptr, &all);
+      !st.ok()) {
+    return fail(st.ToString());
+  }
+  std::ofstream of(o.out_path, std::ios::binary);
+  of.write(reinterpret_cast<const char*>(all.data()),
+           static_cast<std::streamsize>(all.size() * sizeof(float)));
+  if (!of.good()) return fail("cannot write --out file '" + o.out_path + "'");
+  out << "wrote " << ids.size() << " x " << (*m)->config().n_vocab << " logits to " << o.out_path
+      << "\n";
+  return kExitOk;
+}
+
+}  // namespace strata::cli

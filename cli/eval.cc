@@ -1,0 +1,543 @@
+// `strata eval needle|ppl|kl`: flags -> eval/ harness -> a table on stdout, optional JSON and SVG
+// reports; progress on stderr.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "eval/corpus.h"
+#include "eval/needle.h"
+#include "eval/report.h"
+#include "eval/svg.h"
+#include "eval/windows.h"
+#include "model/model.h"
+
+namespace strata::cli {
+
+struct EvalCliOptions {
+  CLI::App* needle_cmd = nullptr;
+  CLI::App* ppl_cmd = nullptr;
+  CLI::App* kl_cmd = nullptr;
+  // Shared.
+  std::string model;
+  std::string policies = "all";
+  std::string ratios = "8,32";
+  std::vector<std::string> set;  // key=value[,key=value]
+  std::string kappa, block, bits, sinks;
+  int threads = 1;
+  int chunk = 256;
+  std::string json_path;
+  std::string svg_dir;
+  // needle
+  std::string lengths = "512";
+  int64_t trials = 8;
+  uint64_t seed = 1;
+  std::string haystack;
+  std::string format = "auto";
+  std::string needle_template = "The secret code is {key}.";
+  std::string question_template = "What is the secret code? The secret code is";
+  int key_digits = 5;
+  std::string reference = "full";
+  double intact_nats = 1.0;
+  double baseline_gate = 1.0;
+  int32_t kv_bos = 0, kv_key = 1, kv_char_first = 50;
+  std::string kv_slot0 = "2:16", kv_slot1 = "18:16", kv_charset;
+  // ppl / kl
+  std::string text;
+  int64_t window_len = 512;
+  int64_t eval_tokens = 32;
+  std::string offsets;
+  int64_t windows = 4;
+  bool chunked = false;
+  std::string policy2;
+  std::string ratio2;
+  int draws = 20000;
+  uint64_t bootstrap_seed = 0;
+};
+
+namespace {
+
+std::vector<std::string> SplitList(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+void AddShared(CLI::App* cmd, EvalCliOptions* o, const std::string& policy_default,
+               bool with_ratio) {
+  cmd->add_option("-m,--model", o->model,
+                  "Model (.gguf or HF directory); default: the built-in model");
+  std::string names;
+  for (const auto& n : PolicyNames()) names += (names.empty() ? "" : ", ") + n;
+  o->policies = policy_default;
+  cmd->add_option("--policy", o->policies,
+                  "Policies, comma-separated, or 'all' (policies that cannot run on the model are "
+                  "then skipped and listed); available: " +
+                      names)
+      ->capture_default_str();
+  if (with_ratio) {
+    cmd->add_option("--ratio", o->ratios,
+                    "Budget ratios, comma-separated; each policy gets settings[\"ratio\"] = R. "
+                    "'none': the policies' own defaults")
+        ->capture_default_str();
+  }
+  cmd->add_option("--set", o->set,
+                  "Pass-through policy settings key=value (repeatable, or comma-separated)");
+  cmd->add_option("--kappa", o->kappa, "Shorthand for --set kappa=V");
+  cmd->add_option("--block", o->block, "Shorthand for --set block=V");
+  cmd->add_option("--bits", o->bits, "Shorthand for --set bits=V");
+  cmd->add_option("--sinks", o->sinks, "Shorthand for --set sinks=V");
+  cmd->add_option("--threads", o->threads, "Worker threads")->capture_default_str();
+  cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->capture_default_str();
+  cmd->add_option("--json", o->json_path, "Write the report as JSON (docs/eval.md) to this file");
+  cmd->add_option("--svg-dir", o->svg_dir, "Write the SVG charts into this directory");
+}
+
+void AddWindowFlags(CLI::App* cmd, EvalCliOptions* o) {
+  cmd->add_option("--text", o->text, "Corpus text file; default: the built-in KJV excerpt");
+  cmd->add_option("--len", o->window_len, "Window length T in tokens")->capture_default_str();
+  cmd->add_option("--eval-tokens", o->eval_tokens,
+                  "E: the prefix is T - E tokens, then E - 1 targets are scored")
+      ->capture_default_str();
+  cmd->add_option("--offsets", o->offsets, "Window starts (token offsets), comma-separated");
+  cmd->add_option("--windows", o->windows, "Evenly spaced windows when --offsets is not given")
+      ->capture_default_str();
+  cmd->add_flag("--chunked", o->chunked,
+                "Feed the targets as one chunk (SCREENING-ONLY: the chunk is exact context)");
+}
+
+StatusOr<std::map<std::string, std::string>> Settings(const EvalCliOptions& o) {
+  std::map<std::string, std::string> s;
+  for (const std::string& group : o.set) {
+    for (const std::string& item : SplitList(group)) {
+      const size_t eq = item.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        return InvalidArgument("--set item '" + item + "' is not key=value");
+      }
+      s[item.substr(0, eq)] = item.substr(eq + 1);
+    }
+  }
+  if (!o.kappa.empty()) s["kappa"] = o.kappa;
+  if (!o.block.empty()) s["block"] = o.block;
+  if (!o.bits.empty()) s["bits"] = o.bits;
+  if (!o.sinks.empty()) s["sinks"] = o.sinks;
+  if (s.count("ratio")) return InvalidArgument("give the budget with --ratio, not --set ratio=");
+  return s;
+}
+
+std::vector<std::string> Ratios(const std::string& text) {
+  if (text == "none" || text == "-" || text.empty()) return {};
+  return SplitList(text);
+}
+
+StatusOr<std::pair<int32_t, int32_t>> ParseSlot(const std::string& flag, const std::string& v) {
+  const size_t c = v.find(':');
+  auto bad = [&] { return InvalidArgument(flag + " '" + v + "' must be FIRST:COUNT"); };
+  if (c == std::string::npos) return bad();
+  char* end = nullptr;
+  const long a = std::strtol(v.substr(0, c).c_str(), &end, 10);
+  if (*end != '\0' || c == 0) return bad();
+  const long b = std::strtol(v.substr(c + 1).c_str(), &end, 10);
+  if (*end != '\0' || c + 1 == v.size()) return bad();
+  return std::make_pair(static_cast<int32_t>(a), static_cast<int32_t>(b));
+}
+
+StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return NotFound(flag + " '" + path + "' cannot be opened");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string Fixed(double v, int d) { return eval::FormatNum(v, d); }
+
+}  // namespace
+
+std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
+  auto o = std::make_shared<EvalCliOptions>();
+  o->threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  CLI::App* eval = app->add_subcommand(
+      "eval",
+      "Evaluation harness: needle with compression before the query, causal Q=1 "
+      "perplexity, KL to the full cache");
+  eval->require_subcommand(1);
+
+  CLI::App* n = eval->add_subcommand(
+      "needle",
+      "Needle in a haystack: compress at the end of the prefix, then ask (intact iff "
+      "dNLL < 1 nat vs the full cache)");
+  o->needle_cmd = n;
+  AddShared(n, o.get(), "all", true);
+  n->add_option("--len", o->lengths, "Prefix lengths T (tokens), comma-separated")
+      ->capture_default_str();
+  n->add_option("--trials", o->trials, "Trials per length (trial i is the same for any count)")
+      ->capture_default_str();
+  n->add_option("--seed", o->seed, "Seed of the trial draws (key, depth, filler offset)")
+      ->capture_default_str();
+  n->add_option("--haystack", o->haystack, "Filler text file; default: the built-in KJV excerpt");
+  n->add_option("--needle-format", o->format, "text | kv-tokens (the char-level testbed) | auto (text when the model has a tokenizer)")
+      ->capture_default_str();
+  n->add_option("--needle", o->needle_template, "Needle template ({key}; \\n = newline)")
+      ->capture_default_str();
+  n->add_option("--question", o->question_template, "Question template (\\n = newline)")
+      ->capture_default_str();
+  n->add_option("--key-digits", o->key_digits, "Digits of the random key (text format)")
+      ->capture_default_str();
+  n->add_option("--reference", o->reference, "The uncompressed baseline policy")
+      ->capture_default_str();
+  n->add_option("--intact-nats", o->intact_nats, "Intact iff NLL - NLL(reference) < this")
+      ->capture_default_str();
+  n->add_option("--baseline-gate", o->baseline_gate,
+                "Drop (and count) trials whose reference answer NLL >= this")
+      ->capture_default_str();
+  n->add_option("--kv-bos", o->kv_bos, "kv-tokens: BOS id (-1: none)")->capture_default_str();
+  n->add_option("--kv-key", o->kv_key, "kv-tokens: KEY id")->capture_default_str();
+  n->add_option("--kv-slot0", o->kv_slot0, "kv-tokens: slot-0 values FIRST:COUNT")
+      ->capture_default_str();
+  n->add_option("--kv-slot1", o->kv_slot1, "kv-tokens: slot-1 values FIRST:COUNT")
+      ->capture_default_str();
+  n->add_option("--kv-char-first", o->kv_char_first, "kv-tokens: id of the first character")
+      ->capture_default_str();
+  n->add_option("--kv-charset", o->kv_charset,
+                "kv-tokens: characters in id order; default: sorted distinct haystack chars");
+
+  CLI::App* p = eval->add_subcommand(
+      "ppl",
+      "Perplexity by the causal Q=1 protocol: prefill T - E, then E - 1 scored targets "
+      "one token at a time with the policy active");
+  o->ppl_cmd = p;
+  AddShared(p, o.get(), "all", true);
+  AddWindowFlags(p, o.get());
+  p->add_option("--policy2", o->policy2,
+                "Compare every config with this policy (paired "
+                "cluster bootstrap over windows)");
+  p->add_option("--ratio2", o->ratio2, "Ratio for --policy2 (default: none)");
+  p->add_option("--draws", o->draws, "Bootstrap draws")->capture_default_str();
+  p->add_option("--bootstrap-seed", o->bootstrap_seed, "Bootstrap seed")->capture_default_str();
+
+  CLI::App* k = eval->add_subcommand(
+      "kl", "KL(full || policy) of next-token distributions over the scored positions");
+  o->kl_cmd = k;
+  AddShared(k, o.get(), "all", true);
+  AddWindowFlags(k, o.get());
+  k->add_option("--reference", o->reference, "The reference policy")->capture_default_str();
+
+  eval->footer(
+      "Examples:\n"
+      "  strata eval needle -m m.gguf --policy vestige,h2o,snapkv --ratio 8,32 --len 512,1024\n"
+      "  strata eval needle -m testbed.gguf --needle-format kv-tokens --len 1024 --trials 24\n"
+      "  strata eval ppl -m m.gguf --text corpus.txt --policy vestige --policy2 full --windows 6\n"
+      "  strata eval kl -m m.gguf --policy all --ratio 8 --json kl.json\n");
+  return o;
+}
+
+namespace {
+
+int Fail(std::ostream& err, const std::string& msg) {
+  err << "error: " << msg << "\n";
+  return kExitUsage;
+}
+
+struct Loaded {
+  std::string path;
+  std::unique_ptr<Model> model;
+};
+
+StatusOr<Loaded> LoadModel(const EvalCliOptions& o, std::ostream& err) {
+  Loaded l;
+  l.path = o.model;
+  if (l.path.empty()) {
+    ASSIGN_OR_RETURN(l.path, ResolveDefaultModel(DefaultModelsDir(), DefaultCacheDir(), err));
+  } else {
+    err << "model: " << l.path << "\n";
+  }
+  auto m = Model::Load(l.path);
+  if (!m.ok()) return m.status().WithContext("cannot load model '" + l.path + "' (-m)");
+  l.model = std::move(*m);
+  return l;
+}
+
+Status WriteOutputs(const EvalCliOptions& o, const nlohmann::json& report,
+                    const std::vector<std::pair<std::string, std::string>>& svgs,
+                    std::ostream& out) {
+  if (!o.json_path.empty()) {
+    RETURN_IF_ERROR(WriteTextFile(o.json_path, DumpJson(report)));
+    out << "json: " << o.json_path << "\n";
+  }
+  if (!o.svg_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(o.svg_dir, ec);
+    if (ec) return IoError("--svg-dir '" + o.svg_dir + "': " + ec.message());
+    for (const auto& [name, text] : svgs) {
+      const std::string path = (std::filesystem::path(o.svg_dir) / name).string();
+      RETURN_IF_ERROR(WriteTextFile(path, text));
+      out << "svg: " << path << "\n";
+    }
+  }
+  return OkStatus();
+}
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
+  const auto t0 = std::chrono::steady_clock::now();
+  eval::NeedleOptions n;
+  auto lengths = ParseIntList("--len", o.lengths);
+  if (!lengths.ok()) return Fail(err, lengths.status().message());
+  n.lengths = *lengths;
+  n.ratios = Ratios(o.ratios);
+  n.policies = SplitList(o.policies);
+  if (n.policies.empty()) return Fail(err, "--policy needs at least one policy");
+  n.skip_unsupported = o.policies == "all";
+  auto settings = Settings(o);
+  if (!settings.ok()) return Fail(err, settings.status().message());
+  n.settings = *settings;
+  n.reference = o.reference;
+  n.trials = o.trials;
+  n.seed = o.seed;
+  if (o.format != "auto") {
+    auto fmt = eval::ParseNeedleFormat(o.format);
+    if (!fmt.ok()) return Fail(err, fmt.status().message());
+    n.format = *fmt;
+  }
+  if (!o.haystack.empty()) {
+    auto text = ReadFile("--haystack", o.haystack);
+    if (!text.ok()) return Fail(err, text.status().message());
+    n.haystack = *text;
+    n.haystack_name = o.haystack;
+  }
+  n.needle_template = o.needle_template;
+  n.question_template = o.question_template;
+  n.key_digits = o.key_digits;
+  n.intact_nats = o.intact_nats;
+  n.baseline_gate_nats = o.baseline_gate;
+  n.kv.bos = o.kv_bos;
+  n.kv.key = o.kv_key;
+  auto s0 = ParseSlot("--kv-slot0", o.kv_slot0);
+  if (!s0.ok()) return Fail(err, s0.status().message());
+  auto s1 = ParseSlot("--kv-slot1", o.kv_slot1);
+  if (!s1.ok()) return Fail(err, s1.status().message());
+  n.kv.slot0_first = s0->first;
+  n.kv.slot0_count = s0->second;
+  n.kv.slot1_first = s1->first;
+  n.kv.slot1_count = s1->second;
+  n.kv.char_first = o.kv_char_first;
+  n.kv.charset = o.kv_charset;
+  n.chunk = o.chunk;
+  n.threads = o.threads;
+  if (o.threads < 1) return Fail(err, "--threads must be >= 1, got " + std::to_string(o.threads));
+  auto loaded = LoadModel(o, err);
+  if (!loaded.ok()) return Fail(err, loaded.status().message());
+  if (o.format == "auto") {
+    n.format = loaded->model->tokenizer() ? eval::NeedleFormat::kText
+                                          : eval::NeedleFormat::kKvTokens;
+    err << "needle format: " << eval::NeedleFormatName(n.format)
+        << (loaded->model->tokenizer() ? " (the model has a tokenizer)"
+                                       : " (the model has no tokenizer)")
+        << "\n";
+  }
+  auto rep = eval::RunNeedle(*loaded->model, n, &err);
+  if (!rep.ok()) return Fail(err, rep.status().message());
+  const eval::NeedleReport& r = *rep;
+
+  out << "needle: " << n.trials << " trials per length, seed " << n.seed << ", format "
+      << eval::NeedleFormatName(n.format) << ", haystack "
+      << (n.haystack.empty() ? std::string(eval::kBuiltinHaystackName) : n.haystack_name)
+      << "; intact = NLL - NLL(" << n.reference << ") < " << Fixed(n.intact_nats, 2)
+      << " nat after compression before the query\n";
+  Table t({"policy", "ratio", "T", "kept", "intact", "rate", "95% CI (Wilson)", "mean dNLL"});
+  for (const auto& c : r.cells) {
+    const auto& pc = r.configs[c.config];
+    t.AddRow({pc.policy, pc.RatioText(), std::to_string(c.length), std::to_string(c.n),
+              std::to_string(c.intact), c.n ? Fixed(c.rate.point, 2) : "-",
+              "[" + Fixed(c.rate.lo, 2) + ", " + Fixed(c.rate.hi, 2) + "]",
+              c.n ? Fixed(c.mean_delta, 3) : "-"});
+  }
+  t.Print(out);
+  for (const auto& l : r.lengths) {
+    out << "T=" << l.length << ": " << l.dropped << " of " << l.trials
+        << " trials dropped (uncompressed answer NLL >= " << n.baseline_gate_nats << " nat)\n";
+  }
+  for (const auto& s : r.skipped) out << "skipped " << s.config.Label() << ": " << s.reason << "\n";
+  std::vector<std::string> notes;
+  for (const auto& l : r.lengths) {
+    if (l.dropped * 2 > l.trials) {
+      notes.push_back("T=" + std::to_string(l.length) +
+                      ": most trials dropped; the model cannot "
+                      "answer uncompressed, so intact rates are not informative");
+      out << "warning: " << notes.back() << "\n";
+    }
+  }
+  std::vector<std::pair<std::string, std::string>> svgs;
+  std::vector<std::string> seen;
+  for (const auto& c : r.configs) {
+    if (std::find(seen.begin(), seen.end(), c.policy) != seen.end()) continue;
+    seen.push_back(c.policy);
+    svgs.push_back({"needle_" + c.policy + ".svg", eval::NeedleHeatmapSvg(r, c.policy)});
+  }
+  const nlohmann::json report =
+      eval::MakeReport("needle", loaded->path, *loaded->model, Since(t0), notes,
+                       eval::SkippedJson(r.skipped), eval::NeedleJson(r));
+  if (Status st = WriteOutputs(o, report, svgs, out); !st.ok()) return Fail(err, st.message());
+  return kExitOk;
+}
+
+struct WindowSetup {
+  eval::WindowOptions w;
+  std::vector<int32_t> tokens;
+  std::string text_name;
+};
+
+StatusOr<WindowSetup> SetupWindows(const EvalCliOptions& o, const Model& model) {
+  WindowSetup s;
+  s.w.length = o.window_len;
+  s.w.eval_tokens = o.eval_tokens;
+  s.w.windows = o.windows;
+  s.w.chunked = o.chunked;
+  s.w.chunk = o.chunk;
+  s.w.threads = o.threads;
+  if (o.threads < 1)
+    return InvalidArgument("--threads must be >= 1, got " + std::to_string(o.threads));
+  if (o.chunk < 1) return InvalidArgument("--chunk must be >= 1, got " + std::to_string(o.chunk));
+  if (!o.offsets.empty()) {
+    ASSIGN_OR_RETURN(s.w.offsets, ParseIntList("--offsets", o.offsets));
+  }
+  std::string text;
+  if (o.text.empty()) {
+    text = std::string(eval::BuiltinHaystack());
+    s.text_name = std::string(eval::kBuiltinHaystackName);
+  } else {
+    ASSIGN_OR_RETURN(text, ReadFile("--text", o.text));
+    s.text_name = o.text;
+  }
+  ASSIGN_OR_RETURN(s.tokens, eval::TokenizeCorpus(model, text));
+  return s;
+}
+
+int RunPplCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto settings = Settings(o);
+  if (!settings.ok()) return Fail(err, settings.status().message());
+  auto loaded = LoadModel(o, err);
+  if (!loaded.ok()) return Fail(err, loaded.status().message());
+  auto setup = SetupWindows(o, *loaded->model);
+  if (!setup.ok()) return Fail(err, setup.status().message());
+  eval::PplOptions p;
+  p.w = setup->w;
+  p.policies = SplitList(o.policies);
+  if (p.policies.empty()) return Fail(err, "--policy needs at least one policy");
+  p.skip_unsupported = o.policies == "all";
+  p.ratios = Ratios(o.ratios);
+  p.settings = *settings;
+  p.policy2 = o.policy2;
+  if (!o.ratio2.empty()) p.ratio2 = o.ratio2;
+  p.draws = o.draws;
+  p.bootstrap_seed = o.bootstrap_seed;
+  p.text_name = setup->text_name;
+  auto rep = eval::RunPpl(*loaded->model, setup->tokens, p, &err);
+  if (!rep.ok()) return Fail(err, rep.status().message());
+  const eval::PplReport& r = *rep;
+  std::vector<std::string> notes;
+  out << "ppl: " << r.offsets.size() << " windows of T=" << p.w.length << " over "
+      << setup->text_name << " (" << r.corpus_tokens
+      << " tokens), prefix T-E=" << p.w.length - p.w.eval_tokens << ", " << p.w.eval_tokens - 1
+      << " scored targets per window, mode "
+      << (p.w.chunked ? "chunked" : "causal Q=1 (one token at a time)") << "\n";
+  if (p.w.chunked) {
+    notes.push_back("chunked mode is SCREENING-ONLY: the scored chunk is exact current context");
+    out << "NOTE: " << notes.back() << "\n";
+  }
+  Table t({"policy", "ratio", "PPL", "mean NLL", "targets", "resident b/v", "read b/v"});
+  for (const auto& c : r.configs) {
+    t.AddRow({c.config.policy, c.config.RatioText(), Fixed(c.ppl, 4), Fixed(c.mean_nll, 4),
+              std::to_string(c.n_targets), Fixed(c.resident_bits_per_value, 3),
+              Fixed(c.read_bits_per_value, 3)});
+  }
+  t.Print(out);
+  if (!r.comparisons.empty()) {
+    out << "paired cluster bootstrap (" << p.draws << " draws, seed " << p.bootstrap_seed
+        << "); ratio = PPL(A) / PPL(B); wins = windows where that side has the lower NLL\n";
+    Table c({"A", "B", "PPL ratio", "95% CI", "A wins", "B wins", "windows"});
+    for (const auto& cmp : r.comparisons) {
+      c.AddRow({r.configs[cmp.a].config.Label(), r.configs[cmp.b].config.Label(),
+                Fixed(cmp.boot.ratio, 4),
+                "[" + Fixed(cmp.boot.ratio_lo, 4) + ", " + Fixed(cmp.boot.ratio_hi, 4) + "]",
+                std::to_string(cmp.boot.wins_a), std::to_string(cmp.boot.wins_b),
+                std::to_string(cmp.boot.n_clusters)});
+    }
+    c.Print(out);
+  }
+  for (const auto& s : r.skipped) out << "skipped " << s.config.Label() << ": " << s.reason << "\n";
+  const nlohmann::json report =
+      eval::MakeReport("ppl", loaded->path, *loaded->model, Since(t0), notes,
+                       eval::SkippedJson(r.skipped), eval::PplJson(r));
+  if (Status st = WriteOutputs(o, report, {{"ppl_pareto.svg", eval::PplParetoSvg(r)}}, out);
+      !st.ok()) {
+    return Fail(err, st.message());
+  }
+  return kExitOk;
+}
+
+int RunKlCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto settings = Settings(o);
+  if (!settings.ok()) return Fail(err, settings.status().message());
+  auto loaded = LoadModel(o, err);
+  if (!loaded.ok()) return Fail(err, loaded.status().message());
+  auto setup = SetupWindows(o, *loaded->model);
+  if (!setup.ok()) return Fail(err, setup.status().message());
+  eval::KlOptions k;
+  k.w = setup->w;
+  k.policies = SplitList(o.policies);
+  if (k.policies.empty()) return Fail(err, "--policy needs at least one policy");
+  k.skip_unsupported = o.policies == "all";
+  k.ratios = Ratios(o.ratios);
+  k.settings = *settings;
+  k.reference = o.reference;
+  k.text_name = setup->text_name;
+  auto rep = eval::RunKl(*loaded->model, setup->tokens, k, &err);
+  if (!rep.ok()) return Fail(err, rep.status().message());
+  const eval::KlReport& r = *rep;
+  std::vector<std::string> notes;
+  out << "kl: KL(" << k.reference << " || policy) in nats over " << r.offsets.size()
+      << " windows x " << k.w.eval_tokens - 1 << " positions, mode "
+      << (k.w.chunked ? "chunked" : "causal Q=1") << "\n";
+  if (k.w.chunked) {
+    notes.push_back("chunked mode is SCREENING-ONLY: the scored chunk is exact current context");
+    out << "NOTE: " << notes.back() << "\n";
+  }
+  Table t({"policy", "ratio", "mean KL", "max KL", "positions"});
+  for (const auto& c : r.configs) {
+    t.AddRow({c.config.policy, c.config.RatioText(), Fixed(c.mean_kl, 6), Fixed(c.max_kl, 6),
+              std::to_string(c.n_positions)});
+  }
+  t.Print(out);
+  for (const auto& s : r.skipped) out << "skipped " << s.config.Label() << ": " << s.reason << "\n";
+  const nlohmann::json report =
+      eval::MakeReport("kl", loaded->path, *loaded->model, Since(t0), notes,
+                       eval::SkippedJson(r.skipped), eval::KlJson(r));
+  if (Status st = WriteOutputs(o, report, {}, out); !st.ok()) return Fail(err, st.message());
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunEval(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
+  if (o.needle_cmd->parsed()) return RunNeedleCli(o, out, err);
+  if (o.ppl_cmd->parsed()) return RunPplCli(o, out, err);
+  if (o.kl_cmd->parsed()) return RunKlCli(o, out, err);
+  return Fail(err, "eval needs a subcommand: needle, ppl or kl");
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,166 @@
+// `strata generate`: prompt -> chunked prefill into a KvCache -> sampled tokens streamed to stdout.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "model/model.h"
+#include "model/sampler.h"
+
+namespace strata::cli {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+std::string Rate(int64_t n, double s) { return s > 0 && n > 0 ? FormatFixed(n / s, 1) : "-"; }
+}  // namespace
+
+void AddGenerateCommand(CLI::App* app, GenerateOptions* o) {
+  o->threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  CLI::App* cmd = app->add_subcommand(
+      "generate", "Generate text from a prompt (decoded text on stdout, statistics on stderr)");
+  cmd->add_option("-m,--model", o->model,
+                  "Model (.gguf or HF directory); default: the built-in model");
+  cmd->add_option("-p,--prompt", o->prompt, "Prompt text (BOS is prepended)")
+      ->capture_default_str();
+  cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (stops early at EOS)")
+      ->capture_default_str();
+  cmd->add_option("--temp", o->temperature, "Sampling temperature; 0 = greedy")
+      ->capture_default_str();
+  cmd->add_option("--top-p", o->top_p, "Nucleus sampling: keep the top tokens with mass >= P")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Sampler seed")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "Worker threads")->capture_default_str();
+  cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->capture_default_str();
+  std::string names;
+  for (const auto& n : PolicyNames()) names += (names.empty() ? "" : ", ") + n;
+  cmd->add_option("--policy", o->policy, "KV cache policy (available: " + names + ")")
+      ->capture_default_str();
+  cmd->add_option("--policy-set", o->policy_settings,
+                  "Policy settings as key=value,... (e.g. ratio=32); see kv/registry.h");
+  AddPolicyFlags(cmd, &o->policy_flags);
+  cmd->add_option("--json", o->json_path, "Also write text and statistics as JSON to this file");
+}
+
+int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) {
+  auto fail = [&](const std::string& msg) {
+    err << "error: " << msg << "\n";
+    return kExitUsage;
+  };
+  // Flags first, so a bad flag is reported before any model is loaded or generated.
+  if (o.n_predict < 0) return fail("-n must be >= 0, got " + std::to_string(o.n_predict));
+  if (o.threads < 1) return fail("--threads must be >= 1, got " + std::to_string(o.threads));
+  if (o.chunk < 1) return fail("--chunk must be >= 1, got " + std::to_string(o.chunk));
+  SamplerOptions so;
+  so.temperature = o.temperature;
+  so.top_p = o.top_p;
+  so.seed = o.seed;
+  if (Status st = so.Validate(); !st.ok()) return fail(st.message());
+  auto policy = MakeCliPolicy(o.policy, o.policy_settings, &o.policy_flags);
+  if (!policy.ok()) return fail(policy.status().message());
+
+  std::string path = o.model;
+  if (path.empty()) {
+    auto def = ResolveDefaultModel(o.models_dir.empty() ? DefaultModelsDir() : o.models_dir,
+                                   o.cache_dir.empty() ? DefaultCacheDir() : o.cache_dir, err);
+    if (!def.ok()) return fail(def.status().ToString());
+    path = *def;
+  } else {
+    err << "model: " << path << "\n";
+  }
+  auto loaded = Model::Load(path);
+  if (!loaded.ok()) {
+    return fail("cannot load model '" + path + "' (-m): " + loaded.status().ToString());
+  }
+  Model& m = **loaded;
+  const Tokenizer* tok = m.tokenizer();
+  if (!tok) return fail("model '" + path + "' has no tokenizer (tokenizer.ggml.* metadata)");
+  err << m.config().Summary() << "\n";
+
+  const std::vector<int32_t> prompt = tok->Encode(o.prompt, /*with_bos=*/true);
+  if (prompt.empty()) return fail("-p: the prompt is empty and the tokenizer adds no BOS");
+  auto cache_or = m.NewCache(std::move(policy).value());
+  if (!cache_or.ok()) return fail("--policy " + o.policy + ": " + cache_or.status().message());
+  KvCache& cache = **cache_or;
+  ThreadPool pool(o.threads);
+  Sampler sampler(so);
+  const int64_t n_vocab = m.config().n_vocab;
+  std::vector<float> logits(n_vocab);
+
+  const auto t0 = Clock::now();
+  if (Status st = m.Prefill(prompt.data(), static_cast<int64_t>(prompt.size()), o.chunk, &cache,
+                            &pool, logits.data());
+      !st.ok()) {
+    return fail("prefill: " + st.ToString());
+  }
+  const auto t1 = Clock::now();
+  out << o.prompt << std::flush;
+
+  std::string text;
+  int64_t generated = 0, decode_steps = 0;
+  double decode_s = 0;
+  bool hit_eos = false;
+  for (int64_t i = 0; i < o.n_predict; ++i) {
+    const int32_t id = sampler.Sample(logits.data(), n_vocab);
+    if (id == tok->eos_id()) {
+      hit_eos = true;
+      break;
+    }
+    const std::string piece = tok->DecodeToken(id);
+    text += piece;
+    out << piece << std::flush;
+    ++generated;
+    if (i + 1 == o.n_predict) break;  // the last token's logits are never used
+    const auto d0 = Clock::now();
+    if (Status st = m.Decode(id, &cache, &pool, logits.data()); !st.ok()) {
+      out << "\n";
+      return fail("decode: " + st.ToString());
+    }
+    decode_s += Seconds(d0, Clock::now());
+    ++decode_steps;
+  }
+  out << "\n" << std::flush;
+
+  const double prefill_s = Seconds(t0, t1);
+  const int64_t resident = cache.ResidentBytes();
+  const int64_t last_read = cache.counters().last_step.bytes_read;
+  Table t({"statistic", "value"});
+  t.AddRow({"prompt tokens", std::to_string(prompt.size())});
+  t.AddRow({"generated tokens", std::to_string(generated) + (hit_eos ? " (stopped at EOS)" : "")});
+  t.AddRow({"prefill tokens/s", Rate(static_cast<int64_t>(prompt.size()), prefill_s)});
+  t.AddRow({"decode tokens/s", Rate(decode_steps, decode_s)});
+  t.AddRow({"policy", cache.policy().describe()});
+  t.AddRow({"threads", std::to_string(o.threads)});
+  t.AddRow({"KV bytes resident", std::to_string(resident) + " (" + FormatBytes(resident) + ")"});
+  t.AddRow({"KV bytes read, last step",
+            std::to_string(last_read) + " (" + FormatBytes(last_read) + ")"});
+  err << "\n";
+  t.Print(err);
+
+  if (!o.json_path.empty()) {
+    nlohmann::json j = {{"model", path},
+                        {"prompt", o.prompt},
+                        {"text", text},
+                        {"prompt_tokens", prompt.size()},
+                        {"generated_tokens", generated},
+                        {"stopped_at_eos", hit_eos},
+                        {"prefill_seconds", prefill_s},
+                        {"decode_steps", decode_steps},
+                        {"decode_seconds", decode_s},
+                        {"policy", cache.policy().describe()},
+                        {"threads", o.threads},
+                        {"kv_bytes_resident", resident},
+                        {"kv_bytes_read_last_step", last_read}};
+    if (Status st = WriteTextFile(o.json_path, DumpJson(j)); !st.ok()) {
+      return fail("--json: " + st.ToString());
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,471 @@
+#include "eval/needle.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <set>
+
+#include "core/rng.h"
+#include "eval/corpus.h"
+#include "eval/svg.h"
+
+namespace strata::eval {
+
+StatusOr<NeedleFormat> ParseNeedleFormat(const std::string& text) {
+  if (text == "text") return NeedleFormat::kText;
+  if (text == "kv-tokens") return NeedleFormat::kKvTokens;
+  return InvalidArgument("--needle-format '" + text + "' must be text or kv-tokens");
+}
+
+const char* NeedleFormatName(NeedleFormat f) {
+  return f == NeedleFormat::kText ? "text" : "kv-tokens";
+}
+
+uint64_t TrialSeed(uint64_t seed, int64_t index) {
+  uint64_t x = seed ^ (0x9e3779b97f4a7c15ull * (static_cast<uint64_t>(index) + 1));
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+namespace {
+
+std::string Unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '\\' && i + 1 < s.size() && s[i + 1] == 'n') {
+      out += '\n';
+      ++i;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+std::string Replace(std::string s, const std::string& from, const std::string& to) {
+  for (size_t p = s.find(from); p != std::string::npos; p = s.find(from, p + to.size())) {
+    s.replace(p, from.size(), to);
+  }
+  return s;
+}
+
+std::string CollapseWhitespace(const std::string& s) {
+  std::string out;
+  bool space = false;
+  for (char c : s) {
+    if (c == ' ' || c == '\n' || c == '\t' || c == '\r') {
+      space = true;
+      continue;
+    }
+    if (space && !out.empty()) out += ' ';
+    space = false;
+    out += c;
+  }
+  return out;
+}
+
+Status CheckId(const char* flag, int32_t id, int64_t n_vocab) {
+  if (id < 0 || id >= n_vocab) {
+    return InvalidArgument(std::string(flag) + " = " + std::to_string(id) +
+                           " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<NeedleBuilder> NeedleBuilder::Create(const Model& model, const NeedleOptions& o) {
+  NeedleBuilder b;
+  b.o_ = o;
+  b.o_.factory = nullptr;
+  b.n_vocab_ = model.config().n_vocab;
+  if (o.trials < 1)
+    return InvalidArgument("--trials must be >= 1, got " + std::to_string(o.trials));
+  if (!(o.depth_lo >= 0 && o.depth_lo < o.depth_hi && o.depth_hi <= 1)) {
+    return InvalidArgument("needle depth range [" + std::to_string(o.depth_lo) + ", " +
+                           std::to_string(o.depth_hi) + ") must lie in [0, 1]");
+  }
+  const std::string text = o.haystack.empty() ? std::string(BuiltinHaystack()) : o.haystack;
+  const std::string hay_name =
+      o.haystack.empty() ? std::string(kBuiltinHaystackName) : "--haystack " + o.haystack_name;
+  if (o.format == NeedleFormat::kText) {
+    b.tok_ = model.tokenizer();
+    if (!b.tok_) {
+      return InvalidArgument(
+          "--needle-format text needs a tokenizer, and the model has none "
+          "(use --needle-format kv-tokens for token-level models)");
+    }
+    if (o.key_digits < 1 || o.key_digits > 18) {
+      return InvalidArgument("--key-digits must be in [1, 18], got " +
+                             std::to_string(o.key_digits));
+    }
+    if (o.needle_template.find("{key}") == std::string::npos) {
+      return InvalidArgument("--needle '" + o.needle_template + "' has no {key} placeholder");
+    }
+    b.bos_ = b.tok_->add_bos() ? b.tok_->bos_id() : -1;
+    b.filler_ = b.tok_->Encode(text, /*with_bos=*/false);
+  } else {
+    const KvTokenIds& kv = o.kv;
+    if (kv.bos >= 0) RETURN_IF_ERROR(CheckId("--kv-bos", kv.bos, b.n_vocab_));
+    RETURN_IF_ERROR(CheckId("--kv-key", kv.key, b.n_vocab_));
+    if (kv.slot0_count < 1 || kv.slot1_count < 1) {
+      return InvalidArgument("kv-tokens slots need >= 1 value each, got " +
+                             std::to_string(kv.slot0_count) + " and " +
+                             std::to_string(kv.slot1_count));
+    }
+    RETURN_IF_ERROR(CheckId("--kv-slot0 first", kv.slot0_first, b.n_vocab_));
+    RETURN_IF_ERROR(CheckId("--kv-slot0 last", kv.slot0_first + kv.slot0_count - 1, b.n_vocab_));
+    RETURN_IF_ERROR(CheckId("--kv-slot1 first", kv.slot1_first, b.n_vocab_));
+    RETURN_IF_ERROR(CheckId("--kv-slot1 last", kv.slot1_first + kv.slot1_count - 1, b.n_vocab_));
+    RETURN_IF_ERROR(CheckId("--kv-char-first", kv.char_first, b.n_vocab_));
+    b.bos_ = kv.bos;
+    const std::string flat = CollapseWhitespace(text);
+    std::string charset = kv.charset;
+    if (charset.empty()) {
+      std::set<char> distinct(flat.begin(), flat.end());
+      charset.assign(distinct.begin(), distinct.end());
+    }
+    const int64_t range = b.n_vocab_ - kv.char_first;
+    int index_of[256];
+    std::fill(std::begin(index_of), std::end(index_of), -1);
+    for (size_t i = 0; i < charset.size(); ++i) {
+      const unsigned char c = static_cast<unsigned char>(charset[i]);
+      if (index_of[c] < 0) index_of[c] = static_cast<int>(i);
+    }
+    for (char c : flat) {
+      const int idx = index_of[static_cast<unsigned char>(c)];
+      if (idx < 0) continue;  // not in --kv-charset
+      b.filler_.push_back(kv.char_first + static_cast<int32_t>(idx % range));
+    }
+  }
+  if (b.filler_.size() < 16) {
+    return InvalidArgument("haystack " + hay_name + " gives only " +
+                           std::to_string(b.filler_.size()) + " filler tokens (need >= 16)");
+  }
+  return b;
+}
+
+StatusOr<NeedleTrial> NeedleBuilder::Build(int64_t length, int64_t index) const {
+  NeedleTrial t;
+  t.index = index;
+  t.length = length;
+  Rng rng(TrialSeed(o_.seed, index));
+  // Draw order: key, depth, filler offset (fixed, so a trial never depends on anything else).
+  if (o_.format == NeedleFormat::kText) {
+    uint64_t lo = 1;
+    for (int d = 1; d < o_.key_digits; ++d) lo *= 10;
+    const uint64_t key = o_.key_digits == 1 ? rng.Below(10) : lo + rng.Below(9 * lo);
+    t.key = std::to_string(key);
+    t.needle = tok_->Encode(Replace(Unescape(o_.needle_template), "{key}", t.key), false);
+    const std::string question = Unescape(o_.question_template);
+    const std::vector<int32_t> q = tok_->Encode(question, false);
+    const std::vector<int32_t> qa = tok_->Encode(question + " " + t.key, false);
+    if (qa.size() > q.size() && std::equal(q.begin(), q.end(), qa.begin())) {
+      t.query = q;
+      t.answer.assign(qa.begin() + q.size(), qa.end());
+    } else {
+      // The key merged with the question's last token: score the key tokenized on its own.
+      t.query = q;
+      t.answer = tok_->Encode(" " + t.key, false);
+    }
+  } else {
+    const KvTokenIds& kv = o_.kv;
+    const int32_t v1 = kv.slot0_first + static_cast<int32_t>(rng.Below(kv.slot0_count));
+    const int32_t v2 = kv.slot1_first + static_cast<int32_t>(rng.Below(kv.slot1_count));
+    t.key = std::to_string(v1) + " " + std::to_string(v2);
+    t.needle = {kv.key, v1, v2};
+    t.query = {kv.key};
+    t.answer = {v1, v2};
+  }
+  if (t.needle.empty() || t.query.empty() || t.answer.empty()) {
+    return InvalidArgument("the needle, question or answer tokenizes to nothing (--needle '" +
+                           o_.needle_template + "', --question '" + o_.question_template + "')");
+  }
+  const int64_t n_needle = static_cast<int64_t>(t.needle.size());
+  const int64_t first = bos_ >= 0 ? 1 : 0;
+  const int64_t lo =
+      std::max<int64_t>(first, static_cast<int64_t>(std::ceil(o_.depth_lo * length)));
+  const int64_t hi = std::min<int64_t>(static_cast<int64_t>(std::ceil(o_.depth_hi * length)),
+                                       length - n_needle + 1);
+  const double u = rng.Uniform();
+  if (hi <= lo) {
+    return InvalidArgument("--len " + std::to_string(length) + " is too short for a " +
+                           std::to_string(n_needle) + "-token needle in [" +
+                           std::to_string(o_.depth_lo) + "T, " + std::to_string(o_.depth_hi) +
+                           "T)");
+  }
+  t.depth = lo + std::min<int64_t>(hi - lo - 1, static_cast<int64_t>(u * (hi - lo)));
+  const int64_t n_fill = static_cast<int64_t>(filler_.size());
+  int64_t f = static_cast<int64_t>(rng.Below(n_fill));
+  t.prefix.reserve(length);
+  if (bos_ >= 0) t.prefix.push_back(bos_);
+  while (static_cast<int64_t>(t.prefix.size()) < t.depth) {
+    t.prefix.push_back(filler_[f]);
+    f = (f + 1) % n_fill;
+  }
+  t.prefix.insert(t.prefix.end(), t.needle.begin(), t.needle.end());
+  while (static_cast<int64_t>(t.prefix.size()) < length) {
+    t.prefix.push_back(filler_[f]);
+    f = (f + 1) % n_fill;
+  }
+  return t;
+}
+
+StatusOr<double> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
+                                  const PolicyFactory& factory, const PolicyConfig& config,
+                                  int chunk, ThreadPool* pool) {
+  ASSIGN_OR_RETURN(auto cache, NewConfigCache(model, factory, config));
+  // Event: the compression point is the end of this call.
+  RETURN_IF_ERROR(model.Prefill(trial.prefix.data(), static_cast<int64_t>(trial.prefix.size()),
+                                chunk, cache.get(), pool, nullptr));
+  // The question (and the teacher-forced answer prefix) reads the compressed cache.
+  std::vector<int32_t> tail = trial.query;
+  tail.insert(tail.end(), trial.answer.begin(), trial.answer.end() - 1);
+  std::vector<float> logits;
+  RETURN_IF_ERROR(model.Prefill(tail.data(), static_cast<int64_t>(tail.size()), chunk, cache.get(),
+                                pool, nullptr, &logits));
+  const int64_t v = model.config().n_vocab;
+  double nll = 0;
+  const size_t q = trial.query.size();
+  for (size_t j = 0; j < trial.answer.size(); ++j) {
+    nll += TokenNll(logits.data() + (q - 1 + j) * v, v, trial.answer[j]);
+  }
+  return nll;
+}
+
+StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostream* progress) {
+  NeedleReport r;
+  r.options = o;
+  r.options.factory = nullptr;
+  const PolicyFactory factory = o.factory ? o.factory : RegistryFactory();
+  const Progress prog(progress);
+  if (o.lengths.empty()) return InvalidArgument("--len needs at least one length");
+  for (int64_t len : o.lengths) {
+    if (len < 8) return InvalidArgument("--len " + std::to_string(len) + " must be >= 8");
+  }
+  if (o.depth_buckets < 1) {
+    return InvalidArgument("depth buckets must be >= 1, got " + std::to_string(o.depth_buckets));
+  }
+  if (o.chunk < 1) return InvalidArgument("--chunk must be >= 1, got " + std::to_string(o.chunk));
+  ASSIGN_OR_RETURN(NeedleBuilder builder, NeedleBuilder::Create(model, o));
+  const PolicyConfig reference{o.reference, std::nullopt, o.settings};
+  {
+    auto c = NewConfigCache(model, factory, reference);
+    if (!c.ok()) return c.status().WithContext("--reference");
+  }
+  // Every config must build for this model; unsupported ones are skipped only when asked.
+  ASSIGN_OR_RETURN(r.configs,
+                   BuildableConfigs(model, factory, ExpandGrid(o.policies, o.ratios, o.settings),
+                                    o.skip_unsupported, &r.skipped, progress));
+  ThreadPool pool(std::max(1, o.threads));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t len : o.lengths) {
+    NeedleReport::LengthSummary ls{len, o.trials, 0};
+    for (int64_t i = 0; i < o.trials; ++i) {
+      ASSIGN_OR_RETURN(NeedleTrial trial, builder.Build(len, i));
+      NeedleTrialRecord rec;
+      rec.length = len;
+      rec.index = i;
+      rec.depth = trial.depth;
+      rec.depth_frac = static_cast<double>(trial.depth) / static_cast<double>(len);
+      const double span = o.depth_hi - o.depth_lo;
+      rec.bucket = std::clamp(
+          static_cast<int>(std::floor((rec.depth_frac - o.depth_lo) / span * o.depth_buckets)), 0,
+          o.depth_buckets - 1);
+      rec.key = trial.key;
+      ASSIGN_OR_RETURN(rec.reference_nll,
+                       ScoreNeedleTrial(model, trial, factory, reference, o.chunk, &pool));
+      rec.dropped = !(rec.reference_nll < o.baseline_gate_nats);
+      if (rec.dropped) {
+        ls.dropped++;
+      } else {
+        for (const PolicyConfig& c : r.configs) {
+          ASSIGN_OR_RETURN(double nll, ScoreNeedleTrial(model, trial, factory, c, o.chunk, &pool));
+          const double delta = nll - rec.reference_nll;
+          rec.results.push_back({nll, delta, delta < o.intact_nats});
+        }
+      }
+      const double el =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      int64_t n_intact = 0;
+      for (const auto& x : rec.results) n_intact += x.intact;
+      prog.Line("needle: T=" + std::to_string(len) + " trial " + std::to_string(i + 1) + "/" +
+                std::to_string(o.trials) + " depth " + std::to_string(trial.depth) + " ref NLL " +
+                std::to_string(rec.reference_nll) +
+                (rec.dropped ? " (dropped: the uncompressed model misses it)"
+                             : ", intact in " + std::to_string(n_intact) + "/" +
+                                   std::to_string(r.configs.size()) + " configs") +
+                " [" + std::to_string(static_cast<int>(el)) + " s]");
+      r.trials.push_back(std::move(rec));
+    }
+    r.lengths.push_back(ls);
+  }
+  // Aggregates.
+  const double span = o.depth_hi - o.depth_lo;
+  for (size_t c = 0; c < r.configs.size(); ++c) {
+    for (int64_t len : o.lengths) {
+      NeedleCell cell;
+      cell.config = c;
+      cell.length = len;
+      std::vector<NeedleBucketCell> bk(o.depth_buckets);
+      for (int b = 0; b < o.depth_buckets; ++b) {
+        bk[b].config = c;
+        bk[b].length = len;
+        bk[b].bucket = b;
+        bk[b].depth_lo = o.depth_lo + span * b / o.depth_buckets;
+        bk[b].depth_hi = o.depth_lo + span * (b + 1) / o.depth_buckets;
+      }
+      double delta_sum = 0;
+      for (const auto& t : r.trials) {
+        if (t.length != len || t.dropped) continue;
+        const auto& x = t.results[c];
+        cell.n++;
+        cell.intact += x.intact;
+        delta_sum += x.delta;
+        bk[t.bucket].n++;
+        bk[t.bucket].intact += x.intact;
+      }
+      cell.rate = WilsonInterval(cell.intact, cell.n);
+      cell.mean_delta = cell.n ? delta_sum / cell.n : 0;
+      r.cells.push_back(cell);
+      for (auto& b : bk) r.buckets.push_back(b);
+    }
+  }
+  return r;
+}
+
+namespace {
+nlohmann::json RatioJson(const PolicyConfig& c) {
+  return c.ratio ? nlohmann::json(*c.ratio) : nlohmann::json(nullptr);
+}
+}  // namespace
+
+nlohmann::json NeedleJson(const NeedleReport& r) {
+  const NeedleOptions& o = r.options;
+  nlohmann::json j;
+  j["format"] = NeedleFormatName(o.format);
+  j["haystack"] = o.haystack.empty() ? std::string(kBuiltinHaystackName) : o.haystack_name;
+  j["needle_template"] = o.needle_template;
+  j["question_template"] = o.question_template;
+  j["reference"] = o.reference;
+  j["trials_per_length"] = o.trials;
+  j["seed"] = o.seed;
+  j["intact_nats"] = o.intact_nats;
+  j["baseline_gate_nats"] = o.baseline_gate_nats;
+  j["depth_range"] = {o.depth_lo, o.depth_hi};
+  j["lengths"] = nlohmann::json::array();
+  for (const auto& l : r.lengths) {
+    j["lengths"].push_back({{"length", l.length},
+                            {"trials", l.trials},
+                            {"dropped", l.dropped},
+                            {"kept", l.trials - l.dropped}});
+  }
+  j["cells"] = nlohmann::json::array();
+  for (const auto& c : r.cells) {
+    const PolicyConfig& pc = r.configs[c.config];
+    j["cells"].push_back({{"policy", pc.policy},
+                          {"ratio", RatioJson(pc)},
+                          {"length", c.length},
+                          {"n", c.n},
+                          {"intact", c.intact},
+                          {"rate", c.rate.point},
+                          {"wilson_lo", c.rate.lo},
+                          {"wilson_hi", c.rate.hi},
+                          {"mean_delta_nll", c.mean_delta}});
+  }
+  j["buckets"] = nlohmann::json::array();
+  for (const auto& b : r.buckets) {
+    const PolicyConfig& pc = r.configs[b.config];
+    j["buckets"].push_back({{"policy", pc.policy},
+                            {"ratio", RatioJson(pc)},
+                            {"length", b.length},
+                            {"bucket", b.bucket},
+                            {"depth_lo", b.depth_lo},
+                            {"depth_hi", b.depth_hi},
+                            {"n", b.n},
+                            {"intact", b.intact}});
+  }
+  j["trials"] = nlohmann::json::array();
+  for (const auto& t : r.trials) {
+    nlohmann::json res = nlohmann::json::array();
+    for (size_t c = 0; c < t.results.size(); ++c) {
+      const PolicyConfig& pc = r.configs[c];
+      res.push_back({{"policy", pc.policy},
+                     {"ratio", RatioJson(pc)},
+                     {"nll", t.results[c].nll},
+                     {"delta_nll", t.results[c].delta},
+                     {"intact", t.results[c].intact}});
+    }
+    j["trials"].push_back({{"length", t.length},
+                           {"trial", t.index},
+                           {"depth", t.depth},
+                           {"depth_frac", t.depth_frac},
+                           {"key", t.key},
+                           {"reference_nll", t.reference_nll},
+                           {"dropped", t.dropped},
+                           {"results", res}});
+  }
+  return j;
+}
+
+std::string NeedleHeatmapSvg(const NeedleReport& r, const std::string& policy) {
+  const NeedleOptions& o = r.options;
+  std::vector<size_t> cfgs;
+  for (size_t c = 0; c < r.configs.size(); ++c) {
+    if (r.configs[c].policy == policy) cfgs.push_back(c);
+  }
+  const int n_rows = o.depth_buckets;
+  const int n_cols = std::max<int>(1, static_cast<int>(cfgs.size()));
+  const double cw = 64, ch = 30, left = 90, top = 70, gap = 40;
+  const double panel_w = cw * n_cols;
+  // At least wide enough for the title.
+  const double width = std::max(520.0, left + (panel_w + gap) * r.lengths.size() + 20);
+  const double height = top + ch * n_rows + 80;
+  Svg svg(width, height);
+  svg.Text(width / 2, 24,
+           "needle intact rate: " + policy + " (dNLL < " + FormatNum(o.intact_nats, 2) +
+               " nat vs " + o.reference + ")",
+           "middle", 15, "bold");
+  svg.Text(16, top + ch * n_rows / 2, "needle depth (fraction of T)", "middle", 12, "", -90);
+  for (size_t li = 0; li < r.lengths.size(); ++li) {
+    const int64_t len = r.lengths[li].length;
+    const double x0 = left + li * (panel_w + gap);
+    svg.Text(x0 + panel_w / 2, top - 28,
+             "T = " + std::to_string(len) + " (" +
+                 std::to_string(r.lengths[li].trials - r.lengths[li].dropped) + " kept, " +
+                 std::to_string(r.lengths[li].dropped) + " dropped)",
+             "middle", 12);
+    for (int row = 0; row < n_rows; ++row) {
+      const double lo = o.depth_lo + (o.depth_hi - o.depth_lo) * row / n_rows;
+      const double hi = o.depth_lo + (o.depth_hi - o.depth_lo) * (row + 1) / n_rows;
+      if (li == 0) {
+        svg.Text(left - 6, top + ch * row + ch / 2 + 4, FormatNum(lo, 2) + "-" + FormatNum(hi, 2),
+                 "end", 10);
+      }
+    }
+    for (size_t ci = 0; ci < cfgs.size(); ++ci) {
+      const PolicyConfig& pc = r.configs[cfgs[ci]];
+      svg.Text(x0 + cw * ci + cw / 2, top - 8, "r=" + pc.RatioText(), "middle", 11);
+      for (const auto& b : r.buckets) {
+        if (b.config != cfgs[ci] || b.length != len) continue;
+        const double x = x0 + cw * ci, y = top + ch * b.bucket;
+        if (b.n == 0) {
+          svg.Rect(x, y, cw, ch, "#dddddd", "#ffffff");
+          svg.Text(x + cw / 2, y + ch / 2 + 4, "n=0", "middle", 10);
+        } else {
+          const double rate = static_cast<double>(b.intact) / b.n;
+          svg.Rect(x, y, cw, ch, RateColor(rate), "#ffffff");
+          svg.Text(x + cw / 2, y + ch / 2 + 4,
+                   FormatNum(rate, 2) + " (" + std::to_string(b.n) + ")", "middle", 10);
+        }
+      }
+    }
+    svg.Text(x0 + panel_w / 2, top + ch * n_rows + 22, "ratio (compression)", "middle", 12);
+  }
+  svg.Text(left, height - 16,
+           "cell: intact rate (trials); colour: red 0 - green 1; grey: no trials", "start", 10);
+  return svg.Finish();
+}
+
+}  // namespace strata::eval

@@ -1,0 +1,171 @@
+// Needle-in-a-haystack with compression before the query (VestigeKV spec section 5.1): a T-token
+// prefix of haystack filler with a needle at a random depth in [0.1T, 0.8T), the compression event
+// at the end of the prefix's Prefill call, then the question fed as a second Prefill call so it
+// reads the compressed cache; score = teacher-forced NLL of the answer tokens.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "eval/runner.h"
+#include "eval/stats.h"
+#include "model/model.h"
+
+namespace strata::eval {
+
+enum class NeedleFormat {
+  kText,      // needle and question sentences through the model's tokenizer
+  kKvTokens,  // the char-level testbed vocabulary: "KEY v1 v2" needle, "KEY" query, "v1 v2" answer
+};
+StatusOr<NeedleFormat> ParseNeedleFormat(const std::string& text);
+const char* NeedleFormatName(NeedleFormat f);
+
+// Token ids of the kv-tokens format (issue 6 testbed: 0 BOS, 1 KEY, 2..17 slot 0, 18..33 slot 1,
+// characters from 50).
+struct KvTokenIds {
+  int32_t bos = 0;  // < 0: no BOS
+  int32_t key = 1;
+  int32_t slot0_first = 2;
+  int32_t slot0_count = 16;
+  int32_t slot1_first = 18;
+  int32_t slot1_count = 16;
+  int32_t char_first = 50;  // filler character c -> char_first + index of c in `charset`
+  // Filler characters in id order. Empty: the sorted distinct characters of the haystack (after
+  // whitespace is collapsed to single spaces); indexes past the vocabulary wrap around.
+  std::string charset;
+};
+
+struct NeedleOptions {
+  std::vector<int64_t> lengths = {512};           // prefix lengths T (tokens, BOS included)
+  std::vector<std::string> ratios = {"8", "32"};  // empty: the policies' own default budgets
+  std::vector<std::string> policies = {"full"};   // "all": every registered policy
+  std::map<std::string, std::string> settings;    // pass-through policy settings
+  std::string reference = "full";  // the uncompressed baseline (built through the factory too)
+  int64_t trials = 8;
+  uint64_t seed = 1;
+  NeedleFormat format = NeedleFormat::kText;
+  std::string haystack;       // filler text; empty: the built-in corpus (eval/corpus.h)
+  std::string haystack_name;  // for the report
+  // Templates are used verbatim ("\n" escapes become newlines); {key} is replaced by the key.
+  std::string needle_template = "The secret code is {key}.";
+  std::string question_template = "What is the secret code? The secret code is";
+  int key_digits = 5;
+  KvTokenIds kv;
+  double intact_nats = 1.0;         // intact iff NLL(policy) - NLL(reference) < intact_nats
+  double baseline_gate_nats = 1.0;  // trials with NLL(reference) >= this are dropped and counted
+  double depth_lo = 0.1;            // needle start in [depth_lo * T, depth_hi * T)
+  double depth_hi = 0.8;
+  int depth_buckets = 7;  // heat-map rows over [depth_lo, depth_hi)
+  int chunk = 256;        // prefill chunk
+  int threads = 1;
+  // Policies whose cache cannot be built for this model (e.g. a row policy on a GQA model) are
+  // reported as skipped instead of failing the run (the CLI sets it for --policy all).
+  bool skip_unsupported = false;
+  PolicyFactory factory;  // null: RegistryFactory()
+};
+
+// One trial's token sequences.
+struct NeedleTrial {
+  int64_t index = 0;
+  int64_t length = 0;           // T
+  std::string key;              // text: the digits; kv-tokens: "v1 v2" ids
+  int64_t depth = 0;            // position of the first needle token in `prefix`
+  std::vector<int32_t> prefix;  // [T]: BOS, filler, the needle at depth, filler
+  std::vector<int32_t> needle;  // the inserted tokens (prefix[depth, depth + needle.size()))
+  std::vector<int32_t> query;   // fed after the compression point
+  std::vector<int32_t> answer;  // scored, teacher-forced, after the query
+};
+
+// Builds trials for one model and option set. Trial i depends only on (seed, i, T): its RNG is
+// seeded from (seed, i), so it is identical for any trial count above i.
+class NeedleBuilder {
+ public:
+  static StatusOr<NeedleBuilder> Create(const Model& model, const NeedleOptions& o);
+  StatusOr<NeedleTrial> Build(int64_t length, int64_t index) const;
+  // The filler token stream the prefixes are cut from (cyclically).
+  const std::vector<int32_t>& filler() const { return filler_; }
+
+ private:
+  NeedleOptions o_;
+  const Tokenizer* tok_ = nullptr;
+  int64_t n_vocab_ = 0;
+  int32_t bos_ = -1;
+  std::vector<int32_t> filler_;
+};
+
+// The RNG seed of trial i (SplitMix-style mix of seed and i).
+uint64_t TrialSeed(uint64_t seed, int64_t index);
+
+struct NeedleConfigResult {
+  double nll = 0;
+  double delta = 0;  // nll - reference nll
+  bool intact = false;
+};
+
+struct NeedleTrialRecord {
+  int64_t length = 0;
+  int64_t index = 0;
+  int64_t depth = 0;
+  double depth_frac = 0;
+  int bucket = 0;
+  std::string key;
+  double reference_nll = 0;
+  bool dropped = false;                     // reference NLL >= the baseline gate
+  std::vector<NeedleConfigResult> results;  // [configs], empty when dropped
+};
+
+struct NeedleCell {  // one (config, length)
+  size_t config = 0;
+  int64_t length = 0;
+  int64_t n = 0;
+  int64_t intact = 0;
+  Interval rate;
+  double mean_delta = 0;
+};
+
+struct NeedleBucketCell {  // one (config, length, depth bucket)
+  size_t config = 0;
+  int64_t length = 0;
+  int bucket = 0;
+  double depth_lo = 0, depth_hi = 0;
+  int64_t n = 0;
+  int64_t intact = 0;
+};
+
+struct NeedleReport {
+  NeedleOptions options;  // factory cleared
+  std::vector<PolicyConfig> configs;
+  std::vector<SkippedConfig> skipped;
+  struct LengthSummary {
+    int64_t length = 0;
+    int64_t trials = 0;
+    int64_t dropped = 0;
+  };
+  std::vector<LengthSummary> lengths;
+  std::vector<NeedleTrialRecord> trials;
+  std::vector<NeedleCell> cells;
+  std::vector<NeedleBucketCell> buckets;
+};
+
+// Teacher-forced NLL (nats, summed over the answer tokens) of one trial under one config:
+// Prefill(prefix) = compression point, then Prefill(query + answer[:-1]) on the compressed cache.
+StatusOr<double> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
+                                  const PolicyFactory& factory, const PolicyConfig& config,
+                                  int chunk, ThreadPool* pool);
+
+// Runs every (length, trial, config); progress lines go to `progress` (may be null).
+StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostream* progress);
+
+// The "needle" section of the report JSON (docs/eval.md).
+nlohmann::json NeedleJson(const NeedleReport& r);
+// The heat map of intact rates (depth bucket x ratio, one panel per length) for one policy.
+std::string NeedleHeatmapSvg(const NeedleReport& r, const std::string& policy);
+
+}  // namespace strata::eval

@@ -1,0 +1,227 @@
+#include "eval/needle.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/rng.h"
+#include "eval/eval_testing.h"
+
+namespace strata::eval {
+namespace {
+
+class NeedleTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto m = testing::TinyTextModel();
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    text_model_ = m->release();
+    auto r = testing::RetrievalModel();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    retrieval_model_ = r->release();
+  }
+  static void TearDownTestSuite() {
+    delete text_model_;
+    delete retrieval_model_;
+  }
+  static Model* text_model_;
+  static Model* retrieval_model_;
+};
+Model* NeedleTest::text_model_ = nullptr;
+Model* NeedleTest::retrieval_model_ = nullptr;
+
+NeedleOptions KvOptions() {
+  NeedleOptions o;
+  o.format = NeedleFormat::kKvTokens;
+  o.ratios = {};
+  o.policies = {"full"};
+  o.lengths = {96};
+  o.trials = 6;
+  o.factory = testing::FactoryWithDestroy();
+  return o;
+}
+
+TEST_F(NeedleTest, NeedleIsInThePrefixAtTheChosenDepth) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (NeedleFormat f : {NeedleFormat::kText, NeedleFormat::kKvTokens}) {
+    NeedleOptions o;
+    o.format = f;
+    o.seed = seed;
+    Model* m = f == NeedleFormat::kText ? text_model_ : retrieval_model_;
+    auto b = NeedleBuilder::Create(*m, o);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+    Rng rng(seed);
+    for (int it = 0; it < 40; ++it) {
+      const int64_t T = 64 + static_cast<int64_t>(rng.Below(2000));
+      auto t = b->Build(T, static_cast<int64_t>(rng.Below(1000)));
+      ASSERT_TRUE(t.ok()) << t.status().ToString();
+      ASSERT_EQ(static_cast<int64_t>(t->prefix.size()), T);
+      EXPECT_GE(t->depth, static_cast<int64_t>(std::ceil(0.1 * T)));
+      EXPECT_LT(t->depth, static_cast<int64_t>(std::ceil(0.8 * T)));
+      EXPECT_LT(static_cast<double>(t->depth), 0.8 * T);
+      EXPECT_GE(static_cast<double>(t->depth), 0.1 * T);
+      ASSERT_LE(t->depth + static_cast<int64_t>(t->needle.size()), T);
+      for (size_t j = 0; j < t->needle.size(); ++j) {
+        EXPECT_EQ(t->prefix[t->depth + j], t->needle[j]) << "needle token " << j;
+      }
+      if (f == NeedleFormat::kKvTokens) {
+        EXPECT_EQ(t->prefix[0], 0);  // BOS
+        ASSERT_EQ(t->needle.size(), 3u);
+        EXPECT_EQ(t->needle[0], 1);  // KEY
+        EXPECT_GE(t->needle[1], 2);
+        EXPECT_LT(t->needle[1], 18);
+        EXPECT_GE(t->needle[2], 18);
+        EXPECT_LT(t->needle[2], 34);
+        EXPECT_EQ(t->query, std::vector<int32_t>{1});
+        EXPECT_EQ(t->answer, (std::vector<int32_t>{t->needle[1], t->needle[2]}));
+        // The key and value tokens occur only in the needle; the filler is characters.
+        int keys = 0;
+        for (int32_t id : t->prefix) keys += id == 1;
+        EXPECT_EQ(keys, 1);
+      } else {
+        EXPECT_EQ(t->prefix[0], m->tokenizer()->bos_id());
+        EXPECT_EQ(t->key.size(), 5u);
+        const std::string decoded = m->tokenizer()->Decode(t->needle);
+        EXPECT_NE(decoded.find(t->key), std::string::npos) << decoded;
+        EXPECT_NE(m->tokenizer()->Decode(t->answer).find(t->key), std::string::npos);
+      }
+    }
+  }
+}
+
+TEST_F(NeedleTest, TrialIIsTheSameForAnyTrialCountAboveI) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  const int64_t i = static_cast<int64_t>(rng.Below(4));
+  NeedleOptions o;
+  o.seed = seed;
+  o.lengths = {48};
+  o.ratios = {};
+  o.policies = {"full"};
+  o.baseline_gate_nats = 1e9;  // a random-weight model: keep every trial
+  o.trials = i + 1;
+  auto a = RunNeedle(*text_model_, o, nullptr);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  o.trials = 2 * i + 5;
+  auto b = RunNeedle(*text_model_, o, nullptr);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  ASSERT_EQ(static_cast<int64_t>(a->trials.size()), i + 1);
+  ASSERT_EQ(static_cast<int64_t>(b->trials.size()), 2 * i + 5);
+  for (int64_t k = 0; k <= i; ++k) {
+    const auto& x = a->trials[k];
+    const auto& y = b->trials[k];
+    EXPECT_EQ(x.index, y.index);
+    EXPECT_EQ(x.depth, y.depth);
+    EXPECT_EQ(x.key, y.key);
+    EXPECT_EQ(x.reference_nll, y.reference_nll);  // bit-identical
+    ASSERT_EQ(x.results.size(), y.results.size());
+    for (size_t c = 0; c < x.results.size(); ++c) EXPECT_EQ(x.results[c].nll, y.results[c].nll);
+  }
+  // Token sequences too.
+  auto builder = NeedleBuilder::Create(*text_model_, o);
+  ASSERT_TRUE(builder.ok());
+  auto t1 = builder->Build(48, i), t2 = builder->Build(48, i);
+  ASSERT_TRUE(t1.ok() && t2.ok());
+  EXPECT_EQ(t1->prefix, t2->prefix);
+  // Different trials differ (key or depth or filler).
+  auto t3 = builder->Build(48, i + 1);
+  ASSERT_TRUE(t3.ok());
+  EXPECT_NE(t1->prefix, t3->prefix);
+}
+
+// Integrity gate 1: the identity policy gives dNLL exactly 0 and every kept trial intact.
+TEST_F(NeedleTest, GateIdentityPolicyHasZeroDelta) {
+  NeedleOptions o = KvOptions();
+  o.seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(o.seed));
+  auto r = RunNeedle(*retrieval_model_, o, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->lengths.size(), 1u);
+  EXPECT_EQ(r->lengths[0].dropped, 0);  // the retrieval model answers uncompressed
+  for (const auto& t : r->trials) {
+    EXPECT_LT(t.reference_nll, 1e-3) << "the hand-built model should retrieve the needle";
+    ASSERT_EQ(t.results.size(), 1u);
+    EXPECT_EQ(t.results[0].delta, 0.0);
+    EXPECT_TRUE(t.results[0].intact);
+  }
+  ASSERT_EQ(r->cells.size(), 1u);
+  EXPECT_EQ(r->cells[0].intact, o.trials);
+  EXPECT_EQ(r->cells[0].rate.point, 1.0);
+}
+
+// Integrity gate 2: a policy that destroys the cache gives 0.00 intact (the leakage floor).
+TEST_F(NeedleTest, GateDestroyedCacheGivesZeroIntact) {
+  NeedleOptions o = KvOptions();
+  o.seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(o.seed));
+  o.policies = {"destroy", "full"};
+  o.ratios = {"8"};  // passed through as settings["ratio"]; both policies ignore it
+  auto r = RunNeedle(*retrieval_model_, o, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->configs.size(), 2u);
+  EXPECT_EQ(r->configs[0].policy, "destroy");
+  for (const auto& c : r->cells) {
+    ASSERT_EQ(c.n, o.trials);
+    if (r->configs[c.config].policy == "destroy") {
+      EXPECT_EQ(c.intact, 0);
+      EXPECT_EQ(c.rate.point, 0.0);
+      EXPECT_GT(c.mean_delta, 2 * std::log(512.0) - 0.1);  // both answer tokens at chance
+    } else {
+      EXPECT_EQ(c.intact, c.n);
+    }
+  }
+}
+
+// Integrity gate 3: trials the uncompressed reference cannot answer are dropped and counted.
+TEST_F(NeedleTest, GateTrialsTheReferenceMissesAreDroppedAndCounted) {
+  NeedleOptions o = KvOptions();
+  o.seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(o.seed));
+  o.reference = "destroy";  // a reference that cannot answer
+  auto r = RunNeedle(*retrieval_model_, o, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->lengths[0].dropped, o.trials);
+  for (const auto& t : r->trials) {
+    EXPECT_TRUE(t.dropped);
+    EXPECT_GE(t.reference_nll, 1.0);
+    EXPECT_TRUE(t.results.empty());
+  }
+  EXPECT_EQ(r->cells[0].n, 0);
+  // A random-weight text model cannot answer either: everything is dropped at the 1-nat gate.
+  NeedleOptions t;
+  t.lengths = {48};
+  t.trials = 3;
+  t.ratios = {};
+  auto rt = RunNeedle(*text_model_, t, nullptr);
+  ASSERT_TRUE(rt.ok()) << rt.status().ToString();
+  EXPECT_EQ(rt->lengths[0].dropped, 3);
+}
+
+TEST_F(NeedleTest, ErrorsNameTheBadValue) {
+  NeedleOptions o = KvOptions();
+  o.policies = {"no-such-policy"};
+  auto r = RunNeedle(*retrieval_model_, o, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("no-such-policy"), std::string::npos);
+  o = KvOptions();
+  o.lengths = {9};
+  o.kv.key = 5000;
+  r = RunNeedle(*retrieval_model_, o, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--kv-key = 5000"), std::string::npos);
+  o = KvOptions();
+  o.policies = {"all"};
+  o.skip_unsupported = true;  // e.g. MLA-only policies on this GQA model are skipped, not fatal
+  o.trials = 1;
+  o.lengths = {64};
+  r = RunNeedle(*retrieval_model_, o, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->configs.size() + r->skipped.size(), Policies().size());
+  NeedleOptions text;
+  EXPECT_FALSE(NeedleBuilder::Create(*retrieval_model_, text).ok());  // no tokenizer
+}
+
+}  // namespace
+}  // namespace strata::eval

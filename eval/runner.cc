@@ -1,0 +1,143 @@
+#include "eval/runner.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+
+namespace strata::eval {
+
+PolicyFactory RegistryFactory() {
+  return [](const PolicySpec& spec) { return MakePolicy(spec); };
+}
+
+PolicySpec PolicyConfig::Spec() const {
+  PolicySpec s;
+  s.name = policy;
+  s.settings = settings;
+  if (ratio) s.settings["ratio"] = *ratio;
+  return s;
+}
+
+std::string PolicyConfig::Label() const { return ratio ? policy + "@" + *ratio : policy; }
+
+std::vector<PolicyConfig> ExpandGrid(const std::vector<std::string>& policies,
+                                     const std::vector<std::string>& ratios,
+                                     const std::map<std::string, std::string>& settings) {
+  std::vector<std::string> names;
+  for (const auto& p : policies) {
+    if (p == "all") {
+      for (const PolicyInfo& info : Policies()) names.push_back(info.name);
+    } else {
+      names.push_back(p);
+    }
+  }
+  std::map<std::string, std::string> base = settings;
+  base.erase("ratio");
+  std::vector<PolicyConfig> out;
+  for (const auto& n : names) {
+    if (ratios.empty()) {
+      out.push_back({n, std::nullopt, base});
+    } else {
+      for (const auto& r : ratios) out.push_back({n, r, base});
+    }
+  }
+  return out;
+}
+
+StatusOr<std::unique_ptr<KvCache>> NewConfigCache(const Model& model, const PolicyFactory& factory,
+                                                  const PolicyConfig& config) {
+  auto policy = factory(config.Spec());
+  if (!policy.ok()) return policy.status().WithContext("policy " + config.Label());
+  auto cache = model.NewCache(std::move(*policy));
+  if (!cache.ok()) return cache.status().WithContext("policy " + config.Label());
+  return cache;
+}
+
+StatusOr<std::vector<PolicyConfig>> BuildableConfigs(
+    const Model& model, const PolicyFactory& factory, const std::vector<PolicyConfig>& configs,
+    bool skip_unsupported, std::vector<SkippedConfig>* skipped, std::ostream* progress) {
+  std::vector<PolicyConfig> out;
+  for (const PolicyConfig& c : configs) {
+    // The factory and Bind errors already name the policy; the label adds the ratio.
+    Status st;
+    auto policy = factory(c.Spec());
+    if (!policy.ok()) {
+      st = policy.status();
+    } else {
+      st = model.NewCache(std::move(*policy)).status();
+    }
+    if (st.ok()) {
+      out.push_back(c);
+    } else if (skip_unsupported) {
+      skipped->push_back({c, st.message()});
+      Progress(progress).Line("skipping " + c.Label() + ": " + st.message());
+    } else {
+      return st.WithContext("policy " + c.Label());
+    }
+  }
+  if (out.empty()) return InvalidArgument("no policy in --policy can run on this model");
+  return out;
+}
+
+nlohmann::json ConfigJson(const PolicyConfig& c) {
+  nlohmann::json s = nlohmann::json::object();
+  for (const auto& [k, v] : c.Spec().settings) s[k] = v;
+  return {{"policy", c.policy},
+          {"ratio", c.ratio ? nlohmann::json(*c.ratio) : nlohmann::json(nullptr)},
+          {"label", c.Label()},
+          {"settings", s}};
+}
+
+nlohmann::json SkippedJson(const std::vector<SkippedConfig>& skipped) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& s : skipped) {
+    j.push_back(
+        {{"policy", s.config.policy},
+         {"ratio", s.config.ratio ? nlohmann::json(*s.config.ratio) : nlohmann::json(nullptr)},
+         {"reason", s.reason}});
+  }
+  return j;
+}
+
+namespace {
+double LogSumExp(const float* x, int64_t n) {
+  double mx = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, static_cast<double>(x[i]));
+  double s = 0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(static_cast<double>(x[i]) - mx);
+  return mx + std::log(s);
+}
+}  // namespace
+
+double TokenNll(const float* logits, int64_t n_vocab, int32_t target) {
+  STRATA_CHECK(target >= 0 && target < n_vocab);
+  return LogSumExp(logits, n_vocab) - static_cast<double>(logits[target]);
+}
+
+double KlDivergence(const float* p_logits, const float* q_logits, int64_t n_vocab) {
+  const double lp = LogSumExp(p_logits, n_vocab);
+  const double lq = LogSumExp(q_logits, n_vocab);
+  double kl = 0;
+  for (int64_t i = 0; i < n_vocab; ++i) {
+    const double log_p = static_cast<double>(p_logits[i]) - lp;
+    const double log_q = static_cast<double>(q_logits[i]) - lq;
+    kl += std::exp(log_p) * (log_p - log_q);
+  }
+  return std::max(0.0, kl);  // tiny negative values are rounding
+}
+
+int64_t ValuesPerToken(const KvCache& cache) { return cache.FullBytesPerToken() / 2; }
+
+double ResidentBitsPerValue(const KvCache& cache) {
+  const int64_t n = cache.n_tokens();
+  if (n == 0) return 0;
+  return static_cast<double>(cache.ResidentBytes()) * 8.0 /
+         (static_cast<double>(n) * static_cast<double>(ValuesPerToken(cache)));
+}
+
+void Progress::Line(const std::string& text) const {
+  if (err_) *err_ << text << "\n" << std::flush;
+}
+
+}  // namespace strata::eval

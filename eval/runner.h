@@ -1,0 +1,89 @@
+// Pieces every evaluation command shares: how a policy is built (always through a factory that
+// defaults to the registry), the policy/ratio grid, teacher-forced NLL and KL from logits, and the
+// engine-counter accounting of bits per value.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "kv/cache.h"
+#include "kv/registry.h"
+#include "model/model.h"
+
+namespace strata::eval {
+
+// Builds a policy from a spec. The default is kv/registry.h's MakePolicy; tests inject local
+// policies (e.g. the cache-destroying leakage-floor policy) by wrapping it.
+using PolicyFactory = std::function<StatusOr<std::unique_ptr<Policy>>(const PolicySpec&)>;
+PolicyFactory RegistryFactory();
+
+// One evaluated configuration: a policy name, its budget ratio (settings["ratio"]; absent when
+// the run gives no --ratio) and the pass-through settings.
+struct PolicyConfig {
+  std::string policy;
+  std::optional<std::string> ratio;
+  std::map<std::string, std::string> settings;  // without "ratio"
+
+  PolicySpec Spec() const;
+  // "vestige@32", or "full" without a ratio.
+  std::string Label() const;
+  std::string RatioText() const { return ratio ? *ratio : "-"; }
+};
+
+// The grid policies x ratios (policy-major). An empty `ratios` gives one config per policy with
+// no ratio setting. "all" in `policies` expands to every registered policy.
+std::vector<PolicyConfig> ExpandGrid(const std::vector<std::string>& policies,
+                                     const std::vector<std::string>& ratios,
+                                     const std::map<std::string, std::string>& settings);
+
+// A fresh cache for the config; errors name the config (e.g. a row policy on a GQA model).
+StatusOr<std::unique_ptr<KvCache>> NewConfigCache(const Model& model, const PolicyFactory& factory,
+                                                  const PolicyConfig& config);
+
+// A config that cannot run on the model (its factory or Bind failed), and why.
+struct SkippedConfig {
+  PolicyConfig config;
+  std::string reason;
+};
+
+// Keeps the configs whose cache builds for this model. A failing one is an error, or, when
+// `skip_unsupported`, is recorded in `skipped` (with a progress line) and left out.
+StatusOr<std::vector<PolicyConfig>> BuildableConfigs(
+    const Model& model, const PolicyFactory& factory, const std::vector<PolicyConfig>& configs,
+    bool skip_unsupported, std::vector<SkippedConfig>* skipped, std::ostream* progress);
+// [{"policy", "ratio", "reason"}] for the report envelope.
+nlohmann::json SkippedJson(const std::vector<SkippedConfig>& skipped);
+// {"policy", "ratio", "label", "settings"} (settings include "ratio" when set).
+nlohmann::json ConfigJson(const PolicyConfig& c);
+
+// -log softmax(logits)[target] in float64. logits: [n_vocab].
+double TokenNll(const float* logits, int64_t n_vocab, int32_t target);
+// KL(softmax(p_logits) || softmax(q_logits)) in float64 nats. Both: [n_vocab].
+double KlDivergence(const float* p_logits, const float* q_logits, int64_t n_vocab);
+
+// Values one token occupies in the full cache, summed over layers (bf16: bytes / 2). The unit of
+// every bits-per-value figure: bits/value = bytes * 8 / (tokens * ValuesPerToken).
+int64_t ValuesPerToken(const KvCache& cache);
+// Resident bits per cached value: ResidentBytes() * 8 / (n_tokens * ValuesPerToken).
+double ResidentBitsPerValue(const KvCache& cache);
+
+// Writes "label: i/n ..." progress lines to a stream (may be null: silent).
+class Progress {
+ public:
+  explicit Progress(std::ostream* err) : err_(err) {}
+  void Line(const std::string& text) const;
+
+ private:
+  std::ostream* err_;
+};
+
+}  // namespace strata::eval

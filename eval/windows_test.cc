@@ -1,0 +1,156 @@
+#include "eval/windows.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "core/rng.h"
+#include "eval/corpus.h"
+#include "eval/eval_testing.h"
+
+namespace strata::eval {
+namespace {
+
+class WindowsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto m = testing::TinyTextModel();
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    model_ = m->release();
+    auto t = TokenizeCorpus(*model_, std::string(BuiltinHaystack()));
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    tokens_ = new std::vector<int32_t>(std::move(*t));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete tokens_;
+  }
+  static Model* model_;
+  static std::vector<int32_t>* tokens_;
+};
+Model* WindowsTest::model_ = nullptr;
+std::vector<int32_t>* WindowsTest::tokens_ = nullptr;
+
+WindowOptions SmallWindows() {
+  WindowOptions w;
+  w.length = 80;
+  w.eval_tokens = 9;
+  w.windows = 3;
+  w.chunk = 32;
+  return w;
+}
+
+TEST_F(WindowsTest, OffsetsAreEvenlySpacedAndChecked) {
+  WindowOptions w = SmallWindows();
+  auto o = ResolveOffsets(1000, w);
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(*o, (std::vector<int64_t>{0, 460, 920}));
+  w.offsets = {0, 921};
+  auto bad = ResolveOffsets(1000, w);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("921"), std::string::npos);
+  w = SmallWindows();
+  w.eval_tokens = 1;
+  EXPECT_FALSE(ResolveOffsets(1000, w).ok());
+  w = SmallWindows();
+  EXPECT_FALSE(ResolveOffsets(50, w).ok());
+}
+
+// The Q = 1 loop scores exactly E - 1 targets per window, and on the full cache it matches a
+// single exact prefill of the window (the decode path reads every row).
+TEST_F(WindowsTest, FullPolicyQ1MatchesAllLogitsPrefill) {
+  const WindowOptions w = SmallWindows();
+  ThreadPool pool(1);
+  const PolicyConfig full{"full", std::nullopt, {}};
+  auto r = RunPplWindow(*model_, *tokens_, 17, w, RegistryFactory(), full, &pool);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->nll.size(), static_cast<size_t>(w.eval_tokens - 1));
+  auto cache = NewConfigCache(*model_, RegistryFactory(), full);
+  ASSERT_TRUE(cache.ok());
+  std::vector<float> logits;
+  ASSERT_TRUE(
+      model_->Prefill(tokens_->data() + 17, w.length, 1, cache->get(), &pool, nullptr, &logits)
+          .ok());
+  const int64_t v = model_->config().n_vocab;
+  const int64_t n_prefix = w.length - w.eval_tokens;
+  for (int64_t i = 0; i + 1 < w.eval_tokens; ++i) {
+    const int64_t pos = n_prefix + i;  // the position that fed target i
+    const double ref = TokenNll(logits.data() + pos * v, v, (*tokens_)[17 + pos + 1]);
+    // Tolerance: the decode and prefill paths may differ in float summation order.
+    EXPECT_NEAR(r->nll[i], ref, 1e-4) << "target " << i;
+  }
+  // The full cache reads 16 bits per value; resident storage is allocated in 64-row pages, so
+  // 79 cached tokens hold 2 pages = 128 rows.
+  const int64_t n_cached = w.length - 1;
+  EXPECT_DOUBLE_EQ(r->resident_bits_per_value, 16.0 * 128 / n_cached);
+  EXPECT_DOUBLE_EQ(r->read_bits_per_value, 16.0);
+}
+
+// Integrity gates on the windows machinery: full vs full is a PPL ratio of exactly 1 with a
+// degenerate interval, and KL(full || full) is exactly 0.
+TEST_F(WindowsTest, GateIdentityPolicyIsExactlyNeutral) {
+  PplOptions p;
+  p.w = SmallWindows();
+  p.policies = {"full"};
+  p.policy2 = "full";
+  p.draws = 2000;
+  auto r = RunPpl(*model_, *tokens_, p, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->configs.size(), 2u);
+  ASSERT_EQ(r->comparisons.size(), 1u);
+  const BootstrapResult& b = r->comparisons[0].boot;
+  EXPECT_EQ(b.mean_delta, 0.0);
+  EXPECT_EQ(b.ratio, 1.0);
+  EXPECT_EQ(b.ratio_lo, 1.0);
+  EXPECT_EQ(b.ratio_hi, 1.0);
+  EXPECT_EQ(b.wins_a + b.wins_b, 0);
+  EXPECT_EQ(r->configs[0].n_targets, 3 * (p.w.eval_tokens - 1));
+  EXPECT_GT(r->configs[0].ppl, 1.0);
+
+  KlOptions k;
+  k.w = SmallWindows();
+  k.policies = {"full"};
+  auto kl = RunKl(*model_, *tokens_, k, nullptr);
+  ASSERT_TRUE(kl.ok()) << kl.status().ToString();
+  ASSERT_EQ(kl->configs.size(), 1u);
+  EXPECT_EQ(kl->configs[0].mean_kl, 0.0);
+  EXPECT_EQ(kl->configs[0].max_kl, 0.0);
+  EXPECT_EQ(kl->configs[0].n_positions, 3 * (k.w.eval_tokens - 1));
+}
+
+// The destroying policy changes the distributions: positive KL, a different PPL, and far fewer
+// bytes read than the full cache.
+TEST_F(WindowsTest, DestroyedCacheShowsUpInKlAndReadBits) {
+  KlOptions k;
+  k.w = SmallWindows();
+  k.policies = {"destroy"};
+  k.factory = testing::FactoryWithDestroy();
+  auto kl = RunKl(*model_, *tokens_, k, nullptr);
+  ASSERT_TRUE(kl.ok()) << kl.status().ToString();
+  EXPECT_GT(kl->configs[0].mean_kl, 0.0);
+
+  PplOptions p;
+  p.w = SmallWindows();
+  p.policies = {"destroy"};
+  p.policy2 = "full";
+  p.draws = 1000;
+  p.factory = testing::FactoryWithDestroy();
+  auto r = RunPpl(*model_, *tokens_, p, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NE(r->configs[0].mean_nll, r->configs[1].mean_nll);
+  EXPECT_LT(r->configs[0].read_bits_per_value, 1.0);  // one row of ~T per step
+  EXPECT_DOUBLE_EQ(r->configs[1].read_bits_per_value, 16.0);
+}
+
+TEST_F(WindowsTest, ChunkedModeScoresTheSameTargets) {
+  PplOptions p;
+  p.w = SmallWindows();
+  p.w.chunked = true;
+  auto r = RunPpl(*model_, *tokens_, p, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->configs[0].n_targets, 3 * (p.w.eval_tokens - 1));
+  EXPECT_TRUE(PplJson(*r)["screening_only"].get<bool>());
+}
+
+}  // namespace
+}  // namespace strata::eval
