@@ -20,6 +20,12 @@
 // whole archive fires) and gate_h = entropy_h > thr_g (nats; always open when thr_g = -inf or the
 // gate is off). The fetched set is the union over heads, ascending row ids.
 //
+// Layout (v2, recall.cc): csk is kept in tiles of 16 consecutive rows, channel-major within a tile,
+// so the scan reads channel k of 16 rows with one vector load and computes 16 rows x all active
+// heads per tile (a GEMM [heads, d_r + r] x [d_r + r, 16] on operands widened on the fly). The
+// same bytes as a row-major csk (the last partial tile is zero padded); an archive bit mask per
+// tile (2 B per 16 rows) selects the archived rows. The branch is still read from the row's tail.
+//
 // Soundness. With z = sqrt(d_c - r) the certified score bounds the true score by Cauchy-Schwarz;
 // with the f16/bf16 roundings it holds up to a rounding slack (tested in recall_test.cc):
 //   idx_u + sqrt(d_c - r) * cert_u >= lam * q . row_u
@@ -186,7 +192,8 @@ class RecallTier {
   float eta(int64_t u) const;
   const RecallCounters& counters() const { return counters_; }
   const RecallOptions& options() const { return opt_; }
-  // Bytes the index keeps resident (basis, csk, eta, archive list, fetch buffer).
+  // Bytes the index keeps resident (basis, csk and eta incl. the zero padding of the last 16-row
+  // tile, archive list and tile mask, fetch buffer and per-tile fire masks, calibration queries).
   int64_t ResidentBytes() const;
   // Bytes one scanned archived row costs a scan: 2 r (csk) + 4 (eta) + 2 d_r (branch).
   int64_t scan_bytes_per_row() const { return 2 * opt_.rank + 4 + 2 * d_r_; }
