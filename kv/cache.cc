@@ -25,7 +25,7 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::Create(std::vector<LayerGeometry> la
 }
 
 KvCache::KvCache(std::vector<LayerGeometry> layers, std::unique_ptr<Policy> policy)
-    : policy_(std::move(policy)), recorded_(layers.size()) {
+    : policy_(std::move(policy)) {
   int max_heads = 0, max_dv = 0;
   for (const auto& g : layers) {
     stores_.emplace_back(g);
@@ -66,13 +66,6 @@ void KvCache::BeginPrefill(int64_t first, int64_t end) {
   obs_end_ = end;
   obs_first_ = std::max(first, end - n_obs);
   if (n_obs <= 0) obs_first_ = obs_end_;
-  for (auto& r : recorded_) r.clear();
-}
-
-void KvCache::ObserveQuery(int layer, int64_t pos, const float* q) {
-  if (pos < obs_first_ || pos >= obs_end_) return;
-  const LayerGeometry& g = stores_[layer].geometry();
-  recorded_[layer].push_back({pos, std::vector<float>(q, q + int64_t{g.n_q_heads} * g.k_dim)});
 }
 
 namespace {
@@ -118,50 +111,22 @@ void ObservationWeights(const LayerStore& store, const float* q, int64_t n,
 
 }  // namespace
 
-void KvCache::EndPrefill(ThreadPool* pool) {
-  // Observed queries are processed in batches of one per thread: each thread computes one
-  // query's weights into its own [n_q_heads, pos + 1] buffer, then the batch is delivered in
-  // position order. Memory: threads x n_q_heads x T floats, never n_obs x T.
-  const bool need_weights = policy_->observation_needs_weights();
-  const int T = pool ? pool->size() : 1;
-  std::vector<std::vector<float>> w(T), kbuf(T);
-  for (int l = 0; l < n_layers(); ++l) {
-    const LayerStore& store = stores_[l];
-    const LayerGeometry& g = store.geometry();
-    const std::vector<Recorded>& rec = recorded_[l];
-    if (!need_weights) {
-      for (const Recorded& r : rec) {
-        PrefillObservation obs{r.pos, g.n_q_heads, g.k_dim, r.q.data(), r.pos + 1, nullptr};
-        policy_->OnPrefillStats(l, store, obs);
-      }
-      recorded_[l].clear();
-      continue;
-    }
-    const int64_t n_rec = static_cast<int64_t>(rec.size());
-    for (int64_t b0 = 0; b0 < n_rec; b0 += T) {
-      const int64_t nb = std::min<int64_t>(T, n_rec - b0);
-      auto work = [&](int64_t b, int64_t e, int) {
-        for (int64_t i = b; i < e; ++i) {
-          const Recorded& r = rec[b0 + i];
-          w[i].resize(static_cast<size_t>(g.n_q_heads) * (r.pos + 1));
-          ObservationWeights(store, r.q.data(), r.pos + 1, &kbuf[i], w[i].data());
-        }
-      };
-      if (pool && nb > 1) {
-        pool->ParallelFor(nb, work);
-      } else {
-        work(0, nb, 0);
-      }
-      for (int64_t i = 0; i < nb; ++i) {
-        const Recorded& r = rec[b0 + i];
-        PrefillObservation obs{r.pos, g.n_q_heads, g.k_dim, r.q.data(), r.pos + 1, w[i].data()};
-        policy_->OnPrefillStats(l, store, obs);
-      }
-    }
-    recorded_[l].clear();
+void KvCache::ObserveQuery(int layer, int64_t pos, const float* q) {
+  if (pos < obs_first_ || pos >= obs_end_) return;
+  // Delivered at once: every row the query may see ([0, pos]) is already appended, so nothing is
+  // recorded and memory stays one [n_q_heads, pos + 1] weight buffer whatever the prompt length.
+  const LayerStore& store = stores_[layer];
+  const LayerGeometry& g = store.geometry();
+  PrefillObservation obs{pos, g.n_q_heads, g.k_dim, q, pos + 1, nullptr};
+  if (policy_->observation_needs_weights()) {
+    obs_w_.resize(static_cast<size_t>(g.n_q_heads) * (pos + 1));
+    ObservationWeights(store, q, pos + 1, &obs_kbuf_, obs_w_.data());
+    obs.weights = obs_w_.data();
   }
-  Compress();
+  policy_->OnPrefillStats(layer, store, obs);
 }
+
+void KvCache::EndPrefill(ThreadPool* pool) { Compress(); }
 
 void KvCache::Compress() {
   for (int l = 0; l < n_layers(); ++l) policy_->OnCompress(l, stores_[l]);

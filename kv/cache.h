@@ -46,9 +46,11 @@ class KvCache {
   void Attend(int layer, const float* q, int64_t pos, ThreadPool* pool, float* out);
 
   // Prefill observation (event 1). BeginPrefill announces that positions [first, end) are about
-  // to be prefilled; the model then offers every prompt query through ObserveQuery, which keeps
-  // those among the policy's last observation_queries(). EndPrefill is the compression point:
-  // it delivers the observations (exact, causal weights) and calls OnCompress on every layer.
+  // to be prefilled; the model then offers every prompt query through ObserveQuery (after the
+  // query's own row is appended), which delivers those among the policy's last
+  // observation_queries() at once, with their exact causal weights: memory is one
+  // [n_q_heads, pos + 1] buffer, never n_obs x T. EndPrefill is the compression point: it calls
+  // OnCompress on every layer, after all of the call's observations.
   void BeginPrefill(int64_t first, int64_t end);
   void ObserveQuery(int layer, int64_t pos, const float* q);
   void EndPrefill(ThreadPool* pool);
@@ -70,13 +72,9 @@ class KvCache {
   std::unique_ptr<Policy> policy_;
   SoftmaxStateBuffer scratch_;
   CacheCounters counters_;
-  // Observation window: queries at positions >= obs_first_ are recorded per layer.
+  // Observation window: queries at positions [obs_first_, obs_end_) are delivered.
   int64_t obs_first_ = 0, obs_end_ = 0;
-  struct Recorded {
-    int64_t pos;
-    std::vector<float> q;  // [n_q_heads, k_dim]
-  };
-  std::vector<std::vector<Recorded>> recorded_;  // [layer]
+  std::vector<float> obs_w_, obs_kbuf_;
 };
 
 }  // namespace strata
