@@ -1,5 +1,7 @@
 #include "kv/vestige/policy.h"
 
+#include <functional>
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -41,10 +43,28 @@ class TierHook final : public VestigeRecallHook {
   void Observe(int layer, const LayerStore& store, const PrefillObservation& obs) override {
     if (ok_[layer]) tiers_[layer].ObserveQuery(obs.query_pos, obs.q);
   }
+  // Where row content comes from once the policy has released a page to its archive file.
+  using PolicyReader = std::function<Status(int, const LayerStore&, int64_t, uint16_t*)>;
+  void SetPolicyReader(PolicyReader r) { policy_reader_ = std::move(r); }
+
   void OnSelection(int layer, const LayerStore& store, int64_t n_closed,
                    const std::vector<int64_t>& archived) override {
     if (!ok_[layer]) return;
+    if (policy_reader_) {
+      const LayerStore* sp = &store;
+      tiers_[layer].SetRowReader([this, layer, sp](int64_t u, uint16_t* scratch) {
+        if (sp->page_resident(0, u / LayerStore::kPageRows)) return sp->key_row(0, u);
+        Status s = policy_reader_(layer, *sp, u, scratch);
+        if (!s.ok()) {
+          // Never scored as garbage: the layer is failed below and reads densely from then on.
+          read_error_ = s;
+          std::fill(scratch, scratch + sp->geometry().k_dim, uint16_t{0});
+        }
+        return static_cast<const uint16_t*>(scratch);
+      });
+    }
     Status s = tiers_[layer].IndexClosedRows(store, n_closed);
+    if (s.ok() && !read_error_.ok()) s = read_error_;
     if (!s.ok()) {
       Fail(layer, s);
       return;
@@ -54,6 +74,7 @@ class TierHook final : public VestigeRecallHook {
   void OnCompress(int layer, const LayerStore& store) override {
     if (!ok_[layer] || opt_.calibration != RecallCalibration::kPrefix) return;
     Status s = tiers_[layer].CalibratePrefix(store, nullptr);
+    if (s.ok() && !read_error_.ok()) s = read_error_;
     if (!s.ok()) Fail(layer, s);
   }
   void Fetch(int layer, const LayerStore& store, const float* q, int64_t limit,
@@ -103,6 +124,8 @@ class TierHook final : public VestigeRecallHook {
   std::vector<uint8_t> ok_;
   std::vector<float> max1_, entropy_;
   Status error_;
+  Status read_error_;
+  PolicyReader policy_reader_;
 };
 
 }  // namespace
@@ -171,11 +194,10 @@ StatusOr<VestigeConfig> VestigeConfig::FromSpec(const PolicySpec& spec, bool ful
   ASSIGN_OR_RETURN(c.recall_options, RecallOptions::FromSpec(rs));
   c.rank_explicit = rs.settings.count("recall-rank") != 0;
   if (c.recall && c.archive == VestigeArchivePlacement::kFile) {
-    // The scan reads each archived row's branch r_u from the store (spec 1.3: no sidecar), so it
-    // cannot run over released pages yet.
-    return Unimplemented("--archive = '" + archive +
-                         "' with --recall on: the recall scan reads archived rows from RAM; use "
-                         "--archive ram or --recall off");
+    // Archived pages leave RAM, so the scan keeps its own bf16 copy of each closed row's branch
+    // r_u (d_r x 2 B per row, counted in the tier's resident bytes) and the index build and the
+    // calibration labels read row content back from the archive file (VestigePolicy::ReadRow).
+    c.recall_options.branch_sidecar = true;
   }
   return c;
 }
@@ -239,7 +261,13 @@ Status VestigePolicy::Bind(const std::vector<LayerGeometry>& layers) {
                             .WithContext("layer " + std::to_string(l)));
       }
     }
-    recall_ = std::make_unique<TierHook>(cfg_.recall_options, layers);
+    auto hook = std::make_unique<TierHook>(cfg_.recall_options, layers);
+    if (cfg_.archive == VestigeArchivePlacement::kFile) {
+      hook->SetPolicyReader([this](int l, const LayerStore& st, int64_t u, uint16_t* out) {
+        return ReadRow(l, st, u, out);
+      });
+    }
+    recall_ = std::move(hook);
     RETURN_IF_ERROR(recall_->status());
   }
   return OkStatus();
