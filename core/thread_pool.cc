@@ -2,6 +2,13 @@
 
 #include <algorithm>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define STRATA_PAUSE() _mm_pause()
+#else
+#define STRATA_PAUSE() std::this_thread::yield()
+#endif
+
 namespace strata {
 
 void ChunkRange(int64_t n, int64_t grain, int k, int T, int64_t* begin, int64_t* end) {
@@ -21,7 +28,7 @@ ThreadPool::ThreadPool(int n_threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true, std::memory_order_release);
   }
   start_cv_.notify_all();
   for (auto& w : workers_) w.join();
@@ -30,23 +37,28 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::WorkerLoop(int idx) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t, int)>* job;
-    int64_t n, grain;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      n = job_n_;
-      grain = job_grain_;
+    uint64_t g = generation_.load(std::memory_order_acquire);
+    for (int i = 0; i < kSpinIters && g == seen && !stop_.load(std::memory_order_relaxed); ++i) {
+      STRATA_PAUSE();
+      g = generation_.load(std::memory_order_acquire);
     }
+    if (g == seen) {
+      std::unique_lock<std::mutex> lock(mu_);
+      start_cv_.wait(lock, [&] {
+        return stop_.load(std::memory_order_acquire) ||
+               generation_.load(std::memory_order_acquire) != seen;
+      });
+      if (stop_.load(std::memory_order_acquire)) return;
+      g = generation_.load(std::memory_order_acquire);
+    }
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = g;
     int64_t b, e;
-    ChunkRange(n, grain, idx, n_threads_, &b, &e);
-    if (b < e) (*job)(b, e, idx);
-    {
+    ChunkRange(job_n_, job_grain_, idx, n_threads_, &b, &e);
+    if (b < e) (*job_)(b, e, idx);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      done_cv_.notify_one();
     }
   }
 }
@@ -63,20 +75,26 @@ void ThreadPool::ParallelForGrain(int64_t n, int64_t grain,
     fn(0, n, 0);
     return;
   }
+  job_ = &fn;
+  job_n_ = n;
+  job_grain_ = grain;
+  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
   {
+    // Under the mutex so a worker between its predicate check and its wait cannot miss it.
     std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    job_grain_ = grain;
-    pending_ = n_threads_ - 1;
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   start_cv_.notify_all();
   int64_t b, e;
   ChunkRange(n, grain, 0, n_threads_, &b, &e);
   if (b < e) fn(b, e, 0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  for (int i = 0; i < kSpinIters && pending_.load(std::memory_order_acquire) != 0; ++i) {
+    STRATA_PAUSE();
+  }
+  if (pending_.load(std::memory_order_acquire) != 0) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+  }
 }
 
 }  // namespace strata

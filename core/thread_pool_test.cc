@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 namespace strata {
@@ -32,6 +34,25 @@ TEST(ThreadPoolTest, GrainAlignsChunkBoundaries) {
     covered += e - b;
   }
   EXPECT_EQ(covered, 1000);
+}
+
+// Thousands of back-to-back jobs (the decode pattern: the spin handoff) and jobs after idle gaps
+// (the blocking handoff) each run every index exactly once.
+TEST(ThreadPoolTest, BackToBackAndAfterIdleJobs) {
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    std::vector<int64_t> sum(4000, 0);
+    for (int j = 0; j < 4000; ++j) {
+      const int64_t n = 1 + j % 37;
+      std::atomic<int64_t> acc{0};
+      pool.ParallelFor(n, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) acc += i + 1;
+      });
+      sum[j] = acc.load();
+      ASSERT_EQ(sum[j], n * (n + 1) / 2) << "job " << j;
+      if (j % 1000 == 999) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
 }
 
 TEST(ThreadPoolTest, ChunkingIsDeterministic) {
