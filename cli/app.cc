@@ -39,11 +39,14 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
                "strata");
   app.require_subcommand(1);
   app.footer("Examples:\n"
+             "  strata demo                      # the main job (models/nope-mla.gguf)\n"
              "  strata inspect model.gguf\n"
              "  strata generate -m model.gguf -p \"The quick brown fox\" -n 64\n"
              "  strata synth --preset 125m --dtype f16 -o /tmp/l125.gguf\n"
              "  strata bench decode -m /tmp/l125.gguf --ctx 0,4096,16384 --threads 1,2\n"
              "Run `strata COMMAND --help` for a command's flags.\n");
+  DemoOptions demo;
+  AddDemoCommand(&app, &demo);
   InspectOptions inspect;
   GenerateOptions generate;
   SynthCliOptions synth;
@@ -107,6 +110,7 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
   }
 
   try {
+    if (app.got_subcommand("demo")) return RunDemo(demo, out, err);
     if (app.got_subcommand("inspect")) return RunInspect(inspect, out, err);
     if (app.got_subcommand("generate")) return RunGenerate(generate, out, err);
     if (app.got_subcommand("synth")) return RunSynth(synth, out, err);

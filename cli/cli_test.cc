@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "cli/commands.h"
@@ -53,7 +54,7 @@ std::string* CliTest::dir_ = nullptr;
 TEST_F(CliTest, HelpListsCommandsAndUnknownCommandIsAnError) {
   Result h = Strata({"--help"});
   EXPECT_EQ(h.code, 0);
-  for (const char* c : {"inspect", "generate", "synth", "bench"}) {
+  for (const char* c : {"demo", "inspect", "generate", "synth", "bench"}) {
     EXPECT_NE(h.out.find(c), std::string::npos) << c;
   }
   Result g = Strata({"generate", "--help"});
@@ -67,7 +68,14 @@ TEST_F(CliTest, HelpListsCommandsAndUnknownCommandIsAnError) {
   Result u = Strata({"frobnicate"});
   EXPECT_EQ(u.code, 2);
   EXPECT_NE(u.err.find("unknown command 'frobnicate'"), std::string::npos) << u.err;
-  EXPECT_NE(u.err.find("inspect, generate, synth, convert, logits, bench"), std::string::npos) << u.err;
+  EXPECT_NE(u.err.find("demo, inspect, generate, synth, convert, logits, bench"), std::string::npos)
+      << u.err;
+  Result d = Strata({"demo", "--help"});
+  EXPECT_EQ(d.code, 0);
+  for (const char* f : {"--len", "--seed", "--ratio", "--threads", "--policy", "--json",
+                        "--gen", "nope-mla.gguf", "full,vestige:recall=off,vestige,streaming,h2o"}) {
+    EXPECT_NE(d.out.find(f), std::string::npos) << f << "\n" << d.out;
+  }
   Result ub = Strata({"bench", "prefill"});
   EXPECT_EQ(ub.code, 2);
   EXPECT_NE(ub.err.find("decode"), std::string::npos) << ub.err;
@@ -235,13 +243,21 @@ TEST_F(CliTest, DefaultModelIsGeneratedOnceAndReused) {
   EXPECT_EQ(e2.str().find("generating"), std::string::npos);
   EXPECT_NE(e2.str().find(*p1), std::string::npos);
 
-  // A models/ folder with a GGUF wins.
+  // A models/ folder with a GGUF wins; of several, the first by name...
   fs::create_directories(Path("models"));
   fs::copy_file(Path("tiny.gguf"), Path("models/trained.gguf"));
+  fs::copy_file(Path("tiny.gguf"), Path("models/zz-other.gguf"));
   std::ostringstream e3;
   auto p3 = ResolveDefaultModel(Path("models"), cache, e3);
   ASSERT_TRUE(p3.ok());
   EXPECT_EQ(*p3, Path("models/trained.gguf"));
+  // ...unless the NoPE-MLA testbed is there (sorted after "trained.gguf", still preferred).
+  fs::copy_file(Path("tiny.gguf"), Path("models/nope-mla.gguf"));
+  std::ostringstream e4;
+  auto p4 = ResolveDefaultModel(Path("models"), cache, e4);
+  ASSERT_TRUE(p4.ok());
+  EXPECT_EQ(*p4, Path("models/nope-mla.gguf"));
+  EXPECT_NE(e4.str().find("nope-mla.gguf"), std::string::npos) << e4.str();
 
   // And generate without -m uses it.
   GenerateOptions o;
@@ -252,6 +268,172 @@ TEST_F(CliTest, DefaultModelIsGeneratedOnceAndReused) {
   std::ostringstream out, err;
   EXPECT_EQ(RunGenerate(o, out, err), 0) << err.str();
   EXPECT_NE(err.str().find("built-in"), std::string::npos) << err.str();
+}
+
+// A random-weight NoPE-MLA model with the char-level testbed's vocabulary layout and tokenizer
+// (tools/testbed/README.md): 0 <s>, 1 <KEY>, 2..49 <v0>..<v47>, 50..121 the 72 characters (space
+// is "\u2581"), then unused tokens up to synth's vocabulary of 512. Latent rows of d_c 128 + d_r 16
+// (288 B per layer), so VestigeKV's recall scan (2 x rank 64 + 4 + 2 x 16 = 164 B per archived
+// row) costs less than reading the row. The demo's answers are noise; its accounting is not.
+std::string MakeTestbedLikeModel(const std::string& dir, const std::string& gguf) {
+  Result s = Strata({"synth", "--arch", "deepseek2", "--nope", "--format", "safetensors",
+                     "--dims", "kv_lora=128,rope_dim=16", "-o", dir});
+  if (s.code != 0) return "synth: " + s.err;
+  const std::string chars =
+      " !'(),-.0123456789:;?ABCDEFGHIJKLMNOPQRSTUVWYZabcdefghijklmnopqrstuvwxyz";
+  nlohmann::json tokens = nlohmann::json::array(), types = nlohmann::json::array();
+  tokens.push_back("<s>");
+  types.push_back(3);
+  tokens.push_back("<KEY>");
+  types.push_back(4);
+  for (int v = 0; v < 48; ++v) {
+    tokens.push_back("<v" + std::to_string(v) + ">");
+    types.push_back(4);
+  }
+  for (char c : chars) {
+    tokens.push_back(c == ' ' ? std::string("\u2581") : std::string(1, c));
+    types.push_back(1);
+  }
+  for (int u = 0; tokens.size() < 512; ++u) {
+    tokens.push_back("<unused_" + std::to_string(u) + ">");
+    types.push_back(5);
+  }
+  const nlohmann::json tj = {{"model", "llama"},        {"tokens", tokens},
+                             {"token_types", types},    {"bos_token_id", 0},
+                             {"eos_token_id", -1},      {"add_bos_token", false},
+                             {"add_space_prefix", false}};
+  std::ofstream(dir + "/strata_tokenizer.json") << tj.dump();
+  Result c = Strata({"convert", dir, "-o", gguf});
+  if (c.code != 0) return "convert: " + c.err;
+  return "";
+}
+
+TEST_F(CliTest, DemoAnswersTheNeedleWithEveryPolicyAndAccountsBytes) {
+  const std::string gguf = Path("testbed-like.gguf");
+  ASSERT_EQ(MakeTestbedLikeModel(Path("hf_testbed"), gguf), "");
+  const std::string json = Path("demo.json");
+  Result r = Strata({"demo", "-m", gguf, "--json", json, "--gen", "0"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* s : {"policy", "answer", "correct?", "resident KiB", "read KiB/step",
+                        "decode tok/s", "full", "vestige:recall=off@32", "vestige@32",
+                        "streaming@32", "h2o@32",
+                        "expected answer: <v", "2048 tokens"}) {
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  }
+  EXPECT_NE(r.err.find("demo: vestige@32: prefill 2048 tokens"), std::string::npos) << r.err;
+
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["len"], 2048);
+  ASSERT_EQ(j["expected"].size(), 2u);
+  const int depth = j["depth"].get<int>();
+  EXPECT_GE(depth, 0.1 * 2048);
+  EXPECT_LT(depth, 0.8 * 2048);
+  const auto& res = j["results"];
+  ASSERT_EQ(res.size(), 5u);
+  std::map<std::string, nlohmann::json> by;
+  for (const auto& row : res) {
+    by[row["label"].get<std::string>()] = row;
+    EXPECT_EQ(row["answer"].size(), 2u) << row;
+    EXPECT_EQ(row["decode_steps"], 3) << row;  // <KEY>, then both answer tokens (--gen 0)
+    EXPECT_GT(row["decode_seconds"].get<double>(), 0) << row;
+    EXPECT_GT(row["read_bytes_per_step"].get<double>(), 0) << row;
+    EXPECT_FALSE(row["read_bytes_derived"].get<bool>()) << row;
+    EXPECT_EQ(row["correct"].get<bool>(), row["answer"] == j["expected"]) << row;
+  }
+  ASSERT_EQ(by.size(), 5u);
+  // The full cache: 2 layers x (d_c 128 + d_r 16) bf16 = 576 B per token; 2048 + 3 tokens
+  // resident (the pages hold up to 2112 rows), and the 2049..2051 visible rows read per step.
+  const double full_res = by["full"]["resident_bytes"].get<double>();
+  const double full_read = by["full"]["read_bytes_per_step"].get<double>();
+  EXPECT_GE(full_res, 2051.0 * 576);
+  EXPECT_LE(full_res, 2112.0 * 576);
+  EXPECT_EQ(full_read, 2050.0 * 576);  // the mean of 2049, 2050 and 2051 rows
+  for (const char* p : {"vestige:recall=off@32", "vestige@32", "streaming@32", "h2o@32"}) {
+    EXPECT_LT(by[p]["read_bytes_per_step"].get<double>(), full_read) << p;
+    // Nothing here frees rows: vestige's RAM archive and the baselines' evicted rows stay
+    // resident and are counted (docs/vestige.md, docs/baselines.md), plus indexes and tables.
+    EXPECT_GE(by[p]["resident_bytes"].get<double>(), full_res) << p;
+  }
+  // The eviction baselines read ~1/32 of the prefix rows (+ sinks and the new tokens).
+  EXPECT_LT(by["streaming@32"]["read_bytes_per_step"].get<double>(), full_read / 16);
+  EXPECT_LT(by["h2o@32"]["read_bytes_per_step"].get<double>(), full_read / 16);
+  EXPECT_LT(by["vestige:recall=off@32"]["read_bytes_per_step"].get<double>(), full_read / 16);
+
+  // Deterministic: the same seed gives the same trial and answers; another seed another trial.
+  Result again = Strata({"demo", "-m", gguf, "--policy", "full", "--json", Path("demo2.json")});
+  ASSERT_EQ(again.code, 0) << again.err;
+  std::ifstream f2(Path("demo2.json"));
+  const nlohmann::json j2 = nlohmann::json::parse(f2);
+  EXPECT_EQ(j2["depth"], j["depth"]);
+  EXPECT_EQ(j2["expected"], j["expected"]);
+  ASSERT_EQ(j2["results"].size(), 1u);
+  EXPECT_EQ(j2["results"][0]["answer"], by["full"]["answer"]);
+  // --gen adds greedy decode steps after the answer.
+  Result gen = Strata({"demo", "-m", gguf, "--policy", "full", "--gen", "5", "--json",
+                       Path("demo4.json")});
+  ASSERT_EQ(gen.code, 0) << gen.err;
+  std::ifstream f4(Path("demo4.json"));
+  EXPECT_EQ(nlohmann::json::parse(f4)["results"][0]["decode_steps"], 8);
+  EXPECT_EQ(Strata({"demo", "-m", gguf, "--gen", "-1"}).code, 2);
+  Result other = Strata({"demo", "-m", gguf, "--policy", "full", "--seed", "2", "--len", "512",
+                         "--json", Path("demo3.json")});
+  ASSERT_EQ(other.code, 0) << other.err;
+  std::ifstream f3(Path("demo3.json"));
+  const nlohmann::json j3 = nlohmann::json::parse(f3);
+  EXPECT_EQ(j3["len"], 512);
+  EXPECT_NE(j3["depth"], j["depth"]);
+
+  // Without -m the demo loads <models>/nope-mla.gguf.
+  fs::create_directories(Path("demo_models"));
+  fs::copy_file(gguf, Path("demo_models/nope-mla.gguf"));
+  DemoOptions o;
+  o.models_dir = Path("demo_models");
+  o.policy = "full";
+  o.len = 256;
+  std::ostringstream out, err;
+  ASSERT_EQ(RunDemo(o, out, err), 0) << err.str();
+  EXPECT_NE(out.str().find(Path("demo_models/nope-mla.gguf")), std::string::npos) << out.str();
+}
+
+TEST_F(CliTest, DemoErrorsNameTheProblem) {
+  // No -m and no models/nope-mla.gguf: the error names the path and how to make the model.
+  DemoOptions o;
+  o.models_dir = Path("no_models_here");
+  std::ostringstream out, err;
+  EXPECT_EQ(RunDemo(o, out, err), 2);
+  EXPECT_NE(err.str().find(Path("no_models_here") + "/nope-mla.gguf"), std::string::npos)
+      << err.str();
+  EXPECT_NE(err.str().find("strata convert tools/testbed/runs/nope/hf -o models/nope-mla.gguf"),
+            std::string::npos)
+      << err.str();
+
+  const std::string m = Path("tiny.gguf");
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {{"demo", "-m", m, "--ratio", "0"}, "--ratio 0 must be a finite number >= 1"},
+      {{"demo", "-m", m, "--ratio", "abc"}, "--ratio 'abc' is not a number"},
+      {{"demo", "-m", m, "--ratio", ""}, "--ratio '' is not a number"},
+      {{"demo", "-m", m, "--ratio", "0.5"}, "--ratio 0.5 must be"},
+      {{"demo", "-m", m, "--len", "4"}, "--len must be >= 8, got 4"},
+      {{"demo", "-m", m, "--threads", "0"}, "--threads must be >= 1, got 0"},
+      {{"demo", "-m", m, "--policy", "full,nosuch"}, "unknown policy 'nosuch'"},
+      {{"demo", "-m", m, "--policy", ","}, "names no policy"},
+      {{"demo", "-m", Path("missing.gguf")}, "missing.gguf"},
+      // A model whose tokenizer is not the testbed's (synth's byte-fallback vocabulary).
+      {{"demo", "-m", m}, "char-level testbed vocabulary"},
+      {{"demo", "--no-such-flag"}, "--no-such-flag"},
+  };
+  for (const Case& c : cases) {
+    Result r = Strata(c.args);
+    std::string cmd;
+    for (const auto& a : c.args) cmd += a + " ";
+    EXPECT_EQ(r.code, 2) << cmd << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << cmd << "\nstderr: " << r.err;
+  }
 }
 
 #ifdef STRATA_BIN

@@ -102,6 +102,23 @@ struct EvalCliOptions;
 std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app);
 int RunEval(const EvalCliOptions& o, std::ostream& out, std::ostream& err);
 
+// `strata demo` (cli/demo.cc): one needle trial on the NoPE-MLA testbed model, answered greedily
+// with the full cache and with compressed caches at one budget; a table of the answers, resident
+// and read bytes, and decode speed.
+struct DemoOptions {
+  std::string model;  // empty: <models_dir>/nope-mla.gguf
+  int64_t len = 2048;  // prefix tokens (BOS and needle included)
+  uint64_t seed = 1;   // picks the needle's values and depth
+  std::string ratio = "32";
+  int threads = 1;
+  std::string policy = "full,vestige:recall=off,vestige,streaming,h2o";
+  int64_t gen = 30;  // greedy tokens decoded after the answer, for the tok/s figure
+  std::string json_path;
+  std::string models_dir;  // empty: DefaultModelsDir() (tests override it)
+};
+void AddDemoCommand(CLI::App* app, DemoOptions* o);
+int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err);
+
 // `strata convert` and `strata logits` (cli/convert.cc).
 struct ConvertOptions {
   std::string dir;

@@ -173,6 +173,11 @@ StatusOr<std::string> ResolveDefaultModel(const std::string& models_dir,
       if (e.is_regular_file(ec) && e.path().extension() == ".gguf") found.push_back(e.path());
     }
     std::sort(found.begin(), found.end());
+    // The trained NoPE-MLA testbed (`strata demo`'s model) wins over the others.
+    const auto nope = std::find_if(found.begin(), found.end(), [](const std::string& f) {
+      return fs::path(f).filename() == "nope-mla.gguf";
+    });
+    if (nope != found.end()) std::rotate(found.begin(), nope, nope + 1);
     if (!found.empty()) {
       err << "model: " << found[0] << " (the repository's default model; pass -m to choose)\n";
       return found[0];

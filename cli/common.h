@@ -51,9 +51,10 @@ StatusOr<std::unique_ptr<Policy>> MakeCliPolicy(const std::string& name,
                                                 const std::string& settings,
                                                 const PolicyFlags* flags = nullptr);
 
-// The built-in model used when -m is omitted: the first *.gguf in `models_dir` (sorted by name)
-// if there is one, else `cache_dir`/default-model.gguf, generated once with SynthGguf (a small
-// llama: d_model 128, 4 layers) and reused. Says which model it uses on `err`.
+// The built-in model used when -m is omitted: `models_dir`/nope-mla.gguf if it exists, else the
+// first *.gguf in `models_dir` (sorted by name) if there is one, else
+// `cache_dir`/default-model.gguf, generated once with SynthGguf (a small llama: d_model 128,
+// 4 layers) and reused. Says which model it uses on `err`.
 StatusOr<std::string> ResolveDefaultModel(const std::string& models_dir,
                                           const std::string& cache_dir, std::ostream& err);
 // The directories ResolveDefaultModel uses in the binary: <source>/models, and

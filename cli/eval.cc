@@ -2,6 +2,7 @@
 // reports; progress on stderr.
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -44,6 +45,7 @@ struct EvalCliOptions {
   std::string reference = "full";
   double intact_nats = 1.0;
   double baseline_gate = 1.0;
+  std::string depth = "0.1:0.8";
   int32_t kv_bos = 0, kv_key = 1, kv_char_first = 50;
   std::string kv_slot0 = "2:16", kv_slot1 = "18:16", kv_charset;
   // ppl / kl
@@ -80,7 +82,8 @@ void AddShared(CLI::App* cmd, EvalCliOptions* o, const std::string& policy_defau
   o->policies = policy_default;
   cmd->add_option("--policy", o->policies,
                   "Policies, comma-separated, or 'all' (policies that cannot run on the model are "
-                  "then skipped and listed); available: " +
+                  "then skipped and listed); an item may carry its own settings, "
+                  "name:key=value:key=value (e.g. vestige:recall=off); available: " +
                       names)
       ->capture_default_str();
   if (with_ratio) {
@@ -173,8 +176,8 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
 
   CLI::App* n = eval->add_subcommand(
       "needle",
-      "Needle in a haystack: compress at the end of the prefix, then ask (intact iff "
-      "dNLL < 1 nat vs the full cache)");
+      "Needle in a haystack: compress at the end of the prefix, then ask; reports intact "
+      "(answer NLL within --intact-nats of the reference) and answered (greedy answer exact)");
   o->needle_cmd = n;
   AddShared(n, o.get(), "all", true);
   n->add_option("--len", o->lengths, "Prefix lengths T (tokens), comma-separated")
@@ -199,6 +202,9 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
   n->add_option("--baseline-gate", o->baseline_gate,
                 "Drop (and count) trials whose reference answer NLL >= this")
       ->capture_default_str();
+  n->add_option("--depth", o->depth,
+                "Needle start depth range LO:HI as fractions of T (uniform in [LO, HI))")
+      ->capture_default_str();
   n->add_option("--kv-bos", o->kv_bos, "kv-tokens: BOS id (-1: none)")->capture_default_str();
   n->add_option("--kv-key", o->kv_key, "kv-tokens: KEY id")->capture_default_str();
   n->add_option("--kv-slot0", o->kv_slot0, "kv-tokens: slot-0 values FIRST:COUNT")
@@ -208,7 +214,9 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
   n->add_option("--kv-char-first", o->kv_char_first, "kv-tokens: id of the first character")
       ->capture_default_str();
   n->add_option("--kv-charset", o->kv_charset,
-                "kv-tokens: characters in id order; default: sorted distinct haystack chars");
+                "kv-tokens: characters in id order from --kv-char-first; default: each "
+                "character's own token in the model's tokenizer (space: U+2581 or ' '), or, "
+                "without a tokenizer, the sorted distinct haystack characters");
 
   CLI::App* p = eval->add_subcommand(
       "ppl",
@@ -234,7 +242,10 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
   eval->footer(
       "Examples:\n"
       "  strata eval needle -m m.gguf --policy vestige,h2o,snapkv --ratio 8,32 --len 512,1024\n"
-      "  strata eval needle -m testbed.gguf --needle-format kv-tokens --len 1024 --trials 24\n"
+      "  strata eval needle -m models/nope-mla.gguf --needle-format kv-tokens --len 1024 "
+      "--trials 100 \\\n"
+      "      --policy full,vestige:recall=off,vestige,streaming --block 1024 --kappa 4 "
+      "--depth 0.1:0.9\n"
       "  strata eval ppl -m m.gguf --text corpus.txt --policy vestige --policy2 full --windows 6\n"
       "  strata eval kl -m m.gguf --policy all --ratio 8 --json kl.json\n");
   return o;
@@ -334,6 +345,19 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
   n.kv.slot1_count = s1->second;
   n.kv.char_first = o.kv_char_first;
   n.kv.charset = o.kv_charset;
+  {
+    const size_t colon = o.depth.find(':');
+    char* end_lo = nullptr;
+    char* end_hi = nullptr;
+    const std::string lo = o.depth.substr(0, colon);
+    const std::string hi = colon == std::string::npos ? "" : o.depth.substr(colon + 1);
+    n.depth_lo = std::strtod(lo.c_str(), &end_lo);
+    n.depth_hi = std::strtod(hi.c_str(), &end_hi);
+    if (colon == std::string::npos || lo.empty() || hi.empty() || *end_lo != '\0' ||
+        *end_hi != '\0' || !(n.depth_lo >= 0 && n.depth_lo < n.depth_hi && n.depth_hi <= 1)) {
+      return Fail(err, "--depth '" + o.depth + "' must be LO:HI with 0 <= LO < HI <= 1");
+    }
+  }
   n.chunk = o.chunk;
   n.threads = o.threads;
   if (o.threads < 1) return Fail(err, "--threads must be >= 1, got " + std::to_string(o.threads));
@@ -354,15 +378,21 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
   out << "needle: " << n.trials << " trials per length, seed " << n.seed << ", format "
       << eval::NeedleFormatName(n.format) << ", haystack "
       << (n.haystack.empty() ? std::string(eval::kBuiltinHaystackName) : n.haystack_name)
-      << "; intact = NLL - NLL(" << n.reference << ") < " << Fixed(n.intact_nats, 2)
-      << " nat after compression before the query\n";
-  Table t({"policy", "ratio", "T", "kept", "intact", "rate", "95% CI (Wilson)", "mean dNLL"});
+      << ", depth [" << n.depth_lo << ", " << n.depth_hi << ")T; intact = NLL - NLL("
+      << n.reference << ") < " << Fixed(n.intact_nats, 2)
+      << " nat, answered = greedy answer exact, after compression before the query\n";
+  Table t({"policy", "ratio", "T", "kept", "intact", "rate", "95% CI (Wilson)", "mean dNLL",
+           "answered", "rate", "95% CI (Wilson)", "token acc", "res b/v", "read b/v"});
   for (const auto& c : r.cells) {
     const auto& pc = r.configs[c.config];
-    t.AddRow({pc.policy, pc.RatioText(), std::to_string(c.length), std::to_string(c.n),
+    t.AddRow({pc.Name(), pc.RatioText(), std::to_string(c.length), std::to_string(c.n),
               std::to_string(c.intact), c.n ? Fixed(c.rate.point, 2) : "-",
               "[" + Fixed(c.rate.lo, 2) + ", " + Fixed(c.rate.hi, 2) + "]",
-              c.n ? Fixed(c.mean_delta, 3) : "-"});
+              c.n ? Fixed(c.mean_delta, 3) : "-", std::to_string(c.answered),
+              c.n ? Fixed(c.answer_rate.point, 2) : "-",
+              "[" + Fixed(c.answer_rate.lo, 2) + ", " + Fixed(c.answer_rate.hi, 2) + "]",
+              c.n ? Fixed(c.token_accuracy, 2) : "-", c.n ? Fixed(c.resident_bits, 2) : "-",
+              c.n ? Fixed(c.read_bits, 2) : "-"});
   }
   t.Print(out);
   for (const auto& l : r.lengths) {
@@ -382,9 +412,13 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
   std::vector<std::pair<std::string, std::string>> svgs;
   std::vector<std::string> seen;
   for (const auto& c : r.configs) {
-    if (std::find(seen.begin(), seen.end(), c.policy) != seen.end()) continue;
-    seen.push_back(c.policy);
-    svgs.push_back({"needle_" + c.policy + ".svg", eval::NeedleHeatmapSvg(r, c.policy)});
+    if (std::find(seen.begin(), seen.end(), c.Name()) != seen.end()) continue;
+    seen.push_back(c.Name());
+    std::string file = c.Name();
+    for (char& ch : file) {
+      if (ch == ':' || ch == '=' || ch == '/') ch = '_';
+    }
+    svgs.push_back({"needle_" + file + ".svg", eval::NeedleHeatmapSvg(r, c.Name())});
   }
   const nlohmann::json report =
       eval::MakeReport("needle", loaded->path, *loaded->model, Since(t0), notes,
@@ -460,7 +494,7 @@ int RunPplCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
   }
   Table t({"policy", "ratio", "PPL", "mean NLL", "targets", "resident b/v", "read b/v"});
   for (const auto& c : r.configs) {
-    t.AddRow({c.config.policy, c.config.RatioText(), Fixed(c.ppl, 4), Fixed(c.mean_nll, 4),
+    t.AddRow({c.config.Name(), c.config.RatioText(), Fixed(c.ppl, 4), Fixed(c.mean_nll, 4),
               std::to_string(c.n_targets), Fixed(c.resident_bits_per_value, 3),
               Fixed(c.read_bits_per_value, 3)});
   }
@@ -519,7 +553,7 @@ int RunKlCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
   }
   Table t({"policy", "ratio", "mean KL", "max KL", "positions"});
   for (const auto& c : r.configs) {
-    t.AddRow({c.config.policy, c.config.RatioText(), Fixed(c.mean_kl, 6), Fixed(c.max_kl, 6),
+    t.AddRow({c.config.Name(), c.config.RatioText(), Fixed(c.mean_kl, 6), Fixed(c.max_kl, 6),
               std::to_string(c.n_positions)});
   }
   t.Print(out);

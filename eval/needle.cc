@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "core/rng.h"
@@ -121,22 +122,59 @@ StatusOr<NeedleBuilder> NeedleBuilder::Create(const Model& model, const NeedleOp
     RETURN_IF_ERROR(CheckId("--kv-char-first", kv.char_first, b.n_vocab_));
     b.bos_ = kv.bos;
     const std::string flat = CollapseWhitespace(text);
-    std::string charset = kv.charset;
-    if (charset.empty()) {
-      std::set<char> distinct(flat.begin(), flat.end());
-      charset.assign(distinct.begin(), distinct.end());
+    const Tokenizer* tok = model.tokenizer();
+    if (kv.charset.empty() && tok != nullptr) {
+      // Each character is its own token in a char-level vocabulary (the testbed's).
+      int32_t id_of[256];
+      std::fill(std::begin(id_of), std::end(id_of), -2);  // -2: not looked up yet
+      b.filler_.reserve(flat.size());
+      for (char c : flat) {
+        const unsigned char u = static_cast<unsigned char>(c);
+        if (id_of[u] == -2) {
+          int32_t id = c == ' ' ? tok->TokenId("\u2581") : -1;
+          if (id < 0) id = tok->TokenId(std::string(1, c));
+          if (id < 0) {
+            char hex[8];
+            std::snprintf(hex, sizeof hex, "0x%02x", u);
+            return InvalidArgument("kv-tokens: haystack " + hay_name + " has the character '" +
+                                   std::string(1, c) + "' (" + hex +
+                                   "), which has no one-character token in the model's "
+                                   "tokenizer (pass a --haystack without it, or --kv-charset)");
+          }
+          RETURN_IF_ERROR(CheckId("kv-tokens character token", id, b.n_vocab_));
+          id_of[u] = id;
+        }
+        b.filler_.push_back(id_of[u]);
+      }
+    } else {
+      std::string charset = kv.charset;
+      if (charset.empty()) {
+        std::set<char> distinct(flat.begin(), flat.end());
+        charset.assign(distinct.begin(), distinct.end());
+      }
+      const int64_t range = b.n_vocab_ - kv.char_first;
+      int index_of[256];
+      std::fill(std::begin(index_of), std::end(index_of), -1);
+      for (size_t i = 0; i < charset.size(); ++i) {
+        const unsigned char c = static_cast<unsigned char>(charset[i]);
+        if (index_of[c] < 0) index_of[c] = static_cast<int>(i);
+      }
+      for (char c : flat) {
+        const int idx = index_of[static_cast<unsigned char>(c)];
+        if (idx < 0) continue;  // not in --kv-charset
+        b.filler_.push_back(kv.char_first + static_cast<int32_t>(idx % range));
+      }
     }
-    const int64_t range = b.n_vocab_ - kv.char_first;
-    int index_of[256];
-    std::fill(std::begin(index_of), std::end(index_of), -1);
-    for (size_t i = 0; i < charset.size(); ++i) {
-      const unsigned char c = static_cast<unsigned char>(charset[i]);
-      if (index_of[c] < 0) index_of[c] = static_cast<int>(i);
-    }
-    for (char c : flat) {
-      const int idx = index_of[static_cast<unsigned char>(c)];
-      if (idx < 0) continue;  // not in --kv-charset
-      b.filler_.push_back(kv.char_first + static_cast<int32_t>(idx % range));
+    // The needle's own tokens must not occur in the filler (the protocol's value tokens are
+    // out-of-vocabulary for the text by design).
+    for (int32_t id : b.filler_) {
+      const bool is_value = (id >= kv.slot0_first && id < kv.slot0_first + kv.slot0_count) ||
+                            (id >= kv.slot1_first && id < kv.slot1_first + kv.slot1_count);
+      if (id == kv.key || id == kv.bos || is_value) {
+        return InvalidArgument("kv-tokens: filler token " + std::to_string(id) +
+                               " collides with the BOS, KEY or a value id (check --kv-char-first, "
+                               "--kv-slot0/1, --kv-key)");
+      }
     }
   }
   if (b.filler_.size() < 16) {
@@ -212,7 +250,7 @@ StatusOr<NeedleTrial> NeedleBuilder::Build(int64_t length, int64_t index) const 
   return t;
 }
 
-StatusOr<double> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
+StatusOr<NeedleScore> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
                                   const PolicyFactory& factory, const PolicyConfig& config,
                                   int chunk, ThreadPool* pool) {
   ASSIGN_OR_RETURN(auto cache, NewConfigCache(model, factory, config));
@@ -223,15 +261,28 @@ StatusOr<double> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
   std::vector<int32_t> tail = trial.query;
   tail.insert(tail.end(), trial.answer.begin(), trial.answer.end() - 1);
   std::vector<float> logits;
+  const int64_t read0 = cache->counters().bytes_read_total;
+  const int64_t n0 = cache->n_tokens();
   RETURN_IF_ERROR(model.Prefill(tail.data(), static_cast<int64_t>(tail.size()), chunk, cache.get(),
                                 pool, nullptr, &logits));
   const int64_t v = model.config().n_vocab;
-  double nll = 0;
+  NeedleScore s;
   const size_t q = trial.query.size();
   for (size_t j = 0; j < trial.answer.size(); ++j) {
-    nll += TokenNll(logits.data() + (q - 1 + j) * v, v, trial.answer[j]);
+    const float* row = logits.data() + (q - 1 + j) * v;
+    s.nll += TokenNll(row, v, trial.answer[j]);
+    // First maximum wins ties, as a greedy sampler does.
+    s.tokens_right += static_cast<int32_t>(std::max_element(row, row + v) - row) == trial.answer[j];
+    s.tokens++;
   }
-  return nll;
+  s.answered = s.tokens_right == s.tokens;
+  double visible = 0;  // query j sees n0 + j + 1 rows
+  for (size_t j = 0; j < tail.size(); ++j) visible += static_cast<double>(n0 + j + 1);
+  visible *= static_cast<double>(ValuesPerToken(*cache));
+  const int64_t read = cache->counters().bytes_read_total - read0;
+  s.read_bits = visible > 0 ? static_cast<double>(read) * 8.0 / visible : 0;
+  s.resident_bits = ResidentBitsPerValue(*cache);
+  return s;
 }
 
 StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostream* progress) {
@@ -249,14 +300,16 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
   }
   if (o.chunk < 1) return InvalidArgument("--chunk must be >= 1, got " + std::to_string(o.chunk));
   ASSIGN_OR_RETURN(NeedleBuilder builder, NeedleBuilder::Create(model, o));
-  const PolicyConfig reference{o.reference, std::nullopt, o.settings};
+  const PolicyConfig reference{o.reference, std::nullopt, o.settings, ""};
   {
     auto c = NewConfigCache(model, factory, reference);
     if (!c.ok()) return c.status().WithContext("--reference");
   }
   // Every config must build for this model; unsupported ones are skipped only when asked.
+  ASSIGN_OR_RETURN(const std::vector<PolicyConfig> grid,
+                   ExpandGrid(o.policies, o.ratios, o.settings));
   ASSIGN_OR_RETURN(r.configs,
-                   BuildableConfigs(model, factory, ExpandGrid(o.policies, o.ratios, o.settings),
+                   BuildableConfigs(model, factory, grid,
                                     o.skip_unsupported, &r.skipped, progress));
   ThreadPool pool(std::max(1, o.threads));
   const auto t0 = std::chrono::steady_clock::now();
@@ -274,28 +327,38 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
           static_cast<int>(std::floor((rec.depth_frac - o.depth_lo) / span * o.depth_buckets)), 0,
           o.depth_buckets - 1);
       rec.key = trial.key;
-      ASSIGN_OR_RETURN(rec.reference_nll,
+      rec.answer_tokens = static_cast<int>(trial.answer.size());
+      ASSIGN_OR_RETURN(const NeedleScore ref,
                        ScoreNeedleTrial(model, trial, factory, reference, o.chunk, &pool));
+      rec.reference_nll = ref.nll;
+      rec.reference_answered = ref.answered;
       rec.dropped = !(rec.reference_nll < o.baseline_gate_nats);
       if (rec.dropped) {
         ls.dropped++;
       } else {
         for (const PolicyConfig& c : r.configs) {
-          ASSIGN_OR_RETURN(double nll, ScoreNeedleTrial(model, trial, factory, c, o.chunk, &pool));
-          const double delta = nll - rec.reference_nll;
-          rec.results.push_back({nll, delta, delta < o.intact_nats});
+          ASSIGN_OR_RETURN(const NeedleScore sc,
+                           ScoreNeedleTrial(model, trial, factory, c, o.chunk, &pool));
+          const double delta = sc.nll - rec.reference_nll;
+          rec.results.push_back({sc.nll, delta, delta < o.intact_nats, sc.answered, sc.tokens_right,
+                                 sc.resident_bits, sc.read_bits});
         }
       }
       const double el =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      int64_t n_intact = 0;
-      for (const auto& x : rec.results) n_intact += x.intact;
+      int64_t n_intact = 0, n_answered = 0;
+      for (const auto& x : rec.results) {
+        n_intact += x.intact;
+        n_answered += x.answered;
+      }
       prog.Line("needle: T=" + std::to_string(len) + " trial " + std::to_string(i + 1) + "/" +
                 std::to_string(o.trials) + " depth " + std::to_string(trial.depth) + " ref NLL " +
                 std::to_string(rec.reference_nll) +
                 (rec.dropped ? " (dropped: the uncompressed model misses it)"
                              : ", intact in " + std::to_string(n_intact) + "/" +
-                                   std::to_string(r.configs.size()) + " configs") +
+                                   std::to_string(r.configs.size()) + " configs, answered in " +
+                                   std::to_string(n_answered) + "/" +
+                                   std::to_string(r.configs.size())) +
                 " [" + std::to_string(static_cast<int>(el)) + " s]");
       r.trials.push_back(std::move(rec));
     }
@@ -317,16 +380,28 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
         bk[b].depth_hi = o.depth_lo + span * (b + 1) / o.depth_buckets;
       }
       double delta_sum = 0;
+      int64_t tokens_right = 0, tokens = 0;
       for (const auto& t : r.trials) {
         if (t.length != len || t.dropped) continue;
         const auto& x = t.results[c];
         cell.n++;
         cell.intact += x.intact;
+        cell.answered += x.answered;
+        tokens_right += x.tokens_right;
+        cell.resident_bits += x.resident_bits;
+        cell.read_bits += x.read_bits;
+        tokens += static_cast<int64_t>(t.answer_tokens);
         delta_sum += x.delta;
         bk[t.bucket].n++;
         bk[t.bucket].intact += x.intact;
       }
       cell.rate = WilsonInterval(cell.intact, cell.n);
+      cell.answer_rate = WilsonInterval(cell.answered, cell.n);
+      cell.token_accuracy = tokens ? static_cast<double>(tokens_right) / tokens : 0;
+      if (cell.n > 0) {
+        cell.resident_bits /= static_cast<double>(cell.n);
+        cell.read_bits /= static_cast<double>(cell.n);
+      }
       cell.mean_delta = cell.n ? delta_sum / cell.n : 0;
       r.cells.push_back(cell);
       for (auto& b : bk) r.buckets.push_back(b);
@@ -365,6 +440,7 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
   for (const auto& c : r.cells) {
     const PolicyConfig& pc = r.configs[c.config];
     j["cells"].push_back({{"policy", pc.policy},
+                          {"variant", pc.variant},
                           {"ratio", RatioJson(pc)},
                           {"length", c.length},
                           {"n", c.n},
@@ -372,12 +448,20 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
                           {"rate", c.rate.point},
                           {"wilson_lo", c.rate.lo},
                           {"wilson_hi", c.rate.hi},
-                          {"mean_delta_nll", c.mean_delta}});
+                          {"mean_delta_nll", c.mean_delta},
+                          {"answered", c.answered},
+                          {"answer_rate", c.answer_rate.point},
+                          {"answer_wilson_lo", c.answer_rate.lo},
+                          {"answer_wilson_hi", c.answer_rate.hi},
+                          {"token_accuracy", c.token_accuracy},
+                          {"resident_bits_per_value", c.resident_bits},
+                          {"read_bits_per_value", c.read_bits}});
   }
   j["buckets"] = nlohmann::json::array();
   for (const auto& b : r.buckets) {
     const PolicyConfig& pc = r.configs[b.config];
     j["buckets"].push_back({{"policy", pc.policy},
+                            {"variant", pc.variant},
                             {"ratio", RatioJson(pc)},
                             {"length", b.length},
                             {"bucket", b.bucket},
@@ -392,17 +476,24 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
     for (size_t c = 0; c < t.results.size(); ++c) {
       const PolicyConfig& pc = r.configs[c];
       res.push_back({{"policy", pc.policy},
+                     {"variant", pc.variant},
                      {"ratio", RatioJson(pc)},
                      {"nll", t.results[c].nll},
                      {"delta_nll", t.results[c].delta},
-                     {"intact", t.results[c].intact}});
+                     {"intact", t.results[c].intact},
+                     {"answered", t.results[c].answered},
+                     {"tokens_right", t.results[c].tokens_right},
+                     {"resident_bits_per_value", t.results[c].resident_bits},
+                     {"read_bits_per_value", t.results[c].read_bits}});
     }
     j["trials"].push_back({{"length", t.length},
                            {"trial", t.index},
                            {"depth", t.depth},
                            {"depth_frac", t.depth_frac},
                            {"key", t.key},
+                           {"answer_tokens", t.answer_tokens},
                            {"reference_nll", t.reference_nll},
+                           {"reference_answered", t.reference_answered},
                            {"dropped", t.dropped},
                            {"results", res}});
   }
@@ -413,7 +504,7 @@ std::string NeedleHeatmapSvg(const NeedleReport& r, const std::string& policy) {
   const NeedleOptions& o = r.options;
   std::vector<size_t> cfgs;
   for (size_t c = 0; c < r.configs.size(); ++c) {
-    if (r.configs[c].policy == policy) cfgs.push_back(c);
+    if (r.configs[c].Name() == policy) cfgs.push_back(c);
   }
   const int n_rows = o.depth_buckets;
   const int n_cols = std::max<int>(1, static_cast<int>(cfgs.size()));

@@ -37,8 +37,11 @@ struct KvTokenIds {
   int32_t slot1_first = 18;
   int32_t slot1_count = 16;
   int32_t char_first = 50;  // filler character c -> char_first + index of c in `charset`
-  // Filler characters in id order. Empty: the sorted distinct characters of the haystack (after
-  // whitespace is collapsed to single spaces); indexes past the vocabulary wrap around.
+  // Filler characters in id order. Empty: each character is mapped through the model's
+  // tokenizer (its one-character token; a space is "\u2581" or " "), and a character with no
+  // token is an error; without a tokenizer, the sorted distinct characters of the haystack
+  // (after whitespace is collapsed to single spaces) from char_first, wrapping around the
+  // vocabulary.
   std::string charset;
 };
 
@@ -103,10 +106,28 @@ class NeedleBuilder {
 // The RNG seed of trial i (SplitMix-style mix of seed and i).
 uint64_t TrialSeed(uint64_t seed, int64_t index);
 
+// One trial under one config: the teacher-forced answer NLL, and whether the argmax at each
+// answer step is the answer token (teacher-forced argmax over every answer step equals greedy
+// decoding of the whole answer, so `answered` is "greedy decoding gives the answer").
+struct NeedleScore {
+  double nll = 0;
+  int tokens_right = 0;
+  int tokens = 0;
+  bool answered = false;  // tokens_right == tokens
+  // Engine accounting after the question: resident bits per cached value, and bits read per
+  // visible value over the question's query steps (counters().bytes_read_total).
+  double resident_bits = 0;
+  double read_bits = 0;
+};
+
 struct NeedleConfigResult {
   double nll = 0;
   double delta = 0;  // nll - reference nll
   bool intact = false;
+  bool answered = false;
+  int tokens_right = 0;
+  double resident_bits = 0;
+  double read_bits = 0;
 };
 
 struct NeedleTrialRecord {
@@ -116,7 +137,9 @@ struct NeedleTrialRecord {
   double depth_frac = 0;
   int bucket = 0;
   std::string key;
+  int answer_tokens = 0;
   double reference_nll = 0;
+  bool reference_answered = false;
   bool dropped = false;                     // reference NLL >= the baseline gate
   std::vector<NeedleConfigResult> results;  // [configs], empty when dropped
 };
@@ -128,6 +151,11 @@ struct NeedleCell {  // one (config, length)
   int64_t intact = 0;
   Interval rate;
   double mean_delta = 0;
+  int64_t answered = 0;      // greedy answer exactly right
+  Interval answer_rate;      // Wilson interval of answered / n
+  double token_accuracy = 0; // answer tokens right / answer tokens
+  double resident_bits = 0;  // mean over the cell's trials
+  double read_bits = 0;
 };
 
 struct NeedleBucketCell {  // one (config, length, depth bucket)
@@ -154,9 +182,10 @@ struct NeedleReport {
   std::vector<NeedleBucketCell> buckets;
 };
 
-// Teacher-forced NLL (nats, summed over the answer tokens) of one trial under one config:
-// Prefill(prefix) = compression point, then Prefill(query + answer[:-1]) on the compressed cache.
-StatusOr<double> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
+// Teacher-forced NLL (nats, summed over the answer tokens) and argmax hits of one trial under one
+// config: Prefill(prefix) = compression point, then Prefill(query + answer[:-1]) on the
+// compressed cache.
+StatusOr<NeedleScore> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
                                   const PolicyFactory& factory, const PolicyConfig& config,
                                   int chunk, ThreadPool* pool);
 

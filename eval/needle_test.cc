@@ -149,6 +149,16 @@ TEST_F(NeedleTest, GateIdentityPolicyHasZeroDelta) {
   ASSERT_EQ(r->cells.size(), 1u);
   EXPECT_EQ(r->cells[0].intact, o.trials);
   EXPECT_EQ(r->cells[0].rate.point, 1.0);
+  // Greedy answers: the identity policy answers every trial the reference answers.
+  for (const auto& t : r->trials) {
+    EXPECT_TRUE(t.reference_answered);
+    EXPECT_EQ(t.answer_tokens, 2);
+    EXPECT_TRUE(t.results[0].answered);
+    EXPECT_EQ(t.results[0].tokens_right, 2);
+  }
+  EXPECT_EQ(r->cells[0].answered, o.trials);
+  EXPECT_EQ(r->cells[0].answer_rate.point, 1.0);
+  EXPECT_EQ(r->cells[0].token_accuracy, 1.0);
 }
 
 // Integrity gate 2: a policy that destroys the cache gives 0.00 intact (the leakage floor).
@@ -167,6 +177,10 @@ TEST_F(NeedleTest, GateDestroyedCacheGivesZeroIntact) {
     if (r->configs[c.config].policy == "destroy") {
       EXPECT_EQ(c.intact, 0);
       EXPECT_EQ(c.rate.point, 0.0);
+      // Flat logits: the first maximum (id 0, BOS) wins, never an answer token.
+      EXPECT_EQ(c.answered, 0);
+      EXPECT_EQ(c.token_accuracy, 0.0);
+      EXPECT_EQ(c.answer_rate.point, 0.0);
       EXPECT_GT(c.mean_delta, 2 * std::log(512.0) - 0.1);  // both answer tokens at chance
     } else {
       EXPECT_EQ(c.intact, c.n);
@@ -197,6 +211,33 @@ TEST_F(NeedleTest, GateTrialsTheReferenceMissesAreDroppedAndCounted) {
   auto rt = RunNeedle(*text_model_, t, nullptr);
   ASSERT_TRUE(rt.ok()) << rt.status().ToString();
   EXPECT_EQ(rt->lengths[0].dropped, 3);
+}
+
+// A policy item's own settings (name:k=v:k=v) reach only that config; the label shows them.
+TEST(PolicyGridTest, ItemSettingsOverrideSharedOnesForThatItemOnly) {
+  auto g = ExpandGrid({"vestige:recall=off:block=1024", "vestige", "h2o"}, {"8", "32"},
+                      {{"block", "2048"}, {"kappa", "4"}, {"ratio", "99"}});
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_EQ(g->size(), 6u);
+  const PolicyConfig& a = (*g)[0];
+  EXPECT_EQ(a.policy, "vestige");
+  EXPECT_EQ(a.variant, "recall=off:block=1024");
+  EXPECT_EQ(a.Label(), "vestige:recall=off:block=1024@8");
+  EXPECT_EQ(a.Spec().settings.at("recall"), "off");
+  EXPECT_EQ(a.Spec().settings.at("block"), "1024");
+  EXPECT_EQ(a.Spec().settings.at("kappa"), "4");
+  EXPECT_EQ(a.Spec().settings.at("ratio"), "8");  // the grid's ratio, not the shared "99"
+  const PolicyConfig& b = (*g)[3];
+  EXPECT_EQ(b.Label(), "vestige@32");
+  EXPECT_EQ(b.Spec().settings.count("recall"), 0u);
+  EXPECT_EQ(b.Spec().settings.at("block"), "2048");
+  EXPECT_EQ((*g)[4].Name(), "h2o");
+  for (const char* bad : {"vestige:recall", "vestige:=1", "vestige:recall=", ":k=v",
+                          "vestige:ratio=4", "vestige:a=1:"}) {
+    auto e = ExpandGrid({bad}, {"8"}, {});
+    ASSERT_FALSE(e.ok()) << bad;
+    EXPECT_NE(e.status().message().find(bad), std::string::npos) << e.status().message();
+  }
 }
 
 TEST_F(NeedleTest, ErrorsNameTheBadValue) {

@@ -19,27 +19,57 @@ PolicySpec PolicyConfig::Spec() const {
   return s;
 }
 
-std::string PolicyConfig::Label() const { return ratio ? policy + "@" + *ratio : policy; }
+std::string PolicyConfig::Label() const { return ratio ? Name() + "@" + *ratio : Name(); }
 
-std::vector<PolicyConfig> ExpandGrid(const std::vector<std::string>& policies,
-                                     const std::vector<std::string>& ratios,
-                                     const std::map<std::string, std::string>& settings) {
-  std::vector<std::string> names;
+StatusOr<std::vector<PolicyConfig>> ExpandGrid(const std::vector<std::string>& policies,
+                                               const std::vector<std::string>& ratios,
+                                               const std::map<std::string, std::string>& settings) {
+  struct Item {
+    std::string name;
+    std::string variant;
+    std::map<std::string, std::string> own;
+  };
+  std::vector<Item> items;
   for (const auto& p : policies) {
     if (p == "all") {
-      for (const PolicyInfo& info : Policies()) names.push_back(info.name);
-    } else {
-      names.push_back(p);
+      for (const PolicyInfo& info : Policies()) items.push_back({info.name, "", {}});
+      continue;
     }
+    Item it;
+    const size_t colon = p.find(':');
+    it.name = p.substr(0, colon);
+    if (it.name.empty()) return InvalidArgument("--policy item '" + p + "' has no policy name");
+    if (colon != std::string::npos) {
+      it.variant = p.substr(colon + 1);
+      size_t start = colon + 1;
+      while (start <= p.size()) {
+        const size_t end = std::min(p.find(':', start), p.size());
+        const std::string kv = p.substr(start, end - start);
+        const size_t eq = kv.find('=');
+        if (eq == std::string::npos || eq == 0 || eq + 1 == kv.size()) {
+          return InvalidArgument("--policy item '" + p + "': setting '" + kv +
+                                 "' must be key=value (items are name:key=value:key=value)");
+        }
+        const std::string key = kv.substr(0, eq);
+        if (key == "ratio") {
+          return InvalidArgument("--policy item '" + p +
+                                 "': the ratio is set by --ratio, not per policy");
+        }
+        it.own[key] = kv.substr(eq + 1);
+        start = end + 1;
+      }
+    }
+    items.push_back(std::move(it));
   }
-  std::map<std::string, std::string> base = settings;
-  base.erase("ratio");
   std::vector<PolicyConfig> out;
-  for (const auto& n : names) {
+  for (const auto& it : items) {
+    std::map<std::string, std::string> s = settings;
+    s.erase("ratio");
+    for (const auto& [k, v] : it.own) s[k] = v;
     if (ratios.empty()) {
-      out.push_back({n, std::nullopt, base});
+      out.push_back({it.name, std::nullopt, s, it.variant});
     } else {
-      for (const auto& r : ratios) out.push_back({n, r, base});
+      for (const auto& r : ratios) out.push_back({it.name, r, s, it.variant});
     }
   }
   return out;
@@ -84,6 +114,7 @@ nlohmann::json ConfigJson(const PolicyConfig& c) {
   nlohmann::json s = nlohmann::json::object();
   for (const auto& [k, v] : c.Spec().settings) s[k] = v;
   return {{"policy", c.policy},
+          {"variant", c.variant},
           {"ratio", c.ratio ? nlohmann::json(*c.ratio) : nlohmann::json(nullptr)},
           {"label", c.Label()},
           {"settings", s}};
@@ -94,6 +125,7 @@ nlohmann::json SkippedJson(const std::vector<SkippedConfig>& skipped) {
   for (const auto& s : skipped) {
     j.push_back(
         {{"policy", s.config.policy},
+         {"variant", s.config.variant},
          {"ratio", s.config.ratio ? nlohmann::json(*s.config.ratio) : nlohmann::json(nullptr)},
          {"reason", s.reason}});
   }

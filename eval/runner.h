@@ -27,23 +27,29 @@ using PolicyFactory = std::function<StatusOr<std::unique_ptr<Policy>>(const Poli
 PolicyFactory RegistryFactory();
 
 // One evaluated configuration: a policy name, its budget ratio (settings["ratio"]; absent when
-// the run gives no --ratio) and the pass-through settings.
+// the run gives no --ratio) and the pass-through settings. A variant ("recall=off") is a set of
+// settings that belongs to this config only, so one run can compare a policy with itself.
 struct PolicyConfig {
   std::string policy;
   std::optional<std::string> ratio;
   std::map<std::string, std::string> settings;  // without "ratio"
+  std::string variant;  // "k=v:k=v" as written in the policy list; empty: none
 
   PolicySpec Spec() const;
-  // "vestige@32", or "full" without a ratio.
+  // "vestige", or "vestige:recall=off" with a variant.
+  std::string Name() const { return variant.empty() ? policy : policy + ":" + variant; }
+  // "vestige@32", "vestige:recall=off@32", or "full" without a ratio.
   std::string Label() const;
   std::string RatioText() const { return ratio ? *ratio : "-"; }
 };
 
 // The grid policies x ratios (policy-major). An empty `ratios` gives one config per policy with
-// no ratio setting. "all" in `policies` expands to every registered policy.
-std::vector<PolicyConfig> ExpandGrid(const std::vector<std::string>& policies,
-                                     const std::vector<std::string>& ratios,
-                                     const std::map<std::string, std::string>& settings);
+// no ratio setting. "all" in `policies` expands to every registered policy. A policy item may
+// carry its own settings after colons, "vestige:recall=off:block=1024"; they override `settings`
+// for that item only ("ratio" cannot be set this way: it is the grid's other axis).
+StatusOr<std::vector<PolicyConfig>> ExpandGrid(const std::vector<std::string>& policies,
+                                               const std::vector<std::string>& ratios,
+                                               const std::map<std::string, std::string>& settings);
 
 // A fresh cache for the config; errors name the config (e.g. a row policy on a GQA model).
 StatusOr<std::unique_ptr<KvCache>> NewConfigCache(const Model& model, const PolicyFactory& factory,

@@ -122,13 +122,15 @@ StatusOr<PplReport> RunPpl(Model& model, const std::vector<int32_t>& tokens, con
   const Progress prog(progress);
   ASSIGN_OR_RETURN(r.offsets, ResolveOffsets(r.corpus_tokens, o.w));
   // Fail (or skip) before any work when a config cannot be built.
+  ASSIGN_OR_RETURN(const std::vector<PolicyConfig> grid,
+                   ExpandGrid(o.policies, o.ratios, o.settings));
   ASSIGN_OR_RETURN(std::vector<PolicyConfig> configs,
-                   BuildableConfigs(model, factory, ExpandGrid(o.policies, o.ratios, o.settings),
+                   BuildableConfigs(model, factory, grid,
                                     o.skip_unsupported, &r.skipped, progress));
   if (!o.policy2.empty()) {
     std::map<std::string, std::string> s = o.settings;
     s.erase("ratio");
-    const PolicyConfig b{o.policy2, o.ratio2, s};
+    const PolicyConfig b{o.policy2, o.ratio2, s, ""};
     RETURN_IF_ERROR(NewConfigCache(model, factory, b).status().WithContext("--policy2"));
     configs.push_back(b);
   }
@@ -305,12 +307,14 @@ StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const
   const PolicyFactory factory = o.factory ? o.factory : RegistryFactory();
   const Progress prog(progress);
   ASSIGN_OR_RETURN(r.offsets, ResolveOffsets(r.corpus_tokens, o.w));
+  ASSIGN_OR_RETURN(const std::vector<PolicyConfig> grid,
+                   ExpandGrid(o.policies, o.ratios, o.settings));
   ASSIGN_OR_RETURN(const std::vector<PolicyConfig> configs,
-                   BuildableConfigs(model, factory, ExpandGrid(o.policies, o.ratios, o.settings),
+                   BuildableConfigs(model, factory, grid,
                                     o.skip_unsupported, &r.skipped, progress));
   std::map<std::string, std::string> ref_settings = o.settings;
   ref_settings.erase("ratio");
-  const PolicyConfig reference{o.reference, std::nullopt, ref_settings};
+  const PolicyConfig reference{o.reference, std::nullopt, ref_settings, ""};
   RETURN_IF_ERROR(NewConfigCache(model, factory, reference).status().WithContext("--reference"));
   ThreadPool pool(std::max(1, o.w.threads));
   const int64_t v = model.config().n_vocab;

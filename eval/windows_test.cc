@@ -61,7 +61,7 @@ TEST_F(WindowsTest, OffsetsAreEvenlySpacedAndChecked) {
 TEST_F(WindowsTest, FullPolicyQ1MatchesAllLogitsPrefill) {
   const WindowOptions w = SmallWindows();
   ThreadPool pool(1);
-  const PolicyConfig full{"full", std::nullopt, {}};
+  const PolicyConfig full{"full", std::nullopt, {}, ""};
   auto r = RunPplWindow(*model_, *tokens_, 17, w, RegistryFactory(), full, &pool);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ(r->nll.size(), static_cast<size_t>(w.eval_tokens - 1));

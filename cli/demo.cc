@@ -1,0 +1,408 @@
+// `strata demo`: the end-to-end job on the NoPE-MLA testbed model. One needle trial (kv-tokens
+// format, built by eval::NeedleBuilder over the built-in KJV haystack) is prefilled once per
+// cache policy (the end of the prefill is the compression point), then answered by greedy decode
+// through the compressed cache; the table shows what each cache answered and what it cost.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "eval/corpus.h"
+#include "eval/needle.h"
+#include "model/model.h"
+
+namespace strata::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// The default model's file name in models/ and how to make it (tools/testbed/README.md).
+constexpr const char* kDemoModelFile = "nope-mla.gguf";
+constexpr const char* kDemoModelRecipe =
+    "strata convert tools/testbed/runs/nope/hf -o models/nope-mla.gguf";
+// VestigeKV settings of the demo: 1024-row blocks (two closed blocks at the default 2048-token
+// prefix; the default 4096 would close none) and kappa 4 low-pass bins per block.
+constexpr const char* kVestigeSettings = "block=1024,kappa=4";
+constexpr int kPrefillChunk = 256;
+
+// The 72 filler characters of the char-level testbed (tb_data.ALPHABET: the distinct characters
+// of the whitespace-collapsed KJV, sorted by code point; no 'X'), ids 50..121 in that order. Used
+// only for a model without a tokenizer; with one, eval::NeedleBuilder maps each character to its
+// one-character token (space: "\u2581").
+constexpr const char* kTestbedAlphabet =
+    " !'(),-.0123456789:;?ABCDEFGHIJKLMNOPQRSTUVWYZabcdefghijklmnopqrstuvwxyz";
+
+// How a token id is shown: the tokenizer's text, else the testbed names (<s>, <KEY>, <vN>).
+std::string TokenName(const Tokenizer* tok, const eval::KvTokenIds& kv, int32_t id) {
+  if (tok && tok->CheckId(id).ok()) {
+    const std::string& t = tok->token_text(id);
+    if (!t.empty()) return t;
+  }
+  if (id == kv.bos) return "<s>";
+  if (id == kv.key) return "<KEY>";
+  if (id >= kv.slot0_first && id < kv.char_first) {
+    return "<v" + std::to_string(id - kv.slot0_first) + ">";
+  }
+  return "#" + std::to_string(id);
+}
+
+std::string TokenNames(const Tokenizer* tok, const eval::KvTokenIds& kv,
+                       const std::vector<int32_t>& ids) {
+  std::string s;
+  for (int32_t id : ids) s += (s.empty() ? "" : " ") + TokenName(tok, kv, id);
+  return s;
+}
+
+int32_t Argmax(const std::vector<float>& logits) {
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+std::vector<std::string> SplitList(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t a = item.find_first_not_of(' ');
+    const size_t b = item.find_last_not_of(' ');
+    if (a != std::string::npos) out.push_back(item.substr(a, b - a + 1));
+  }
+  return out;
+}
+
+struct DemoConfig {
+  std::string name;      // registry name
+  std::string label;     // "vestige@32"
+  std::string settings;  // --policy-set text
+};
+
+struct DemoRow {
+  DemoConfig config;
+  std::string describe;
+  std::vector<int32_t> answer;
+  bool correct = false;
+  int64_t resident_after_prefill = 0;
+  int64_t resident = 0;  // after the answer
+  int64_t decode_steps = 0;
+  double read_bytes_per_step = 0;
+  bool read_derived = false;  // the policy reported no bytes: rows attended x row bytes
+  double prefill_s = 0;
+  double decode_s = 0;
+};
+
+double KiB(double bytes) { return bytes / 1024.0; }
+
+}  // namespace
+
+void AddDemoCommand(CLI::App* app, DemoOptions* o) {
+  CLI::App* cmd = app->add_subcommand(
+      "demo",
+      "The main job: a needle in a haystack answered by the NoPE-MLA testbed model with the full "
+      "cache and with compressed caches at one budget (table on stdout, progress on stderr)");
+  cmd->add_option("-m,--model", o->model,
+                  std::string("Model (.gguf or HF directory) using the char-level testbed "
+                              "vocabulary; default: models/") +
+                      kDemoModelFile + " (make it with `" + kDemoModelRecipe + "`)");
+  cmd->add_option("--len", o->len,
+                  "Prefix length in tokens (BOS, filler from the built-in KJV haystack, and the "
+                  "needle <KEY> v1 v2 at a depth in [0.1, 0.8) of it)")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "Picks the needle's two values and its depth")
+      ->capture_default_str();
+  cmd->add_option("--ratio", o->ratio,
+                  "Compression ratio R, given to every policy but full (the row-budget "
+                  "policies keep 1/R of the prefix rows)")
+      ->capture_default_str();
+  cmd->add_option("--threads", o->threads, "Worker threads")->capture_default_str();
+  cmd->add_option("--gen", o->gen,
+                  "Greedy tokens decoded after the answer; the read and speed columns average "
+                  "over every decode step (question, answer, these)")
+      ->capture_default_str();
+  std::string names;
+  for (const auto& n : PolicyNames()) names += (names.empty() ? "" : ", ") + n;
+  cmd->add_option("--policy", o->policy,
+                  "Cache policies, comma-separated, one table row each; an item may carry its own "
+                  "settings, name:key=value:key=value (available: " + names +
+                      "); vestige runs with block 1024 and kappa 4 (cutoff period 256 rows, the "
+                      "paper's 4096/16)")
+      ->capture_default_str();
+  cmd->add_option("--json", o->json_path, "Also write the table as JSON to this file");
+}
+
+int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
+  auto fail = [&](const std::string& msg) {
+    err << "error: " << msg << "\n";
+    return kExitUsage;
+  };
+  // Flags first, so a bad flag is reported before any model is loaded.
+  if (o.len < 8) return fail("--len must be >= 8, got " + std::to_string(o.len));
+  if (o.threads < 1) return fail("--threads must be >= 1, got " + std::to_string(o.threads));
+  {
+    char* end = nullptr;
+    errno = 0;
+    const double r = std::strtod(o.ratio.c_str(), &end);
+    if (o.ratio.empty() || *end != '\0' || errno == ERANGE) {
+      return fail("--ratio '" + o.ratio + "' is not a number (e.g. --ratio 32)");
+    }
+    if (!(r >= 1.0) || !std::isfinite(r)) {
+      return fail("--ratio " + o.ratio + " must be a finite number >= 1 (keep 1/R of the rows)");
+    }
+  }
+  std::vector<DemoConfig> configs;
+  if (o.gen < 0) return fail("--gen must be >= 0, got " + std::to_string(o.gen));
+  for (const std::string& item : SplitList(o.policy)) {
+    // An item may carry its own settings: name:key=value:key=value.
+    DemoConfig c;
+    const size_t colon = item.find(':');
+    const std::string name = item.substr(0, colon);
+    std::string own = colon == std::string::npos ? "" : item.substr(colon + 1);
+    for (char& ch : own) {
+      if (ch == ':') ch = ',';
+    }
+    c.name = name;
+    if (name != "full") {
+      c.label = item + "@" + o.ratio;
+      c.settings = "ratio=" + o.ratio;
+      if (name == "vestige" || name == "fullrow") {
+        c.settings += std::string(",") + kVestigeSettings;
+      }
+    } else {
+      c.label = item;
+    }
+    if (!own.empty()) c.settings += "," + own;
+    auto p = MakeCliPolicy(c.name, c.settings);
+    if (!p.ok()) return fail(p.status().message());
+    configs.push_back(c);
+  }
+  if (configs.empty()) return fail("--policy '" + o.policy + "' names no policy");
+
+  namespace fs = std::filesystem;
+  std::string path = o.model;
+  if (path.empty()) {
+    const std::string dir = o.models_dir.empty() ? DefaultModelsDir() : o.models_dir;
+    path = (fs::path(dir) / kDemoModelFile).string();
+    std::error_code ec;
+    if (!fs::exists(path, ec)) {
+      return fail("the demo model " + path +
+                  " does not exist; make it from the trained NoPE-MLA testbed with `" +
+                  kDemoModelRecipe + "` (tools/testbed/README.md), or pass -m FILE");
+    }
+  }
+  err << "model: " << path << "\n";
+  auto loaded = Model::Load(path);
+  if (!loaded.ok()) {
+    return fail("cannot load model '" + path + "' (-m): " + loaded.status().ToString());
+  }
+  Model& m = **loaded;
+  const ModelConfig& mc = m.config();
+  err << mc.Summary() << "\n";
+  if (!mc.is_mla() || !mc.mla_nope) {
+    err << "demo: note: the model is not a NoPE-MLA model; policies that need MLA rows fail\n";
+  }
+
+  eval::NeedleOptions no;
+  no.format = eval::NeedleFormat::kKvTokens;
+  no.seed = o.seed;
+  no.trials = 1;
+  no.lengths = {o.len};
+  no.threads = o.threads;
+  if (const Tokenizer* t = m.tokenizer()) {
+    // The needle's own ids must be the testbed's <KEY> and value tokens (characters are mapped
+    // through the tokenizer by NeedleBuilder).
+    const int32_t last_value = no.kv.slot1_first + no.kv.slot1_count - 1;  // <v31>: id 33
+    const std::pair<int32_t, std::string> want[] = {
+        {no.kv.key, "<KEY>"},
+        {no.kv.slot0_first, "<v0>"},
+        {last_value, "<v" + std::to_string(last_value - no.kv.slot0_first) + ">"}};
+    for (const auto& [id, text] : want) {
+      const int32_t got = t->TokenId(text);
+      if (got != id) {
+        return fail("model '" + path +
+                    "' does not use the char-level testbed vocabulary (tools/testbed/README.md, "
+                    "\"Vocabulary and needle format\"): token " +
+                    text + " is " +
+                    (got < 0 ? std::string("missing") : "id " + std::to_string(got)) +
+                    ", expected id " + std::to_string(id));
+      }
+    }
+  } else {
+    err << "demo: the model has no tokenizer; assuming the testbed vocabulary (characters from id "
+        << no.kv.char_first << ")\n";
+    no.kv.charset = kTestbedAlphabet;
+  }
+  auto builder = eval::NeedleBuilder::Create(m, no);
+  if (!builder.ok()) {
+    return fail("model '" + path + "': " + builder.status().message() +
+                " (the demo needs the char-level testbed vocabulary: tools/testbed/README.md, "
+                "\"Vocabulary and needle format\")");
+  }
+  auto trial_or = builder->Build(o.len, 0);
+  if (!trial_or.ok()) return fail(trial_or.status().message());
+  const eval::NeedleTrial& trial = *trial_or;
+  const Tokenizer* tok = m.tokenizer();
+  const std::string expected = TokenNames(tok, no.kv, trial.answer);
+  const double depth_pct = 100.0 * static_cast<double>(trial.depth) / static_cast<double>(o.len);
+  err << "demo: prefix " << o.len << " tokens, needle " << TokenNames(tok, no.kv, trial.needle)
+      << " at depth " << trial.depth << " (" << FormatFixed(depth_pct, 0) << "%)\n";
+
+  // Every policy must fit the model (e.g. geodesia needs GQA layers) before any of them runs.
+  for (const DemoConfig& c : configs) {
+    auto policy = MakeCliPolicy(c.name, c.settings);
+    if (!policy.ok()) return fail(policy.status().message());
+    auto cache = m.NewCache(std::move(policy).value());
+    if (!cache.ok()) return fail("--policy " + c.name + ": " + cache.status().message());
+  }
+
+  ThreadPool pool(o.threads);
+  const int64_t n_vocab = mc.n_vocab;
+  std::vector<DemoRow> rows;
+  for (const DemoConfig& c : configs) {
+    DemoRow row;
+    row.config = c;
+    auto policy = MakeCliPolicy(c.name, c.settings);
+    if (!policy.ok()) return fail(policy.status().message());
+    auto cache_or = m.NewCache(std::move(policy).value());
+    if (!cache_or.ok()) return fail("--policy " + c.name + ": " + cache_or.status().message());
+    KvCache& cache = **cache_or;
+    std::vector<float> logits(n_vocab);
+    // The compression point: the end of this Prefill call.
+    const auto t0 = Clock::now();
+    if (Status st = m.Prefill(trial.prefix.data(), static_cast<int64_t>(trial.prefix.size()),
+                              kPrefillChunk, &cache, &pool, nullptr);
+        !st.ok()) {
+      return fail(c.label + ": prefill: " + st.ToString());
+    }
+    row.prefill_s = Seconds(t0, Clock::now());
+    row.resident_after_prefill = cache.ResidentBytes();
+    row.describe = cache.policy().describe();
+
+    // Greedy decode through the compressed cache: the question token(s), then the answer.
+    int64_t row_bytes = 0;  // per layer per KV head, averaged over layers (the fallback only)
+    for (int l = 0; l < cache.n_layers(); ++l) {
+      row_bytes += cache.geometry(l).bytes_per_token() / cache.geometry(l).n_kv_heads;
+    }
+    if (cache.n_layers() > 0) row_bytes /= cache.n_layers();
+    double read_bytes = 0;
+    auto step = [&](int32_t token) -> Status {
+      const auto d0 = Clock::now();
+      RETURN_IF_ERROR(m.Decode(token, &cache, &pool, logits.data()));
+      row.decode_s += Seconds(d0, Clock::now());
+      ++row.decode_steps;
+      const ReadStats& s = cache.counters().last_step;
+      if (s.bytes_read == 0 && s.rows_attended > 0) {
+        row.read_derived = true;
+        read_bytes += static_cast<double>(s.rows_attended) * static_cast<double>(row_bytes);
+      } else {
+        read_bytes += static_cast<double>(s.bytes_read);
+      }
+      return OkStatus();
+    };
+    for (int32_t q : trial.query) {
+      if (Status st = step(q); !st.ok()) return fail(c.label + ": decode: " + st.ToString());
+    }
+    for (size_t j = 0; j < trial.answer.size(); ++j) {
+      const int32_t id = Argmax(logits);
+      row.answer.push_back(id);
+      if (Status st = step(id); !st.ok()) return fail(c.label + ": decode: " + st.ToString());
+    }
+    // Keep decoding greedily, so the speed and read figures cover more than a couple of steps.
+    for (int64_t g = 0; g < o.gen; ++g) {
+      if (Status st = step(Argmax(logits)); !st.ok()) {
+        return fail(c.label + ": decode: " + st.ToString());
+      }
+    }
+    row.correct = row.answer == trial.answer;
+    row.resident = cache.ResidentBytes();
+    row.read_bytes_per_step = row.decode_steps ? read_bytes / row.decode_steps : 0;
+    err << "demo: " << c.label << ": prefill " << trial.prefix.size() << " tokens in "
+        << FormatFixed(row.prefill_s, 2) << " s; answer " << TokenNames(tok, no.kv, row.answer)
+        << (row.correct ? " (right)" : " (wrong)") << "\n";
+    rows.push_back(std::move(row));
+  }
+
+  // The report: a header, the table, what the columns mean.
+  out << "strata demo: needle in a haystack, compressed at the end of the prefix, then answered "
+         "by greedy decode\n";
+  out << "model:    " << path << " (" << mc.Summary() << ")\n";
+  out << "prefix:   " << o.len << " tokens of " << eval::kBuiltinHaystackName
+      << " (kv-tokens), needle " << TokenNames(tok, no.kv, trial.needle) << " at depth "
+      << trial.depth << " (" << FormatFixed(depth_pct, 0) << "%), seed " << o.seed << "\n";
+  out << "question: " << TokenNames(tok, no.kv, trial.query) << "  expected answer: " << expected
+      << "\n";
+  out << "budget:   --ratio " << o.ratio << ": the policies with a row budget keep 1/" << o.ratio
+      << " of the prefix rows\n\n";
+  Table t({"policy", "answer", "correct?", "resident KiB", "read KiB/step", "decode tok/s"});
+  std::vector<std::string> derived;
+  for (const DemoRow& r : rows) {
+    t.AddRow({r.config.label, TokenNames(tok, no.kv, r.answer), r.correct ? "yes" : "no",
+              FormatFixed(KiB(static_cast<double>(r.resident)), 1),
+              FormatFixed(KiB(r.read_bytes_per_step), 1) + (r.read_derived ? " *" : ""),
+              r.decode_s > 0 ? FormatFixed(r.decode_steps / r.decode_s, 1) : "-"});
+    if (r.read_derived) derived.push_back(r.config.label);
+  }
+  t.Print(out);
+  const int64_t n_steps = rows.empty() ? 0 : rows[0].decode_steps;
+  out << "\nresident KiB: KV cache bytes held in RAM after the answer, all layers, as the policy "
+         "accounts them\n  (rows a policy no longer reads but keeps, such as vestige's RAM archive "
+         "and the\n  evicted rows of streaming and h2o, count; so do indexes and score tables)\n"
+         "read KiB/step: KV bytes the attention read per decode step (rows, plus vestige's recall "
+         "index scan),\n  mean of "
+      << n_steps << " steps; decode tok/s: over those steps, " << o.threads << " thread"
+      << (o.threads == 1 ? "" : "s") << "\n";
+  for (const DemoRow& r : rows) {
+    if (r.describe != r.config.name) out << r.config.label << ": " << r.describe << "\n";
+  }
+  if (!derived.empty()) {
+    std::string list;
+    for (const auto& d : derived) list += (list.empty() ? "" : ", ") + d;
+    out << "* read bytes derived as rows attended x row bytes (the policy reports no byte count): "
+        << list << "\n";
+  }
+
+  if (!o.json_path.empty()) {
+    nlohmann::json results = nlohmann::json::array();
+    for (const DemoRow& r : rows) {
+      results.push_back({{"policy", r.config.name},
+                         {"label", r.config.label},
+                         {"describe", r.describe},
+                         {"answer", r.answer},
+                         {"answer_text", TokenNames(tok, no.kv, r.answer)},
+                         {"correct", r.correct},
+                         {"resident_bytes", r.resident},
+                         {"resident_bytes_after_prefill", r.resident_after_prefill},
+                         {"read_bytes_per_step", r.read_bytes_per_step},
+                         {"read_bytes_derived", r.read_derived},
+                         {"decode_steps", r.decode_steps},
+                         {"decode_seconds", r.decode_s},
+                         {"prefill_seconds", r.prefill_s}});
+    }
+    nlohmann::json j = {{"model", path},
+                        {"len", o.len},
+                        {"seed", o.seed},
+                        {"ratio", o.ratio},
+                        {"threads", o.threads},
+                        {"haystack", eval::kBuiltinHaystackName},
+                        {"depth", trial.depth},
+                        {"needle", trial.needle},
+                        {"query", trial.query},
+                        {"expected", trial.answer},
+                        {"expected_text", expected},
+                        {"results", results}};
+    if (Status st = WriteTextFile(o.json_path, DumpJson(j)); !st.ok()) {
+      return fail("--json: " + st.ToString());
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace strata::cli
