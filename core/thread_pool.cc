@@ -22,7 +22,7 @@ void ChunkRange(int64_t n, int64_t grain, int k, int T, int64_t* begin, int64_t*
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = std::max(1u, std::thread::hardware_concurrency());
   n_threads_ = n_threads;
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
+  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -34,7 +34,32 @@ ThreadPool::~ThreadPool() {
   for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::WorkerLoop(int idx) {
+void ThreadPool::RunChunks(uint64_t gen) {
+  const uint64_t tag = (gen & 0xffffffffull) << 32;
+  for (;;) {
+    uint64_t s = claim_.load(std::memory_order_acquire);
+    int k;
+    for (;;) {
+      if ((s & ~0xffffffffull) != tag) return;  // a later job: this one is done
+      k = static_cast<int>(s & 0xffffffffull);
+      if (k >= n_threads_) return;
+      if (claim_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel,
+                                       std::memory_order_acquire)) {
+        break;
+      }
+    }
+    // The job cannot change while a claimed chunk is unfinished (the caller waits for it).
+    int64_t b, e;
+    ChunkRange(job_n_, job_grain_, k, n_threads_, &b, &e);
+    if (b < e) (*job_)(b, e, k);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_cv_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::WorkerLoop() {
   uint64_t seen = 0;
   for (;;) {
     uint64_t g = generation_.load(std::memory_order_acquire);
@@ -53,13 +78,7 @@ void ThreadPool::WorkerLoop(int idx) {
     }
     if (stop_.load(std::memory_order_acquire)) return;
     seen = g;
-    int64_t b, e;
-    ChunkRange(job_n_, job_grain_, idx, n_threads_, &b, &e);
-    if (b < e) (*job_)(b, e, idx);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_cv_.notify_one();
-    }
+    RunChunks(g);
   }
 }
 
@@ -78,16 +97,16 @@ void ThreadPool::ParallelForGrain(int64_t n, int64_t grain,
   job_ = &fn;
   job_n_ = n;
   job_grain_ = grain;
-  pending_.store(n_threads_ - 1, std::memory_order_relaxed);
+  pending_.store(n_threads_, std::memory_order_relaxed);
+  const uint64_t gen = generation_.load(std::memory_order_relaxed) + 1;
+  claim_.store((gen & 0xffffffffull) << 32, std::memory_order_release);
   {
     // Under the mutex so a worker between its predicate check and its wait cannot miss it.
     std::lock_guard<std::mutex> lock(mu_);
-    generation_.fetch_add(1, std::memory_order_release);
+    generation_.store(gen, std::memory_order_release);
   }
   start_cv_.notify_all();
-  int64_t b, e;
-  ChunkRange(n, grain, 0, n_threads_, &b, &e);
-  if (b < e) fn(b, e, 0);
+  RunChunks(gen);
   for (int i = 0; i < kSpinIters && pending_.load(std::memory_order_acquire) != 0; ++i) {
     STRATA_PAUSE();
   }

@@ -6,6 +6,12 @@
 // Decode issues ~100 short ParallelFor calls per token, so workers and the caller spin briefly
 // (kSpinIters pause loops, a few tens of microseconds) before blocking on a condition variable:
 // back-to-back jobs are picked up without a futex round trip, idle workers still sleep.
+// The chunk *boundaries* are static, but chunks are *claimed* dynamically (the caller and the
+// workers take the next unclaimed chunk): when a worker is not scheduled (a loaded machine), the
+// caller runs its chunk instead of waiting a scheduler time slice for it. Which thread runs a
+// chunk never changes what the chunk computes, so results stay bit-identical for any
+// interleaving; a chunk index runs exactly once per call, so per-chunk scratch indexed by it is
+// never shared.
 #pragma once
 
 #include <atomic>
@@ -38,7 +44,9 @@ class ThreadPool {
 
  private:
   static constexpr int kSpinIters = 20000;
-  void WorkerLoop(int idx);
+  void WorkerLoop();
+  // Claims and runs chunks of generation `gen` until none is left (or the job moved on).
+  void RunChunks(uint64_t gen);
 
   int n_threads_;
   std::vector<std::thread> workers_;
@@ -51,7 +59,9 @@ class ThreadPool {
   int64_t job_n_ = 0;
   int64_t job_grain_ = 1;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  // (low 32 bits of the generation) << 32 | the next unclaimed chunk.
+  std::atomic<uint64_t> claim_{0};
+  std::atomic<int> pending_{0};  // chunks of the current job not yet finished
   std::atomic<bool> stop_{false};
 };
 
