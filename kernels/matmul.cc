@@ -13,6 +13,25 @@
 //       same-moment MeasureReadBandwidth): MatVec 4096x4096 F16 0.83, F32 ~0.85-1.0,
 //       Q8_0 0.50 (v1 with 4 rows: 0.32). MatMul 1 thread, 4096x4096: F16 40-56 GFLOP/s
 //       (n=16..64), BF16 32-62, Q8_0 51-62, F32 52-110.
+//   v3  MatVec streams one row at a time in address order. v2's 4 interleaved rows are 4 streams
+//       1.5 KiB apart on 768-wide rows, which the hardware prefetchers did not follow (4 rows, no
+//       software prefetch: 0.30-0.41 of the read bandwidth on the 125M llama shapes; v2:
+//       0.36-0.63).
+//       One row needs independent FMA chains, so the shared summation order is now kAcc
+//       accumulators per row (see kAcc); MatMul keeps its R x T register tiles by converting rows
+//       to a class-major layout and running one pass per accumulator class, so MatMul == MatVec ==
+//       DotRow still holds bit for bit. Q8_0: same order, constant block offsets per round and a
+//       SIMD scale conversion (cache-resident rate 8 -> 37 GB/s). Prefetch 8 KiB ahead of the row.
+//       Measured on the same host under heavy load (9-11 runnable tasks on 2 cores, read bandwidth
+//       14-20 GB/s instead of ~38; medians of interleaved passes, ratio to the same-moment
+//       MeasureReadBandwidth), MatVec over all decode matrices of the synthetic 125M llama:
+//       F16 0.54-0.59 -> 0.83-0.92 (1.5-1.6x), BF16 0.59-0.70 -> 1.07, Q8_0 0.51-0.62 ->
+//       0.77-0.92, F32 0.57-0.75 -> 0.72-0.77; 150M deepseek2 F16 0.49-0.59 -> 0.90-0.96
+//       (1.7x). Cache-resident F16 256x768: 93 -> 74 GB/s (x is re-read per row), still ~2x the
+//       DRAM rate. MatMul vs v2, paired, 1 thread: 768/2048-wide shapes 0.86-1.0, 4096x4096 F16
+//       0.66-0.95, F32 weights (now copied to the class-major scratch) 0.67-1.0. MatVecMany: q/k/v
+//       and gate/up as one pool job in decode (1 thread: no change; 2 threads on the loaded host,
+//       where every dispatch waits for a time slice: 1.6x on the 125M llama matrices).
 #include "kernels/matmul.h"
 
 #include <algorithm>
@@ -70,6 +89,29 @@ struct LoadBF16 {
   }
 };
 
+// Summation order, shared by every kernel below so that MatVec == DotRow == MatMul bit for bit:
+// vector v of a row (columns [v N, v N + N), N = lanes) is added by fma into accumulator
+// v % kAcc, in increasing v; the kAcc accumulators are then added pairwise (SumAcc), the lanes
+// summed (SumOfLanes), and the k % N tail columns added by scalar fma. kAcc independent chains
+// hide the FMA latency while a single row is streamed in address order (see the version log).
+// 64 columns per round of accumulators on 512- and 256-bit targets, 32 on 128-bit (which has
+// only 16 registers).
+#if HWY_MAX_BYTES >= 64
+constexpr int kAcc = 4;
+#else
+constexpr int kAcc = 8;
+#endif
+
+// Pairwise: (a0 + a2) + (a1 + a3), or for 8: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+HWY_INLINE VF SumAcc(const VF* a) {
+#if HWY_MAX_BYTES >= 64
+  return hn::Add(hn::Add(a[0], a[2]), hn::Add(a[1], a[3]));
+#else
+  return hn::Add(hn::Add(hn::Add(a[0], a[4]), hn::Add(a[2], a[6])),
+                 hn::Add(hn::Add(a[1], a[5]), hn::Add(a[3], a[7])));
+#endif
+}
+
 // Finishes one (row, token) sum: lanes, then the scalar tail [c, K).
 template <class L>
 HWY_INLINE float Finish(DF df, VF acc, const uint8_t* w, const float* x, int64_t c, int64_t k) {
@@ -80,93 +122,103 @@ HWY_INLINE float Finish(DF df, VF acc, const uint8_t* w, const float* x, int64_t
   return s;
 }
 
-// out[r * T + t] = dot(w[r][0..k), x[t][0..k)) for R weight rows and T token vectors.
-// Software prefetch distance for streamed weight rows. The FP scheduler fills with FMAs waiting on
-// missed loads, which caps the misses in flight per element, not per byte (f16 MatVec ran at half
-// the GB/s of f32 without it); prefetches do not wait on anything. A hint: never faults.
-constexpr int64_t kPrefetchBytes = 2048;
+// Software prefetch distance for the streamed weight row (a hint: never faults; past a matrix end
+// it reads at most this many unused bytes). One row is read in address order, which the hardware
+// prefetchers follow; the software prefetch keeps more misses in flight and runs ahead across
+// 4 KiB page boundaries, where hardware stream prefetchers stop. Measured on the decode shapes:
+// 2 KiB < 4 KiB < 8..16 KiB (flat), see the version log.
+constexpr int64_t kPrefetchBytes = 8192;
 
-template <int R, int T, class L, bool kPrefetch = false>
-HWY_INLINE void DotTile(const uint8_t* const* w, const float* const* x, int64_t k, float* out) {
+// dot(w[0..k), x[0..k)) for one weight row in the shared summation order.
+template <class L, bool kPrefetch = false>
+HWY_INLINE float DotOne(const uint8_t* w, const float* x, int64_t k) {
   const DF df;
   const L load;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
-  VF acc[R][T];
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) acc[r][t] = hn::Zero(df);
+  VF acc[kAcc];
+  for (int a = 0; a < kAcc; ++a) acc[a] = hn::Zero(df);
   int64_t c = 0;
-  for (; c + n <= k; c += n) {
-    VF xv[T];
-    for (int t = 0; t < T; ++t) xv[t] = hn::LoadU(df, x[t] + c);
+  for (; c + kAcc * n <= k; c += kAcc * n) {
     if constexpr (kPrefetch) {
-      for (int r = 0; r < R; ++r) hwy::Prefetch(w[r] + c * L::kBytes + kPrefetchBytes);
+      // The bytes of this round, one prefetch per 64-byte line.
+      for (int64_t b = 0; b < kAcc * n * L::kBytes; b += 64) {
+        hwy::Prefetch(w + c * L::kBytes + kPrefetchBytes + b);
+      }
     }
-    for (int r = 0; r < R; ++r) {
-      const VF wv = load(df, w[r], c);
-      for (int t = 0; t < T; ++t) acc[r][t] = hn::MulAdd(wv, xv[t], acc[r][t]);
+    for (int a = 0; a < kAcc; ++a) {
+      acc[a] = hn::MulAdd(load(df, w, c + a * n), hn::LoadU(df, x + c + a * n), acc[a]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) out[r * T + t] = Finish<L>(df, acc[r][t], w[r], x[t], c, k);
+  // The last (k - c) / N < kAcc full vectors; compile-time indices keep acc in registers.
+  const int64_t rem = (k - c) / n;
+  for (int a = 0; a < kAcc; ++a) {
+    if (a < rem) acc[a] = hn::MulAdd(load(df, w, c + a * n), hn::LoadU(df, x + c + a * n), acc[a]);
+  }
+  return Finish<L>(df, SumAcc(acc), w, x, c + rem * n, k);
 }
 
 constexpr bool kPrefetchQ8 = true;  // see kPrefetchBytes
 
-// Q8_0 rows (k % 32 == 0): weights dequantized as float(q) * d (exact in f32), then the same
-// accumulation sequence as DotTile over f32, so the result equals DotTile on dequantized rows.
-template <int R>
-HWY_INLINE void DotTileQ8(const uint8_t* const* w, const float* x, int64_t k, float* out) {
+// One Q8_0 row (k % 32 == 0, 32 % N == 0): weights dequantized as float(q) * d (exact in f32),
+// then the shared order over f32, so the result equals DotOne on the dequantized row. A round of
+// kAcc vectors covers whole blocks (kAcc N is 64 or 32), so it walks block pointers with constant
+// offsets; the scale is widened by the SIMD f16 conversion (decode of small rows is bound by
+// instructions per byte here, not by the memory).
+HWY_INLINE float DotOneQ8(const uint8_t* w, const float* x, int64_t k) {
   const DF df;
   const hn::Rebind<int8_t, DF> di8;
   const hn::Rebind<int32_t, DF> di32;
+  const hn::Rebind<uint16_t, DF> du16;
+  const hn::Rebind<hwy::float16_t, DF> dh;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
-  VF acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = hn::Zero(df);
+  const int64_t vpb = 32 / n;        // vectors per block
+  // Blocks per round: kAcc vectors (1 block, 32 vectors, on the 1-lane scalar target).
+  const int64_t bpr = std::max<int64_t>(1, kAcc * n / 32);
+  const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(w);
   const int64_t nb = k / 32;
-  for (int64_t b = 0; b < nb; ++b) {
-    VF dv[R];
-    for (int r = 0; r < R; ++r) {
-      const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(w[r]) + b;
-      dv[r] = hn::Set(df, F16ToF32(blk->d));
+  VF acc[kAcc];
+  for (int a = 0; a < kAcc; ++a) acc[a] = hn::Zero(df);
+  // Accumulates block p (at column 32 * (p - blk)); its vector j is vector a0 + j mod kAcc of a
+  // round.
+  auto block = [&](const BlockQ8_0* p, const float* xb, int a0) HWY_ATTR {
+    const VF dv = hn::PromoteTo(df, hn::BitCast(dh, hn::Set(du16, p->d)));
+    for (int64_t j = 0; j < vpb; ++j) {
+      const VF q = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, p->qs + j * n)));
+      const int a = static_cast<int>((a0 + j) % kAcc);
+      acc[a] = hn::MulAdd(hn::Mul(q, dv), hn::LoadU(df, xb + j * n), acc[a]);
     }
+  };
+  int64_t b = 0;
+  for (; b + bpr <= nb; b += bpr) {
     if constexpr (kPrefetchQ8) {
-      for (int r = 0; r < R; ++r) hwy::Prefetch(w[r] + b * sizeof(BlockQ8_0) + kPrefetchBytes);
-    }
-    for (int64_t j = 0; j < 32; j += n) {
-      const VF xv = hn::LoadU(df, x + b * 32 + j);
-      for (int r = 0; r < R; ++r) {
-        const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(w[r]) + b;
-        const VF q = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, blk->qs + j)));
-        acc[r] = hn::MulAdd(hn::Mul(q, dv[r]), xv, acc[r]);
+      const uint8_t* p = reinterpret_cast<const uint8_t*>(blk + b) + kPrefetchBytes;
+      for (int64_t i = 0; i < bpr * static_cast<int64_t>(sizeof(BlockQ8_0)); i += 64) {
+        hwy::Prefetch(p + i);
       }
     }
+    for (int64_t g = 0; g < bpr; ++g) {
+      block(blk + b + g, x + (b + g) * 32, static_cast<int>(g * vpb));
+    }
   }
-  for (int r = 0; r < R; ++r) out[r] = hn::GetLane(hn::SumOfLanes(df, acc[r]));
+  for (int64_t a = 0; b < nb; ++b, a += vpb) block(blk + b, x + b * 32, static_cast<int>(a));
+  return hn::GetLane(hn::SumOfLanes(df, SumAcc(acc)));
 }
 
+// Rows [r0, r1) one after another: each row is one address-ordered stream (the v1 tiles of 4
+// interleaved rows defeated the hardware prefetchers on short rows).
 template <class L>
 void MatVecRows(const TensorView& w, const float* x, float* y, int64_t r0, int64_t r1) {
   const int64_t k = w.cols();
-  const float* xs[1] = {x};
-  int64_t r = r0;
-  for (; r + 4 <= r1; r += 4) {
-    const uint8_t* rows[4] = {w.row(r), w.row(r + 1), w.row(r + 2), w.row(r + 3)};
-    DotTile<4, 1, L, true>(rows, xs, k, y + r);
-  }
-  for (; r < r1; ++r) {
-    const uint8_t* rows[1] = {w.row(r)};
-    DotTile<1, 1, L, true>(rows, xs, k, y + r);
-  }
+  const int64_t rb = w.row_bytes();
+  const uint8_t* row = w.row(r0);
+  for (int64_t r = r0; r < r1; ++r, row += rb) y[r] = DotOne<L, true>(row, x, k);
 }
 
 void MatVecQ8Rows(const TensorView& w, const float* x, float* y, int64_t r0, int64_t r1) {
   const int64_t k = w.cols();
-  // One row at a time: measured 0.50 of the read bandwidth against 0.32 for 4 rows sharing x
-  // loads (fewer concurrent streams, the per-block scalar scale work dominates anyway).
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint8_t* rows[1] = {w.row(r)};
-    DotTileQ8<1>(rows, x, k, y + r);
-  }
+  const int64_t rb = w.row_bytes();
+  const uint8_t* row = w.row(r0);
+  for (int64_t r = r0; r < r1; ++r, row += rb) y[r] = DotOneQ8(row, x, k);
 }
 
 void MatVecRangeImpl(const TensorView& w, const float* x, float* y, int64_t r0, int64_t r1) {
@@ -185,59 +237,75 @@ void MatVecRangeImpl(const TensorView& w, const float* x, float* y, int64_t r0, 
 }
 
 float DotRowImpl(DType t, const void* row, const float* x, int64_t n) {
-  const uint8_t* rows[1] = {static_cast<const uint8_t*>(row)};
-  const float* xs[1] = {x};
-  float out = 0.f;
+  const uint8_t* w = static_cast<const uint8_t*>(row);
   switch (t) {
     case DType::kF32:
-      DotTile<1, 1, LoadF32>(rows, xs, n, &out);
-      break;
+      return DotOne<LoadF32>(w, x, n);
     case DType::kF16:
-      DotTile<1, 1, LoadF16>(rows, xs, n, &out);
-      break;
+      return DotOne<LoadF16>(w, x, n);
     case DType::kBF16:
-      DotTile<1, 1, LoadBF16>(rows, xs, n, &out);
-      break;
+      return DotOne<LoadBF16>(w, x, n);
     case DType::kQ8_0:
-      DotTileQ8<1>(rows, x, n, &out);
-      break;
+      return DotOneQ8(w, x, n);
     default:
       STRATA_CHECK_MSG(false, "DotRow: unsupported weight dtype %d", int(t));
   }
-  return out;
+  return 0.f;
 }
 
-// Converts one weight row of k values to f32 (exact for every dtype).
-void RowToF32(DType t, const uint8_t* row, int64_t k, float* dst) {
+// MatMul layout ("class-major"): a row of k values converted exactly to f32 with its full
+// vectors grouped by accumulator class, vectors a, a + kAcc, a + 2 kAcc, ... for a = 0, 1, ...,
+// then the k % N tail columns in place. Each class is then one contiguous stream for the tiles.
+// First column of class a's segment, for nv full vectors of n lanes.
+HWY_INLINE int64_t ClassStart(int64_t a, int64_t nv, int64_t n) {
+  int64_t vecs = 0;
+  for (int64_t b = 0; b < a; ++b) vecs += nv > b ? (nv - b - 1) / kAcc + 1 : 0;
+  return vecs * n;
+}
+
+// Q8_0 weights as a loader: float(q) * d, exact (k % 32 == 0, so Scalar serves no tail).
+struct LoadQ8 {
+  HWY_INLINE VF operator()(DF df, const uint8_t* row, int64_t c) const {
+    const hn::Rebind<int8_t, DF> di8;
+    const hn::Rebind<int32_t, DF> di32;
+    const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(row)[c / 32];
+    const VF q = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, blk.qs + c % 32)));
+    return hn::Mul(q, hn::Set(df, F16ToF32(blk.d)));
+  }
+  static float Scalar(const uint8_t* row, int64_t c) {
+    const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(row)[c / 32];
+    return static_cast<float>(blk.qs[c % 32]) * F16ToF32(blk.d);
+  }
+};
+
+template <class L>
+void ToClassMajorT(const uint8_t* row, int64_t k, float* dst) {
   const DF df;
+  const L load;
   const int64_t n = static_cast<int64_t>(hn::Lanes(df));
-  int64_t c = 0;
+  const int64_t nv = k / n;
+  // Reads the row in address order, writes kAcc class streams.
+  float* d[kAcc];
+  for (int a = 0; a < kAcc; ++a) d[a] = dst + ClassStart(a, nv, n);
+  int64_t v = 0;
+  for (; v + kAcc <= nv; v += kAcc) {
+    for (int a = 0; a < kAcc; ++a, d[a - 1] += n) hn::StoreU(load(df, row, (v + a) * n), df, d[a]);
+  }
+  for (int a = 0; v < nv; ++v, ++a) hn::StoreU(load(df, row, v * n), df, d[a]);
+  for (int64_t c = nv * n; c < k; ++c) dst[c] = L::Scalar(row, c);
+}
+
+void ToClassMajor(DType t, const void* row, int64_t k, float* dst) {
+  const uint8_t* p = static_cast<const uint8_t*>(row);
   switch (t) {
-    case DType::kF16: {
-      const LoadF16 load;
-      for (; c + n <= k; c += n) hn::StoreU(load(df, row, c), df, dst + c);
-      for (; c < k; ++c) dst[c] = LoadF16::Scalar(row, c);
-      break;
-    }
-    case DType::kBF16: {
-      const LoadBF16 load;
-      for (; c + n <= k; c += n) hn::StoreU(load(df, row, c), df, dst + c);
-      for (; c < k; ++c) dst[c] = LoadBF16::Scalar(row, c);
-      break;
-    }
-    case DType::kQ8_0: {
-      const hn::Rebind<int8_t, DF> di8;
-      const hn::Rebind<int32_t, DF> di32;
-      const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(row);
-      for (int64_t b = 0; b < k / 32; ++b) {
-        const VF dv = hn::Set(df, F16ToF32(blk[b].d));
-        for (int64_t j = 0; j < 32; j += n) {
-          const VF q = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, blk[b].qs + j)));
-          hn::StoreU(hn::Mul(q, dv), df, dst + b * 32 + j);
-        }
-      }
-      break;
-    }
+    case DType::kF32:
+      return ToClassMajorT<LoadF32>(p, k, dst);
+    case DType::kF16:
+      return ToClassMajorT<LoadF16>(p, k, dst);
+    case DType::kBF16:
+      return ToClassMajorT<LoadBF16>(p, k, dst);
+    case DType::kQ8_0:
+      return ToClassMajorT<LoadQ8>(p, k, dst);
     default:
       STRATA_CHECK_MSG(false, "MatMul: unsupported weight dtype %d", int(t));
   }
@@ -251,77 +319,127 @@ constexpr int kTokTile = 4;
 constexpr int kTokTile = 2;
 #endif
 
+// out[r * T + t] = dot(w[r], x[t]) for R weight rows and T token vectors, all class-major f32
+// rows of k values, in the shared summation order: one contiguous pass per accumulator class with
+// R x T accumulators live (each weight load reused T times, each x load R times), then SumAcc per
+// (row, token). start[a] = ClassStart(a), a = 0..kAcc.
 template <int R, int T>
-HWY_INLINE void Tile(const uint8_t* const* w, const float* const* x, int64_t k, float* out) {
-  DotTile<R, T, LoadF32>(w, x, k, out);
+HWY_INLINE void Tile(const float* const* w, const float* const* x, int64_t k, const int64_t* start,
+                     float* out) {
+  const DF df;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  VF part[R][T][kAcc];
+  for (int a = 0; a < kAcc; ++a) {
+    VF acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = hn::Zero(df);
+    for (int64_t c = start[a]; c < start[a + 1]; c += n) {
+      VF xv[T];
+      for (int t = 0; t < T; ++t) xv[t] = hn::LoadU(df, x[t] + c);
+      for (int r = 0; r < R; ++r) {
+        const VF wv = hn::LoadU(df, w[r] + c);
+        for (int t = 0; t < T; ++t) acc[r][t] = hn::MulAdd(wv, xv[t], acc[r][t]);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) part[r][t][a] = acc[r][t];
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      const uint8_t* wr = reinterpret_cast<const uint8_t*>(w[r]);
+      out[r * T + t] = Finish<LoadF32>(df, SumAcc(part[r][t]), wr, x[t], start[kAcc], k);
+    }
+  }
 }
 
 template <int R>
-void TileT(int nt, const uint8_t* const* w, const float* const* x, int64_t k, float* out) {
+void TileT(int nt, const float* const* w, const float* const* x, int64_t k, const int64_t* start,
+           float* out) {
   switch (nt) {
     case 1:
-      return Tile<R, 1>(w, x, k, out);
+      return Tile<R, 1>(w, x, k, start, out);
     case 2:
-      return Tile<R, 2>(w, x, k, out);
+      return Tile<R, 2>(w, x, k, start, out);
 #if HWY_TARGET <= HWY_AVX3
     case 3:
-      return Tile<R, 3>(w, x, k, out);
+      return Tile<R, 3>(w, x, k, start, out);
     case 4:
-      return Tile<R, 4>(w, x, k, out);
+      return Tile<R, 4>(w, x, k, start, out);
 #endif
     default:
       STRATA_CHECK(false);
   }
 }
 
-void TileRT(int nr, int nt, const uint8_t* const* w, const float* const* x, int64_t k, float* out) {
+void TileRT(int nr, int nt, const float* const* w, const float* const* x, int64_t k,
+            const int64_t* start, float* out) {
   switch (nr) {
     case 1:
-      return TileT<1>(nt, w, x, k, out);
+      return TileT<1>(nt, w, x, k, start, out);
     case 2:
-      return TileT<2>(nt, w, x, k, out);
+      return TileT<2>(nt, w, x, k, start, out);
     case 3:
-      return TileT<3>(nt, w, x, k, out);
+      return TileT<3>(nt, w, x, k, start, out);
     case 4:
-      return TileT<4>(nt, w, x, k, out);
+      return TileT<4>(nt, w, x, k, start, out);
     default:
       STRATA_CHECK(false);
   }
 }
 
-void MatMulRangeImpl(const TensorView& w, const float* x, int64_t n_tok, int64_t x_stride, float* y,
-                     int64_t y_stride, int64_t r0, int64_t r1) {
+// Rows [r0, r1) of Y for class-major tokens xc [n_tok, k].
+void MatMulRows(const TensorView& w, const float* xc, int64_t n_tok, float* y, int64_t y_stride,
+                int64_t r0, int64_t r1) {
+  const DF df;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
   const int64_t k = w.cols();
+  int64_t start[kAcc + 1];
+  for (int a = 0; a <= kAcc; ++a) start[a] = ClassStart(a, k / n, n);
   // Rows per conversion tile: about 256 KiB of f32 (L2-resident), a multiple of 4, in [4, 32].
-  int64_t rt = std::clamp<int64_t>((256 * 1024 / 4) / std::max<int64_t>(k, 1), 4, 32) & ~3;
+  const int64_t rt = std::clamp<int64_t>((256 * 1024 / 4) / std::max<int64_t>(k, 1), 4, 32) & ~3;
   thread_local AlignedBuffer<float> scratch;
-  const bool is_f32 = w.dtype == DType::kF32;
-  if (!is_f32 && scratch.size() < static_cast<size_t>(rt * k)) scratch.Resize(rt * k);
-  std::vector<const uint8_t*> rows(rt);
+  if (scratch.size() < static_cast<size_t>(rt * k)) scratch.Resize(rt * k);
+  std::vector<const float*> rows(rt);
   for (int64_t ra = r0; ra < r1; ra += rt) {
     const int64_t nr = std::min(rt, r1 - ra);
     for (int64_t i = 0; i < nr; ++i) {
-      if (is_f32) {
-        rows[i] = w.row(ra + i);
-      } else {
-        float* dst = scratch.data() + i * k;
-        RowToF32(w.dtype, w.row(ra + i), k, dst);
-        rows[i] = reinterpret_cast<const uint8_t*>(dst);
-      }
+      float* dst = scratch.data() + i * k;
+      ToClassMajor(w.dtype, w.row(ra + i), k, dst);
+      rows[i] = dst;
     }
     for (int64_t t0 = 0; t0 < n_tok; t0 += kTokTile) {
       const int nt = static_cast<int>(std::min<int64_t>(kTokTile, n_tok - t0));
       const float* xs[kTokTile];
-      for (int t = 0; t < nt; ++t) xs[t] = x + (t0 + t) * x_stride;
+      for (int t = 0; t < nt; ++t) xs[t] = xc + (t0 + t) * k;
       for (int64_t i = 0; i < nr; i += 4) {
         const int ni = static_cast<int>(std::min<int64_t>(4, nr - i));
         float out[4 * kTokTile];
-        TileRT(ni, nt, rows.data() + i, xs, k, out);
+        TileRT(ni, nt, rows.data() + i, xs, k, start, out);
         for (int r = 0; r < ni; ++r)
           for (int t = 0; t < nt; ++t) y[(t0 + t) * y_stride + ra + i + r] = out[r * nt + t];
       }
     }
   }
+}
+
+// The tokens are put in class-major order once (shared by all threads), then rows are split.
+void MatMulImpl(const TensorView& w, const float* x, int64_t n_tok, int64_t x_stride, float* y,
+                int64_t y_stride, int64_t grain, ThreadPool* pool) {
+  const int64_t k = w.cols();
+  AlignedBuffer<float> xc;
+  xc.Resize(n_tok * k);
+  for (int64_t t = 0; t < n_tok; ++t) {
+    ToClassMajorT<LoadF32>(reinterpret_cast<const uint8_t*>(x + t * x_stride), k,
+                           xc.data() + t * k);
+  }
+  const int64_t rows = w.rows();
+  if (pool == nullptr || pool->size() == 1 || rows < 2 * grain) {
+    MatMulRows(w, xc.data(), n_tok, y, y_stride, 0, rows);
+    return;
+  }
+  pool->ParallelForGrain(rows, grain, [&](int64_t b, int64_t e, int) HWY_ATTR {
+    MatMulRows(w, xc.data(), n_tok, y, y_stride, b, e);
+  });
 }
 
 }  // namespace HWY_NAMESPACE
@@ -332,7 +450,7 @@ HWY_AFTER_NAMESPACE();
 namespace strata {
 
 HWY_EXPORT(MatVecRangeImpl);
-HWY_EXPORT(MatMulRangeImpl);
+HWY_EXPORT(MatMulImpl);
 HWY_EXPORT(DotRowImpl);
 
 namespace {
@@ -359,6 +477,33 @@ void MatVec(const TensorView& w, const float* x, float* y, ThreadPool* pool) {
   });
 }
 
+void MatVecMany(const MatVecJob* jobs, int n_jobs, const float* x, ThreadPool* pool) {
+  int64_t total = 0;
+  for (int j = 0; j < n_jobs; ++j) {
+    CheckWeight(jobs[j].w);
+    STRATA_CHECK_MSG(jobs[j].w.cols() == jobs[0].w.cols(), "MatVecMany: cols %lld vs %lld",
+                     (long long)jobs[j].w.cols(), (long long)jobs[0].w.cols());
+    total += jobs[j].w.rows();
+  }
+  // Rows [b, e) of the concatenation, job by job.
+  auto run = [&](int64_t b, int64_t e) {
+    int64_t off = 0;
+    for (int j = 0; j < n_jobs && off < e; ++j) {
+      const int64_t rows = jobs[j].w.rows();
+      const int64_t lo = std::max(b, off), hi = std::min(e, off + rows);
+      if (lo < hi) {
+        HWY_DYNAMIC_DISPATCH(MatVecRangeImpl)(jobs[j].w, x, jobs[j].y, lo - off, hi - off);
+      }
+      off += rows;
+    }
+  };
+  if (pool == nullptr || pool->size() == 1 || total < 2 * kRowGrain) {
+    run(0, total);
+    return;
+  }
+  pool->ParallelForGrain(total, kRowGrain, [&](int64_t b, int64_t e, int) { run(b, e); });
+}
+
 void MatMul(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
             int64_t y_stride, ThreadPool* pool) {
   CheckWeight(w);
@@ -368,14 +513,7 @@ void MatMul(const TensorView& w, const float* x, int64_t n, int64_t x_stride, fl
     MatVec(w, x, y, pool);
     return;
   }
-  const int64_t rows = w.rows();
-  if (pool == nullptr || pool->size() == 1 || rows < 2 * kRowGrain) {
-    HWY_DYNAMIC_DISPATCH(MatMulRangeImpl)(w, x, n, x_stride, y, y_stride, 0, rows);
-    return;
-  }
-  pool->ParallelForGrain(rows, kRowGrain, [&](int64_t b, int64_t e, int) {
-    HWY_DYNAMIC_DISPATCH(MatMulRangeImpl)(w, x, n, x_stride, y, y_stride, b, e);
-  });
+  HWY_DYNAMIC_DISPATCH(MatMulImpl)(w, x, n, x_stride, y, y_stride, kRowGrain, pool);
 }
 
 float DotRow(DType t, const void* row, const float* x, int64_t n) {

@@ -14,6 +14,15 @@ namespace strata {
 // Rows are split across `pool` (may be null = caller thread only).
 void MatVec(const TensorView& w, const float* x, float* y, ThreadPool* pool);
 
+// Several products sharing one x (q/k/v, gate/up): y_i = W_i x for jobs[0..n_jobs), as one
+// parallel job over their concatenated rows, so a pool is dispatched once instead of once per
+// matrix. Results equal separate MatVec calls bit for bit (rows are independent).
+struct MatVecJob {
+  TensorView w;  // [rows_i, cols]; every job has the same cols
+  float* y;      // [rows_i]
+};
+void MatVecMany(const MatVecJob* jobs, int n_jobs, const float* x, ThreadPool* pool);
+
 // Y[t, r] = sum_c W[r, c] * X[t, c] for t in [0, n). X rows have stride x_stride (elements), Y rows
 // y_stride. Each weight row is read once per tile of tokens.
 void MatMul(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,

@@ -145,6 +145,48 @@ TEST(MatmulTest, MatVecBitExactAcrossThreadsAndDotRow) {
   });
 }
 
+// MatVecMany splits the concatenated rows of several matrices across threads; each row is still
+// summed by the MatVec sequence, so it equals separate MatVec calls bit for bit for any pool.
+TEST(MatmulTest, MatVecManyEqualsSeparateMatVec) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  ForEachSimdTarget([&] {
+    ThreadPool p2(2), p3(3);
+    for (DType t : kWeightTypes) {
+      for (int it = 0; it < 4; ++it) {
+        const int64_t cols = RandomCols(rng, t);
+        const int n_jobs = 1 + static_cast<int>(rng.Below(3));
+        std::vector<Weights> ws;
+        std::vector<std::vector<float>> ref(n_jobs);
+        const std::vector<float> x = RandomVec(rng, cols);
+        for (int j = 0; j < n_jobs; ++j) {
+          const int64_t rows = 1 + static_cast<int64_t>(rng.Below(j == 0 ? 5 : 120));
+          ws.push_back(MakeWeights(t, rows, cols, RandomVec(rng, rows * cols), j % 2));
+          ref[j].resize(rows);
+          MatVec(ws[j].view, x.data(), ref[j].data(), nullptr);
+        }
+        for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &p2, &p3}) {
+          std::vector<std::vector<float>> got(n_jobs);
+          std::vector<MatVecJob> jobs;
+          for (int j = 0; j < n_jobs; ++j) {
+            got[j].assign(ws[j].view.rows() + 1, -1.f);
+            jobs.push_back({ws[j].view, got[j].data()});
+          }
+          MatVecMany(jobs.data(), n_jobs, x.data(), pool);
+          for (int j = 0; j < n_jobs; ++j) {
+            for (int64_t r = 0; r < ws[j].view.rows(); ++r) {
+              ASSERT_EQ(F32Bits(got[j][r]), F32Bits(ref[j][r]))
+                  << DTypeName(t) << " job " << j << " r=" << r;
+            }
+            ASSERT_EQ(got[j].back(), -1.f) << "wrote past the rows of job " << j;
+          }
+        }
+      }
+    }
+  });
+}
+
 // MatMul converts weights exactly to f32 and sums each (row, token) pair with the same sequence
 // as MatVec, so it equals MatVec per token bit for bit, for any tile shape, stride and pool.
 TEST(MatmulTest, MatMulEqualsMatVecPerToken) {

@@ -161,15 +161,22 @@ class Deepseek2Model final : public Model {
     for (int l = 0; l < c.n_layers; ++l) {
       const MlaLayer& L = layers_[l];
       for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.attn_norm.data(), d, c.rms_eps, &xn[i * d]);
+      // The projections of xn: q (or its LoRA down-projection) and kv_a; in decode as one pool
+      // dispatch.
+      const TensorView& wq_x = c.q_lora_rank > 0 ? L.wq_a : L.wq;
+      float* q_x = c.q_lora_rank > 0 ? qa.data() : q.data();
+      if (n == 1) {
+        const MatVecJob jobs[] = {{wq_x, q_x}, {L.wkv_a, kva.data()}};
+        MatVecMany(jobs, 2, xn.data(), pool);
+      } else {
+        matmul(wq_x, xn.data(), d, q_x, wq_x.rows());
+        matmul(L.wkv_a, xn.data(), d, kva.data(), row);
+      }
       if (c.q_lora_rank > 0) {
         const int64_t r = c.q_lora_rank;
-        matmul(L.wq_a, xn.data(), d, qa.data(), r);
         for (int i = 0; i < n; ++i) RmsNorm(&qa[i * r], L.q_a_norm.data(), r, c.rms_eps, &qa[i * r]);
         matmul(L.wq_b, qa.data(), r, q.data(), H * qk);
-      } else {
-        matmul(L.wq, xn.data(), d, q.data(), H * qk);
       }
-      matmul(L.wkv_a, xn.data(), d, kva.data(), row);
       // Cache rows: [RMSNorm(c) ; k_pe (rotated unless NoPE)].
       for (int i = 0; i < n; ++i) {
         float* r = &kva[i * row];
@@ -217,8 +224,8 @@ class Deepseek2Model final : public Model {
     const int64_t d = config_.d_model;
     std::vector<float> g(n * ff), u(n * ff);
     if (n == 1) {
-      MatVec(gate, x, g.data(), pool);
-      MatVec(up, x, u.data(), pool);
+      const MatVecJob gate_up[] = {{gate, g.data()}, {up, u.data()}};
+      MatVecMany(gate_up, 2, x, pool);
       SwiGlu(g.data(), u.data(), ff);
       MatVec(down, g.data(), y, pool);
     } else {
@@ -261,8 +268,9 @@ class Deepseek2Model final : public Model {
         float w = score[e];
         if (c.expert_weights_norm && wsum > 0) w = static_cast<float>(w / wsum);
         w *= c.expert_weights_scale;
-        MatVec(L.gate_exps.Rows(e * ffe, ffe), xi, g.data(), pool);
-        MatVec(L.up_exps.Rows(e * ffe, ffe), xi, u.data(), pool);
+        const MatVecJob gate_up[] = {{L.gate_exps.Rows(e * ffe, ffe), g.data()},
+                                     {L.up_exps.Rows(e * ffe, ffe), u.data()}};
+        MatVecMany(gate_up, 2, xi, pool);
         SwiGlu(g.data(), u.data(), ffe);
         MatVec(L.down_exps.Rows(e * d, d), g.data(), tmp.data(), pool);
         Axpy(w, tmp.data(), y + i * d, d);

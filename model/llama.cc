@@ -108,9 +108,15 @@ class LlamaModel final : public Model {
     for (int l = 0; l < c.n_layers; ++l) {
       const LlamaLayer& L = layers_[l];
       for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.attn_norm.data(), d, c.rms_eps, &xn[i * d]);
-      matmul(L.wq, xn.data(), d, q.data(), qd);
-      matmul(L.wk, xn.data(), d, k.data(), kvd);
-      matmul(L.wv, xn.data(), d, v.data(), kvd);
+      if (n == 1) {
+        // One pool dispatch for the three projections.
+        const MatVecJob qkv[] = {{L.wq, q.data()}, {L.wk, k.data()}, {L.wv, v.data()}};
+        MatVecMany(qkv, 3, xn.data(), pool);
+      } else {
+        matmul(L.wq, xn.data(), d, q.data(), qd);
+        matmul(L.wk, xn.data(), d, k.data(), kvd);
+        matmul(L.wv, xn.data(), d, v.data(), kvd);
+      }
       add_bias(q, L.bq, qd);
       add_bias(k, L.bk, kvd);
       add_bias(v, L.bv, kvd);
@@ -126,8 +132,13 @@ class LlamaModel final : public Model {
       matmul(L.wo, att.data(), qd, o.data(), d);
       for (int64_t j = 0; j < n * d; ++j) x[j] += o[j];
       for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.ffn_norm.data(), d, c.rms_eps, &xn[i * d]);
-      matmul(L.gate, xn.data(), d, g.data(), ff);
-      matmul(L.up, xn.data(), d, u.data(), ff);
+      if (n == 1) {
+        const MatVecJob gate_up[] = {{L.gate, g.data()}, {L.up, u.data()}};
+        MatVecMany(gate_up, 2, xn.data(), pool);
+      } else {
+        matmul(L.gate, xn.data(), d, g.data(), ff);
+        matmul(L.up, xn.data(), d, u.data(), ff);
+      }
       SwiGlu(g.data(), u.data(), n * ff);
       matmul(L.down, g.data(), ff, o.data(), d);
       for (int64_t j = 0; j < n * d; ++j) x[j] += o[j];
