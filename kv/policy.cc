@@ -56,16 +56,27 @@ void RunTasks(const LayerStore& store, const float* q, const std::vector<Task>& 
 }  // namespace
 
 void ReadPrefix(const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
-                SoftmaxStates* st, ReadStats* stats) {
+                SoftmaxStates* st, ReadStats* stats, const uint16_t* const* page_keys) {
   const LayerGeometry& g = store.geometry();
   STRATA_CHECK(limit >= 0 && limit <= store.n_rows());
+  STRATA_CHECK(page_keys == nullptr || g.kind == AttnKind::kMla);
   std::vector<Task> tasks;
   const int64_t n_pages = (limit + LayerStore::kPageRows - 1) / LayerStore::kPageRows;
   tasks.reserve(n_pages * g.n_kv_heads);
   for (int h = 0; h < g.n_kv_heads; ++h) {
     for (int64_t p = 0; p < n_pages; ++p) {
       const int64_t n = std::min(store.page_rows(p), limit - store.page_begin(p));
-      tasks.push_back({h, store.PageView(h, p), n});
+      if (page_keys != nullptr && page_keys[p] != nullptr) {
+        // The same view PageView gives, over the policy's copy of the page.
+        KvStreamView v;
+        v.keys = v.vals = page_keys[p];
+        v.k_stride = v.v_stride = g.k_dim;
+        v.dk = g.k_dim;
+        v.dv = g.v_dim;
+        tasks.push_back({h, v, n});
+      } else {
+        tasks.push_back({h, store.PageView(h, p), n});
+      }
     }
   }
   RunTasks(store, q, tasks, pool, st);
@@ -76,8 +87,10 @@ void ReadPrefix(const LayerStore& store, const float* q, int64_t limit, ThreadPo
 }
 
 void ReadRows(const LayerStore& store, const float* q, const int64_t* rows, int64_t n_rows,
-              ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
+              ThreadPool* pool, SoftmaxStates* st, ReadStats* stats,
+              const uint16_t* const* key_rows) {
   const LayerGeometry& g = store.geometry();
+  STRATA_CHECK(key_rows == nullptr || g.kind == AttnKind::kMla);
   // One row-pointer list per KV head, read in slices of kSlice rows: scattered rows (a kept set
   // of 1/32 of the context touches every page with one or two rows) then cost one kernel call
   // per slice, not one per page.
@@ -88,6 +101,10 @@ void ReadRows(const LayerStore& store, const float* q, const int64_t* rows, int6
   for (int64_t i = 0; i < n_rows; ++i) {
     STRATA_CHECK(rows[i] >= 0 && rows[i] < store.n_rows());
     STRATA_CHECK_MSG(i == 0 || rows[i] > rows[i - 1], "ReadRows needs ascending, distinct rows");
+    if (key_rows != nullptr && key_rows[i] != nullptr) {  // MLA: one KV head
+      kptr[i] = key_rows[i];
+      continue;
+    }
     for (int h = 0; h < g.n_kv_heads; ++h) {
       kptr[h * n_rows + i] = store.key_row(h, rows[i]);
       if (!mla) vptr[h * n_rows + i] = store.val_row(h, rows[i]);

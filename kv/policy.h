@@ -85,9 +85,17 @@ class FullPolicy final : public Policy {
 // ReadPrefix: rows [0, limit) of every KV head. ReadRows: the listed rows (ascending, < limit) of
 // every KV head. Both split pages across the pool's threads with per-thread states merged in
 // thread order, and count rows and bytes into stats.
+//
+// Rows a policy serves from its own memory (MLA only, e.g. pages it released to an archive file
+// and staged back for this read): `page_keys` (ReadPrefix, [ceil(limit / kPageRows)] entries) gives
+// page p's rows as a [kPageRows, k_dim] bf16 block where non-null; `key_rows` (ReadRows, [n_rows]
+// entries) gives row rows[i] as [k_dim] bf16 where non-null. Null entries (or a null array) read
+// the store. The tasks and the arithmetic do not depend on where the bytes live, so the result is
+// bit-identical to reading the same bytes from the store.
 void ReadPrefix(const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
-                SoftmaxStates* st, ReadStats* stats);
+                SoftmaxStates* st, ReadStats* stats, const uint16_t* const* page_keys = nullptr);
 void ReadRows(const LayerStore& store, const float* q, const int64_t* rows, int64_t n_rows,
-              ThreadPool* pool, SoftmaxStates* st, ReadStats* stats);
+              ThreadPool* pool, SoftmaxStates* st, ReadStats* stats,
+              const uint16_t* const* key_rows = nullptr);
 
 }  // namespace strata

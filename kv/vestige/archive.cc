@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -258,6 +259,45 @@ Status VestigeArchiveFile::ReadRow(int64_t row, void* out) const {
   }
   std::memcpy(out, buf.data(), row_bytes_);
   return OkStatus();
+}
+
+Status VestigeArchiveFile::ReadRowRange(int64_t first, int64_t n, void* out,
+                                        std::vector<int64_t>* bad) const {
+  auto* dst = static_cast<uint8_t*>(out);
+  auto all_bad = [&](Status s) {
+    std::memset(dst, 0, static_cast<size_t>(std::max<int64_t>(n, 0) * row_bytes_));
+    for (int64_t i = 0; i < n; ++i) bad->push_back(first + i);
+    return s;
+  };
+  if (n <= 0) return OkStatus();
+  const int64_t page = first / page_rows_, i0 = first % page_rows_;
+  auto it = first < 0 ? index_.end() : index_.find(page);
+  if (it == index_.end() || i0 + n > it->second.n_rows) {
+    return all_bad(NotFound("rows [" + std::to_string(first) + ", " + std::to_string(first + n) +
+                            ") are not in archive '" + path_ + "'"));
+  }
+  const int64_t stride = row_bytes_ + 8;
+  const int64_t off = kHeaderBytes + it->second.offset + 16 + i0 * stride;
+  std::vector<uint8_t> buf(static_cast<size_t>(n * stride));
+  Status s = PreadAll(fd_, buf.data(), n * stride, off, path_);
+  if (!s.ok()) return all_bad(s);
+  Status first_error;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* src = buf.data() + i * stride;
+    uint8_t* d = dst + i * row_bytes_;
+    if (Get64(src + row_bytes_) != VestigeFnv64(src, row_bytes_)) {
+      std::memset(d, 0, row_bytes_);
+      bad->push_back(first + i);
+      if (first_error.ok()) {
+        first_error = DataLoss("archive '" + path_ + "': checksum mismatch for row " +
+                               std::to_string(first + i) + " at offset " +
+                               std::to_string(off + i * stride));
+      }
+      continue;
+    }
+    std::memcpy(d, src, row_bytes_);
+  }
+  return first_error;
 }
 
 }  // namespace strata

@@ -54,6 +54,11 @@ class VestigeArchiveFile {
   // Reads row `row` (page * page_rows + i) into out[row_bytes], verifying its checksum.
   // NotFound when its page is not in the file; DataLoss on a checksum mismatch or short read.
   Status ReadRow(int64_t row, void* out) const;
+  // Reads rows [first, first + n) of one page with one pread, verifying every row's checksum.
+  // out: [n, row_bytes]. A row that fails its checksum is zeroed in `out` and appended to *bad;
+  // the first such error is returned and the other rows are good. When the read itself fails
+  // (page not in the file, rows past the record, short read, I/O error) every row is bad.
+  Status ReadRowRange(int64_t first, int64_t n, void* out, std::vector<int64_t>* bad) const;
   bool HasPage(int64_t page) const { return index_.count(page) != 0; }
 
   const std::string& path() const { return path_; }

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 
 #include "core/check.h"
 
@@ -25,6 +26,7 @@ class TierHook final : public VestigeRecallHook {
   TierHook(const RecallOptions& opt, const std::vector<LayerGeometry>& layers) : opt_(opt) {
     tiers_.resize(layers.size());
     ok_.assign(layers.size(), 0);
+    read_error_.resize(layers.size());
     for (size_t l = 0; l < layers.size(); ++l) {
       if (layers[l].kind != AttnKind::kMla) continue;
       Status s = tiers_[l].Configure(layers[l], opt);
@@ -56,15 +58,17 @@ class TierHook final : public VestigeRecallHook {
         if (sp->page_resident(0, u / LayerStore::kPageRows)) return sp->key_row(0, u);
         Status s = policy_reader_(layer, *sp, u, scratch);
         if (!s.ok()) {
-          // Never scored as garbage: the layer is failed below and reads densely from then on.
-          read_error_ = s;
+          // Never scored as garbage: the layer is failed by the caller and reads densely from
+          // then on. Readers run on several threads at once.
+          std::lock_guard<std::mutex> lock(read_error_mu_);
+          if (read_error_[layer].ok()) read_error_[layer] = s;
           std::fill(scratch, scratch + sp->geometry().k_dim, uint16_t{0});
         }
         return static_cast<const uint16_t*>(scratch);
       });
     }
     Status s = tiers_[layer].IndexClosedRows(store, n_closed);
-    if (s.ok() && !read_error_.ok()) s = read_error_;
+    if (s.ok() && !read_error_[layer].ok()) s = read_error_[layer];
     if (!s.ok()) {
       Fail(layer, s);
       return;
@@ -74,7 +78,7 @@ class TierHook final : public VestigeRecallHook {
   void OnCompress(int layer, const LayerStore& store) override {
     if (!ok_[layer] || opt_.calibration != RecallCalibration::kPrefix) return;
     Status s = tiers_[layer].CalibratePrefix(store, nullptr);
-    if (s.ok() && !read_error_.ok()) s = read_error_;
+    if (s.ok() && !read_error_[layer].ok()) s = read_error_[layer];
     if (!s.ok()) Fail(layer, s);
   }
   void Fetch(int layer, const LayerStore& store, const float* q, int64_t limit,
@@ -91,11 +95,23 @@ class TierHook final : public VestigeRecallHook {
     const float* entropy = nullptr;
     if (t.needs_entropy()) {
       entropy_.resize(H);
-      AttendedScoreStats(store, q, attended.data(), static_cast<int64_t>(attended.size()), pool,
-                         max1_.data(), entropy_.data());
+      // Through the tier's row source: with the file archive the kept rows of released pages
+      // live in the policy's restored buffer, not in the store.
+      t.AttendedStats(store, q, attended.data(), static_cast<int64_t>(attended.size()), pool,
+                      max1_.data(), entropy_.data());
       entropy = entropy_.data();
+      if (!read_error_[layer].ok()) {
+        Fail(layer, read_error_[layer]);
+        *fallback = true;
+        return;
+      }
     }
     const RecallScan r = t.Scan(store, q, limit, max1_.data(), entropy, pool);
+    if (!read_error_[layer].ok()) {  // a decode-mode calibration in Scan met an unreadable row
+      Fail(layer, read_error_[layer]);
+      *fallback = true;
+      return;
+    }
     if (r.fallback) {
       *fallback = true;
       return;
@@ -124,7 +140,10 @@ class TierHook final : public VestigeRecallHook {
   std::vector<uint8_t> ok_;
   std::vector<float> max1_, entropy_;
   Status error_;
-  Status read_error_;
+  // Per layer: the first row the policy reader could not serve (written under the mutex: readers
+  // run on several threads).
+  std::vector<Status> read_error_;
+  std::mutex read_error_mu_;
   PolicyReader policy_reader_;
 };
 
@@ -293,6 +312,7 @@ void VestigePolicy::NoteError(const Status& s) {
 void VestigePolicy::OnAppend(int layer, LayerStore& store) { CloseReady(layer, store); }
 void VestigePolicy::OnCompress(int layer, LayerStore& store) {
   CloseReady(layer, store);
+  if (layers_[layer].mla) ClearStaged(layers_[layer]);  // the compression point ends the prefill
   if (recall_ && layers_[layer].mla) recall_->OnCompress(layer, store);
 }
 
@@ -318,6 +338,7 @@ void VestigePolicy::AfterSelection(int layer, LayerStore& store, int64_t first_n
   const int64_t n_closed = L.sel.n_closed();
   const std::vector<uint8_t>& kept = L.sel.kept_mask();
   if (L.file) {
+    ClearStaged(L);
     const int64_t P = LayerStore::kPageRows;
     const int64_t n_pages = n_closed / P;  // block is a multiple of the page: whole pages
     L.released.resize(n_pages, 0);
@@ -425,8 +446,6 @@ void VestigePolicy::Read(int layer, const LayerStore& store, const float* q, int
     return;
   }
   STRATA_CHECK(limit >= 1 && limit <= store.n_rows());
-  const LayerGeometry& g = store.geometry();
-  const int64_t row_bytes = g.bytes_per_token();
   const int64_t block = cfg_.selector.block;
   const int64_t n_closed = L.sel.n_closed();
   const int64_t tail_begin = std::min(n_closed, (limit - 1) / block * block);
@@ -439,16 +458,25 @@ void VestigePolicy::Read(int layer, const LayerStore& store, const float* q, int
   info.rows_archived = n_arch;
   ++reads_;
   ReadStats local;
-  if (n_arch == 0) {
-    // Nothing archived below the tail: exactly the full policy's read (kill switch).
-    ReadPrefix(store, q, limit, pool, st, &local);
-    info.rows_attended = limit;
-    info.bytes_read = local.bytes_read;
+  auto finish = [&] {
     L.last = info;
     if (stats) {
-      stats->rows_attended += local.rows_attended;
-      stats->bytes_read += local.bytes_read;
+      stats->rows_attended += info.rows_attended;
+      stats->rows_fetched += info.rows_fetched;
+      stats->bytes_read += info.bytes_read;
     }
+    // Staged pages serve the prompt queries of the chunk that closed their block; a read past
+    // the closed rows (every decode step, and the chunk's queries after the block) frees them.
+    if (limit >= n_closed) ClearStaged(L);
+  };
+  if (n_arch == 0) {
+    // Nothing archived below the tail: exactly the full policy's read (kill switch). With the file
+    // archive, a prompt query inside the block its own chunk just closed reads that block in full
+    // while its fully archived pages are already released: ReadDense stages them from the file.
+    info.rows_from_file = ReadDense(L, store, q, limit, pool, st, &local);
+    info.rows_attended = local.rows_attended;
+    info.bytes_read = local.bytes_read;
+    finish();
     return;
   }
   // Attended rows: kept below the tail, then the tail [tail_begin, limit).
@@ -458,7 +486,7 @@ void VestigePolicy::Read(int layer, const LayerStore& store, const float* q, int
   // inside a block that its own chunk closed reads kept ∪ its own block without a scan.
   const bool scan = recall_ != nullptr && limit >= n_closed;
   if (scan) L.attended.assign(L.rows.begin(), L.rows.end());  // ReadSet edits L.rows in place
-  int64_t extra = ReadSet(L, store, q, L.rows, pool, st, &local);
+  int64_t extra = ReadSet(L, store, q, L.rows, tail_begin, pool, st, &local);
   L.fetched.clear();
   bool fallback = false;
   if (scan) {
@@ -480,94 +508,154 @@ void VestigePolicy::Read(int layer, const LayerStore& store, const float* q, int
     }
   }
   if (fallback) {
+    // Dense step: the full policy's own read, bit for bit (spec section 9.17), with released
+    // pages staged from the file for this step.
     ++fallbacks_;
     info.fallback = true;
-    if (std::find(L.released.begin(), L.released.end(), 1) == L.released.end()) {
-      // Dense step over RAM rows: the full policy's own read, bit for bit (spec section 9.17).
-      st->Reset();
-      local = ReadStats();
-      ReadPrefix(store, q, limit, pool, st, &local);
-      info.rows_attended = limit;
-      info.rows_fetched = n_arch;
-      info.bytes_read += local.bytes_read;
-      L.last = info;
-      if (stats) {
-        stats->rows_attended += local.rows_attended;
-        stats->rows_fetched += n_arch;
-        stats->bytes_read += info.bytes_read;
-      }
-      return;
-    }
-    L.fetched.assign(L.archived.begin(),
-                     std::lower_bound(L.archived.begin(), L.archived.end(), tail_begin));
+    st->Reset();
+    local = ReadStats();
+    info.rows_from_file = ReadDense(L, store, q, limit, pool, st, &local);
+    info.rows_attended = local.rows_attended;
+    info.rows_fetched = n_arch;
+    info.bytes_read += local.bytes_read;
+    finish();
+    return;
   }
-  info.rows_fetched = static_cast<int64_t>(L.fetched.size());
   // Fetched rows are archived, hence disjoint from the attended set: merging their state into st
   // completes one exact softmax over kept ∪ tail ∪ fetched.
-  if (!L.fetched.empty()) extra += ReadSet(L, store, q, L.fetched, pool, st, &local);
+  if (!L.fetched.empty()) extra += ReadSet(L, store, q, L.fetched, tail_begin, pool, st, &local);
+  info.rows_fetched = static_cast<int64_t>(L.fetched.size());  // unreadable rows left out
   info.rows_from_file = extra;
-  info.rows_attended = local.rows_attended + extra;
-  info.bytes_read += local.bytes_read + extra * row_bytes;
-  L.last = info;
-  if (stats) {
-    stats->rows_attended += info.rows_attended;
-    stats->rows_fetched += info.rows_fetched;
-    stats->bytes_read += info.bytes_read;
+  info.rows_attended = local.rows_attended;
+  info.bytes_read += local.bytes_read;
+  finish();
+}
+
+bool VestigePolicy::AnyReleasedBelow(const Layer& L, int64_t limit) const {
+  if (!L.file || limit <= 0) return false;
+  const int64_t P = LayerStore::kPageRows;
+  const int64_t n = std::min<int64_t>(static_cast<int64_t>(L.released.size()), (limit + P - 1) / P);
+  return std::find(L.released.begin(), L.released.begin() + n, uint8_t{1}) !=
+         L.released.begin() + n;
+}
+
+const VestigePolicy::Layer::Staged& VestigePolicy::StagePage(Layer& L, int64_t p) {
+  auto it = L.staged.find(p);
+  if (it != L.staged.end()) return it->second;
+  const int64_t P = LayerStore::kPageRows;
+  const size_t K = L.k_dim;
+  Layer::Staged& s = L.staged[p];
+  s.rows.Resize(P * K);
+  Status st = L.file->ReadRowRange(p * P, P, s.rows.data(), &s.bad);
+  if (!st.ok()) NoteError(st);
+  // A kept row the file cannot serve is still in the restored buffer.
+  size_t w = 0;
+  for (int64_t u : s.bad) {
+    auto r = std::lower_bound(L.restored_pos.begin(), L.restored_pos.end(), u);
+    if (r != L.restored_pos.end() && *r == u) {
+      std::memcpy(s.rows.data() + (u - p * P) * K,
+                  L.restored.data() + (r - L.restored_pos.begin()) * K, 2 * K);
+    } else {
+      s.bad[w++] = u;
+    }
   }
+  s.bad.resize(w);
+  L.staged_bytes += static_cast<int64_t>(s.rows.bytes());
+  return s;
+}
+
+void VestigePolicy::ClearStaged(Layer& L) {
+  if (L.staged.empty()) return;
+  L.staged.clear();
+  L.staged_bytes = 0;
 }
 
 int64_t VestigePolicy::ReadSet(Layer& L, const LayerStore& store, const float* q,
-                               std::vector<int64_t>& rows, ThreadPool* pool, SoftmaxStates* st,
-                               ReadStats* local) {
-  const LayerGeometry& g = store.geometry();
-  // Split off rows whose page went to the archive file: kept ones come from the restored buffer,
-  // others (fetched, or a prompt query's own block) from the file.
+                               std::vector<int64_t>& rows, int64_t stage_from, ThreadPool* pool,
+                               SoftmaxStates* st, ReadStats* local) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  if (n == 0) return 0;
+  if (!AnyReleasedBelow(L, rows.back() + 1)) {
+    ReadRows(store, q, rows.data(), n, pool, st, local);
+    return 0;
+  }
+  // Where each row lives: null for a resident page; else the restored buffer (kept rows), a staged
+  // page (rows at or past stage_from: a prompt query's own block), or one pread (fetched rows).
+  const int64_t P = LayerStore::kPageRows;
+  const size_t K = L.k_dim;
+  L.ptrs.assign(n, nullptr);
+  L.drop.assign(n, 0);
   L.file_rows.clear();
-  L.restored_idx.clear();
-  if (L.file && !L.released.empty()) {
-    size_t w = 0;
-    for (int64_t u : rows) {
-      const int64_t p = u / LayerStore::kPageRows;
-      if (p >= static_cast<int64_t>(L.released.size()) || !L.released[p]) {
-        rows[w++] = u;
-        continue;
-      }
-      auto it = std::lower_bound(L.restored_pos.begin(), L.restored_pos.end(), u);
-      if (it != L.restored_pos.end() && *it == u) {
-        L.restored_idx.push_back(it - L.restored_pos.begin());
-      } else {
-        L.file_rows.push_back(u);
-      }
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t u = rows[i], p = u / P;
+    if (p >= static_cast<int64_t>(L.released.size()) || !L.released[p]) continue;
+    auto r = std::lower_bound(L.restored_pos.begin(), L.restored_pos.end(), u);
+    if (r != L.restored_pos.end() && *r == u) {
+      L.ptrs[i] = L.restored.data() + (r - L.restored_pos.begin()) * K;
+      continue;
     }
-    rows.resize(w);
-  }
-  if (!rows.empty()) {
-    ReadRows(store, q, rows.data(), static_cast<int64_t>(rows.size()), pool, st, local);
-  }
-  KvStreamView view;
-  view.k_stride = view.v_stride = L.k_dim;
-  view.dk = g.k_dim;
-  view.dv = g.v_dim;
-  if (!L.restored_idx.empty()) {
-    view.keys = view.vals = L.restored.data();
-    AttendStream(q, g.n_q_heads, g.scale, view, L.restored_idx.data(),
-                 static_cast<int64_t>(L.restored_idx.size()), st);
-  }
-  int64_t from_file = 0;
-  if (!L.file_rows.empty()) {
-    L.file_buf.resize(L.file_rows.size() * L.k_dim);
-    for (int64_t u : L.file_rows) {
-      Status s = L.file->ReadRow(u, L.file_buf.data() + from_file * L.k_dim);
-      if (!s.ok()) {
-        NoteError(s);  // left out of this read, never read as garbage
-        continue;
-      }
-      ++from_file;
+    auto sit = L.staged.find(p);
+    const Layer::Staged* sp = sit != L.staged.end() ? &sit->second
+                              : u >= stage_from     ? &StagePage(L, p)
+                                                    : nullptr;
+    if (sp == nullptr) {
+      L.file_rows.push_back(static_cast<size_t>(i));
+    } else if (std::binary_search(sp->bad.begin(), sp->bad.end(), u)) {
+      L.drop[i] = 1;
+    } else {
+      L.ptrs[i] = sp->rows.data() + (u - p * P) * K;
     }
-    view.keys = view.vals = L.file_buf.data();
-    if (from_file > 0) AttendStream(q, g.n_q_heads, g.scale, view, nullptr, from_file, st);
   }
-  return static_cast<int64_t>(L.restored_idx.size()) + from_file;
+  L.file_buf.resize(L.file_rows.size() * K);
+  for (size_t j = 0; j < L.file_rows.size(); ++j) {
+    const size_t i = L.file_rows[j];
+    Status s = L.file->ReadRow(rows[i], L.file_buf.data() + j * K);
+    if (!s.ok()) {
+      NoteError(s);  // left out of this read, never read as garbage
+      L.drop[i] = 1;
+      continue;
+    }
+    L.ptrs[i] = L.file_buf.data() + j * K;
+  }
+  int64_t w = 0, outside = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (L.drop[i]) continue;
+    outside += L.ptrs[i] != nullptr;
+    rows[w] = rows[i];
+    L.ptrs[w] = L.ptrs[i];
+    ++w;
+  }
+  rows.resize(w);
+  if (w > 0) ReadRows(store, q, rows.data(), w, pool, st, local, L.ptrs.data());
+  return outside;
+}
+
+int64_t VestigePolicy::ReadDense(Layer& L, const LayerStore& store, const float* q, int64_t limit,
+                                 ThreadPool* pool, SoftmaxStates* st, ReadStats* local) {
+  if (!AnyReleasedBelow(L, limit)) {
+    ReadPrefix(store, q, limit, pool, st, local);
+    return 0;
+  }
+  const int64_t P = LayerStore::kPageRows;
+  const int64_t n_pages = (limit + P - 1) / P;
+  std::vector<const uint16_t*> pages(n_pages, nullptr);
+  bool any_bad = false;
+  int64_t outside = 0;
+  for (int64_t p = 0; p < n_pages; ++p) {
+    if (p >= static_cast<int64_t>(L.released.size()) || !L.released[p]) continue;
+    const Layer::Staged& s = StagePage(L, p);
+    pages[p] = s.rows.data();
+    outside += std::min(P, limit - p * P);
+    any_bad = any_bad || (!s.bad.empty() && s.bad.front() < limit);
+  }
+  if (!any_bad) {
+    ReadPrefix(store, q, limit, pool, st, local, pages.data());
+    return outside;
+  }
+  // Some staged row is unreadable: it is left out, the readable rows go through ReadSet.
+  L.rows.resize(limit);
+  for (int64_t u = 0; u < limit; ++u) L.rows[u] = u;
+  return ReadSet(L, store, q, L.rows, /*stage_from=*/0, pool, st, local);
 }
 
 VestigeResidency VestigePolicy::Residency(int layer, const LayerStore& store) const {
@@ -576,6 +664,7 @@ VestigeResidency VestigePolicy::Residency(int layer, const LayerStore& store) co
   r.store_bytes = store.resident_bytes();
   if (!L.mla) return r;
   r.restored_bytes = static_cast<int64_t>(L.restored.size() * sizeof(uint16_t));
+  r.staged_bytes = L.staged_bytes;
   r.metadata_bytes = L.sel.n_closed() * (4 + 8);
   r.index_bytes = recall_ ? recall_->ResidentBytes(layer) : 0;
   r.file_bytes = L.file ? L.file->file_bytes() : 0;
@@ -585,7 +674,7 @@ VestigeResidency VestigePolicy::Residency(int layer, const LayerStore& store) co
 
 int64_t VestigePolicy::ResidentBytes(int layer, const LayerStore& store) const {
   const VestigeResidency r = Residency(layer, store);
-  return r.store_bytes + r.restored_bytes + r.metadata_bytes + r.index_bytes;
+  return r.store_bytes + r.restored_bytes + r.staged_bytes + r.metadata_bytes + r.index_bytes;
 }
 
 StatusOr<std::unique_ptr<Policy>> MakeVestigePolicy(const PolicySpec& spec, bool full_row) {

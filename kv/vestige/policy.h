@@ -7,22 +7,30 @@
 //   archived = closed rows not kept                                 (never modified or deleted)
 //   tail     = [n_closed, n)                                        (always read)
 // A read for a query that sees rows [0, limit) attends kept ∪ tail ∪ fetched (fetched ⊆ archived,
-// from the recall tier) with ONE exact softmax: the resident rows go through ReadRows and rows
-// served from the file archive through AttendStream into the same online-softmax state. When no
-// row below the tail is archived the read is ReadPrefix, the full policy's own call, so the policy
-// with everything kept (ratio 1, or n < block) is bit-identical to `full`.
+// from the recall tier) with ONE exact softmax through ReadRows. When no row below the tail is
+// archived the read is ReadPrefix, the full policy's own call, so the policy with everything kept
+// (ratio 1, or n < block) is bit-identical to `full`.
 //
 // Causality inside a prefill chunk: a block may close (OnAppend) while earlier queries of the same
 // chunk are still to be read. Such a query's own block is read in full: the tail of a read starts
 // at min(n_closed, block start of position limit - 1).
+//
+// File placement: a released page is gone from the store, so no read (ReadRows, ReadPrefix, the
+// recall tier's index, calibration and gate) may touch it there. Its rows are served from the
+// policy's memory instead: kept rows from the restored buffer, a prompt query's own block from
+// pages staged with one pread each, fetched rows with one pread each; ReadRows / ReadPrefix take
+// those pointers, and the tier reads through ReadRow. The kernel tasks are the same as the RAM
+// placement's, so every read equals it bit for bit (tested).
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "core/buffer.h"
 #include "core/status.h"
 #include "kv/policy.h"
 #include "kv/registry.h"
@@ -78,6 +86,8 @@ struct VestigeReadInfo {
 struct VestigeResidency {
   int64_t store_bytes = 0;     // LayerStore pages still allocated (kept, tail, archived in RAM)
   int64_t restored_bytes = 0;  // kept rows of released pages held in a policy buffer
+  int64_t staged_bytes = 0;    // released pages staged for the current prompt chunk's reads
+                               // (freed at the compression point and at every decode step)
   int64_t metadata_bytes = 0;  // sigma (4 B/closed row) + kept/archived tables (8 B/row)
   int64_t index_bytes = 0;     // recall index (reported by the recall tier)
   int64_t file_bytes = 0;      // on disk (not RAM)
@@ -170,18 +180,48 @@ class VestigePolicy final : public Policy {
     std::vector<int64_t> restored_pos;  // kept rows of released pages, ascending
     std::vector<uint16_t> restored;     // [restored_pos.size(), k_dim] bf16
     int64_t released_bytes = 0;
+    // Released pages staged back for reads: [kPageRows, k_dim] bf16 each, read from the file
+    // with one pread. A prompt query inside the block its own chunk just closed reads that whole
+    // block (its tail) while some of its pages are already in the file; the chunk's later queries
+    // read the same pages, so they are staged once and kept until the next selection, the
+    // compression point or a read past the closed rows (a decode step), then freed. A dense step
+    // stages every released page below its limit for that step.
+    struct Staged {
+      AlignedBuffer<uint16_t> rows;  // [kPageRows, k_dim] bf16 (heap block: stable pointers)
+      std::vector<int64_t> bad;      // rows that could not be read (left out of every read)
+    };
+    std::unordered_map<int64_t, Staged> staged;
+    int64_t staged_bytes = 0;
     // Read scratch.
-    std::vector<int64_t> rows, attended, archived, fetched, file_rows;
+    std::vector<int64_t> rows, attended, archived, fetched;
+    std::vector<const uint16_t*> ptrs;  // [rows] where a row's bytes live (null: the store)
+    std::vector<size_t> file_rows;      // indices into the read's rows read row by row
     std::vector<uint16_t> file_buf;     // [file_rows, k_dim] bf16 read from the file
-    std::vector<int64_t> restored_idx;  // indices into `restored` for one read
+    std::vector<uint8_t> drop;          // [rows] 1: unreadable, left out of the read
     bool file_ok = true;                // false after a write error: no more releases
   };
   void CloseReady(int layer, LayerStore& store);
   void AfterSelection(int layer, LayerStore& store, int64_t first_new);
-  // Reads `rows` (ascending) into st: resident rows with ReadRows, rows of released pages from the
-  // restored buffer or the file with AttendStream. Returns the rows read outside ReadRows.
+  // Every byte a read attends comes from where the row lives: its store page while resident,
+  // else (file placement) the restored buffer (kept rows), a staged page, or one pread. The
+  // kernels see the same tasks either way (ReadPrefix / ReadRows with the policy's pointers), so
+  // the file placement reads bit-identically to the RAM placement.
+  //
+  // ReadSet: `rows` (ascending) into st with ReadRows. Rows of released pages at or past
+  // `stage_from` are served from staged pages, earlier ones (kept, fetched) from the restored
+  // buffer or one pread each. Unreadable rows are removed from `rows` (reported through
+  // archive_status()). Returns the rows served outside the store.
   int64_t ReadSet(Layer& L, const LayerStore& store, const float* q, std::vector<int64_t>& rows,
-                  ThreadPool* pool, SoftmaxStates* st, ReadStats* local);
+                  int64_t stage_from, ThreadPool* pool, SoftmaxStates* st, ReadStats* local);
+  // ReadDense: rows [0, limit) into st with ReadPrefix, the full policy's own call, with released
+  // pages staged (or, when a staged row is unreadable, ReadSet over the readable rows). Returns
+  // the rows served outside the store.
+  int64_t ReadDense(Layer& L, const LayerStore& store, const float* q, int64_t limit,
+                    ThreadPool* pool, SoftmaxStates* st, ReadStats* local);
+  // The staged copy of released page p (staged now if needed).
+  const Layer::Staged& StagePage(Layer& L, int64_t p);
+  void ClearStaged(Layer& L);
+  bool AnyReleasedBelow(const Layer& L, int64_t limit) const;
   void NoteError(const Status& s);
 
   VestigeConfig cfg_;

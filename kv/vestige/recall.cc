@@ -1247,10 +1247,12 @@ void RecallTier::MaybeCalibrateDecode(const LayerStore& store, const float* q, i
 
 // ------------------------------------------------------------------------------------------------
 
-void AttendedScoreStats(const LayerStore& store, const float* q, const int64_t* rows, int64_t n,
-                        ThreadPool* pool, float* max1, float* entropy) {
-  const LayerGeometry& g = store.geometry();
-  const int G = g.n_q_heads;
+namespace {
+
+// AttendedScoreStats over rows served by `src` (G query heads, scale lam).
+void AttendedStatsFrom(const recall_internal::RowSrc& src, const float* q, int G, float lam,
+                       const int64_t* rows, int64_t n, ThreadPool* pool, float* max1,
+                       float* entropy) {
   if (n == 0) {
     for (int h = 0; h < G; ++h) {
       max1[h] = kNegInf;
@@ -1259,7 +1261,7 @@ void AttendedScoreStats(const LayerStore& store, const float* q, const int64_t* 
     return;
   }
   std::vector<float> s(static_cast<size_t>(G) * n);
-  ScoreRows(StoreSrc(store), q, G, rows, 0, n, g.scale, s.data(), pool);
+  ScoreRows(src, q, G, rows, 0, n, lam, s.data(), pool);
   for (int h = 0; h < G; ++h) {
     const float* sh = s.data() + h * n;
     float m = kNegInf;
@@ -1274,6 +1276,23 @@ void AttendedScoreStats(const LayerStore& store, const float* q, const int64_t* 
     max1[h] = m;
     entropy[h] = static_cast<float>(ent);
   }
+}
+
+}  // namespace
+
+void AttendedScoreStats(const LayerStore& store, const float* q, const int64_t* rows, int64_t n,
+                        ThreadPool* pool, float* max1, float* entropy) {
+  const LayerGeometry& g = store.geometry();
+  AttendedStatsFrom(StoreSrc(store), q, g.n_q_heads, g.scale, rows, n, pool, max1, entropy);
+}
+
+void RecallTier::AttendedStats(const LayerStore& store, const float* q, const int64_t* rows,
+                               int64_t n, ThreadPool* pool, float* max1, float* entropy) const {
+  STRATA_CHECK(configured());
+  // The row source without the branch sidecar: the scores need whole rows.
+  recall_internal::RowSrc src = Src(store);
+  src.sidecar = nullptr;
+  AttendedStatsFrom(src, q, n_heads_, lam_, rows, n, pool, max1, entropy);
 }
 
 }  // namespace strata

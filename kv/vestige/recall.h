@@ -43,7 +43,7 @@
 //   prefix mode: tier.ObserveQuery(pos, q) from OnPrefillStats, then tier.CalibratePrefix(store,
 //                pool) in OnCompress after IndexClosedRows + SetArchive.
 //   per decode step: read the attended set (kept ∪ tail) into states st; max1[h] = st.m[h];
-//     if (tier.needs_entropy()) AttendedScoreStats(store, q, attended, n, pool, max1, entropy);
+//     if (tier.needs_entropy()) tier.AttendedStats(store, q, attended, n, pool, max1, entropy);
 //     RecallScan s = tier.Scan(store, q, limit, max1, entropy, pool);
 //     s.fallback ? dense read of [0, limit) : ReadRows(store, q, s.rows, s.n, ...) merged into st.
 //   Decode-mode calibration happens inside Scan (it records the step's query).
@@ -198,6 +198,13 @@ class RecallTier {
   // Bytes one scanned archived row costs a scan: 2 r (csk) + 4 (eta) + 2 d_r (branch).
   int64_t scan_bytes_per_row() const { return 2 * opt_.rank + 4 + 2 * d_r_; }
 
+  // AttendedScoreStats (below) with the rows read through this tier's row source: its reader when
+  // one is installed (the policy's, which serves rows of pages released to an archive file from
+  // its restored buffer or the file), else the store. Same arithmetic, so the same bytes give the
+  // same max1 and entropy bit for bit.
+  void AttendedStats(const LayerStore& store, const float* q, const int64_t* rows, int64_t n,
+                     ThreadPool* pool, float* max1, float* entropy) const;
+
   // Scores of the index for one query [n_heads, d_c + d_r] (idx and cert per head for each listed
   // row, bit-identical to what Scan compares). idx, cert: [n_heads, n]. For calibration and tests.
   void IndexScores(const LayerStore& store, const float* q, const int64_t* rows, int64_t n,
@@ -264,7 +271,8 @@ class RecallTier {
 
 // Per-head max and softmax entropy (nats; p clamped at 1e-12 inside the log) of lam * q_h . row
 // over the listed rows (ascending). q: [n_q_heads, k_dim]; max1, entropy: [n_q_heads]. An empty
-// list gives max1 = -inf and entropy = 0. Reads the rows' keys once (multi-threaded over rows).
+// list gives max1 = -inf and entropy = 0. Reads the rows' keys once (multi-threaded over rows),
+// from the store: a policy that releases pages uses RecallTier::AttendedStats instead.
 void AttendedScoreStats(const LayerStore& store, const float* q, const int64_t* rows, int64_t n,
                         ThreadPool* pool, float* max1, float* entropy);
 
