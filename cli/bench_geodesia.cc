@@ -9,7 +9,12 @@
 // capacity: a many-layer cache filled token by token with synthetic rows, the allocator run every
 // `every` tokens (GeodesiaPolicy::Maintain), so the bf16 form of the whole context never exists at
 // once; then one decode step (a random query per layer). Reports the engine's resident bytes and
-// the process's peak RSS.
+// the process's peak RSS. Between two allocator runs the last `every` tokens exist twice in bf16
+// (LayerStore pages and level-16 slots: 2 x every x 57,344 B = 112 MiB at the Qwen2.5-7B shape
+// and every = 1024), which with the per-block index tables (~66 B per block and KV head, not
+// resident bytes by the spec's accounting) is what peak RSS adds to the resident bytes; the
+// graded slabs grow by segments (kv/geodesia/blocks.h), so their growth adds at most one segment
+// each.
 #include "cli/bench_geodesia.h"
 
 #include <CLI/CLI.hpp>
@@ -400,6 +405,7 @@ int RunBenchCapacity(const BenchCapacityOptions& o, std::ostream& out, std::ostr
   t.AddRow({"resident bits/value (engine bytes)", FormatFixed(8.0 * resident / values, 3)});
   t.AddRow({"process peak RSS", FormatBytes(static_cast<double>(rss)) + " = " +
                                     FormatFixed(rss / gib, 3) + " GiB"});
+  t.AddRow({"peak RSS / resident", FormatFixed(static_cast<double>(rss) / resident, 3)});
   std::string h;
   for (int i = 0; i < geodesia::kNumLevels; ++i) {
     h += (i ? ", " : "") + std::to_string(geodesia::kLevels[i]) + ":" + std::to_string(hist[i]);

@@ -58,7 +58,8 @@ int64_t ResidentBitsClosedForm(const GradedLayer& layer) {
   int64_t bits = 0;
   for (int h = 0; h < layer.n_kv_heads(); ++h) {
     bits += ResidentBitsClosedForm(layer.level_histogram(h), layer.n_residual(h),
-                                   layer.head_dim(), layer.config().group_size, true);
+                                   layer.head_dim(), layer.config().group_size,
+                                   layer.has_boxes());
   }
   return bits;
 }

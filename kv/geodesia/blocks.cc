@@ -14,15 +14,6 @@
 
 namespace strata::geodesia {
 
-int LevelIndex(int level) {
-  for (int i = 0; i < kNumLevels; ++i) {
-    if (kLevels[i] == level) return i;
-  }
-  return -1;
-}
-
-bool IsLevel(int level) { return LevelIndex(level) >= 0; }
-
 const char* DemotionModeName(DemotionMode m) {
   return m == DemotionMode::kOnce ? "once" : "cascade";
 }
@@ -78,7 +69,7 @@ void ReconstructBlock(const PackedHeadView& view, int64_t b, double* k, double* 
   const int level = view.level[b];
   const int nv = view.n_valid[b];
   const SlotLayout L = GetSlotLayout(level, D, g);
-  const uint8_t* slot = view.slab[LevelIndex(level)] + view.offset[b];
+  const uint8_t* slot = view.slot(b);
   std::fill(k, k + P * D, 0.0);
   std::fill(v, v + P * D, 0.0);
   if (level == 16) {
@@ -203,28 +194,58 @@ StatusOr<GradedLayer> GradedLayer::Create(const GradedConfig& config) {
 }
 
 GradedLayer::GradedLayer(const GradedConfig& c) : c_(c), heads_(c.n_kv_heads) {
-  for (int i = 0; i < kNumLevels; ++i) slabs_[i].slot_bytes = SlotBytes(kLevels[i], c.head_dim, c.group_size);
+  for (int i = 0; i < kNumLevels; ++i) {
+    Slab& s = slabs_[i];
+    s.slot_bytes = SlotBytes(kLevels[i], c.head_dim, c.group_size);
+    s.seg_slots = std::max<int64_t>(1, kSegmentBytes / s.slot_bytes);
+  }
 }
 
-int64_t GradedLayer::AllocSlot(int li) {
+void GradedLayer::ResizeLastSegment(int li, int64_t slots) {
   Slab& s = slabs_[li];
-  if (s.free_slots.empty()) {
-    const int64_t cap = std::max<int64_t>(4, 2 * s.n_slots);
-    AlignedBuffer<uint8_t> mem(static_cast<size_t>(cap * s.slot_bytes));
-    if (s.n_slots > 0) std::memcpy(mem.data(), s.mem.data(), s.n_slots * s.slot_bytes);
-    for (int64_t i = cap - 1; i >= s.n_slots; --i) s.free_slots.push_back(i * s.slot_bytes);
-    s.mem = std::move(mem);
-    s.n_slots = cap;
+  STRATA_CHECK(!s.segs.empty() && slots >= 1 && slots <= s.seg_slots);
+  const int64_t old = s.last_capacity();
+  if (slots == old) return;
+  AlignedBuffer<uint8_t> mem(static_cast<size_t>(slots * s.slot_bytes));
+  std::memcpy(mem.data(), s.segs.back().data(), std::min(old, slots) * s.slot_bytes);
+  s.segs.back() = std::move(mem);
+  s.bases.back() = s.segs.back().data();
+  s.n_slots += slots - old;
+  s.owner.resize(s.n_slots, -1);
+}
+
+void GradedLayer::GrowSlab(int li) {
+  // Doubles the last segment up to seg_slots (copying at most one segment), else starts a new
+  // one: full segments never move.
+  Slab& s = slabs_[li];
+  const int64_t first_new = s.n_slots;
+  const int64_t last = s.last_capacity();
+  if (!s.segs.empty() && last < s.seg_slots) {
+    ResizeLastSegment(li, std::min(s.seg_slots, 2 * last));
+  } else {
+    s.segs.emplace_back(static_cast<size_t>(s.slot_bytes));
+    s.bases.push_back(s.segs.back().data());
+    s.n_slots += 1;
+    s.owner.resize(s.n_slots, -1);
   }
+  // Lowest offsets on top of the free list: new blocks fill the slab from the front.
+  for (int64_t i = s.n_slots - 1; i >= first_new; --i) s.free_slots.push_back(i * s.slot_bytes);
+}
+
+int64_t GradedLayer::AllocSlot(int li, int h, int64_t b) {
+  Slab& s = slabs_[li];
+  if (s.free_slots.empty()) GrowSlab(li);
   const int64_t off = s.free_slots.back();
   s.free_slots.pop_back();
+  s.owner[off / s.slot_bytes] = b * c_.n_kv_heads + h;
   return off;
 }
 
 void GradedLayer::FreeSlot(int li, int64_t offset) {
   Slab& s = slabs_[li];
-  std::memset(s.mem.data() + offset, 0, s.slot_bytes);
+  std::memset(s.at(offset), 0, s.slot_bytes);
   s.free_slots.push_back(offset);
+  s.owner[offset / s.slot_bytes] = -1;
 }
 
 void GradedLayer::MaybeCompact(int li) {
@@ -233,23 +254,37 @@ void GradedLayer::MaybeCompact(int li) {
 }
 
 void GradedLayer::CompactSlab(int li) {
-  // Live slots move to the front in (head, block) order; the rest of the slab is released.
+  // The live slots at or above index `live` move into the holes below it (lowest hole first,
+  // highest slot first); then every slot past `live` is free and its storage is released: whole
+  // segments, and the tail of the new last segment. Cost O(free slots), no second copy of the slab.
   Slab& m = slabs_[li];
   const int64_t live = m.live();
-  AlignedBuffer<uint8_t> mem(static_cast<size_t>(live * m.slot_bytes));
-  int64_t next = 0;
-  for (Head& hd : heads_) {
-    for (size_t b = 0; b < hd.level.size(); ++b) {
-      if (LevelIndex(hd.level[b]) != li) continue;
-      std::memcpy(mem.data() + next, m.mem.data() + hd.offset[b], m.slot_bytes);
-      hd.offset[b] = next;
-      next += m.slot_bytes;
-    }
+  std::vector<int64_t> holes;
+  for (int64_t off : m.free_slots) {
+    if (off / m.slot_bytes < live) holes.push_back(off / m.slot_bytes);
   }
-  STRATA_CHECK(next == live * m.slot_bytes);
-  m.mem = std::move(mem);
-  m.n_slots = live;
+  std::sort(holes.begin(), holes.end());
+  size_t next = 0;
+  for (int64_t i = m.n_slots - 1; i >= live; --i) {
+    const int64_t who = m.owner[i];
+    if (who < 0) continue;
+    STRATA_CHECK(next < holes.size());
+    const int64_t dst = holes[next++];
+    std::memcpy(m.at(dst * m.slot_bytes), m.at(i * m.slot_bytes), m.slot_bytes);
+    m.owner[dst] = who;
+    heads_[who % c_.n_kv_heads].offset[who / c_.n_kv_heads] = dst * m.slot_bytes;
+  }
+  STRATA_CHECK(next == holes.size());
   m.free_slots.clear();
+  const int64_t n_segs = (live + m.seg_slots - 1) / m.seg_slots;
+  m.segs.resize(n_segs);
+  m.bases.resize(n_segs);
+  m.n_slots = std::min(m.n_slots, n_segs * m.seg_slots);
+  m.owner.resize(m.n_slots);
+  if (n_segs > 0) ResizeLastSegment(li, live - (n_segs - 1) * m.seg_slots);
+  m.owner.resize(live);
+  m.owner.shrink_to_fit();
+  STRATA_CHECK(m.n_slots == live);
 }
 
 void GradedLayer::Compact() {
@@ -269,21 +304,22 @@ void GradedLayer::Append(const uint16_t* k, const uint16_t* v) {
     n_valid_.push_back(0);
     for (Head& hd : heads_) {
       hd.level.push_back(16);
-      hd.offset.push_back(AllocSlot(LevelIndex(16)));
+      hd.offset.push_back(AllocSlot(LevelIndex(16), static_cast<int>(&hd - heads_.data()),
+                                    n_blocks() - 1));
       hd.res_mask.push_back(0);
       hd.res_begin.push_back(static_cast<int32_t>(hd.res_pos.size()));
       hd.ek.push_back(0);
       hd.ev.push_back(0);
       hd.vnorm.push_back(0);
-      hd.box.resize(hd.box.size() + 2 * D, 0);
+      if (c_.boxes) hd.box.resize(hd.box.size() + 2 * D, 0);
     }
   }
   const int64_t b = n_blocks() - 1;
   const int t = n_valid_[b];
   const SlotLayout L = GetSlotLayout(16, D, c_.group_size);
-  uint8_t* base = slabs_[LevelIndex(16)].mem.data();
+  Slab& slab = slabs_[LevelIndex(16)];
   for (int h = 0; h < c_.n_kv_heads; ++h) {
-    uint8_t* slot = base + heads_[h].offset[b];
+    uint8_t* slot = slab.at(heads_[h].offset[b]);
     std::memcpy(slot + L.k_rows + t * D * 2, k + h * D, D * 2);
     std::memcpy(slot + L.v_rows + t * D * 2, v + h * D, D * 2);
   }
@@ -297,20 +333,22 @@ void GradedLayer::CloseBlock(int64_t b) {
   const SlotLayout L = GetSlotLayout(16, D, c_.group_size);
   for (Head& hd : heads_) {
     STRATA_CHECK(hd.level[b] == 16);
-    const uint8_t* slot = slabs_[LevelIndex(16)].mem.data() + hd.offset[b];
+    const uint8_t* slot = slabs_[LevelIndex(16)].at(hd.offset[b]);
     const uint16_t* kr = reinterpret_cast<const uint16_t*>(slot + L.k_rows);
     const uint16_t* vr = reinterpret_cast<const uint16_t*>(slot + L.v_rows);
-    uint16_t* bmin = hd.box.data() + b * 2 * D;
-    uint16_t* bmax = bmin + D;
-    for (int c = 0; c < D; ++c) {
-      float lo = Bf16ToF32(kr[c]), hi = lo;
-      for (int t = 1; t < kBlockTokens; ++t) {
-        const float x = Bf16ToF32(kr[t * D + c]);
-        lo = std::min(lo, x);
-        hi = std::max(hi, x);
+    if (c_.boxes) {
+      uint16_t* bmin = hd.box.data() + b * 2 * D;
+      uint16_t* bmax = bmin + D;
+      for (int c = 0; c < D; ++c) {
+        float lo = Bf16ToF32(kr[c]), hi = lo;
+        for (int t = 1; t < kBlockTokens; ++t) {
+          const float x = Bf16ToF32(kr[t * D + c]);
+          lo = std::min(lo, x);
+          hi = std::max(hi, x);
+        }
+        bmin[c] = F16RoundDown(lo);
+        bmax[c] = F16RoundUp(hi);
       }
-      bmin[c] = F16RoundDown(lo);
-      bmax[c] = F16RoundUp(hi);
     }
     double vmax = 0;
     for (int t = 0; t < kBlockTokens; ++t) {
@@ -363,8 +401,8 @@ Status GradedLayer::Demote(int h, int64_t b, int level) {
     vs[i] = static_cast<float>(v_old[i]);
   }
   const int li_new = LevelIndex(level), li_old = LevelIndex(cur);
-  const int64_t off = AllocSlot(li_new);
-  uint8_t* slot = slabs_[li_new].mem.data() + off;
+  const int64_t off = AllocSlot(li_new, h, b);
+  uint8_t* slot = slabs_[li_new].at(off);
   if (level == 1) {
     EncodeCentroid(ks.data(), vs.data(), n_valid_[b], D, slot);
   } else {
@@ -418,6 +456,7 @@ std::array<int64_t, kNumLevels> GradedLayer::level_histogram(int h) const {
 }
 
 const uint16_t* GradedLayer::box_min(int h, int64_t b) const {
+  STRATA_CHECK_MSG(c_.boxes, "geodesia: box_min: this layer keeps no boxes (GradedConfig::boxes)");
   STRATA_CHECK(closed(b));
   return heads_[h].box.data() + b * 2 * c_.head_dim;
 }
@@ -431,7 +470,7 @@ void GradedLayer::Reconstruct(int h, int64_t b, double* k, double* v) const {
 }
 
 const uint8_t* GradedLayer::slot(int h, int64_t b) const {
-  return slabs_[LevelIndex(heads_[h].level[b])].mem.data() + heads_[h].offset[b];
+  return slabs_[LevelIndex(heads_[h].level[b])].at(heads_[h].offset[b]);
 }
 
 PackedHeadView GradedLayer::view(int h) const {
@@ -443,7 +482,10 @@ PackedHeadView GradedLayer::view(int h) const {
   v.level = hd.level.data();
   v.offset = hd.offset.data();
   v.n_valid = n_valid_.data();
-  for (int i = 0; i < kNumLevels; ++i) v.slab[i] = slabs_[i].mem.data();
+  for (int i = 0; i < kNumLevels; ++i) {
+    v.seg[i] = slabs_[i].bases.data();
+    v.seg_bytes[i] = slabs_[i].seg_bytes();
+  }
   if (!hd.res_pos.empty()) {
     v.res_mask = hd.res_mask.data();
     v.res_begin = hd.res_begin.data();
@@ -462,7 +504,7 @@ ResidentBytes GradedLayer::resident_bytes(int h) const {
     r.payload += L.bytes - L.scale_bytes;
     r.scales += L.scale_bytes;
   }
-  r.boxes = n_blocks() * 2 * D * 2;
+  r.boxes = c_.boxes ? n_blocks() * 2 * D * 2 : 0;
   r.residual = static_cast<int64_t>(hd.res_pos.size()) * 2 * D * 2;
   return r;
 }
@@ -481,7 +523,9 @@ ResidentBytes GradedLayer::resident_bytes() const {
 
 int64_t GradedLayer::allocated_bytes() const {
   int64_t n = 0;
-  for (const Slab& s : slabs_) n += s.n_slots * s.slot_bytes;
+  for (const Slab& s : slabs_) {
+    for (const auto& seg : s.segs) n += static_cast<int64_t>(seg.bytes());
+  }
   for (const Head& hd : heads_) {
     n += static_cast<int64_t>(hd.box.capacity() + hd.res_k.capacity() + hd.res_v.capacity()) * 2;
   }

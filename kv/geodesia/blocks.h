@@ -3,7 +3,12 @@
 // per-token residual overlay and the per-(head, block) tables the packed kernel reads.
 //
 // Layout (GPU-friendly; spec sections 1.2-1.4, 6):
-//   * one slab per level, shared by all KV heads of the layer, holding fixed-size slots:
+//   * one slab per level, shared by all KV heads of the layer, holding fixed-size slots. A slab is
+//     a list of segments of kSegmentBytes (a whole number of slots; the last segment may be
+//     smaller): slot i lives in segment i / seg_slots. Full segments never move, so growing a slab
+//     copies at most its last (partial) segment, never the whole slab: peak memory stays at the
+//     live bytes plus one segment per slab, where doubling a contiguous slab cost 2x transiently
+//     and up to 2x in zeroed capacity. (What a paged GPU cache does with its block table.)
 //       16: [K 64 x D bf16][V 64 x D bf16]                                  (256 D bytes)
 //       L : [K codes 64*D*L/8][V codes 64*D*L/8]                           (packed LSB-first,
 //           [K lo f16 (64/g) x D][K step f16 (64/g) x D]                    token-major t*D + d)
@@ -14,17 +19,20 @@
 //   * per head, per block (struct-of-arrays): level (int8), byte offset of the slot in its level's
 //     slab (int64), exact-residual mask (uint64, bit t = token t overridden) and the index of the
 //     block's first residual row (int32); per block (shared by all heads): n_valid (int32).
-//   * per head: the key box of every block, [n_blocks, 2, D] f16 (kmin then kmax), filled when the
-//     block closes from its exact keys, rounded OUTWARD (down for kmin, up for kmax) so that
-//     U_b(q) = scale * sum_c max(q_c kmin_c, q_c kmax_c) >= scale * q.k for every key of the block.
-//     (The reference rounds to nearest; outward rounding differs by at most one f16 ulp and keeps
-//     the bound sound.) A closed box never changes, whatever the block's later level.
+//   * per head (GradedConfig::boxes, on by default): the key box of every block, [n_blocks, 2, D]
+//     f16 (kmin then kmax), filled when the block closes from its exact keys, rounded OUTWARD (down
+//     for kmin, up for kmax) so that U_b(q) = scale * sum_c max(q_c kmin_c, q_c kmax_c) >=
+//     scale * q.k for every key of the block. (The reference rounds to nearest; outward rounding
+//     differs by at most one f16 ulp and keeps the bound sound.) A closed box never changes,
+//     whatever the block's later level. Only compressed-Quest reads boxes, and the spec charges
+//     them only with its gate on (section 1.5), so GeodesiaPolicy keeps them only then.
 //   * per head: exact residual rows, [n_res, D] bf16 K and V sorted by position.
 //
 // Life of a block: the open (last) block is exact and receives Append()s; when it reaches 64
 // tokens it closes: its box and the max L2 norm of its exact values are recorded. A closed block
 // may be demoted (Demote) to a lower level; the old slot is freed at once and the slab is compacted
-// when more than a quarter of it is free, so allocated bytes really shrink (Compact() forces it).
+// when more than a quarter of it is free (holes filled from the top, emptied segments released), so
+// allocated bytes really shrink (Compact() forces it).
 //
 // Demotion modes (spec section 11, item 4):
 //   kOnce    (reference): a block is re-encoded once, from its exact bf16 rows, and is then
@@ -53,8 +61,19 @@ inline constexpr int kNumLevels = 5;
 // The ladder, highest first. A level's index in it selects its slab.
 inline constexpr std::array<int, kNumLevels> kLevels = {16, 8, 4, 2, 1};
 // Index of a level in kLevels (16 -> 0 ... 1 -> 4), -1 for a level not on the ladder.
-int LevelIndex(int level);
-bool IsLevel(int level);
+constexpr int LevelIndex(int level) {
+  switch (level) {
+    case 16: return 0;
+    case 8: return 1;
+    case 4: return 2;
+    case 2: return 3;
+    case 1: return 4;
+    default: return -1;
+  }
+}
+constexpr bool IsLevel(int level) { return LevelIndex(level) >= 0; }
+// Target bytes of one slab segment (rounded down to whole slots, at least one slot).
+inline constexpr int64_t kSegmentBytes = int64_t{1} << 20;
 
 enum class DemotionMode { kOnce, kCascade };
 const char* DemotionModeName(DemotionMode m);
@@ -64,6 +83,7 @@ struct GradedConfig {
   int head_dim = 0;     // D: key and value head dim (must be equal)
   int group_size = 64;  // g: must divide 64 and head_dim
   DemotionMode demotion = DemotionMode::kOnce;
+  bool boxes = true;    // keep the per-block key boxes (compressed-Quest page bounds)
 };
 // Checks a config; the error names the bad value.
 Status ValidateGradedConfig(const GradedConfig& c);
@@ -89,9 +109,12 @@ struct PackedHeadView {
   int group_size = 0;
   int64_t n_blocks = 0;
   const int8_t* level = nullptr;    // [n_blocks] 16, 8, 4, 2 or 1
-  const int64_t* offset = nullptr;  // [n_blocks] byte offset of the slot in slab[LevelIndex(level)]
+  const int64_t* offset = nullptr;  // [n_blocks] byte offset of the slot in its level's slab
   const int32_t* n_valid = nullptr;  // [n_blocks] valid tokens, 0..64 (0: the block is skipped)
-  std::array<const uint8_t*, kNumLevels> slab = {};  // per-level slot bases
+  // Per level: the slab's segment bases, and the bytes of a full segment. The slot at slab byte
+  // offset o is at seg[li][o / seg_bytes[li]] + o % seg_bytes[li].
+  std::array<const uint8_t* const*, kNumLevels> seg = {};
+  std::array<int64_t, kNumLevels> seg_bytes = {};
   // Exact residual overlay; all null when the head has none. Token t of block b is overridden
   // when bit t of res_mask[b] is set; its exact rows are row
   // res_begin[b] + popcount(res_mask[b] & ((1 << t) - 1)) of res_k / res_v.
@@ -99,6 +122,12 @@ struct PackedHeadView {
   const int32_t* res_begin = nullptr;  // [n_blocks]
   const uint16_t* res_k = nullptr;     // [n_res, head_dim] bf16
   const uint16_t* res_v = nullptr;     // [n_res, head_dim] bf16
+
+  // Start of block b's slot.
+  const uint8_t* slot(int64_t b) const {
+    const int li = LevelIndex(level[b]);
+    return seg[li][offset[b] / seg_bytes[li]] + offset[b] % seg_bytes[li];
+  }
 };
 
 // Block b of a view decoded into f64 (no residual overlay): k, v: [64, head_dim], rows
@@ -150,7 +179,8 @@ class GradedLayer {
   int level(int h, int64_t b) const { return heads_[h].level[b]; }
   // Blocks of head h at each ladder level, indexed like kLevels.
   std::array<int64_t, kNumLevels> level_histogram(int h) const;
-  // Key box of closed block b (CHECK): [head_dim] f16 bits each.
+  // Key box of closed block b (CHECK; and that boxes are kept): [head_dim] f16 bits each.
+  bool has_boxes() const { return c_.boxes; }
   const uint16_t* box_min(int h, int64_t b) const;
   const uint16_t* box_max(int h, int64_t b) const;
   // Accumulated re-encode errors (0 for a block never demoted) and the max L2 norm of the block's
@@ -168,20 +198,36 @@ class GradedLayer {
 
   ResidentBytes resident_bytes() const;       // all heads
   ResidentBytes resident_bytes(int h) const;  // one head
-  // Bytes actually allocated (slab capacities + tables' payload arrays); >= resident total, equal
-  // right after Compact().
+  // Bytes actually allocated (slab segment capacities + tables' payload arrays); >= resident
+  // total, equal right after Compact().
   int64_t allocated_bytes() const;
   // Packs every slab to its live slots and releases the rest.
   void Compact();
 
  private:
-  // A level's slots; freed slots go to a free list until compaction.
+  // A level's slots in segments (see the layout note above). Slot i (byte offset i * slot_bytes
+  // in the slab) is byte (i % seg_slots) * slot_bytes of segment i / seg_slots. Every segment but
+  // the last holds seg_slots slots; the last grows 1, 2, 4, ... slots up to seg_slots, then a new
+  // segment starts. Freed slots go to a free list; compaction moves the highest live slots into
+  // the lowest holes and releases the segments (and the part of the last one) past the live ones.
   struct Slab {
     int64_t slot_bytes = 0;
-    int64_t n_slots = 0;  // capacity in slots
-    AlignedBuffer<uint8_t> mem;
-    std::vector<int64_t> free_slots;
+    int64_t seg_slots = 0;               // slots per full segment
+    int64_t n_slots = 0;                 // capacity in slots (over all segments)
+    std::vector<AlignedBuffer<uint8_t>> segs;
+    std::vector<const uint8_t*> bases;   // segs[i].data(), what views point at
+    std::vector<int64_t> free_slots;     // byte offsets of free slots
+    std::vector<int64_t> owner;          // [n_slots] b * n_kv_heads + h of a live slot, -1 free
     int64_t live() const { return n_slots - static_cast<int64_t>(free_slots.size()); }
+    int64_t seg_bytes() const { return seg_slots * slot_bytes; }
+    uint8_t* at(int64_t off) { return segs[off / seg_bytes()].data() + off % seg_bytes(); }
+    const uint8_t* at(int64_t off) const {
+      return segs[off / seg_bytes()].data() + off % seg_bytes();
+    }
+    // Capacity of the last segment in slots (0 without segments).
+    int64_t last_capacity() const {
+      return segs.empty() ? 0 : n_slots - static_cast<int64_t>(segs.size() - 1) * seg_slots;
+    }
   };
   struct Head {
     std::vector<int8_t> level;       // [n_blocks]
@@ -190,14 +236,18 @@ class GradedLayer {
     std::vector<int32_t> res_begin;  // [n_blocks]
     std::vector<double> ek, ev;      // [n_blocks]
     std::vector<float> vnorm;        // [n_blocks]
-    std::vector<uint16_t> box;       // [n_blocks, 2, D] f16
+    std::vector<uint16_t> box;       // [n_blocks, 2, D] f16 (empty without boxes)
     std::vector<int64_t> res_pos;    // [n_res] ascending
     std::vector<uint16_t> res_k;     // [n_res, D] bf16
     std::vector<uint16_t> res_v;     // [n_res, D] bf16
   };
 
   explicit GradedLayer(const GradedConfig& c);
-  int64_t AllocSlot(int li);
+  // A free slot of level index li for block b of head h (the slab grows when none is free).
+  int64_t AllocSlot(int li, int h, int64_t b);
+  void GrowSlab(int li);
+  // Resizes the last segment of a slab to `slots` slots (keeps min(old, new) slots' bytes).
+  void ResizeLastSegment(int li, int64_t slots);
   void FreeSlot(int li, int64_t offset);
   void MaybeCompact(int li);
   void CompactSlab(int li);

@@ -319,6 +319,125 @@ TEST(GeodesiaBlocks, DemotionFreesBytes) {
   EXPECT_TRUE(std::isfinite(k[0]));
 }
 
+// Slabs are segmented (blocks.h): a slot in a full segment never moves when its slab grows (at
+// most the last, partial segment of a slab is reallocated), so growth leaves under one segment of
+// slack where a doubling slab left up to its whole size; random cascaded demotions, with the
+// automatic compactions that move slots between segments, a final Compact() and growth after it
+// keep every block's contents; after Compact() allocated == resident. Without boxes the layer
+// stores and charges none and decodes exactly as with them.
+TEST(GeodesiaBlocks, SegmentedSlabsStableAcrossGrowthDemotionAndCompaction) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  const int H = 3, D = 64, g = 32;
+  const int64_t seg16 = kSegmentBytes / SlotBytes(16, D, g);  // level-16 slots per segment
+  ASSERT_GT(seg16, 1);
+  std::vector<std::vector<double>> final_with_boxes;
+  for (const bool boxes : {true, false}) {
+    SCOPED_TRACE(boxes ? "boxes" : "no boxes");
+    Rng rng(seed);  // the same rows and demotions in both variants
+    GradedConfig c{H, D, g, DemotionMode::kCascade, boxes};
+    GradedLayer layer = std::move(GradedLayer::Create(c)).value();
+    EXPECT_EQ(layer.has_boxes(), boxes);
+    std::vector<uint16_t> kt(H * D), vt(H * D);
+    auto append = [&](int64_t n) {
+      for (int64_t t = 0; t < n; ++t) {
+        for (auto& x : kt) x = F32ToBf16(static_cast<float>(rng.Normal()));
+        for (auto& x : vt) x = F32ToBf16(static_cast<float>(rng.Normal()));
+        layer.Append(kt.data(), vt.data());
+      }
+    };
+    // snap[h * nb + b]: the block's decoded K and V ([2, 64, D] f64).
+    std::vector<std::vector<double>> snap;
+    auto decode = [&](int h, int64_t b) {
+      std::vector<double> kv(2 * 64 * D);
+      layer.Reconstruct(h, b, kv.data(), kv.data() + 64 * D);
+      return kv;
+    };
+    auto snapshot_all = [&]() {
+      snap.clear();
+      for (int h = 0; h < H; ++h) {
+        for (int64_t b = 0; b < layer.n_blocks(); ++b) snap.push_back(decode(h, b));
+      }
+    };
+    auto expect_all = [&](const std::string& where) {
+      const int64_t nb = layer.n_blocks();
+      ASSERT_EQ(static_cast<int64_t>(snap.size()), H * nb);
+      for (int h = 0; h < H; ++h) {
+        for (int64_t b = 0; b < nb; ++b) {
+          ASSERT_EQ(decode(h, b), snap[h * nb + b]) << where << ": head " << h << " block " << b;
+        }
+      }
+    };
+    // Growth: 70 blocks, then 60 more; only slots of the last level-16 segment may move.
+    append(64 * 70);
+    std::vector<const uint8_t*> ptr;
+    for (int h = 0; h < H; ++h) {
+      for (int64_t b = 0; b < 70; ++b) ptr.push_back(layer.slot(h, b));
+    }
+    append(64 * 60 + 9);
+    int64_t moved = 0;
+    for (int h = 0; h < H; ++h) {
+      for (int64_t b = 0; b < 70; ++b) moved += layer.slot(h, b) != ptr[h * 70 + b];
+    }
+    EXPECT_LE(moved, seg16);
+    const ResidentBytes r0 = layer.resident_bytes();
+    EXPECT_EQ(r0.boxes, boxes ? layer.n_blocks() * H * 2 * D * 2 : 0);
+    // No slot is free yet: the slack is the unused part of the last level-16 segment (plus the
+    // box vectors' capacity).
+    EXPECT_LE(layer.allocated_bytes() - r0.total(), kSegmentBytes + r0.boxes);
+    snapshot_all();
+    // Random demotions of closed blocks (cascade: any level below the current one).
+    const int64_t nb = layer.n_blocks();
+    for (int it = 0; it < 600; ++it) {
+      const int h = static_cast<int>(rng.Below(H));
+      const int64_t b = static_cast<int64_t>(rng.Below(layer.n_closed_blocks()));
+      const int cur = LevelIndex(layer.level(h, b));
+      if (cur == kNumLevels - 1) continue;
+      const int to = kLevels[cur + 1 + static_cast<int>(rng.Below(kNumLevels - 1 - cur))];
+      ASSERT_TRUE(layer.Demote(h, b, to).ok());
+      snap[h * nb + b] = decode(h, b);
+      if (it % 100 == 99) {
+        expect_all("demotion " + std::to_string(it));
+        // Automatic compaction keeps every slab at most a quarter free (+ one partial segment
+        // each; the box vectors' capacity on top).
+        const ResidentBytes r = layer.resident_bytes();
+        const int64_t live_slabs = r.payload + r.scales;
+        EXPECT_LE(layer.allocated_bytes() - r.boxes - r.residual,
+                  live_slabs * 4 / 3 + kNumLevels * kSegmentBytes + r.boxes);
+      }
+    }
+    expect_all("before Compact");
+    layer.Compact();
+    EXPECT_EQ(layer.allocated_bytes(), layer.resident_bytes().total());
+    expect_all("after Compact");
+    // Growth after a compaction shrank the last segments.
+    append(64 * 40);
+    for (int it = 0; it < 50; ++it) {
+      const int h = static_cast<int>(rng.Below(H));
+      const int64_t b = nb + static_cast<int64_t>(rng.Below(layer.n_closed_blocks() - nb));
+      if (layer.level(h, b) == 16) ASSERT_TRUE(layer.Demote(h, b, 2).ok());
+    }
+    const int64_t nb2 = layer.n_blocks();
+    std::vector<std::vector<double>> all;
+    for (int h = 0; h < H; ++h) {
+      for (int64_t b = 0; b < nb2; ++b) {
+        if (b < nb - 1) {  // block nb - 1 was open (9 tokens) and has been filled since
+          ASSERT_EQ(decode(h, b), snap[h * nb + b]) << "after regrowth: head " << h << " block "
+                                                    << b;
+        }
+        all.push_back(decode(h, b));
+      }
+    }
+    layer.Compact();
+    EXPECT_EQ(layer.allocated_bytes(), layer.resident_bytes().total());
+    if (boxes) {
+      final_with_boxes = std::move(all);
+    } else {
+      EXPECT_EQ(all, final_with_boxes);  // boxes change no stored block
+    }
+  }
+}
+
 TEST(GeodesiaBlocks, ResidualOverlayTables) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);

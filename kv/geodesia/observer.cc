@@ -8,6 +8,18 @@
 
 namespace strata::geodesia {
 
+namespace {
+
+// Sum of x[0, n) in ascending order (sorts x): independent of the order the values came in.
+double SortedSum(double* x, int n) {
+  std::sort(x, x + n);
+  double s = 0;
+  for (int i = 0; i < n; ++i) s += x[i];
+  return s;
+}
+
+}  // namespace
+
 PrefillObserver::PrefillObserver(int n_kv_heads, int group, bool token_scores)
     : n_kv_heads_(n_kv_heads),
       group_(group),
@@ -21,23 +33,32 @@ void PrefillObserver::Add(const PrefillObservation& obs) {
   STRATA_CHECK(obs.n_q_heads == n_kv_heads_ * group_);
   const int64_t n = obs.n_keys;
   const int64_t nb = (n + kBlockTokens - 1) / kBlockTokens;
+  // The G query heads' contributions to a block (or token) are summed in sorted order, so the
+  // state does not depend on the order of the heads in the group (spec 12.13).
+  std::vector<double> per(static_cast<size_t>(nb) * group_);  // [b][r]
+  std::vector<double> tok(group_);
   for (int h = 0; h < n_kv_heads_; ++h) {
     auto& bs = block_sum_[h];
     if (static_cast<int64_t>(bs.size()) < nb) bs.resize(nb, 0.0);
     auto& ts = token_sum_[h];
     if (token_scores_ && static_cast<int64_t>(ts.size()) < n) ts.resize(n, 0.0);
+    const float* w0 = obs.weights + static_cast<int64_t>(h) * group_ * n;
     for (int r = 0; r < group_; ++r) {
-      const float* w = obs.weights + static_cast<int64_t>(h * group_ + r) * n;
+      const float* w = w0 + static_cast<int64_t>(r) * n;
       for (int64_t b = 0; b < nb; ++b) {
         double s = 0;
         const int64_t e = std::min(n, (b + 1) * kBlockTokens);
         for (int64_t j = b * kBlockTokens; j < e; ++j) s += w[j];
-        bs[b] += s;
-      }
-      if (token_scores_) {
-        for (int64_t j = 0; j < n; ++j) ts[j] += w[j];
+        per[b * group_ + r] = s;
       }
       ++rows_[h];
+    }
+    for (int64_t b = 0; b < nb; ++b) bs[b] += SortedSum(per.data() + b * group_, group_);
+    if (token_scores_) {
+      for (int64_t j = 0; j < n; ++j) {
+        for (int r = 0; r < group_; ++r) tok[r] = w0[static_cast<int64_t>(r) * n + j];
+        ts[j] += SortedSum(tok.data(), group_);
+      }
     }
   }
 }
@@ -61,7 +82,9 @@ std::vector<double> PrefillObserver::TokenScore(int h, int64_t n) const {
 
 std::vector<double> BlockMassFromStates(const float* m, const float* d, int64_t n_blocks,
                                         int group) {
-  std::vector<double> now(n_blocks, 0.0);
+  // Each head's share of each block, then per block the G shares summed in sorted order: the
+  // result does not depend on the order of the heads in the group (spec 12.13).
+  std::vector<double> share(static_cast<size_t>(n_blocks) * group, 0.0);  // [b][r]
   for (int r = 0; r < group; ++r) {
     double mx = -INFINITY;
     for (int64_t b = 0; b < n_blocks; ++b) {
@@ -75,9 +98,11 @@ std::vector<double> BlockMassFromStates(const float* m, const float* d, int64_t 
     }
     for (int64_t b = 0; b < n_blocks; ++b) {
       const double db = d[b * group + r];
-      if (db > 0) now[b] += db * std::exp(m[b * group + r] - mx) / z / group;
+      if (db > 0) share[b * group + r] = db * std::exp(m[b * group + r] - mx) / z / group;
     }
   }
+  std::vector<double> now(n_blocks, 0.0);
+  for (int64_t b = 0; b < n_blocks; ++b) now[b] = SortedSum(share.data() + b * group, group);
   return now;
 }
 

@@ -9,6 +9,8 @@
 //   m_b <- d * m_b + (1 - d) * m_now_b,
 // with the prefill prior applied ONCE, at the first update (spec 11.6: the reference re-applies
 // it whenever the state grows by a block; we do not). Blocks that appear later start at 0.
+// Sums over the G query heads of a group run in sorted order of the heads' contributions, so
+// permuting the query heads of a group changes no bit of the mass (spec 12.13).
 #pragma once
 
 #include <cstdint>

@@ -50,7 +50,7 @@ inline int64_t ResidualRow(const PackedHeadView& v, int64_t b, int t) {
   return v.res_begin[b] + std::popcount(below);
 }
 inline const uint8_t* SlotPtr(const PackedHeadView& v, int64_t b) {
-  return v.slab[LevelIndex(v.level[b])] + v.offset[b];
+  return v.slot(b);
 }
 
 }  // namespace strata::geodesia::packed_internal

@@ -165,6 +165,7 @@ struct GeodesiaPolicy::Layer {
   std::unique_ptr<GradedLayer> graded;
   std::unique_ptr<geodesia::PrefillObserver> observer;
   std::vector<geodesia::MassEma> ema;              // [n_kv]
+  std::vector<int64_t> alloc_runs;                 // [n_kv] allocator runs (introspection)
   // Error proxies e(L) (ek + w_v ev) of each block at ladder indices 1..4, computed on the
   // block's representation at ladder index err_at (-1: not computed yet). [n_kv][nb]
   std::vector<std::vector<std::array<float, kNumLevels - 1>>> err;
@@ -177,14 +178,20 @@ struct GeodesiaPolicy::Layer {
   int64_t released_upto = 0;        // LayerStore pages [0, released_upto) are released
   std::vector<std::vector<int64_t>> last_blocks;  // [n_q] graded blocks of the last read
   std::vector<uint16_t> kbuf, vbuf;               // [n_kv, D] append scratch
-  // Read scratch, reused across reads (no per-read allocation of large buffers).
+};
+
+// Read scratch, reused across reads and shared by the layers (a read uses it only while it runs,
+// and reads of different layers never overlap: KvCache::Attend is not reentrant either). Kept per
+// layer, it held every layer's chunk states at once: 14 MiB a layer at 1M tokens, 4 KV heads,
+// G = 7, D = 128, i.e. 0.37 GiB of peak RSS over 28 layers.
+struct GeodesiaPolicy::ReadScratch {
   StateArray chunk, tail, tmp;                    // chunk states, per-head tail, per-worker
   std::vector<std::vector<float>> bm, bd;         // [n_kv][nb * G] per-block partials
   std::vector<std::vector<int64_t>> unions;       // [n_kv] blocks read
 };
 
 GeodesiaPolicy::GeodesiaPolicy(GeodesiaConfig config, std::string name)
-    : c_(std::move(config)), name_(std::move(name)) {}
+    : c_(std::move(config)), name_(std::move(name)), scratch_(std::make_unique<ReadScratch>()) {}
 GeodesiaPolicy::~GeodesiaPolicy() = default;
 
 Status GeodesiaPolicy::Bind(const std::vector<LayerGeometry>& layers) {
@@ -212,6 +219,9 @@ Status GeodesiaPolicy::Bind(const std::vector<LayerGeometry>& layers) {
     gc.head_dim = g.k_dim;
     gc.group_size = c_.group;
     gc.demotion = c_.requant;
+    // Boxes only feed the compressed-Quest page bound; the spec charges them only with the gate
+    // on (section 1.5), so a plain Geodesia cache does not keep them (0.25 bits/value at P = 64).
+    gc.boxes = c_.quest();
     auto graded = GradedLayer::Create(gc);
     if (!graded.ok()) return graded.status().WithContext(where);
     auto L = std::make_unique<Layer>();
@@ -222,6 +232,7 @@ Status GeodesiaPolicy::Bind(const std::vector<LayerGeometry>& layers) {
     L->graded = std::make_unique<GradedLayer>(std::move(graded).value());
     L->observer = std::make_unique<geodesia::PrefillObserver>(g.n_kv_heads, L->G, c_.rd_frac > 0);
     L->ema.resize(g.n_kv_heads);
+    L->alloc_runs.assign(g.n_kv_heads, 0);
     L->err.resize(g.n_kv_heads);
     L->err_at.resize(g.n_kv_heads);
     L->res_pos.resize(g.n_kv_heads);
@@ -358,10 +369,11 @@ void GeodesiaPolicy::RunAllocator(int layer, int64_t q_offset, std::vector<char>
     }
     double target = c_.bits * 2.0 * static_cast<double>(nb) * kBlockTokens * L.D;
     if (c_.budget_all) {
-      target -= 32.0 * L.D * static_cast<double>(gl.n_residual(h));  // residual rows
-      target -= 32.0 * L.D * static_cast<double>(nb);                 // boxes
+      target -= 32.0 * L.D * static_cast<double>(gl.n_residual(h));   // residual rows
+      if (gl.has_boxes()) target -= 32.0 * L.D * static_cast<double>(nb);  // boxes
     }
     const geodesia::AllocResult r = geodesia::Allocate(blocks, beta, target, ao);
+    L.alloc_runs[h]++;
     for (int64_t b = 0; b < nb; ++b) {
       if (r.index[b] == blocks[b].index) continue;
       const Status st = gl.Demote(h, b, kLevels[r.index[b]]);
@@ -404,7 +416,8 @@ void GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, in
   const bool need_mass = first && c_.allocate();
 
   // Blocks each query head reads, and their union per KV head.
-  std::vector<std::vector<int64_t>>& unions = L.unions;
+  ReadScratch& sc = *scratch_;
+  std::vector<std::vector<int64_t>>& unions = sc.unions;
   unions.resize(n_kv);
   for (auto& u : unions) u.clear();
   std::vector<std::vector<char>> selected;  // quest: [n_q][n_full] per head membership
@@ -445,15 +458,15 @@ void GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, in
       tasks.push_back({h, b, std::min(n, b + kChunkBlocks)});
     }
   }
-  StateArray& chunk = L.chunk;
+  StateArray& chunk = sc.chunk;
   chunk.Resize(static_cast<int64_t>(tasks.size()), G, D);
-  StateArray& tail = L.tail;
+  StateArray& tail = sc.tail;
   tail.Resize(n_kv, G, D);
-  L.tmp.Resize(WorkerCount(pool), G, D);
+  sc.tmp.Resize(WorkerCount(pool), G, D);
   const int64_t nb_all = gl.n_blocks();
   // Per-block partials of the first query (for the mass): [n_kv][nb_all * G].
-  std::vector<std::vector<float>>& bm = L.bm;
-  std::vector<std::vector<float>>& bd = L.bd;
+  std::vector<std::vector<float>>& bm = sc.bm;
+  std::vector<std::vector<float>>& bd = sc.bd;
   if (need_mass) {
     bm.resize(n_kv);
     bd.resize(n_kv);
@@ -476,7 +489,7 @@ void GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, in
     }
     for (int64_t i = t.begin; i < t.end; ++i) {
       const int64_t b = list[i];
-      SoftmaxStates ts = L.tmp.at(worker);
+      SoftmaxStates ts = sc.tmp.at(worker);
       ts.Reset();
       geodesia::PackedAttend(view, qh, G, scale, &b, 1, &ts);
       for (int r = 0; r < G; ++r) {
@@ -586,6 +599,9 @@ const std::vector<double>& GeodesiaPolicy::mass(int layer, int h) const {
 }
 const std::vector<int64_t>& GeodesiaPolicy::residual_positions(int layer, int h) const {
   return layers_[layer]->res_pos[h];
+}
+int64_t GeodesiaPolicy::allocator_runs(int layer, int h) const {
+  return layers_[layer]->alloc_runs[h];
 }
 const std::vector<int64_t>& GeodesiaPolicy::last_read_blocks(int layer, int r) const {
   return layers_[layer]->last_blocks[r];

@@ -1,6 +1,8 @@
 // GeodesiaPolicy: Geodesia-KV over GQA/MHA layers. The cache of record is a GradedLayer per
-// layer (64-token blocks at 16/8/4/2/1 bits, boxes, exact residual rows); a budgeted allocator
-// demotes blocks by observed attention mass; reads are the packed kernel over the graded blocks
+// layer (64-token blocks at 16/8/4/2/1 bits, exact residual rows, and key boxes when the
+// compressed-Quest gate is on: nothing else reads them, and the spec charges them only then,
+// section 1.5); a budgeted allocator demotes blocks by observed attention mass (once per KV head
+// per call, shared by the group's query heads); reads are the packed kernel over the graded blocks
 // (optionally only the compressed-Quest pages) merged with the exact rows of the current block.
 // Spec: /work/shared/specs/geodesia-kv.md sections 1.5, 2, 3, 4, 11; docs/geodesia.md.
 //
@@ -26,7 +28,9 @@
 // bits >= 16 means "everything exact" (the allocator does not run: the reference ratchet would
 // demote one step per call even at B = 16); with the compressed-Quest gate and the allocator both
 // on, the mass of a call comes from the pages the query really read (unread pages count 0) so that
-// the gate keeps its read savings; without prefill observations no RD residual is chosen.
+// the gate keeps its read savings; without prefill observations no RD residual is chosen; the
+// group's block mass (decode and prefill) sums the G query heads' contributions in sorted order,
+// so that permuting the query heads of a group changes no bit of the state (spec 12.13).
 #pragma once
 
 #include <cstdint>
@@ -56,7 +60,8 @@ struct GeodesiaConfig {
   double mass_power = 1;       // p (`mass-power`)
   double value_weight = 0;     // w_v (`value-weight`)
   // `budget levels|all`: levels (reference) = the budget covers the block levels only, residual
-  // rows and boxes come on top; all = they are charged against it too (the resident total meets B).
+  // rows and boxes (kept only with the Quest gate) come on top; all = they are charged against it
+  // too (the resident total meets B).
   bool budget_all = false;
 
   bool quest() const { return quest_keep < 1; }
@@ -71,7 +76,8 @@ struct GeodesiaConfig {
 // Counters of the spec's rate accounting (section 1.5), summed over reads (queries), layers and
 // query heads. bpv = bits / values.
 struct GeodesiaStats {
-  int64_t calls = 0;             // allocator runs (first queries of a call, per layer)
+  int64_t calls = 0;             // allocator calls (first queries of a call, per layer; each
+                                 // runs the allocator once per KV head)
   int64_t demotions = 0;         // block re-encodes
   double values = 0;             // sum of 2 T D per (read, query head)
   double resident_bits = 0;      // closed form per (read, query head): levels + residual + boxes
@@ -115,12 +121,16 @@ class GeodesiaPolicy final : public Policy {
   const std::vector<double>& mass(int layer, int h) const;
   // Positions of the RD residual of KV head h (ascending; empty when off).
   const std::vector<int64_t>& residual_positions(int layer, int h) const;
+  // Allocator runs for KV head h of `layer` so far: one per call (the call's first query) and
+  // per Maintain, shared by the head's G query heads (spec 12.13).
+  int64_t allocator_runs(int layer, int h) const;
   // Blocks read by query head r at the last read of `layer` (graded blocks, ascending; the exact
   // tail rows are not listed). For tests of the compressed-Quest gate.
   const std::vector<int64_t>& last_read_blocks(int layer, int r) const;
 
  private:
   struct Layer;
+  struct ReadScratch;
   void Activate(int layer, const LayerStore& store);
   void RunAllocator(int layer, int64_t q_offset, std::vector<char>* changed, ThreadPool* pool);
   void ReleasePages(int layer, LayerStore& store, int64_t upto_block);
@@ -128,6 +138,7 @@ class GeodesiaPolicy final : public Policy {
   GeodesiaConfig c_;
   std::string name_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::unique_ptr<ReadScratch> scratch_;  // shared by the layers' reads
   bool any_active_ = false;
   GeodesiaStats stats_;
 };

@@ -487,6 +487,293 @@ TEST(GeodesiaPolicyTest, ResidentBytesShrink) {
   EXPECT_LT(s.resident_bpv(), 2.5);  // 2 bits + 0.25 of boxes when counted (not here) + slack
 }
 
+// f64 attention of every query head over exact bf16 rows (rows[pos][h * D + c], already
+// bf16-rounded), positions [0, limit), graded blocks restricted to `pages` when given (as
+// Reference does). Used to show that the reconstruction check below can tell representations
+// apart.
+std::vector<double> ExactReference(const std::vector<std::vector<float>>& krows,
+                                   const std::vector<std::vector<float>>& vrows, const float* q,
+                                   int64_t limit, const LayerGeometry& g,
+                                   const std::vector<std::vector<int64_t>>* pages = nullptr) {
+  const int D = g.k_dim, G = g.group_size();
+  const int64_t n_full = limit / kBlockTokens;
+  std::vector<double> out(static_cast<size_t>(g.n_q_heads) * D, 0.0);
+  for (int qh = 0; qh < g.n_q_heads; ++qh) {
+    const int h = qh / G;
+    std::vector<char> use(n_full, 1);
+    if (pages) {
+      std::fill(use.begin(), use.end(), 0);
+      for (int64_t b : (*pages)[qh]) use[b] = 1;
+    }
+    std::vector<double> s(limit, -INFINITY);
+    double mx = -INFINITY;
+    for (int64_t u = 0; u < limit; ++u) {
+      if (u / kBlockTokens < n_full && !use[u / kBlockTokens]) continue;
+      double d = 0;
+      for (int c = 0; c < D; ++c) d += static_cast<double>(q[qh * D + c]) * krows[u][h * D + c];
+      s[u] = d * g.scale;
+      mx = std::max(mx, s[u]);
+    }
+    double z = 0;
+    for (int64_t u = 0; u < limit; ++u) {
+      if (s[u] == -INFINITY) continue;
+      const double w = std::exp(s[u] - mx);
+      z += w;
+      for (int c = 0; c < D; ++c) out[qh * D + c] += w * vrows[u][h * D + c];
+    }
+    for (int c = 0; c < D; ++c) out[qh * D + c] /= z;
+  }
+  return out;
+}
+
+// Spec 12.13 (GQA). Two caches get the same K/V rows; cache B sees every query (prefill
+// observations and decode reads) with the query heads of each KV group permuted. Over a prefill
+// and ~130 decode calls (some of 2-3 tokens) on 2 layers, G >= 2 query heads per KV head and >= 2
+// KV heads, at a budget that spreads the blocks over several levels:
+//  (a) the allocator runs exactly once per KV head per call (not once per query head, and not
+//      again for the later queries of a multi-token call or for a re-read), in both caches;
+//  (b) every query head of a group reads the same reconstruction, byte for byte: when the G query
+//      heads of a group carry the same query (one call in 6), their outputs are bit-identical,
+//      through the whole call path (mass from the first query, allocation, demotion, re-read of
+//      the demoted chunks); and each head's output matches an f64 softmax over the ONE
+//      reconstruction of its KV head (blocks decoded from the shared slots + residual rows +
+//      exact tail) within 2e-4 of max |ref| (the kernel works in f32 over ~2500 rows), a
+//      tolerance that does separate representations (the exact rows' reference is checked to be
+//      more than 10x farther from the graded one);
+//  (c) the permutation changes no bit of the state: levels, slot bytes, accumulated re-encode
+//      errors, EMA masses, RD residual positions (and, with the Quest gate, each head's page
+//      list, permuted), and B's outputs are A's with the heads permuted, bit for bit.
+TEST(GeodesiaPolicyTest, GqaOneAllocationPerKvHeadSharedReconstructionHeadOrderFree) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng pick(seed);
+  ThreadPool pool(2), serial(1);
+  for (const bool gate : {false, true}) {
+    const int n_kv = 2 + static_cast<int>(pick.Below(2));  // 2..3 KV heads
+    const int G = 2 + static_cast<int>(pick.Below(4));     // 2..5 query heads per KV head
+    const int D = 64, n_layers = 2;
+    const LayerGeometry g = Gqa(n_kv * G, n_kv, D);
+    // Long enough (~30-40 blocks) that the 3 exact hot blocks leave room for a level mix.
+    const double bits = 3 + 2 * pick.Uniform();
+    const std::string requant = gate ? "cascade" : "once";
+    std::map<std::string, std::string> settings = {
+        {"bits", std::to_string(bits)}, {"rd-frac", "0.05"}, {"requant", requant}};
+    if (gate) settings["quest-keep"] = "0.5";
+    SCOPED_TRACE("n_kv " + std::to_string(n_kv) + " G " + std::to_string(G) + " bits " +
+                 std::to_string(bits) + " requant " + requant + " gate " + std::to_string(gate));
+    auto a = NewCache({g, g}, Spec("geodesia", settings));
+    auto b = NewCache({g, g}, Spec("geodesia", settings));
+    GeodesiaPolicy& ga = Geo(*a);
+    GeodesiaPolicy& gb = Geo(*b);
+    // perm[h][j]: B's query head j of group h is A's query head perm[h][j]; not the identity.
+    std::vector<std::vector<int>> perm(n_kv);
+    bool identity = true;
+    while (identity) {
+      for (int h = 0; h < n_kv; ++h) {
+        perm[h].resize(G);
+        for (int r = 0; r < G; ++r) perm[h][r] = r;
+        for (int r = G - 1; r > 0; --r) std::swap(perm[h][r], perm[h][pick.Below(r + 1)]);
+        for (int r = 0; r < G; ++r) identity &= perm[h][r] == r;
+      }
+    }
+    std::vector<Source> src;
+    for (int l = 0; l < n_layers; ++l) src.emplace_back(seed + 17 * l + 1, g);
+    Rng qrng(seed ^ 0x9e3779b97f4a7c15ull);
+    // The exact bf16 rows, for the sensitivity check of (b).
+    std::vector<std::vector<std::vector<float>>> krows(n_layers), vrows(n_layers);
+    const size_t per = static_cast<size_t>(g.n_q_heads) * D;
+    auto make_query = [&](bool same, std::vector<float>* qa, std::vector<float>* qb) {
+      qa->resize(per);
+      qb->resize(per);
+      for (auto& x : *qa) x = 2.f * static_cast<float>(qrng.Normal());
+      for (int h = 0; h < n_kv; ++h) {
+        for (int r = 0; r < G; ++r) {
+          float* dst = qa->data() + (h * G + r) * D;
+          if (same && r > 0) std::copy_n(qa->data() + h * G * D, D, dst);
+        }
+        for (int j = 0; j < G; ++j) {
+          std::copy_n(qa->data() + (h * G + perm[h][j]) * D, D, qb->data() + (h * G + j) * D);
+        }
+      }
+    };
+    // B's output for its head j of group h must be A's output for head perm[h][j], bit for bit.
+    auto expect_permuted = [&](const float* oa, const float* ob, const std::string& where) {
+      for (int h = 0; h < n_kv; ++h) {
+        for (int j = 0; j < G; ++j) {
+          ASSERT_EQ(std::memcmp(ob + (h * G + j) * D, oa + (h * G + perm[h][j]) * D,
+                                D * sizeof(float)),
+                    0)
+              << where << ": kv head " << h << " query head " << j;
+        }
+      }
+    };
+    std::vector<std::vector<int64_t>> runs_a(n_layers, std::vector<int64_t>(n_kv, 0));
+    std::vector<std::vector<int64_t>> runs_b = runs_a;
+    // (a): the allocator runs per (layer, KV head) since the last check, in both caches.
+    auto expect_runs = [&](int64_t want, const std::string& where) {
+      for (int l = 0; l < n_layers; ++l) {
+        for (int h = 0; h < n_kv; ++h) {
+          ASSERT_EQ(ga.allocator_runs(l, h) - runs_a[l][h], want) << where << " layer " << l
+                                                                   << " kv head " << h;
+          ASSERT_EQ(gb.allocator_runs(l, h) - runs_b[l][h], want) << where << " layer " << l
+                                                                   << " kv head " << h;
+          runs_a[l][h] = ga.allocator_runs(l, h);
+          runs_b[l][h] = gb.allocator_runs(l, h);
+        }
+      }
+    };
+    int64_t same_calls = 0;
+    // One forward call of n tokens on both caches (appends on every layer, then the reads).
+    auto call = [&](int n, bool prefill, bool same, const std::string& where) {
+      const int64_t p0 = a->n_tokens();
+      if (prefill) {
+        a->BeginPrefill(p0, p0 + n);
+        b->BeginPrefill(p0, p0 + n);
+      }
+      std::vector<float> k, v;
+      for (int i = 0; i < n; ++i) {
+        for (int l = 0; l < n_layers; ++l) {
+          src[l].Row(p0 + i, &k, &v);
+          a->Append(l, k.data(), v.data());
+          b->Append(l, k.data(), v.data());
+          for (auto& x : k) x = Bf16ToF32(F32ToBf16(x));
+          for (auto& x : v) x = Bf16ToF32(F32ToBf16(x));
+          krows[l].push_back(k);
+          vrows[l].push_back(v);
+        }
+      }
+      const int64_t calls_before = ga.stats().calls;
+      std::vector<float> qa, qb, oa(per), ob(per);
+      for (int l = 0; l < n_layers; ++l) {
+        for (int i = 0; i < n; ++i) {
+          make_query(same, &qa, &qb);
+          if (prefill) {
+            a->ObserveQuery(l, p0 + i, qa.data());
+            b->ObserveQuery(l, p0 + i, qb.data());
+          }
+          // (The ~2000 prefill reads are tiny: one thread, no pool hand-offs.)
+          ThreadPool* tp = prefill ? &serial : &pool;
+          a->Attend(l, qa.data(), p0 + i, tp, oa.data());
+          b->Attend(l, qb.data(), p0 + i, tp, ob.data());
+          const std::string at = where + " layer " + std::to_string(l) + " query " +
+                                 std::to_string(i);
+          expect_permuted(oa.data(), ob.data(), at);
+          if (same) {
+            for (int h = 0; h < n_kv; ++h) {
+              for (int r = 1; r < G; ++r) {
+                ASSERT_EQ(std::memcmp(oa.data() + (h * G + r) * D, oa.data() + h * G * D,
+                                      D * sizeof(float)),
+                          0)
+                    << at << ": kv head " << h << " query head " << r
+                    << " read another reconstruction than query head 0";
+              }
+            }
+          }
+          if (gate && !prefill) {
+            for (int h = 0; h < n_kv; ++h) {
+              for (int j = 0; j < G; ++j) {
+                ASSERT_EQ(gb.last_read_blocks(l, h * G + j),
+                          ga.last_read_blocks(l, h * G + perm[h][j]))
+                    << at;
+              }
+            }
+          }
+        }
+      }
+      if (prefill) {
+        a->EndPrefill(&serial);
+        b->EndPrefill(&serial);
+      }
+      same_calls += same;
+      expect_runs(prefill ? 0 : 1, where);
+      ASSERT_EQ(ga.stats().calls - calls_before, prefill ? 0 : n_layers) << where;
+    };
+    // (c): the whole state, A vs B.
+    auto expect_same_state = [&](const std::string& where) {
+      for (int l = 0; l < n_layers; ++l) {
+        const GradedLayer& la = ga.graded(l);
+        const GradedLayer& lb = gb.graded(l);
+        ASSERT_EQ(la.n_blocks(), lb.n_blocks());
+        for (int h = 0; h < n_kv; ++h) {
+          const std::string at = where + " layer " + std::to_string(l) + " kv head " +
+                                 std::to_string(h);
+          ASSERT_EQ(ga.mass(l, h), gb.mass(l, h)) << at;  // exact, every bit
+          ASSERT_EQ(ga.residual_positions(l, h), gb.residual_positions(l, h)) << at;
+          for (int64_t blk = 0; blk < la.n_blocks(); ++blk) {
+            ASSERT_EQ(la.level(h, blk), lb.level(h, blk)) << at << " block " << blk;
+            ASSERT_EQ(la.ek(h, blk), lb.ek(h, blk)) << at << " block " << blk;
+            ASSERT_EQ(la.ev(h, blk), lb.ev(h, blk)) << at << " block " << blk;
+            const int64_t nbytes = geodesia::SlotBytes(la.level(h, blk), D, 64);
+            ASSERT_EQ(std::memcmp(la.slot(h, blk), lb.slot(h, blk), nbytes), 0)
+                << at << " block " << blk << " payload differs";
+          }
+        }
+      }
+    };
+    // (b): a re-read inside the call (no allocation) against the f64 reference over the one
+    // reconstruction of each KV head. Raises *separation to max |exact ref - graded ref| / tol.
+    auto check_reconstruction = [&](const std::string& where, double* separation) {
+      const int64_t T = a->n_tokens();
+      for (int l = 0; l < n_layers; ++l) {
+        std::vector<float> qa, qb, oa(per), ob(per);
+        make_query(false, &qa, &qb);
+        a->Attend(l, qa.data(), T - 1, &pool, oa.data());
+        b->Attend(l, qb.data(), T - 1, &pool, ob.data());
+        expect_permuted(oa.data(), ob.data(), where + " re-read");
+        std::vector<std::vector<int64_t>> pages(g.n_q_heads);
+        for (int qh = 0; qh < g.n_q_heads; ++qh) pages[qh] = ga.last_read_blocks(l, qh);
+        const auto* pg = gate ? &pages : nullptr;
+        const std::vector<double> ref = Reference(ga.graded(l), a->store(l), qa.data(), T, g, pg);
+        const double tol = 2e-4 * MaxAbs(ref);
+        for (size_t i = 0; i < ref.size(); ++i) {
+          ASSERT_NEAR(oa[i], ref[i], tol) << where << " layer " << l << " query head "
+                                          << i / D << " channel " << i % D;
+        }
+        const std::vector<double> exact = ExactReference(krows[l], vrows[l], qa.data(), T, g, pg);
+        double worst = 0;
+        for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, std::abs(exact[i] - ref[i]));
+        *separation = std::max(*separation, worst / tol);
+      }
+      expect_runs(0, where + " re-read");  // later reads of a call never allocate
+    };
+
+    const int P = 1800 + static_cast<int>(pick.Below(600));
+    call(P, true, false, "prefill");
+    expect_same_state("after prefill");
+    double separation = 0;
+    const int n_calls = 130;
+    for (int c = 0; c < n_calls; ++c) {
+      const int n = c % 11 == 5 ? 2 + static_cast<int>(pick.Below(2)) : 1;
+      const std::string where = "call " + std::to_string(c);
+      call(n, false, c % 6 == 3, where);
+      if (HasFatalFailure()) return;
+      expect_same_state(where);
+      if (HasFatalFailure()) return;
+      if (c % 16 == 0 || c == n_calls - 1) {
+        check_reconstruction(where, &separation);
+        if (HasFatalFailure()) return;
+      }
+    }
+    EXPECT_GT(same_calls, 0);
+    // The tolerance of (b) separates the shared reconstruction from another representation.
+    EXPECT_GT(separation, 10.0);  // observed ~1000-6000
+    // The run spread blocks over several levels, and residual rows exist.
+    std::array<int64_t, kNumLevels> hist{};
+    for (int l = 0; l < n_layers; ++l) {
+      for (int h = 0; h < n_kv; ++h) {
+        const auto hh = ga.graded(l).level_histogram(h);
+        for (int i = 0; i < kNumLevels; ++i) hist[i] += hh[i];
+        EXPECT_GT(ga.graded(l).n_residual(h), 0);
+      }
+    }
+    int demoted_levels = 0;
+    for (int i = 1; i < kNumLevels; ++i) demoted_levels += hist[i] > 0;
+    EXPECT_GE(demoted_levels, 2) << "levels 16/8/4/2/1: " << hist[0] << "/" << hist[1] << "/"
+                                 << hist[2] << "/" << hist[3] << "/" << hist[4];
+    EXPECT_GT(hist[0], 0);
+  }
+}
+
 // Impossible settings are errors from MakePolicy / Bind that name the value.
 TEST(GeodesiaPolicyTest, SettingErrors) {
   auto make = [](std::map<std::string, std::string> s) { return MakePolicy(Spec("geodesia", s)); };
