@@ -12,6 +12,8 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "kv/cache.h"
+#include "model/model.h"
 
 namespace strata::cli {
 namespace {
@@ -434,6 +436,94 @@ TEST_F(CliTest, DemoErrorsNameTheProblem) {
     EXPECT_EQ(r.code, 2) << cmd << "\n" << r.err;
     EXPECT_NE(r.err.find(c.expect), std::string::npos) << cmd << "\nstderr: " << r.err;
   }
+}
+
+// logits --dump-kv: the file is layers x tokens x row bytes of raw little-endian bf16, and every
+// row equals what the full cache stores after the same prefill (GQA: K heads then V heads; MLA:
+// the latent row [c_hat ; r]); 70 tokens cross a 64-row page. A compressing policy is refused.
+TEST_F(CliTest, LogitsDumpKvWritesTheCacheRows) {
+  const std::string ds = Path("dump_ds.gguf");
+  ASSERT_EQ(Strata({"synth", "--arch", "deepseek2", "--seed", "3", "-o", ds}).code, 0);
+  const std::string ids_path = Path("dump_ids.txt");
+  std::vector<int32_t> ids;
+  {
+    std::ofstream t(ids_path);
+    for (int i = 0; i < 70; ++i) {
+      ids.push_back((i * 37 + 11) % 200);
+      t << ids.back() << "\n";
+    }
+  }
+  for (const std::string& model : {Path("tiny.gguf"), ds}) {
+    const std::string dump = Path("kv.bin");
+    Result r = Strata({"logits", "-m", model, "--tokens", ids_path, "--out", Path("dl.f32"),
+                       "--dump-kv", dump});
+    ASSERT_EQ(r.code, 0) << model << "\n" << r.err;
+    EXPECT_NE(r.out.find("wrote the KV cache"), std::string::npos) << r.out;
+    // The same run in-process, through the full policy.
+    auto m = Model::Load(model);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    auto policy = MakeCliPolicy("full", "");
+    ASSERT_TRUE(policy.ok());
+    auto cache = (*m)->NewCache(std::move(policy).value());
+    ASSERT_TRUE(cache.ok());
+    ASSERT_TRUE((*m)->Prefill(ids.data(), static_cast<int64_t>(ids.size()), 512, cache->get(),
+                              nullptr, nullptr)
+                    .ok());
+    const KvCache& kv = **cache;
+    ASSERT_EQ(kv.n_tokens(), 70);
+    int64_t expect_bytes = 0;
+    for (int l = 0; l < kv.n_layers(); ++l) {
+      const LayerGeometry& g = kv.geometry(l);
+      EXPECT_EQ(g.kind == AttnKind::kMla, model == ds);
+      expect_bytes += 70 * g.bytes_per_token();  // = 2 x the row width of the dump
+    }
+    ASSERT_EQ(static_cast<int64_t>(fs::file_size(dump)), expect_bytes) << model;
+    std::ifstream f(dump, std::ios::binary);
+    std::vector<unsigned char> raw(expect_bytes);
+    f.read(reinterpret_cast<char*>(raw.data()), expect_bytes);
+    ASSERT_TRUE(f.good());
+    int64_t at = 0;  // next u16 of the file
+    auto next = [&]() {
+      const uint16_t v = static_cast<uint16_t>(raw[2 * at] | (raw[2 * at + 1] << 8));
+      ++at;
+      return v;
+    };
+    int64_t nonzero = 0;
+    for (int l = 0; l < kv.n_layers(); ++l) {
+      const LayerStore& s = kv.store(l);
+      const LayerGeometry& g = s.geometry();
+      for (int64_t u = 0; u < 70; ++u) {
+        for (int h = 0; h < g.n_kv_heads; ++h) {
+          const uint16_t* k = s.key_row(h, u);
+          for (int i = 0; i < g.k_dim; ++i) {
+            const uint16_t got = next();
+            ASSERT_EQ(got, k[i]) << model << " layer " << l << " row " << u << " K head " << h
+                                 << " dim " << i;
+            nonzero += got != 0;
+          }
+        }
+        if (g.kind == AttnKind::kMla) continue;
+        for (int h = 0; h < g.n_kv_heads; ++h) {
+          const uint16_t* v = s.val_row(h, u);
+          for (int i = 0; i < g.v_dim; ++i) {
+            ASSERT_EQ(next(), v[i]) << model << " layer " << l << " row " << u << " V head "
+                                    << h << " dim " << i;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(at * 2, expect_bytes);
+    EXPECT_GT(nonzero, expect_bytes / 8);  // real rows, not a zeroed buffer
+  }
+  Result h = Strata({"logits", "--help"});
+  EXPECT_EQ(h.code, 0);
+  EXPECT_NE(h.out.find("--dump-kv"), std::string::npos);
+  EXPECT_NE(h.out.find("[c_hat ; r]"), std::string::npos) << h.out;
+  Result bad = Strata({"logits", "-m", ds, "--tokens", ids_path, "--out", Path("dl.f32"),
+                       "--dump-kv", Path("kv2.bin"), "--policy", "vestige"});
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("--dump-kv needs --policy full"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(Path("kv2.bin")));
 }
 
 #ifdef STRATA_BIN

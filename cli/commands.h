@@ -132,6 +132,7 @@ struct LogitsOptions {
   std::string model;
   std::string tokens_path;
   std::string out_path;
+  std::string dump_kv_path;  // --dump-kv: the KV cache after the run (full policy), see convert.cc
   int chunk = 512;
   std::string policy = "full";
   std::string policy_settings;

@@ -1,5 +1,6 @@
 // `strata convert` (HF safetensors + config.json [+ strata_tokenizer.json] -> GGUF) and
-// `strata logits` (every position's logits of a token-id file, as raw f32, for parity checks).
+// `strata logits` (every position's logits of a token-id file, as raw f32, for parity checks; with
+// --dump-kv also the engine's bf16 KV cache after the run).
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include "cli/common.h"
 #include "io/hf.h"
 #include "io/tokenizer_json.h"
+#include "kv/cache.h"
 #include "model/model.h"
 
 namespace strata::cli {
@@ -21,7 +23,59 @@ StatusOr<DType> ParseWeightDType(const std::string& s) {
   if (s == "q8_0") return DType::kQ8_0;
   return InvalidArgument("--dtype '" + s + "' is not one of f32, f16, bf16, q8_0");
 }
+
+// Writes every layer's rows as stored (see kLogitsDumpKvHelp for the layout). The caller checked
+// that the policy is `full`; a released page is still reported as an error, never read.
+Status WriteKvDump(const KvCache& cache, const std::string& path, int64_t* bytes_written) {
+  std::ofstream f(path, std::ios::binary);
+  if (!f) return IoError("cannot open --dump-kv file '" + path + "' for writing");
+  std::vector<char> row;
+  int64_t total = 0;
+  for (int l = 0; l < cache.n_layers(); ++l) {
+    const LayerStore& s = cache.store(l);
+    const LayerGeometry& g = s.geometry();
+    const bool mla = g.kind == AttnKind::kMla;
+    const int64_t width = mla ? g.k_dim : int64_t{g.n_kv_heads} * (g.k_dim + g.v_dim);
+    row.resize(2 * width);
+    for (int64_t u = 0; u < s.n_rows(); ++u) {
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        if (!s.page_resident(h, u / LayerStore::kPageRows)) {
+          return InvalidArgument("--dump-kv: layer " + std::to_string(l) + " row " +
+                                    std::to_string(u) + " is no longer resident");
+        }
+      }
+      int64_t j = 0;
+      auto put = [&](const uint16_t* src, int64_t n) {
+        for (int64_t i = 0; i < n; ++i, ++j) {  // little-endian whatever the host
+          row[2 * j] = static_cast<char>(src[i] & 0xff);
+          row[2 * j + 1] = static_cast<char>(src[i] >> 8);
+        }
+      };
+      for (int h = 0; h < g.n_kv_heads; ++h) put(s.key_row(h, u), g.k_dim);
+      if (!mla) {
+        for (int h = 0; h < g.n_kv_heads; ++h) put(s.val_row(h, u), g.v_dim);
+      }
+      f.write(row.data(), static_cast<std::streamsize>(row.size()));
+      total += static_cast<int64_t>(row.size());
+    }
+  }
+  f.flush();
+  if (!f.good()) return IoError("cannot write --dump-kv file '" + path + "'");
+  *bytes_written = total;
+  return OkStatus();
+}
 }  // namespace
+
+const char* const kLogitsDumpKvHelp =
+    "After the run, write the engine's KV cache (needs --policy full) as raw little-endian bf16 "
+    "(u16), no header: layer 0, then layer 1, ...; per layer n_tokens rows (token order), each "
+    "row exactly as the cache stores it. MLA (deepseek2) row: k_dim = kv_lora_rank + "
+    "qk_rope_dim values [c_hat ; r] = [RMSNorm'ed latent ; decoupled key branch (rotated unless "
+    "NoPE)]; the value is the row's first kv_lora_rank values, not repeated. GQA/MHA (llama, "
+    "qwen2) row: n_kv_heads * (head_dim_k + head_dim_v) values [K head 0, ..., K head G-1, "
+    "V head 0, ..., V head G-1], K after RoPE in the engine's dim order (an HF llama/qwen2 "
+    "conversion permutes q/k rows: engine dim 2i+s of a head = HF dim s*head_dim/2 + i). File "
+    "size = sum over layers of n_tokens * row width * 2 bytes";
 
 void AddConvertCommand(CLI::App* app, ConvertOptions* o) {
   CLI::App* cmd = app->add_subcommand(
@@ -69,6 +123,7 @@ void AddLogitsCommand(CLI::App* app, LogitsOptions* o) {
       ->required();
   cmd->add_option("--out", o->out_path, "Output: little-endian f32 [n_tokens, n_vocab]")
       ->required();
+  cmd->add_option("--dump-kv", o->dump_kv_path, kLogitsDumpKvHelp)->option_text("FILE");
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size")->capture_default_str();
   cmd->add_option("--policy", o->policy, "KV cache policy")->capture_default_str();
   cmd->add_option("--policy-set", o->policy_settings, "Policy settings as key=value,...");
@@ -94,6 +149,10 @@ int RunLogits(const LogitsOptions& o, std::ostream& out, std::ostream& err) {
     ids.push_back(static_cast<int32_t>(v));
   }
   if (ids.empty()) return fail("--tokens file '" + o.tokens_path + "' holds no token ids");
+  if (!o.dump_kv_path.empty() && o.policy != "full") {
+    return fail("--dump-kv needs --policy full (a compressing policy does not keep every row), "
+                "got --policy " + o.policy);
+  }
   auto policy = MakeCliPolicy(o.policy, o.policy_settings, &o.policy_flags);
   if (!policy.ok()) return fail(policy.status().message());
   auto m = Model::Load(o.model);
@@ -112,6 +171,15 @@ int RunLogits(const LogitsOptions& o, std::ostream& out, std::ostream& err) {
   if (!of.good()) return fail("cannot write --out file '" + o.out_path + "'");
   out << "wrote " << ids.size() << " x " << (*m)->config().n_vocab << " logits to " << o.out_path
       << "\n";
+  if (!o.dump_kv_path.empty()) {
+    int64_t bytes = 0;
+    if (Status st = WriteKvDump(**cache, o.dump_kv_path, &bytes); !st.ok()) {
+      return fail(st.ToString());
+    }
+    out << "wrote the KV cache (" << (*cache)->n_layers() << " layers x "
+        << (*cache)->n_tokens() << " rows, bf16, " << bytes << " bytes) to " << o.dump_kv_path
+        << "\n";
+  }
   return kExitOk;
 }
 

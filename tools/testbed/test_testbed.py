@@ -2,7 +2,7 @@
 """Tests of the testbed tools (plain unittest; ctest runs tools/testbed/test_parity.sh).
 
 Without torch the whole file is skipped (exit 0). The engine parity test runs only when a strata
-binary with the `convert` and `logits` commands is found ($STRATA_BIN, build/release/cli/strata or
+binary with the `convert` and `logits` commands is found ($STRATA_BIN, build/release/strata or
 the first argument of test_parity.sh); otherwise it is skipped with a message.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 
 try:
     import torch
@@ -317,10 +318,110 @@ class TrainResumeTest(Tmp):
         self.assertEqual(steps, list(range(1, s2["steps"] + 1)))  # no gaps, no repeats
 
 
+def engine_layout_dump(tensors: list, kind: str) -> np.ndarray:
+    """The reference's cache tensors (bf16 bit patterns, in the order tb_model rounds them: MLA
+    one [1, T, W] per layer, GQA K then V [1, G, T, hd] per layer) as `strata logits --dump-kv`
+    lays them out: per layer T rows, MLA [c_hat ; r], GQA [K heads (engine dim order) ; V heads]."""
+    layers = []
+    if kind != "gqa":
+        for t in tensors:
+            layers.append(t[0])
+    else:
+        for k, v in zip(tensors[0::2], tensors[1::2]):
+            _, G, T, hd = k.shape
+            # HF dim s*hd/2 + i -> engine dim 2i + s (io/hf.cc PermuteRows of the k rows).
+            ke = k[0].transpose(1, 0, 2).reshape(T, G, 2, hd // 2).swapaxes(-1, -2)
+            layers.append(np.concatenate([ke.reshape(T, G * hd),
+                                          v[0].transpose(1, 0, 2).reshape(T, G * hd)], -1))
+    return np.stack(layers).astype("<u2")
+
+
+class EngineKvSubstitutionTest(Tmp):
+    """parity.py's cache check without the engine: a dump made from the reference's own values,
+    with every ambiguous element rounded the other way, is taken there and only there (the
+    logits equal a forward over exactly the dumped cache), and one wrong element elsewhere is a
+    mismatch."""
+
+    def test_ambiguous_elements_take_the_dump_and_others_are_checked(self):
+        corpus = tb_data.Corpus.synthetic(3)
+        ids, _, _ = tb_data.make_example(corpus, 40, np.random.default_rng(7))
+        rel = 1e-4  # wide, so that a 40-token run has many ambiguous elements
+        for kind in ("nope", "rope", "gqa"):
+            d = os.path.join(self.tmp, kind)
+            tb_hf.export(tb_export.random_model(kind, 13, init_scale=4.0), d)
+            model = tb_hf.load(d)
+            x = torch.from_numpy(ids[None].astype(np.int64))
+            with torch.no_grad():
+                own_logits = model(x, kv_bf16=True)[0].numpy()
+            # The "engine": rounds every ambiguous element the other way, layer after layer (a
+            # later layer's values depend on the earlier layers' cache), and stores the result.
+            seen, engine, counts = [], [], [0, 0]
+
+            def other_way(t):
+                t = t.detach().numpy().copy()
+                own = parity.bf16_bits(t)
+                amb, lo, hi = parity.rounding_bounds(t, rel, model.config.kv_lora_rank
+                                                     if kind != "gqa" else None)
+                other = np.where(own == lo, hi, lo)
+                seen.append(t)
+                engine.append(np.where(amb, other, own))
+                counts[0] += int(amb.sum())
+                counts[1] += t.size
+                return torch.from_numpy(parity.bf16_to_f32(engine[-1]))
+
+            orig = tb_model.round_bf16
+            tb_model.round_bf16 = other_way
+            try:
+                with torch.no_grad():
+                    exact = model(x, kv_bf16=True)[0].numpy()
+            finally:
+                tb_model.round_bf16 = orig
+            n_amb, n_el = counts
+            self.assertEqual(len(engine), 2 if kind != "gqa" else 4, kind)
+            self.assertGreater(n_amb, 20, kind)
+            path = os.path.join(self.tmp, kind + ".kv")
+            engine_layout_dump(engine, kind).tofile(path)
+            got, st = parity.reference_logits(d, ids, kv_bf16=True, engine_kv=path,
+                                              ambiguous_rel=rel)
+            self.assertIs(tb_model.round_bf16, orig)  # restored
+            self.assertEqual((st["kv_elements"], st["kv_ambiguous"], st["kv_mismatches"]),
+                             (n_el, n_amb, 0), kind)
+            self.assertEqual(st["kv_ambiguous_taken_from_engine_differing"], n_amb, kind)
+            # The same logits as the forward over exactly the dumped cache.
+            np.testing.assert_array_equal(got, exact, err_msg=kind)
+            self.assertGreater(np.abs(got - own_logits).max(), 0.0, kind)
+            # One element off by a bf16 ulp away from any boundary: a mismatch, named.
+            amb0, _, hi0 = parity.rounding_bounds(seen[-1], rel, model.config.kv_lora_rank
+                                                  if kind != "gqa" else None)
+            idx = tuple(int(i) for i in np.argwhere(~amb0)[3])
+            engine[-1] = engine[-1].copy()
+            engine[-1][idx] += np.uint16(1)
+            engine_layout_dump(engine, kind).tofile(path)
+            _, st = parity.reference_logits(d, ids, kv_bf16=True, engine_kv=path,
+                                            ambiguous_rel=rel)
+            self.assertEqual((st["kv_mismatches"], st["kv_ambiguous_outside_bounds"]), (1, 0),
+                             kind)
+            self.assertEqual(len(st["kv_mismatch_examples"]), 1, kind)
+            self.assertIn(f"layer 1 token {idx[2] if kind == 'gqa' else idx[1]}",
+                          st["kv_mismatch_examples"][0])
+            # An ambiguous element stored beyond the values reachable within the tolerance.
+            jdx = tuple(int(i) for i in np.argwhere(amb0 & (seen[-1] > 0))[0])
+            engine[-1][jdx] = hi0[jdx] + np.uint16(1)
+            engine_layout_dump(engine, kind).tofile(path)
+            _, st = parity.reference_logits(d, ids, kv_bf16=True, engine_kv=path,
+                                            ambiguous_rel=rel)
+            self.assertEqual((st["kv_mismatches"], st["kv_ambiguous_outside_bounds"]), (2, 1),
+                             kind)
+            # A file of the wrong size is an error, not a silent pass.
+            engine_layout_dump(engine, kind)[:, :-1].tofile(path)
+            with self.assertRaises(RuntimeError):
+                parity.reference_logits(d, ids, kv_bf16=True, engine_kv=path)
+
+
 def strata_with_commands():
     strata = parity.find_strata(os.environ.get("STRATA_BIN"))
     if strata is None:
-        return None, "no strata binary (set STRATA_BIN or build build/release/cli/strata)"
+        return None, "no strata binary (set STRATA_BIN or build build/release/strata)"
     for cmd in ("convert", "logits"):
         r = subprocess.run([strata, cmd, "--help"], capture_output=True, text=True)
         if r.returncode != 0:
@@ -329,6 +430,18 @@ def strata_with_commands():
 
 
 class EngineParityTest(Tmp):
+    def assert_engine_kv_path(self, json_path: str, name: str):
+        """The run compared against the engine's dumped cache, which matched the reference's
+        rounding bit for bit outside the ambiguous elements."""
+        with open(json_path) as f:
+            res = json.load(f)
+        self.assertEqual(res["reference_cache"], "engine-kv", name)
+        self.assertEqual(res["kv_mismatches"], 0, name)
+        per_token = 80 if "mla" in name or name in ("nope", "rope") else 128  # testbed dims
+        self.assertEqual(res["kv_elements"], 2 * res["n_tokens"] * per_token, name)
+        self.assertLess(res["kv_ambiguous"], res["kv_elements"] // 20, name)  # a few %
+        self.assertLessEqual(res["max_abs_diff"], res["tol"], name)
+
     def test_parity_random_models(self):
         strata, why = strata_with_commands()
         if strata is None:
@@ -341,8 +454,36 @@ class EngineParityTest(Tmp):
             r = subprocess.run([strata, "convert", d, "-o", gguf] + extra, capture_output=True,
                                text=True)
             self.assertEqual(r.returncode, 0, f"convert {kind}: {r.stderr}")
-            rc = parity.main(["--model-dir", d, "--gguf", gguf, "--strata", strata])
+            out = os.path.join(self.tmp, kind + ".json")
+            rc = parity.main(["--model-dir", d, "--gguf", gguf, "--strata", strata,
+                              "--json", out])
             self.assertEqual(rc, 0, f"parity failed for {kind}")
+            self.assert_engine_kv_path(out, kind)
+
+    def test_parity_shipped_models(self):
+        """The models in models/: the GGUF is exactly what `strata convert --dtype f32` makes of
+        the shipped HF export, and the engine's logits match PyTorch's on it (<= 1e-3)."""
+        strata, why = strata_with_commands()
+        if strata is None:
+            self.skipTest(why)
+        models = os.path.join(REPO, "models")
+        names = sorted(n for n in os.listdir(os.path.join(models, "hf"))
+                       if os.path.isfile(os.path.join(models, "hf", n, "config.json")))
+        self.assertEqual(names, ["gqa", "nope-mla", "rope-mla"])
+        for name in names:
+            d = os.path.join(models, "hf", name)
+            gguf = os.path.join(self.tmp, name + ".gguf")
+            r = subprocess.run([strata, "convert", d, "-o", gguf, "--dtype", "f32"],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, f"convert {name}: {r.stderr}")
+            with open(gguf, "rb") as a, open(os.path.join(models, name + ".gguf"), "rb") as b:
+                self.assertTrue(a.read() == b.read(),
+                                f"models/{name}.gguf is not the conversion of models/hf/{name}")
+            out = os.path.join(self.tmp, name + ".json")
+            rc = parity.main(["--model-dir", d, "--gguf", gguf, "--strata", strata,
+                              "--json", out])
+            self.assertEqual(rc, 0, f"parity failed for the shipped {name}")
+            self.assert_engine_kv_path(out, name)
 
 
 if __name__ == "__main__":
