@@ -4,7 +4,7 @@
 // are deterministic (trial i depends only on the seed and i), so an unchanged engine reproduces the
 // golden counts exactly; the interval is the tolerance for a changed one.
 //
-// CI runs the cells marked "fast" (T = 1024; 100 trials, 20 under sanitizers). STRATA_GOLDEN=full
+// CI runs the cells marked "fast" (T = 1024; 100 trials, 10 under sanitizers). STRATA_GOLDEN=full
 // runs every cell at every length with the golden trial count.
 #include <gtest/gtest.h>
 
@@ -130,7 +130,7 @@ TEST(TestbedTest, GoldenTablesHold) {
   ASSERT_TRUE(kjv.ok()) << kjv.status().ToString();
   const auto& proto = g.j.at("protocol");
   const int64_t golden_trials = proto.at("trials").get<int64_t>();
-  const int64_t trials = full ? golden_trials : (kSanitized ? 20 : golden_trials);
+  const int64_t trials = full ? golden_trials : (kSanitized ? 10 : golden_trials);
 
   // Group the cells to run by (model, length, ratio): one RunNeedle per group.
   struct Group {
