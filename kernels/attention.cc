@@ -24,6 +24,7 @@
 #include "core/buffer.h"
 #include "core/check.h"
 #include "core/dtype.h"
+#include "hwy/cache_control.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/attention.cc"
@@ -32,6 +33,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "kernels/attention_tile-inl.h"
 // clang-format on
 
 #ifndef STRATA_KERNELS_ATTENTION_MERGE_ONCE_  // this file is re-included once per SIMD target
@@ -72,19 +74,12 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-constexpr int kTileRows = 32;  // KV rows per tile
-#if HWY_TARGET <= HWY_AVX3
-constexpr int kScoreRows = 4;  // 4 heads x 4 rows: 16 accumulators of 32 registers
-constexpr int kVCols = 4;      // 4 heads x 4 vectors of V columns
-#else
-constexpr int kScoreRows = 2;  // 16 registers: 4 x 2
-constexpr int kVCols = 2;
-#endif
+constexpr int kTileRows = 64;  // KV rows per tile
 
 struct Scratch {
-  AlignedBuffer<float> q;   // [G, dkp] query heads, zero-padded
-  AlignedBuffer<float> kt;  // [kTileRows, dkp] tile keys as f32, zero-padded
-  AlignedBuffer<float> vt;  // [kTileRows, dvp] tile values as f32 (when not shared with keys)
+  AlignedBuffer<float> q;   // [G, dkp] scaled query heads, zero-padded
+  AlignedBuffer<float> kt;  // [kTileRows, dkp] tile keys as f32 (when converted up front)
+  AlignedBuffer<float> vt;  // [kTileRows, dvp] tile values as f32 (idem, unless shared)
   AlignedBuffer<float> s;   // [G, kTileRows] scores, then probabilities
   AlignedBuffer<float> o;   // [G, dvp] local unnormalised outputs
   std::vector<float> m, d;  // [G]
@@ -97,79 +92,11 @@ void Grow(AlignedBuffer<float>* b, size_t n) {
 // dst[0..dp) = bf16 src[0..n) as f32, zeros in [n, dp).
 HWY_INLINE void Bf16RowToF32(const uint16_t* src, int64_t n, int64_t dp, float* dst) {
   const DF df;
-  const hn::Rebind<uint16_t, DF> du16;
-  const hn::Rebind<uint32_t, DF> du32;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   int64_t c = 0;
-  for (; c + N <= n; c += N) {
-    const auto u = hn::PromoteTo(du32, hn::LoadU(du16, src + c));
-    hn::Store(hn::BitCast(df, hn::ShiftLeft<16>(u)), df, dst + c);
-  }
+  for (; c + N <= n; c += N) hn::Store(tile::Bf16Vec(src, c), df, dst + c);
   for (; c < n; ++c) dst[c] = Bf16ToF32(src[c]);
   for (; c < dp; ++c) dst[c] = 0.f;
-}
-
-// s[h * kTileRows + r] = q_h . k_r for H heads and kScoreRows rows (both padded to dp).
-template <int H>
-HWY_INLINE void ScoreTile(const float* q, const float* k, int64_t dp, float* s) {
-  const DF df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  constexpr int R = kScoreRows;
-  VF acc[H][R];
-  for (int h = 0; h < H; ++h)
-    for (int r = 0; r < R; ++r) acc[h][r] = hn::Zero(df);
-  for (int64_t c = 0; c < dp; c += N) {
-    VF kv[R];
-    for (int r = 0; r < R; ++r) kv[r] = hn::Load(df, k + r * dp + c);
-    for (int h = 0; h < H; ++h) {
-      const VF qv = hn::Load(df, q + h * dp + c);
-      for (int r = 0; r < R; ++r) acc[h][r] = hn::MulAdd(qv, kv[r], acc[h][r]);
-    }
-  }
-  for (int h = 0; h < H; ++h)
-    for (int r = 0; r < R; ++r) s[h * kTileRows + r] = hn::GetLane(hn::SumOfLanes(df, acc[h][r]));
-}
-
-// o[h * dvp + j*N ..] += sum_u p[h * kTileRows + u] * v[u * vs + j*N ..] for H heads, C vectors.
-template <int H, int C>
-HWY_INLINE void VTile(const float* p, const float* v, int64_t vs, int nr, float* o, int64_t dvp) {
-  const DF df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  VF acc[H][C];
-  for (int h = 0; h < H; ++h)
-    for (int j = 0; j < C; ++j) acc[h][j] = hn::Load(df, o + h * dvp + j * N);
-  for (int u = 0; u < nr; ++u) {
-    VF vv[C];
-    for (int j = 0; j < C; ++j) vv[j] = hn::Load(df, v + u * vs + j * N);
-    for (int h = 0; h < H; ++h) {
-      const VF pb = hn::Set(df, p[h * kTileRows + u]);
-      for (int j = 0; j < C; ++j) acc[h][j] = hn::MulAdd(pb, vv[j], acc[h][j]);
-    }
-  }
-  for (int h = 0; h < H; ++h)
-    for (int j = 0; j < C; ++j) hn::Store(acc[h][j], df, o + h * dvp + j * N);
-}
-
-template <int H>
-HWY_INLINE void VTileC(int nc, const float* p, const float* v, int64_t vs, int nr, float* o,
-                       int64_t dvp) {
-  switch (nc) {
-    case 1:
-      return VTile<H, 1>(p, v, vs, nr, o, dvp);
-#if HWY_TARGET <= HWY_AVX3
-    case 2:
-      return VTile<H, 2>(p, v, vs, nr, o, dvp);
-    case 3:
-      return VTile<H, 3>(p, v, vs, nr, o, dvp);
-    case 4:
-      return VTile<H, 4>(p, v, vs, nr, o, dvp);
-#else
-    case 2:
-      return VTile<H, 2>(p, v, vs, nr, o, dvp);
-#endif
-    default:
-      STRATA_CHECK(false);
-  }
 }
 
 void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamView& kv,
@@ -180,73 +107,77 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
   const int64_t dk = kv.dk, dv = kv.dv;
   const int64_t dkp = (dk + N - 1) / N * N;
   const int64_t dvp = (dv + N - 1) / N * N;
-  // MLA: values are the first dv entries of the key rows: convert each row once.
+  // MLA: values are the first dv entries of the key rows.
   const bool shared = kv.values_in_keys();
+  // Rows are converted to f32 scratch once per tile when several 4-head groups read them, or
+  // when a row's width is not a whole number of vectors; otherwise in registers as they are used.
+  const bool staged = G > 4 || dkp != dk || dvp != dv;
 
   thread_local Scratch sc;
   Grow(&sc.q, G * dkp);
-  Grow(&sc.kt, kTileRows * dkp);
-  if (!shared) Grow(&sc.vt, kTileRows * dvp);
   Grow(&sc.s, G * kTileRows);
   Grow(&sc.o, G * dvp);
+  if (staged) {
+    Grow(&sc.kt, kTileRows * dkp);
+    if (!shared) Grow(&sc.vt, kTileRows * dvp);
+  }
   sc.m.assign(G, attention_internal::kNegInf);
   sc.d.assign(G, 0.f);
   std::fill(sc.o.data(), sc.o.data() + G * dvp, 0.f);
   for (int g = 0; g < G; ++g) {
     float* dst = sc.q.data() + g * dkp;
-    std::memcpy(dst, q + g * dk, sizeof(float) * dk);
+    for (int64_t c = 0; c < dk; ++c) dst[c] = q[g * dk + c] * scale;
     std::fill(dst + dk, dst + dkp, 0.f);
   }
   float* kt = sc.kt.data();
   const float* vt = shared ? kt : sc.vt.data();
   const int64_t vts = shared ? dkp : dvp;
-  const VF vscale = hn::Set(df, scale);
-  const VF vfloor = hn::Set(df, -1000.f);  // keeps Exp's int conversion in range; exp(-1000) = 0
+  const uint16_t* krow[kTileRows];
+  const uint16_t* vrow[kTileRows];
 
   for (int64_t t0 = 0; t0 < n; t0 += kTileRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kTileRows, n - t0));
-    const int nr_pad = (nr + kScoreRows - 1) / kScoreRows * kScoreRows;
-    for (int i = 0; i < nr; ++i) {
-      const int64_t u = rows ? rows[t0 + i] : t0 + i;
-      Bf16RowToF32(kv.key_row(u), dk, dkp, kt + i * dkp);
-      if (!shared) Bf16RowToF32(kv.val_row(u), dv, dvp, sc.vt.data() + i * dvp);
+    // Rows past nr (score tiles run in steps of up to 16 rows) repeat the last row; masked below.
+    for (int i = 0; i < kTileRows; ++i) {
+      const int64_t u = rows ? rows[t0 + std::min(i, nr - 1)] : t0 + std::min(i, nr - 1);
+      krow[i] = kv.key_row(u);
+      vrow[i] = kv.val_row(u);
     }
-    for (int i = nr; i < nr_pad; ++i) std::fill(kt + i * dkp, kt + (i + 1) * dkp, 0.f);
-
-    // Scores for all heads.
-    float* s = sc.s.data();
-    for (int g0 = 0; g0 < G; g0 += 4) {
-      const int nh = std::min(4, G - g0);
-      const float* qg = sc.q.data() + g0 * dkp;
-      float* sg = s + g0 * kTileRows;
-      for (int i0 = 0; i0 < nr_pad; i0 += kScoreRows) {
-        const float* kr = kt + i0 * dkp;
-        switch (nh) {
-          case 1:
-            ScoreTile<1>(qg, kr, dkp, sg + i0);
-            break;
-          case 2:
-            ScoreTile<2>(qg, kr, dkp, sg + i0);
-            break;
-          case 3:
-            ScoreTile<3>(qg, kr, dkp, sg + i0);
-            break;
-          default:
-            ScoreTile<4>(qg, kr, dkp, sg + i0);
-            break;
-        }
+    // The rows' cache lines are requested up front (keys, then values) so that their misses
+    // overlap instead of arriving one stream-prefetcher ramp at a time.
+    const int64_t kbytes = dk * 2, vbytes = dv * 2;
+    for (int i = 0; i < nr; ++i) {
+      for (int64_t b = 0; b < kbytes; b += 64) hwy::Prefetch(reinterpret_cast<const char*>(krow[i]) + b);
+    }
+    if (!shared) {
+      for (int i = 0; i < nr; ++i) {
+        for (int64_t b = 0; b < vbytes; b += 64) hwy::Prefetch(reinterpret_cast<const char*>(vrow[i]) + b);
       }
     }
+    float* s = sc.s.data();
+    if (staged) {
+      const int n_conv = std::min(kTileRows, (nr + 15) / 16 * 16);
+      for (int i = 0; i < n_conv; ++i) {
+        Bf16RowToF32(krow[i], dk, dkp, kt + i * dkp);
+        if (!shared && i < nr) Bf16RowToF32(vrow[i], dv, dvp, sc.vt.data() + i * dvp);
+      }
+      tile::ScoreTile(sc.q.data(), dkp, G, dkp,
+                      [&](int r, int64_t c) { return hn::Load(df, kt + r * dkp + c); }, nr, s,
+                      kTileRows);
+    } else {
+      tile::ScoreTile(sc.q.data(), dkp, G, dkp,
+                      [&](int r, int64_t c) { return tile::Bf16Vec(krow[r], c); }, nr, s,
+                      kTileRows);
+    }
 
-    // Online softmax update per head: p = exp(scale * s - m), o rescaled when m grows.
+    // Online softmax update per head: p = exp(s - m), o rescaled when m grows.
+    const VF vfloor = hn::Set(df, -1000.f);  // keeps Exp's argument in range; exp(-1000) = 0
     for (int g = 0; g < G; ++g) {
       float* sg = s + g * kTileRows;
-      for (int i = 0; i < nr; i += static_cast<int>(N)) {
-        hn::Store(hn::Mul(hn::Load(df, sg + i), vscale), df, sg + i);
-      }
       for (int i = nr; i < kTileRows; ++i) sg[i] = attention_internal::kNegInf;
-      float tmax = attention_internal::kNegInf;
-      for (int i = 0; i < nr; ++i) tmax = std::max(tmax, sg[i]);
+      VF vmax = hn::Set(df, attention_internal::kNegInf);
+      for (int i = 0; i < kTileRows; i += static_cast<int>(N)) vmax = hn::Max(vmax, hn::Load(df, sg + i));
+      const float tmax = hn::GetLane(hn::MaxOfLanes(df, vmax));
       const float m_old = sc.m[g];
       if (tmax > m_old) {
         if (m_old != attention_internal::kNegInf) {
@@ -271,27 +202,13 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
     }
 
     // o += P V.
-    for (int g0 = 0; g0 < G; g0 += 4) {
-      const int nh = std::min(4, G - g0);
-      const float* pg = s + g0 * kTileRows;
-      for (int64_t c0 = 0; c0 < dvp; c0 += kVCols * N) {
-        const int nc = static_cast<int>(std::min<int64_t>(kVCols, (dvp - c0) / N));
-        float* og = sc.o.data() + g0 * dvp + c0;
-        switch (nh) {
-          case 1:
-            VTileC<1>(nc, pg, vt + c0, vts, nr, og, dvp);
-            break;
-          case 2:
-            VTileC<2>(nc, pg, vt + c0, vts, nr, og, dvp);
-            break;
-          case 3:
-            VTileC<3>(nc, pg, vt + c0, vts, nr, og, dvp);
-            break;
-          default:
-            VTileC<4>(nc, pg, vt + c0, vts, nr, og, dvp);
-            break;
-        }
-      }
+    if (staged) {
+      tile::AccumTile(s, kTileRows, G,
+                      [&](int t, int64_t c) { return hn::Load(df, vt + t * vts + c); }, nr, 0, dvp,
+                      sc.o.data(), dvp);
+    } else {
+      tile::AccumTile(s, kTileRows, G, [&](int t, int64_t c) { return tile::Bf16Vec(vrow[t], c); },
+                      nr, 0, dvp, sc.o.data(), dvp);
     }
   }
 
@@ -367,6 +284,18 @@ void AttendStream(const float* q, int n_heads, float scale, const KvStreamView& 
   STRATA_CHECK(st->n_heads == n_heads && st->dv == kv.dv);
   if (n <= 0 || n_heads <= 0) return;
   HWY_DYNAMIC_DISPATCH(AttendStreamImpl)(q, n_heads, scale, kv, rows, n, st);
+}
+
+void PrefetchStream(const KvStreamView& kv, int64_t n) {
+  const int64_t kbytes = int64_t{kv.dk} * 2, vbytes = int64_t{kv.dv} * 2;
+  const bool shared = kv.values_in_keys();
+  for (int64_t u = 0; u < n; ++u) {
+    const char* k = reinterpret_cast<const char*>(kv.key_row(u));
+    for (int64_t b = 0; b < kbytes; b += 64) hwy::Prefetch(k + b);
+    if (shared) continue;
+    const char* v = reinterpret_cast<const char*>(kv.val_row(u));
+    for (int64_t b = 0; b < vbytes; b += 64) hwy::Prefetch(v + b);
+  }
 }
 
 void AttendStreamRef(const float* q, int n_heads, float scale, const KvStreamView& kv,

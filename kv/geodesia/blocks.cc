@@ -532,15 +532,4 @@ int64_t GradedLayer::allocated_bytes() const {
   return n;
 }
 
-double BoxUpperBound(const uint16_t* kmin, const uint16_t* kmax, const float* q, int head_dim,
-                     float scale) {
-  double s = 0;
-  for (int c = 0; c < head_dim; ++c) {
-    const double a = static_cast<double>(q[c]) * F16ToF32(kmin[c]);
-    const double b = static_cast<double>(q[c]) * F16ToF32(kmax[c]);
-    s += std::max(a, b);
-  }
-  return static_cast<double>(scale) * s;
-}
-
 }  // namespace strata::geodesia

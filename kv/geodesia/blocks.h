@@ -261,7 +261,12 @@ class GradedLayer {
 };
 
 // scale * sum_c max(q_c kmin_c, q_c kmax_c) in f64: the compressed-Quest page bound (spec 4).
+// (kv/geodesia/box_bound.cc: SIMD; the summation order is that of the CPU's SIMD target.)
 double BoxUpperBound(const uint16_t* kmin, const uint16_t* kmax, const float* q, int head_dim,
                      float scale);
+// The same for n_q query heads (q: [n_q, head_dim]) against one box: u[r], bit-identical to
+// BoxUpperBound of head r alone.
+void BoxUpperBounds(const uint16_t* kmin, const uint16_t* kmax, const float* q, int n_q,
+                    int head_dim, float scale, double* u);
 
 }  // namespace strata::geodesia

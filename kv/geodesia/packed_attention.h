@@ -24,9 +24,22 @@
 
 namespace strata::geodesia {
 
+// Optional per-block inputs and outputs of PackedAttend: arrays over the listed blocks and the
+// query heads, [n_list * n_q] (listed block i, head r at i * n_q + r).
+struct PackedBlockIO {
+  // 0: head r does not take listed block i into its state (the block is still evaluated for it:
+  // a GQA group reads the union of its heads' selections once).
+  const uint8_t* head_sel = nullptr;
+  // Out: each head's state over listed block i alone (max logit and sum of exp(logit - max),
+  // residual rows included; -inf / 0 when nothing in the block is live). Both or neither.
+  float* block_m = nullptr;
+  float* block_d = nullptr;
+};
+
 // Highway SIMD kernel (runtime dispatch).
 void PackedAttend(const PackedHeadView& view, const float* q, int n_q, float scale,
-                  const int64_t* blocks, int64_t n_list, SoftmaxStates* st);
+                  const int64_t* blocks, int64_t n_list, SoftmaxStates* st,
+                  const PackedBlockIO* io = nullptr);
 // Plain scalar f32 reference of the same.
 void PackedAttendScalar(const PackedHeadView& view, const float* q, int n_q, float scale,
                         const int64_t* blocks, int64_t n_list, SoftmaxStates* st);

@@ -82,7 +82,9 @@ TEST(GeodesiaPacked, MatchesFloat64ReferenceAtAnySplit) {
   Rng rng(seed);
   ThreadPool pool(3);
   struct Shape { int D, g, G; };
-  const Shape shapes[] = {{128, 64, 4}, {64, 32, 5}, {96, 16, 4}, {128, 32, 8}, {32, 32, 1}};
+  // g = 8 is below the AVX-512 score tile (16 / H rows): it exercises the 32-row tile path.
+  const Shape shapes[] = {{128, 64, 4}, {64, 32, 5}, {96, 16, 4}, {128, 32, 8}, {32, 32, 1},
+                          {64, 8, 3}};
   ForEachSimdTarget([&] {
     for (const Shape& sh : shapes) {
       SCOPED_TRACE(testing::Message() << "D " << sh.D << " g " << sh.g << " G " << sh.G);
@@ -235,6 +237,56 @@ TEST(GeodesiaPacked, GqaHeadsShareOneReconstruction) {
       PackedAttend(view, q.data() + h * D, 1, 0.09f, nullptr, view.n_blocks, &one.states());
       const std::vector<float> o1 = Finalize(one);
       for (int c = 0; c < D; ++c) ASSERT_NEAR(o1[c], out[h * D + c], 1e-5) << "head " << h;
+    }
+  });
+}
+
+// PackedBlockIO: a head with sel = 0 for a block reads exactly what a list without that block
+// gives it; the recorded per-block states equal a read of that block alone.
+TEST(GeodesiaPacked, BlockSelectionAndPerBlockStates) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  ForEachSimdTarget([&] {
+    for (const int g : {64, 8}) {
+      const int D = 64, G = 4;
+      GradedLayer layer = RandomLayer(rng, 1, D, g, 64 * 9 + 21, 8);
+      const PackedHeadView view = layer.view(0);
+      const int64_t n = view.n_blocks;
+      std::vector<int64_t> list(n);
+      std::iota(list.begin(), list.end(), 0);
+      std::vector<float> q(G * D);
+      for (auto& x : q) x = static_cast<float>(1.5 * rng.Normal());
+      std::vector<uint8_t> sel(n * G);
+      for (auto& x : sel) x = rng.Below(3) != 0;
+      std::vector<float> bm(n * G), bd(n * G);
+      PackedBlockIO io;
+      io.head_sel = sel.data();
+      io.block_m = bm.data();
+      io.block_d = bd.data();
+      SoftmaxStateBuffer st(G, D);
+      PackedAttend(view, q.data(), G, 0.125f, list.data(), n, &st.states(), &io);
+      const std::vector<float> out = Finalize(st);
+      for (int r = 0; r < G; ++r) {
+        std::vector<int64_t> mine;
+        for (int64_t i = 0; i < n; ++i) {
+          if (sel[i * G + r]) mine.push_back(i);
+        }
+        std::vector<double> ref(D);
+        PackedAttendRef(view, q.data() + r * D, 1, 0.125f, mine.data(),
+                        static_cast<int64_t>(mine.size()), ref.data());
+        const std::vector<float> got(out.begin() + r * D, out.begin() + (r + 1) * D);
+        EXPECT_LE(RelErr(got, ref), 1e-4) << "g " << g << " head " << r;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        SoftmaxStateBuffer one(G, D);
+        PackedAttend(view, q.data(), G, 0.125f, &list[i], 1, &one.states());
+        for (int r = 0; r < G; ++r) {
+          EXPECT_EQ(bm[i * G + r], one.states().m[r]) << "block " << i << " head " << r;
+          EXPECT_NEAR(bd[i * G + r], one.states().d[r], 1e-5 * one.states().d[r])
+              << "block " << i << " head " << r;
+        }
+      }
     }
   });
 }

@@ -424,12 +424,16 @@ void GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, in
   if (quest) {
     const int64_t n_cand = std::min(q_offset / kBlockTokens, n_full);
     selected.assign(static_cast<size_t>(n_kv) * G, std::vector<char>(n_full, 0));
-    for (int h = 0; h < n_kv; ++h) {
+    // Per KV head (in parallel): every page's box read once for the group's heads.
+    ParallelTasks(pool, n_kv, [&](int64_t hh, int) {
+      const int h = static_cast<int>(hh);
+      std::vector<std::vector<int64_t>> sels;
+      geodesia::SelectPagesGroup(gl, h, q + static_cast<int64_t>(h) * G * D, G, scale, n_cand,
+                                 c_.quest_keep, &sels);
       std::vector<char> any(n_full, 0);
       for (int r = 0; r < G; ++r) {
         const int qh = h * G + r;
-        std::vector<int64_t> sel = geodesia::SelectPages(
-            gl, h, q + static_cast<int64_t>(qh) * D, scale, n_cand, c_.quest_keep);
+        std::vector<int64_t>& sel = sels[r];
         for (int64_t b = n_cand; b < n_full; ++b) sel.push_back(b);  // current page(s)
         for (int64_t b : sel) selected[qh][b] = any[b] = 1;
         L.last_blocks[qh] = std::move(sel);
@@ -437,7 +441,7 @@ void GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, in
       for (int64_t b = 0; b < n_full; ++b) {
         if (any[b]) unions[h].push_back(b);
       }
-    }
+    });
   } else {
     for (int h = 0; h < n_kv; ++h) {
       unions[h].resize(n_full);
@@ -476,7 +480,7 @@ void GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, in
     }
   }
 
-  auto run_task = [&](int64_t ti, int worker, bool record) {
+  auto run_task = [&](int64_t ti, int /*worker*/, bool record) {
     const Task& t = tasks[ti];
     const geodesia::PackedHeadView view = gl.view(t.h);
     const float* qh = q + static_cast<int64_t>(t.h) * G * D;
@@ -487,19 +491,33 @@ void GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, in
       geodesia::PackedAttend(view, qh, G, scale, list + t.begin, t.end - t.begin, &cs);
       return;
     }
-    for (int64_t i = t.begin; i < t.end; ++i) {
-      const int64_t b = list[i];
-      SoftmaxStates ts = sc.tmp.at(worker);
-      ts.Reset();
-      geodesia::PackedAttend(view, qh, G, scale, &b, 1, &ts);
-      for (int r = 0; r < G; ++r) {
-        if (quest && !selected[t.h * G + r][b]) continue;
-        if (record) {
-          bm[t.h][b * G + r] = ts.m[r];
-          bd[t.h][b * G + r] = ts.d[r];
+    // One pass over the chunk: heads take only their selected blocks; the first query also
+    // records every block's own state per head (for the mass).
+    const int64_t n = t.end - t.begin;
+    std::vector<uint8_t> sel;
+    std::vector<float> blk_m, blk_d;
+    geodesia::PackedBlockIO io;
+    if (quest) {
+      sel.resize(static_cast<size_t>(n) * G);
+      for (int64_t i = 0; i < n; ++i) {
+        for (int r = 0; r < G; ++r) sel[i * G + r] = selected[t.h * G + r][list[t.begin + i]];
+      }
+      io.head_sel = sel.data();
+    }
+    if (record) {
+      blk_m.resize(static_cast<size_t>(n) * G);
+      blk_d.resize(static_cast<size_t>(n) * G);
+      io.block_m = blk_m.data();
+      io.block_d = blk_d.data();
+    }
+    geodesia::PackedAttend(view, qh, G, scale, list + t.begin, n, &cs, &io);
+    if (record) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t b = list[t.begin + i];
+        for (int r = 0; r < G; ++r) {
+          bm[t.h][b * G + r] = blk_m[i * G + r];
+          bd[t.h][b * G + r] = blk_d[i * G + r];
         }
-        SoftmaxStates dst = Slice(cs, r, 1);
-        MergeStates(&dst, Slice(ts, r, 1));
       }
     }
   };

@@ -22,5 +22,9 @@ int64_t QuestKeepCount(int64_t n_cand, double keep_frac);
 // h: the top QuestKeepCount(n_cand) of pages [0, n_cand) by U_b(q).
 std::vector<int64_t> SelectPages(const GradedLayer& layer, int h, const float* q, float scale,
                                  int64_t n_cand, double keep_frac);
+// The same for n_q query heads at once (q: [n_q, head_dim]; each page's box is read once):
+// (*out)[r] == SelectPages(layer, h, q + r * head_dim, ...).
+void SelectPagesGroup(const GradedLayer& layer, int h, const float* q, int n_q, float scale,
+                      int64_t n_cand, double keep_frac, std::vector<std::vector<int64_t>>* out);
 
 }  // namespace strata::geodesia
