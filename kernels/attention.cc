@@ -74,13 +74,14 @@ namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-constexpr int kTileRows = 64;  // KV rows per tile
+constexpr int kTileRows = 64;                       // KV rows per tile
+constexpr int kRowsPad = kTileRows + tile::kRowSlack;  // score rows and row pointers per tile
 
 struct Scratch {
   AlignedBuffer<float> q;   // [G, dkp] scaled query heads, zero-padded
   AlignedBuffer<float> kt;  // [kTileRows, dkp] tile keys as f32 (when converted up front)
   AlignedBuffer<float> vt;  // [kTileRows, dvp] tile values as f32 (idem, unless shared)
-  AlignedBuffer<float> s;   // [G, kTileRows] scores, then probabilities
+  AlignedBuffer<float> s;   // [G, kRowsPad] scores, then probabilities
   AlignedBuffer<float> o;   // [G, dvp] local unnormalised outputs
   std::vector<float> m, d;  // [G]
 };
@@ -115,10 +116,10 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
 
   thread_local Scratch sc;
   Grow(&sc.q, G * dkp);
-  Grow(&sc.s, G * kTileRows);
+  Grow(&sc.s, G * kRowsPad);
   Grow(&sc.o, G * dvp);
   if (staged) {
-    Grow(&sc.kt, kTileRows * dkp);
+    Grow(&sc.kt, kRowsPad * dkp);
     if (!shared) Grow(&sc.vt, kTileRows * dvp);
   }
   sc.m.assign(G, attention_internal::kNegInf);
@@ -132,13 +133,13 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
   float* kt = sc.kt.data();
   const float* vt = shared ? kt : sc.vt.data();
   const int64_t vts = shared ? dkp : dvp;
-  const uint16_t* krow[kTileRows];
-  const uint16_t* vrow[kTileRows];
+  const uint16_t* krow[kRowsPad];
+  const uint16_t* vrow[kRowsPad];
 
   for (int64_t t0 = 0; t0 < n; t0 += kTileRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kTileRows, n - t0));
-    // Rows past nr (score tiles run in steps of up to 16 rows) repeat the last row; masked below.
-    for (int i = 0; i < kTileRows; ++i) {
+    // Rows past nr (score tiles overrun by up to kRowSlack - 1 rows) repeat the last row; masked.
+    for (int i = 0; i < kRowsPad; ++i) {
       const int64_t u = rows ? rows[t0 + std::min(i, nr - 1)] : t0 + std::min(i, nr - 1);
       krow[i] = kv.key_row(u);
       vrow[i] = kv.val_row(u);
@@ -156,24 +157,24 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
     }
     float* s = sc.s.data();
     if (staged) {
-      const int n_conv = std::min(kTileRows, (nr + 15) / 16 * 16);
+      const int n_conv = nr + tile::kRowSlack - 1;
       for (int i = 0; i < n_conv; ++i) {
         Bf16RowToF32(krow[i], dk, dkp, kt + i * dkp);
         if (!shared && i < nr) Bf16RowToF32(vrow[i], dv, dvp, sc.vt.data() + i * dvp);
       }
       tile::ScoreTile(sc.q.data(), dkp, G, dkp,
                       [&](int r, int64_t c) { return hn::Load(df, kt + r * dkp + c); }, nr, s,
-                      kTileRows);
+                      kRowsPad);
     } else {
       tile::ScoreTile(sc.q.data(), dkp, G, dkp,
                       [&](int r, int64_t c) { return tile::Bf16Vec(krow[r], c); }, nr, s,
-                      kTileRows);
+                      kRowsPad);
     }
 
     // Online softmax update per head: p = exp(s - m), o rescaled when m grows.
     const VF vfloor = hn::Set(df, -1000.f);  // keeps Exp's argument in range; exp(-1000) = 0
     for (int g = 0; g < G; ++g) {
-      float* sg = s + g * kTileRows;
+      float* sg = s + g * kRowsPad;
       for (int i = nr; i < kTileRows; ++i) sg[i] = attention_internal::kNegInf;
       VF vmax = hn::Set(df, attention_internal::kNegInf);
       for (int i = 0; i < kTileRows; i += static_cast<int>(N)) vmax = hn::Max(vmax, hn::Load(df, sg + i));
@@ -203,11 +204,11 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
 
     // o += P V.
     if (staged) {
-      tile::AccumTile(s, kTileRows, G,
+      tile::AccumTile(s, kRowsPad, G,
                       [&](int t, int64_t c) { return hn::Load(df, vt + t * vts + c); }, nr, 0, dvp,
                       sc.o.data(), dvp);
     } else {
-      tile::AccumTile(s, kTileRows, G, [&](int t, int64_t c) { return tile::Bf16Vec(vrow[t], c); },
+      tile::AccumTile(s, kRowsPad, G, [&](int t, int64_t c) { return tile::Bf16Vec(vrow[t], c); },
                       nr, 0, dvp, sc.o.data(), dvp);
     }
   }

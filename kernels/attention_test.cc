@@ -78,7 +78,8 @@ TEST(AttentionTest, AttendStreamMatchesFloat64Reference) {
   ForEachSimdTarget([&] {
     const Shape shapes[] = {{16, 576, 512, true}, {4, 128, 128, false}, {8, 128, 128, false},
                             {3, 37, 19, false},   {5, 40, 24, true},    {1, 1, 1, false},
-                            {7, 17, 33, false},   {2, 64, 64, true}};
+                            {7, 17, 33, false},   {2, 64, 64, true},    {3, 64, 64, false},
+                            {7, 128, 128, false}, {6, 64, 64, false}};
     const int64_t ns[] = {1, 2, 31, 32, 33, 64, 65, 200};
     for (const Shape& sh : shapes) {
       for (int64_t n : ns) {

@@ -44,11 +44,14 @@ constexpr int kAcc = 16;
 constexpr int kAcc = 8;
 #endif
 
-// Rows per score tile for H heads (H divides kAcc: 1, 2 or 4).
+// Rows per score tile for H heads (1 to 4): H x RowsFor <= kAcc accumulators.
 template <int H>
 constexpr int RowsFor() {
   return kAcc / H;
 }
+// Score tiles evaluate up to this many rows past the last one asked for; score rows need that
+// much room past their end (see ScoreTile).
+constexpr int kRowSlack = kAcc;
 
 // out[i] = sum of the lanes of acc[i], i < kAcc.
 HWY_INLINE void ReduceAcc(const VF* acc, float* HWY_RESTRICT out) {
@@ -90,7 +93,7 @@ HWY_INLINE void ScoreRows(const float* HWY_RESTRICT q, int64_t qs, int64_t D, co
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   constexpr int R = RowsFor<H>();
-  VF acc[kAcc];
+  VF acc[kAcc];  // [h * R + r]; entries past H * R stay zero
   for (int i = 0; i < kAcc; ++i) acc[i] = hn::Zero(df);
   for (int64_t c = 0; c < D; c += N) {
     if constexpr (H >= 4) {
@@ -115,9 +118,10 @@ HWY_INLINE void ScoreRows(const float* HWY_RESTRICT q, int64_t qs, int64_t D, co
     for (int r = 0; r < R; ++r) s[h * ss + i0 + r] = red[h * R + r];
 }
 
-// Scores of rows [0, n_rows) for heads [0, G) (heads in groups of 4, 2, 1); rows are processed
-// in steps of RowsFor<H>(), so rows up to the next multiple of 16 / H are evaluated too: key() must
-// accept them. s: [G, ss].
+// Scores of rows [0, n_rows) for heads [0, G) (heads in groups of 4, then one group of the
+// remaining 3, 2 or 1); rows are processed in steps of RowsFor<H>(), so up to kRowSlack - 1 rows
+// past n_rows are evaluated and written too: key() must accept them and s rows need the room.
+// s: [G, ss]. A head's scores do not depend on the group it falls in.
 template <class KeyAt>
 HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, int64_t qs, int G, int64_t D,
                           const KeyAt& key, int n_rows, float* HWY_RESTRICT s, int64_t ss) {
@@ -127,16 +131,24 @@ HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, int64_t qs, int G, int64_
       ScoreRows<4>(q + h0 * qs, qs, D, key, i0, s + h0 * ss, ss);
     }
   }
-  if (h0 + 2 <= G) {
-    for (int i0 = 0; i0 < n_rows; i0 += RowsFor<2>()) {
-      ScoreRows<2>(q + h0 * qs, qs, D, key, i0, s + h0 * ss, ss);
-    }
-    h0 += 2;
-  }
-  if (h0 < G) {
-    for (int i0 = 0; i0 < n_rows; i0 += RowsFor<1>()) {
-      ScoreRows<1>(q + h0 * qs, qs, D, key, i0, s + h0 * ss, ss);
-    }
+  switch (G - h0) {
+    case 3:
+      for (int i0 = 0; i0 < n_rows; i0 += RowsFor<3>()) {
+        ScoreRows<3>(q + h0 * qs, qs, D, key, i0, s + h0 * ss, ss);
+      }
+      break;
+    case 2:
+      for (int i0 = 0; i0 < n_rows; i0 += RowsFor<2>()) {
+        ScoreRows<2>(q + h0 * qs, qs, D, key, i0, s + h0 * ss, ss);
+      }
+      break;
+    case 1:
+      for (int i0 = 0; i0 < n_rows; i0 += RowsFor<1>()) {
+        ScoreRows<1>(q + h0 * qs, qs, D, key, i0, s + h0 * ss, ss);
+      }
+      break;
+    default:
+      break;
   }
 }
 

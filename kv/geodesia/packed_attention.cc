@@ -68,7 +68,8 @@ namespace tile = ::strata::HWY_NAMESPACE::tile;
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
-constexpr int kTile = 32;  // tokens per sub-tile
+constexpr int kTile = 32;  // tokens per sub-tile (32-row path)
+constexpr int kScoreStride = kBlockTokens + tile::kRowSlack;  // whole-block path score rows
 #if HWY_TARGET <= HWY_AVX3
 constexpr int kScoreRows = 4;
 constexpr int kVCols = 4;
@@ -90,7 +91,7 @@ struct Scratch {
   AlignedBuffer<uint8_t> codes;  // [kTile * D + 64] unpacked codes
   // Fast path (whole blocks as one tile of 64 rows):
   AlignedBuffer<float> qf;       // [64/g, G, D] q * key step of each time group
-  AlignedBuffer<float> fs;       // [G, 64] scores, then probabilities
+  AlignedBuffer<float> fs;       // [G, kScoreStride] scores, then probabilities
   AlignedBuffer<float> fw;       // [G, 64] probabilities * value step of one channel group
   AlignedBuffer<float> vs, vl;   // [D/g, 64] value steps and los per channel group and token
   AlignedBuffer<uint8_t> kc, vc; // [64 * D + 64] unpacked key and value codes
@@ -257,9 +258,8 @@ class Runner {
     const DF df;
     N_ = static_cast<int64_t>(hn::Lanes(df));
     Dp_ = (D_ + N_ - 1) / N_ * N_;
-    // Whole-block tiles need channel groups and the head dim in whole vectors and score tiles
-    // (16 / H rows) that never straddle a key time group.
-    fast_ = D_ % N_ == 0 && v_.group_size % N_ == 0 && v_.group_size % tile::kAcc == 0;
+    // Whole-block tiles need the head dim and the value channel groups in whole vectors.
+    fast_ = D_ % N_ == 0 && v_.group_size % N_ == 0;
     sc_ = &scratch_;
     Scratch& sc = *sc_;
     Grow(&sc.q, G * Dp_);
@@ -557,11 +557,12 @@ class Runner {
     Scratch& sc = *sc_;
     const DF df;
     constexpr int T = kBlockTokens;
+    constexpr int SS = kScoreStride;  // score tiles write up to kRowSlack - 1 rows past the block
     const int64_t D = D_;
     const int g = v_.group_size;
     const int G = G_;
     const SlotLayout L = GetSlotLayout(level, D_, g);
-    if (sc.fs.size() < static_cast<size_t>(G * T)) sc.fs.Resize(G * T);
+    if (sc.fs.size() < static_cast<size_t>(G * SS)) sc.fs.Resize(G * SS);
     if (sc.fw.size() < static_cast<size_t>(G * T)) sc.fw.Resize(G * T);
     float* s = sc.fs.data();
     float* o = sc.o.data();
@@ -569,10 +570,11 @@ class Runner {
     if (level == 16) {
       const uint16_t* kr = reinterpret_cast<const uint16_t*>(slot + L.k_rows);
       const uint16_t* vr = reinterpret_cast<const uint16_t*>(slot + L.v_rows);
+      // Rows past the block read the value rows that follow the keys in the slot; masked.
       tile::ScoreTile(sc.q.data(), Dp_, G, D,
-                      [&](int r, int64_t c) { return tile::Bf16Vec(kr + r * D, c); }, nv, s, T);
+                      [&](int r, int64_t c) { return tile::Bf16Vec(kr + r * D, c); }, nv, s, SS);
       if (!Softmax(nv, over)) return;
-      tile::AccumTile(s, T, G, [&](int t, int64_t c) { return tile::Bf16Vec(vr + t * D, c); }, nv,
+      tile::AccumTile(s, SS, G, [&](int t, int64_t c) { return tile::Bf16Vec(vr + t * D, c); }, nv,
                       0, D, o, Dp_);
       FinishTile();
       return;
@@ -585,8 +587,9 @@ class Runner {
     const uint8_t* kc = slot + L.k_codes;
     const uint8_t* vc = slot + L.v_codes;
     if (bits != 8) {
-      if (sc.kc.size() < static_cast<size_t>(T * D + 64)) sc.kc.Resize(T * D + 64);
-      if (sc.vc.size() < static_cast<size_t>(T * D + 64)) sc.vc.Resize(T * D + 64);
+      const size_t n_codes = static_cast<size_t>(T + tile::kRowSlack) * D;
+      if (sc.kc.size() < n_codes) sc.kc.Resize(n_codes);
+      if (sc.vc.size() < n_codes) sc.vc.Resize(n_codes);
       const int64_t n_bytes = int64_t{nv} * D * bits / 8;  // D is a multiple of 16
       UnpackBytes(kc, n_bytes, bits, sc.kc.data());
       UnpackBytes(vc, n_bytes, bits, sc.vc.data());
@@ -618,12 +621,15 @@ class Runner {
     for (int tg = 0; tg < n_tg; ++tg) {
       const int r0 = tg * g, nr = std::min(g, nv - r0);
       const uint8_t* kb = kc + r0 * D;
+      // Rows past the group are evaluated with this group's q' and overwritten by the next
+      // group's tile (or masked past the block): 8-bit codes past the block's keys are its value
+      // codes, unpacked codes have kRowSlack rows of room.
       tile::ScoreTile(sc.qf.data() + tg * G * D, D, G, D,
                       [&](int r, int64_t c) { return tile::CodeVec(kb + r * D, c); }, nr, s + r0,
-                      T);
+                      SS);
       for (int h = 0; h < G; ++h) {
         const float a = sc.qa[tg * G + h];
-        float* sh = s + h * T + r0;
+        float* sh = s + h * SS + r0;
         for (int i = 0; i < nr; ++i) sh[i] += a;
       }
     }
@@ -654,7 +660,7 @@ class Runner {
       const float* vs = sc.vs.data() + cg * T;
       const float* vl = sc.vl.data() + cg * T;
       for (int h = 0; h < G; ++h) {
-        const float* ph = s + h * T;
+        const float* ph = s + h * SS;
         float* wh = w + h * T;
         VF ls = hn::Zero(df);
         for (int t = 0; t < T; t += static_cast<int>(N)) {
@@ -686,7 +692,7 @@ class Runner {
     if (live == 0) return false;
     float* s = sc.fs.data();
     for (int h = 0; h < G_; ++h) {
-      float* sh = s + h * T;
+      float* sh = s + h * kScoreStride;
       for (int i = nv; i < T; ++i) sh[i] = pi::kNegInf;
       for (uint64_t m = over; m != 0; m &= m - 1) sh[std::countr_zero(m)] = pi::kNegInf;
       sc.tm[h] = tile::SoftmaxRow(sh, T, &sc.td[h]);
