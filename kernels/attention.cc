@@ -100,8 +100,20 @@ HWY_INLINE void Bf16RowToF32(const uint16_t* src, int64_t n, int64_t dp, float* 
   for (; c < dp; ++c) dst[c] = 0.f;
 }
 
+// Queues rows [r0, r0 + n) of a stream (keys; values unless shared with keys).
+HWY_INLINE void QueueRows(const KvStreamView& kv, const int64_t* rows, int64_t r0, int64_t n,
+                          tile::PrefetchQueue* pf) {
+  const bool shared = kv.values_in_keys();
+  for (int64_t i = r0; i < r0 + n; ++i) {
+    const int64_t u = rows ? rows[i] : i;
+    pf->Add(kv.key_row(u), int64_t{kv.dk} * 2);
+    if (!shared) pf->Add(kv.val_row(u), int64_t{kv.dv} * 2);
+  }
+}
+
 void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamView& kv,
-                      const int64_t* rows, int64_t n, SoftmaxStates* st) {
+                      const int64_t* rows, int64_t n, SoftmaxStates* st, const KvStreamView* next,
+                      int64_t next_n) {
   const DF df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
   const int G = n_heads;
@@ -135,6 +147,7 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
   const int64_t vts = shared ? dkp : dvp;
   const uint16_t* krow[kRowsPad];
   const uint16_t* vrow[kRowsPad];
+  thread_local tile::PrefetchQueue pf;
 
   for (int64_t t0 = 0; t0 < n; t0 += kTileRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kTileRows, n - t0));
@@ -144,17 +157,20 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
       krow[i] = kv.key_row(u);
       vrow[i] = kv.val_row(u);
     }
-    // The rows' cache lines are requested up front (keys, then values) so that their misses
-    // overlap instead of arriving one stream-prefetcher ramp at a time.
-    const int64_t kbytes = dk * 2, vbytes = dv * 2;
-    for (int i = 0; i < nr; ++i) {
-      for (int64_t b = 0; b < kbytes; b += 64) hwy::Prefetch(reinterpret_cast<const char*>(krow[i]) + b);
+    // The cache lines of the next tile's rows (or of the caller's next stream) are requested
+    // while this tile's scores are computed; the first tile's, up front.
+    pf.Clear();
+    if (t0 == 0) {
+      QueueRows(kv, rows, 0, nr, &pf);
+      pf.Drain();
     }
-    if (!shared) {
-      for (int i = 0; i < nr; ++i) {
-        for (int64_t b = 0; b < vbytes; b += 64) hwy::Prefetch(reinterpret_cast<const char*>(vrow[i]) + b);
-      }
+    pf.Clear();
+    if (t0 + kTileRows < n) {
+      QueueRows(kv, rows, t0 + kTileRows, std::min<int64_t>(kTileRows, n - t0 - kTileRows), &pf);
+    } else if (next != nullptr) {
+      QueueRows(*next, nullptr, 0, std::min<int64_t>(kTileRows, next_n), &pf);
     }
+    pf.Spread(tile::ScoreCalls(G, nr));
     float* s = sc.s.data();
     if (staged) {
       const int n_conv = nr + tile::kRowSlack - 1;
@@ -164,12 +180,13 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
       }
       tile::ScoreTile(sc.q.data(), dkp, G, dkp,
                       [&](int r, int64_t c) { return hn::Load(df, kt + r * dkp + c); }, nr, s,
-                      kRowsPad);
+                      kRowsPad, &pf);
     } else {
       tile::ScoreTile(sc.q.data(), dkp, G, dkp,
                       [&](int r, int64_t c) { return tile::Bf16Vec(krow[r], c); }, nr, s,
-                      kRowsPad);
+                      kRowsPad, &pf);
     }
+    pf.Drain();
 
     // Online softmax update per head: p = exp(s - m), o rescaled when m grows.
     const VF vfloor = hn::Set(df, -1000.f);  // keeps Exp's argument in range; exp(-1000) = 0
@@ -281,10 +298,11 @@ void FinalizeStates(const SoftmaxStates& st, float* out) {
 }
 
 void AttendStream(const float* q, int n_heads, float scale, const KvStreamView& kv,
-                  const int64_t* rows, int64_t n, SoftmaxStates* st) {
+                  const int64_t* rows, int64_t n, SoftmaxStates* st, const KvStreamView* next,
+                  int64_t next_n) {
   STRATA_CHECK(st->n_heads == n_heads && st->dv == kv.dv);
   if (n <= 0 || n_heads <= 0) return;
-  HWY_DYNAMIC_DISPATCH(AttendStreamImpl)(q, n_heads, scale, kv, rows, n, st);
+  HWY_DYNAMIC_DISPATCH(AttendStreamImpl)(q, n_heads, scale, kv, rows, n, st, next, next_n);
 }
 
 void PrefetchStream(const KvStreamView& kv, int64_t n) {

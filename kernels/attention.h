@@ -70,8 +70,11 @@ struct KvStreamView {
     return (key_ptrs ? val_ptrs == key_ptrs : vals == keys && v_stride == k_stride) && dv <= dk;
   }
 };
+// next (optional): rows [0, next_n) of another stream the caller reads after this one; their
+// cache lines are requested while this call computes (software prefetch, spread over the work).
 void AttendStream(const float* q, int n_heads, float scale, const KvStreamView& kv,
-                  const int64_t* rows, int64_t n, SoftmaxStates* st);
+                  const int64_t* rows, int64_t n, SoftmaxStates* st,
+                  const KvStreamView* next = nullptr, int64_t next_n = 0);
 
 // Requests the cache lines of rows [0, n) of a stream (keys and values), for a reader that is
 // about to attend them after other work (software prefetch; no effect on results).

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
 
@@ -52,6 +53,48 @@ constexpr int RowsFor() {
 // Score tiles evaluate up to this many rows past the last one asked for; score rows need that
 // much room past their end (see ScoreTile).
 constexpr int kRowSlack = kAcc;
+
+// Software prefetch spread over a tile's work: byte ranges queued up front, issued a quota of
+// cache lines at a time from inside the score and value loops. A burst of hundreds of prefetches
+// stalls the load pipeline until they drain; a few per micro-tile overlap with the arithmetic.
+class PrefetchQueue {
+ public:
+  static constexpr int kMaxRanges = 2 * 80 + 4;
+  void Clear() { head_ = count_ = 0, lines_ = 0; }
+  void Add(const void* p, int64_t bytes) {
+    if (bytes <= 0) return;
+    if (count_ == kMaxRanges) {  // full: issue the oldest range now
+      while (head_ < count_) IssueOne();
+      head_ = count_ = 0;
+    }
+    r_[count_++] = {reinterpret_cast<const char*>(p), bytes};
+    lines_ += (bytes + 63) / 64;
+  }
+  // Sets the quota so that the queue drains in about `calls` Tick()s.
+  void Spread(int calls) { quota_ = static_cast<int>((lines_ + calls - 1) / (calls > 0 ? calls : 1)); }
+  void Tick() {
+    for (int i = 0; i < quota_ && head_ < count_; ++i) IssueOne();
+  }
+  void Drain() {
+    while (head_ < count_) IssueOne();
+  }
+
+ private:
+  void IssueOne() {
+    Range& r = r_[head_];
+    hwy::Prefetch(r.p);
+    r.p += 64;
+    r.n -= 64;
+    if (r.n <= 0) ++head_;
+  }
+  struct Range {
+    const char* p;
+    int64_t n;
+  };
+  Range r_[kMaxRanges];
+  int head_ = 0, count_ = 0, quota_ = 4;
+  int64_t lines_ = 0;
+};
 
 // out[i] = sum of the lanes of acc[i], i < kAcc.
 HWY_INLINE void ReduceAcc(const VF* acc, float* HWY_RESTRICT out) {
@@ -122,29 +165,48 @@ HWY_INLINE void ScoreRows(const float* HWY_RESTRICT q, int64_t qs, int64_t D, co
 // remaining 3, 2 or 1); rows are processed in steps of RowsFor<H>(), so up to kRowSlack - 1 rows
 // past n_rows are evaluated and written too: key() must accept them and s rows need the room.
 // s: [G, ss]. A head's scores do not depend on the group it falls in.
+// Number of ScoreRows calls ScoreTile makes (for PrefetchQueue::Spread).
+inline int ScoreCalls(int G, int n_rows) {
+  auto steps = [&](int r) { return (n_rows + r - 1) / r; };
+  int n = (G / 4) * steps(RowsFor<4>());
+  switch (G % 4) {
+    case 3: n += steps(RowsFor<3>()); break;
+    case 2: n += steps(RowsFor<2>()); break;
+    case 1: n += steps(RowsFor<1>()); break;
+    default: break;
+  }
+  return n;
+}
+
+// pf (optional): ticked after every micro-tile.
 template <class KeyAt>
 HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, int64_t qs, int G, int64_t D,
-                          const KeyAt& key, int n_rows, float* HWY_RESTRICT s, int64_t ss) {
+                          const KeyAt& key, int n_rows, float* HWY_RESTRICT s, int64_t ss,
+                          PrefetchQueue* pf = nullptr) {
   int h0 = 0;
   for (; h0 + 4 <= G; h0 += 4) {
     for (int i0 = 0; i0 < n_rows; i0 += RowsFor<4>()) {
       ScoreRows<4>(q + h0 * qs, qs, D, key, i0, s + h0 * ss, ss);
+      if (pf) pf->Tick();
     }
   }
   switch (G - h0) {
     case 3:
       for (int i0 = 0; i0 < n_rows; i0 += RowsFor<3>()) {
         ScoreRows<3>(q + h0 * qs, qs, D, key, i0, s + h0 * ss, ss);
+        if (pf) pf->Tick();
       }
       break;
     case 2:
       for (int i0 = 0; i0 < n_rows; i0 += RowsFor<2>()) {
         ScoreRows<2>(q + h0 * qs, qs, D, key, i0, s + h0 * ss, ss);
+        if (pf) pf->Tick();
       }
       break;
     case 1:
       for (int i0 = 0; i0 < n_rows; i0 += RowsFor<1>()) {
         ScoreRows<1>(q + h0 * qs, qs, D, key, i0, s + h0 * ss, ss);
+        if (pf) pf->Tick();
       }
       break;
     default:

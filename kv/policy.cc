@@ -30,16 +30,14 @@ void RunTasks(const LayerStore& store, const float* q, const std::vector<Task>& 
   const LayerGeometry& g = store.geometry();
   const int G = g.group_size();
   auto run = [&](int64_t b, int64_t e, SoftmaxStates* out) {
-    // Each task's rows are requested two tasks ahead (pages are separate allocations, so the
-    // hardware prefetcher starts cold on each).
-    constexpr int64_t kAhead = 2;
-    for (int64_t t = b; t < std::min(e, b + kAhead); ++t) PrefetchStream(tasks[t].view, tasks[t].n);
     for (int64_t t = b; t < e; ++t) {
-      if (t + kAhead < e) PrefetchStream(tasks[t + kAhead].view, tasks[t + kAhead].n);
       const Task& task = tasks[t];
       SoftmaxStates sub = HeadSlice(*out, task.head * G, G);
+      // The next task's rows are prefetched while this one computes (pages are separate
+      // allocations: the hardware prefetcher starts cold on each).
+      const Task* next = t + 1 < e ? &tasks[t + 1] : nullptr;
       AttendStream(q + static_cast<int64_t>(task.head) * G * g.k_dim, G, g.scale, task.view,
-                   nullptr, task.n, &sub);
+                   nullptr, task.n, &sub, next ? &next->view : nullptr, next ? next->n : 0);
     }
   };
   const int T = pool ? pool->size() : 1;

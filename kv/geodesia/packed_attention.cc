@@ -11,6 +11,7 @@
 #include "kv/geodesia/packed_attention.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <chrono>
 #include <cmath>
@@ -70,6 +71,8 @@ using VF = hn::Vec<DF>;
 
 constexpr int kTile = 32;  // tokens per sub-tile (32-row path)
 constexpr int kScoreStride = kBlockTokens + tile::kRowSlack;  // whole-block path score rows
+constexpr int kSpan = 64;     // channels per span of span-order codes
+constexpr int kLayouts = 3;   // output layouts: channel order, 4-bit span order, 2-bit span order
 #if HWY_TARGET <= HWY_AVX3
 constexpr int kScoreRows = 4;
 constexpr int kVCols = 4;
@@ -84,13 +87,14 @@ struct Scratch {
   AlignedBuffer<float> vt;    // [kTile, Dp] dequantized values
   AlignedBuffer<float> s;     // [G, kTile] scores, then probabilities
   AlignedBuffer<float> o;     // [G, Dp] one tile's unnormalised output (f32)
-  AlignedBuffer<double> o64;  // [G, Dp] running output (f64)
+  AlignedBuffer<double> o64;  // [kLayouts, G, Dp] running output (f64) per code layout
   AlignedBuffer<float> ks;    // [64/g, Dp] key steps of the block (f32)
   AlignedBuffer<float> kl;    // [64/g, Dp] key los
   AlignedBuffer<float> cen;   // [2, Dp] centroid key and value
   AlignedBuffer<uint8_t> codes;  // [kTile * D + 64] unpacked codes
   // Fast path (whole blocks as one tile of 64 rows):
-  AlignedBuffer<float> qf;       // [64/g, G, D] q * key step of each time group
+  AlignedBuffer<float> qf;       // [64/g, G, D] q * key step of each time group (codes' order)
+  AlignedBuffer<float> qspan;    // [2, G, Dp] q in 4-bit / 2-bit span order
   AlignedBuffer<float> fs;       // [G, kScoreStride] scores, then probabilities
   AlignedBuffer<float> fw;       // [G, 64] probabilities * value step of one channel group
   AlignedBuffer<float> vs, vl;   // [D/g, 64] value steps and los per channel group and token
@@ -99,6 +103,7 @@ struct Scratch {
   std::vector<float> bm, bd;     // [G] state of the current block (tiles combined)
   std::vector<float> m, tm, td, oc;  // [G] running max, tile max, tile sum; [G * D]
   std::vector<double> d;             // [G] running sum
+  std::vector<double> ef;            // [2, G padded] merge exponents / factors
   std::vector<int64_t> rows;     // residual rows of a block
 };
 
@@ -165,6 +170,37 @@ HWY_INLINE void UnpackBytes(const uint8_t* src, int64_t n_bytes, int bits, uint8
     }
   }
 #endif
+}
+
+// Unpacks n_bytes LSB-first packed bytes of kBits-bit codes (2 or 4) into span order: per span
+// of 64 codes (64 * kBits / 8 bytes), field j of each byte goes to [j * bytes, (j+1) * bytes).
+// n_bytes is a multiple of the span's bytes.
+template <int kBits>
+HWY_INLINE void UnpackSpansT(const uint8_t* HWY_RESTRICT src, int64_t n_bytes,
+                             uint8_t* HWY_RESTRICT dst) {
+  constexpr int kSpanBytes = kSpan * kBits / 8;  // 32 or 16
+  constexpr int kPer = 8 / kBits;
+  const hn::CappedTag<uint8_t, kSpanBytes> d8;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(d8));
+  const auto mask = hn::Set(d8, static_cast<uint8_t>((1 << kBits) - 1));
+  for (int64_t b0 = 0; b0 < n_bytes; b0 += kSpanBytes) {
+    uint8_t* out = dst + b0 * kPer;
+    for (int64_t o = 0; o < kSpanBytes; o += L) {
+      auto v = hn::LoadU(d8, src + b0 + o);
+      for (int j = 0; j < kPer; ++j) {
+        hn::StoreU(hn::And(v, mask), d8, out + j * kSpanBytes + o);
+        v = hn::ShiftRight<kBits>(v);
+      }
+    }
+  }
+}
+
+HWY_INLINE void UnpackSpans(const uint8_t* src, int64_t n_bytes, int bits, uint8_t* dst) {
+  if (bits == 4) {
+    UnpackSpansT<4>(src, n_bytes, dst);
+  } else {
+    UnpackSpansT<2>(src, n_bytes, dst);
+  }
 }
 
 // dst[c] = codes[c] * step[c] + lo[c] for c < n (vectors), zeros in [n, dp).
@@ -271,17 +307,59 @@ class Runner {
     Grow(&sc.kl, (kBlockTokens / v_.group_size) * Dp_);
     Grow(&sc.cen, 2 * Dp_);
     if (sc.codes.size() < static_cast<size_t>(kTile * D_ + 64)) sc.codes.Resize(kTile * D_ + 64);
-    if (sc.o64.size() < static_cast<size_t>(G * Dp_)) sc.o64.Resize(G * Dp_);
+    // 2- and 4-bit codes are unpacked without interleaving, into "span order" (see SpanChannel)
+    // when 64-channel spans fit the head dim and the value groups.
+    span_ = fast_ && D_ % kSpan == 0 && v_.group_size % kSpan == 0 && N_ <= 16;
+    const size_t n_o = static_cast<size_t>(kLayouts) * G * Dp_;
+    if (sc.o64.size() < n_o) sc.o64.Resize(n_o);
     sc.m.assign(G, pi::kNegInf);
     sc.tm.assign(G, pi::kNegInf);
     sc.td.assign(G, 0.f);
     sc.d.assign(G, 0.0);
-    std::fill(sc.o64.data(), sc.o64.data() + G * Dp_, 0.0);
+    std::fill(sc.o64.data(), sc.o64.data() + n_o, 0.0);
+    used_.fill(false);
     for (int h = 0; h < G; ++h) {
       float* dst = sc.q.data() + h * Dp_;
       for (int c = 0; c < D_; ++c) dst[c] = q[h * D_ + c] * scale;
       std::fill(dst + D_, dst + Dp_, 0.f);
     }
+  }
+
+  // Span order of `bits`-bit codes (2 or 4): within each 64-channel span (32 bytes at 4 bits, 16
+  // at 2), field j of every byte is stored contiguously (4 bits: low nibbles, then high; 2 bits:
+  // bits 0-1, 2-3, 4-5, 6-7), so position p of the span holds channel SpanChannel(bits, p).
+  static int SpanChannel(int bits, int p) {
+    const int per = 8 / bits;           // codes per byte
+    const int bytes = kSpan / per;      // bytes per span
+    return (p % bytes) * per + p / bytes;
+  }
+  static int LayoutOf(int bits) { return bits == 4 ? 1 : bits == 2 ? 2 : 0; }
+  // Channel of each span position, and q in span order ([G, Dp]), per code width (built once).
+  const int* SpanPerm(int bits) {
+    const int l = LayoutOf(bits) - 1;
+    std::array<int, kSpan>& t = perm_[l];
+    if (!perm_ready_[l]) {
+      for (int p = 0; p < kSpan; ++p) t[p] = SpanChannel(bits, p);
+      perm_ready_[l] = true;
+    }
+    return t.data();
+  }
+  const float* SpanQ(int bits) {
+    const int l = LayoutOf(bits) - 1;
+    Scratch& sc = *sc_;
+    if (!qspan_ready_[l]) {
+      if (sc.qspan.size() < static_cast<size_t>(2 * G_ * Dp_)) sc.qspan.Resize(2 * G_ * Dp_);
+      const int* perm = SpanPerm(bits);
+      for (int h = 0; h < G_; ++h) {
+        const float* src = sc.q.data() + h * Dp_;
+        float* dst = sc.qspan.data() + (static_cast<int64_t>(l) * G_ + h) * Dp_;
+        for (int64_t c0 = 0; c0 < D_; c0 += kSpan) {
+          for (int p = 0; p < kSpan; ++p) dst[c0 + p] = src[c0 + perm[p]];
+        }
+      }
+      qspan_ready_[l] = true;
+    }
+    return sc.qspan.data() + static_cast<int64_t>(l) * G_ * Dp_;
   }
 
   // Reads block b into the running state; heads h with sel[h] == 0 do not take it (the block is
@@ -297,6 +375,7 @@ class Runner {
     }
     record_ = record;
     const int nv = v_.n_valid[b];
+    if (nv <= 0 || v_.level[b] == 1 || !fast_) pf_.Drain();  // no spread score phase
     if (nv > 0) {
       const int level = v_.level[b];
       const uint64_t over = pi::OverrideMask(v_, b);
@@ -328,19 +407,33 @@ class Runner {
     record_ = false;
   }
 
-  // Requests the cache lines of block b's slot (the next block while this one is computed).
-  void Prefetch(int64_t b) const {
+  // Queues the cache lines of block b's slot: requested a few at a time while the next Block()
+  // computes its scores (all at once when issue_now, or when that block has no score phase).
+  void Prefetch(int64_t b, bool issue_now = false) {
+    pf_.Clear();
     if (v_.n_valid[b] <= 0) return;
-    const char* p = reinterpret_cast<const char*>(pi::SlotPtr(v_, b));
-    const int64_t n = SlotBytes(v_.level[b], D_, v_.group_size);
-    for (int64_t i = 0; i < n; i += 64) hwy::Prefetch(p + i);
+    pf_.Add(pi::SlotPtr(v_, b), SlotBytes(v_.level[b], D_, v_.group_size));
+    if (issue_now) pf_.Drain();
   }
+
+  void NoPrefetch() { pf_.Clear(); }
 
   // Merges the local state into st.
   void Finish(SoftmaxStates* st) {
     Scratch& sc = *sc_;
     sc.oc.resize(static_cast<size_t>(G_) * D_);
     sc.td.resize(G_);
+    for (int l = 1; l < kLayouts; ++l) {  // span-order outputs back to channel order
+      if (!used_[l]) continue;
+      const int bits = l == 1 ? 4 : 2;
+      for (int h = 0; h < G_; ++h) {
+        double* nat = sc.o64.data() + h * Dp_;
+        const double* sp = sc.o64.data() + (static_cast<int64_t>(l) * G_ + h) * Dp_;
+        for (int c0 = 0; c0 < D_; c0 += kSpan) {
+          for (int p = 0; p < kSpan; ++p) nat[c0 + SpanChannel(bits, p)] += sp[c0 + p];
+        }
+      }
+    }
     for (int h = 0; h < G_; ++h) {
       for (int c = 0; c < D_; ++c) sc.oc[h * D_ + c] = static_cast<float>(sc.o64[h * Dp_ + c]);
       sc.td[h] = static_cast<float>(sc.d[h]);
@@ -417,10 +510,8 @@ class Runner {
     const uint16_t* vc = kc + D_;
     float* ck = sc.cen.data();
     float* cv = ck + Dp_;
-    for (int c = 0; c < D_; ++c) {
-      ck[c] = F16ToF32(kc[c]);
-      cv[c] = F16ToF32(vc[c]);
-    }
+    tile::F16ToF32Row(kc, D_, ck);
+    tile::F16ToF32Row(vc, D_, cv);
     for (int c = D_; c < Dp_; ++c) ck[c] = cv[c] = 0.f;
     const float logn = std::log(static_cast<float>(n));
     for (int h = 0; h < G_; ++h) {
@@ -429,38 +520,75 @@ class Runner {
       for (int64_t c = 0; c < Dp_; c += N_) {
         acc = hn::MulAdd(hn::Load(df, qh + c), hn::Load(df, ck + c), acc);
       }
-      const float s = hn::GetLane(hn::SumOfLanes(df, acc)) + logn;
       // A one-row tile: max s, sum 1, output the centroid value.
-      MergeTile(h, s, 1.f, cv);
+      sc.tm[h] = hn::GetLane(hn::SumOfLanes(df, acc)) + logn;
+      sc.td[h] = 1.f;
     }
+    MergeTiles(cv, 0);
   }
 
-  // Merges a tile state (tm, td, to[Dp]) of head h into the running f64 state. Tile states
-  // depend only on the tile's rows, never on how the block list was split, and the f64 running
-  // state adds no f32 rounding: that is what keeps results split-invariant to ~1e-7.
-  void MergeTile(int h, float tm, float td, const float* to) {
+  // Merges the tile states (tm[h], td[h], to[h * to_stride .. + Dp]) of every head into the
+  // running f64 state (heads not selected for the block are skipped; the per-block record is kept
+  // for all). Tile states depend only on the tile's rows, never on how the block list was split,
+  // and the f64 running state adds no f32 rounding: that is what keeps results split-invariant to
+  // ~1e-7. The rescale factors of all heads come from one vector exp.
+  void MergeTiles(const float* to, int64_t to_stride, int layout = 0) {
     Scratch& sc = *sc_;
-    if (record_ && tm != pi::kNegInf) {
-      if (tm > sc.bm[h]) {
-        sc.bd[h] = sc.bm[h] == pi::kNegInf ? 0.f : sc.bd[h] * std::exp(sc.bm[h] - tm);
-        sc.bm[h] = tm;
+    const int G = G_;
+    const hn::ScalableTag<double> dd;
+    const hn::Rebind<float, decltype(dd)> dfh;
+    const int ND = static_cast<int>(hn::Lanes(dd));
+    sc.ef.resize(static_cast<size_t>((G + ND - 1) / ND * ND) * 2);
+    double* a = sc.ef.data();             // exponents of the running-state factors, then factors
+    double* bw = a + sc.ef.size() / 2;    // exponents of the tile weights, then weights
+    for (int h = 0; h < G; ++h) {
+      const float tm = sc.tm[h], td = sc.td[h];
+      if (record_ && tm != pi::kNegInf) {
+        if (tm > sc.bm[h]) {
+          sc.bd[h] = sc.bm[h] == pi::kNegInf ? 0.f : sc.bd[h] * std::exp(sc.bm[h] - tm);
+          sc.bm[h] = tm;
+        }
+        sc.bd[h] += td * std::exp(tm - sc.bm[h]);
       }
-      sc.bd[h] += td * std::exp(tm - sc.bm[h]);
-    }
-    if (sel_ != nullptr && sel_[h] == 0) return;
-    if (tm == pi::kNegInf) return;
-    double* oh = sc.o64.data() + h * Dp_;
-    if (tm > sc.m[h]) {
-      if (sc.m[h] != pi::kNegInf) {
-        const double f = std::exp(static_cast<double>(sc.m[h]) - tm);
-        sc.d[h] *= f;
-        for (int64_t c = 0; c < Dp_; ++c) oh[c] *= f;
+      const bool take = (sel_ == nullptr || sel_[h] != 0) && tm != pi::kNegInf;
+      if (!take) {
+        a[h] = 0.0;                // factor 1
+        bw[h] = -1e300;            // weight 0
+        continue;
       }
-      sc.m[h] = tm;
+      const float m_new = std::max(sc.m[h], tm);
+      a[h] = sc.m[h] == pi::kNegInf ? 0.0 : static_cast<double>(sc.m[h]) - m_new;
+      bw[h] = static_cast<double>(tm) - m_new;
+      sc.m[h] = m_new;
     }
-    const double w = std::exp(static_cast<double>(tm) - sc.m[h]);
-    sc.d[h] += w * td;
-    for (int64_t c = 0; c < Dp_; ++c) oh[c] += w * static_cast<double>(to[c]);
+    for (int h = G; h < static_cast<int>(sc.ef.size() / 2); ++h) a[h] = bw[h] = 0.0;
+    const auto lo = hn::Set(dd, -1000.0);  // exp(-1000) = 0 and keeps Exp's argument in range
+    for (int h = 0; h < G; h += ND) {
+      hn::StoreU(hn::Exp(dd, hn::Max(hn::LoadU(dd, a + h), lo)), dd, a + h);
+      hn::StoreU(hn::Exp(dd, hn::Max(hn::LoadU(dd, bw + h), lo)), dd, bw + h);
+    }
+    used_[layout] = true;
+    for (int h = 0; h < G; ++h) {
+      const double f = a[h], w = bw[h];
+      if (w == 0.0) continue;  // not taken (or a tile that weighs nothing)
+      sc.d[h] = sc.d[h] * f + w * static_cast<double>(sc.td[h]);
+      if (f != 1.0) {  // the running max grew: rescale the other layouts' outputs too
+        for (int l = 0; l < kLayouts; ++l) {
+          if (l == layout || !used_[l]) continue;
+          double* ol = sc.o64.data() + (static_cast<int64_t>(l) * G + h) * Dp_;
+          for (int64_t c = 0; c < Dp_; ++c) ol[c] *= f;
+        }
+      }
+      double* oh = sc.o64.data() + (static_cast<int64_t>(layout) * G + h) * Dp_;
+      const float* th = to + h * to_stride;
+      const auto vf = hn::Set(dd, f), vw = hn::Set(dd, w);
+      int64_t c = 0;
+      for (; c + ND <= Dp_; c += ND) {
+        const auto t = hn::PromoteTo(dd, hn::LoadU(dfh, th + c));
+        hn::StoreU(hn::MulAdd(t, vw, hn::Mul(hn::LoadU(dd, oh + c), vf)), dd, oh + c);
+      }
+      for (; c < Dp_; ++c) oh[c] = oh[c] * f + w * static_cast<double>(th[c]);
+    }
   }
 
   void Residual(int64_t b, uint64_t over) {
@@ -545,7 +673,7 @@ class Runner {
         }
       }
     }
-    for (int h = 0; h < G_; ++h) MergeTile(h, sc.tm[h], sc.td[h], sc.o.data() + h * Dp_);
+    MergeTiles(sc.o.data(), Dp_);
   }
 
   // Whole-block tile (fast path): scores of all 64 rows and G heads, one softmax, values folded
@@ -571,8 +699,11 @@ class Runner {
       const uint16_t* kr = reinterpret_cast<const uint16_t*>(slot + L.k_rows);
       const uint16_t* vr = reinterpret_cast<const uint16_t*>(slot + L.v_rows);
       // Rows past the block read the value rows that follow the keys in the slot; masked.
+      pf_.Spread(tile::ScoreCalls(G, nv));
       tile::ScoreTile(sc.q.data(), Dp_, G, D,
-                      [&](int r, int64_t c) { return tile::Bf16Vec(kr + r * D, c); }, nv, s, SS);
+                      [&](int r, int64_t c) { return tile::Bf16Vec(kr + r * D, c); }, nv, s, SS,
+                      &pf_);
+      pf_.Drain();
       if (!Softmax(nv, over)) return;
       tile::AccumTile(s, SS, G, [&](int t, int64_t c) { return tile::Bf16Vec(vr + t * D, c); }, nv,
                       0, D, o, Dp_);
@@ -586,13 +717,20 @@ class Runner {
     const uint16_t* vst = reinterpret_cast<const uint16_t*>(slot + L.v_step);
     const uint8_t* kc = slot + L.k_codes;
     const uint8_t* vc = slot + L.v_codes;
+    const bool span = bits != 8 && span_;
+    const int layout = span ? LayoutOf(bits) : 0;
     if (bits != 8) {
       const size_t n_codes = static_cast<size_t>(T + tile::kRowSlack) * D;
       if (sc.kc.size() < n_codes) sc.kc.Resize(n_codes);
       if (sc.vc.size() < n_codes) sc.vc.Resize(n_codes);
       const int64_t n_bytes = int64_t{nv} * D * bits / 8;  // D is a multiple of 16
-      UnpackBytes(kc, n_bytes, bits, sc.kc.data());
-      UnpackBytes(vc, n_bytes, bits, sc.vc.data());
+      if (span) {
+        UnpackSpans(kc, n_bytes, bits, sc.kc.data());
+        UnpackSpans(vc, n_bytes, bits, sc.vc.data());
+      } else {
+        UnpackBytes(kc, n_bytes, bits, sc.kc.data());
+        UnpackBytes(vc, n_bytes, bits, sc.vc.data());
+      }
       kc = sc.kc.data();
       vc = sc.vc.data();
     }
@@ -606,18 +744,29 @@ class Runner {
       float* lo = sc.kl.data();
       tile::F16ToF32Row(kst + tg * D, D, st);
       tile::F16ToF32Row(klo + tg * D, D, lo);
+      // q' = q * step in the codes' order (span order: q and step permuted alike).
+      const float* qsrc = span ? SpanQ(bits) : sc.q.data();
+      if (span) {
+        float* sp = sc.kt.data();
+        const int* perm = SpanPerm(bits);
+        for (int64_t c0 = 0; c0 < D; c0 += kSpan) {
+          for (int p = 0; p < kSpan; ++p) sp[c0 + p] = st[c0 + perm[p]];
+        }
+        st = sp;
+      }
       for (int h = 0; h < G; ++h) {
         const float* qh = sc.q.data() + h * Dp_;
+        const float* qo = qsrc + h * Dp_;
         float* qf = sc.qf.data() + (tg * G + h) * D;
         VF a = hn::Zero(df);
         for (int64_t c = 0; c < D; c += N) {
-          const VF qv = hn::Load(df, qh + c);
-          hn::Store(hn::Mul(qv, hn::Load(df, st + c)), df, qf + c);
-          a = hn::MulAdd(qv, hn::Load(df, lo + c), a);
+          hn::Store(hn::Mul(hn::Load(df, qo + c), hn::Load(df, st + c)), df, qf + c);
+          a = hn::MulAdd(hn::Load(df, qh + c), hn::Load(df, lo + c), a);
         }
         sc.qa[tg * G + h] = hn::GetLane(hn::SumOfLanes(df, a));
       }
     }
+    pf_.Spread(tile::ScoreCalls(G, nv));
     for (int tg = 0; tg < n_tg; ++tg) {
       const int r0 = tg * g, nr = std::min(g, nv - r0);
       const uint8_t* kb = kc + r0 * D;
@@ -626,13 +775,14 @@ class Runner {
       // codes, unpacked codes have kRowSlack rows of room.
       tile::ScoreTile(sc.qf.data() + tg * G * D, D, G, D,
                       [&](int r, int64_t c) { return tile::CodeVec(kb + r * D, c); }, nr, s + r0,
-                      SS);
+                      SS, &pf_);
       for (int h = 0; h < G; ++h) {
         const float a = sc.qa[tg * G + h];
         float* sh = s + h * SS + r0;
         for (int i = 0; i < nr; ++i) sh[i] += a;
       }
     }
+    pf_.Drain();
     if (!Softmax(nv, over)) return;
     // Values, per channel group.
     const int GV = static_cast<int>(D / g);
@@ -680,7 +830,7 @@ class Runner {
         }
       }
     }
-    FinishTile();
+    FinishTile(layout);
   }
 
   // Masks rows >= nv and overridden rows of the fast tile's scores and turns them into
@@ -700,14 +850,19 @@ class Runner {
     return true;
   }
 
-  // Merges the tile state (tm, td, o) of every head.
-  void FinishTile() {
+  // Merges the tile state (tm, td, o) of every head (o in the given layout).
+  void FinishTile(int layout = 0) {
     Scratch& sc = *sc_;
-    for (int h = 0; h < G_; ++h) MergeTile(h, sc.tm[h], sc.td[h], sc.o.data() + h * Dp_);
+    MergeTiles(sc.o.data(), Dp_, layout);
   }
 
   static thread_local Scratch scratch_;
+  tile::PrefetchQueue pf_;
   bool fast_ = false;
+  bool span_ = false;
+  std::array<bool, kLayouts> used_{};
+  std::array<std::array<int, kSpan>, 2> perm_{};
+  std::array<bool, 2> qspan_ready_{}, perm_ready_{};
   const uint8_t* sel_ = nullptr;
   bool record_ = false;
   const PackedHeadView& v_;
@@ -722,12 +877,14 @@ void PackedAttendImpl(const PackedHeadView& view, const float* q, int n_q, float
                       const int64_t* blocks, int64_t n_list, SoftmaxStates* st,
                       const PackedBlockIO* io) {
   Runner r(view, q, n_q, scale);
-  // Slots are requested two blocks ahead (measured: none 4.2 ms, one ahead 3.1 ms, two ahead
-  // 2.8 ms per 16k-token step at ~5 bits, one thread).
-  constexpr int64_t kAhead = 2;
-  for (int64_t i = 0; i < std::min(n_list, kAhead); ++i) r.Prefetch(blocks ? blocks[i] : i);
+  // Each block's slot is requested while the previous block computes its scores.
+  r.Prefetch(blocks ? blocks[0] : 0, /*issue_now=*/true);
   for (int64_t i = 0; i < n_list; ++i) {
-    if (i + kAhead < n_list) r.Prefetch(blocks ? blocks[i + kAhead] : i + kAhead);
+    if (i + 1 < n_list) {
+      r.Prefetch(blocks ? blocks[i + 1] : i + 1);
+    } else {
+      r.NoPrefetch();
+    }
     const int64_t b = blocks ? blocks[i] : i;
     if (io == nullptr) {
       r.Block(b);

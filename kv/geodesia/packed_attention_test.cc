@@ -82,9 +82,10 @@ TEST(GeodesiaPacked, MatchesFloat64ReferenceAtAnySplit) {
   Rng rng(seed);
   ThreadPool pool(3);
   struct Shape { int D, g, G; };
-  // g = 8 is below the AVX-512 score tile (16 / H rows): it exercises the 32-row tile path.
+  // g = 8 is narrower than an AVX-512 vector: it exercises the 32-row tile path; g = 64 with
+  // D = 64, 128 the span-order 2- and 4-bit codes; g = 32, 16 the channel-order unpacking.
   const Shape shapes[] = {{128, 64, 4}, {64, 32, 5}, {96, 16, 4}, {128, 32, 8}, {32, 32, 1},
-                          {64, 8, 3}};
+                          {64, 8, 3},   {64, 64, 7}, {192, 64, 2}};
   ForEachSimdTarget([&] {
     for (const Shape& sh : shapes) {
       SCOPED_TRACE(testing::Message() << "D " << sh.D << " g " << sh.g << " G " << sh.G);
