@@ -72,6 +72,9 @@ void AddBenchDecodeCommand(CLI::App* bench, BenchDecodeOptions* o) {
       ->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "Timed decode steps per configuration")
       ->capture_default_str();
+  cmd->add_flag("--no-mmap", o->no_mmap,
+               "Read the model into memory (huge pages where the kernel grants them) instead of "
+               "mapping the file");
   cmd->add_option("--warmup", o->warmup, "Untimed decode steps before timing")
       ->capture_default_str();
   cmd->add_option("--bw-mib", o->bw_mib, "Buffer size of the read-bandwidth probe in MiB")
@@ -110,12 +113,23 @@ int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream&
   } else {
     err << "model: " << path << "\n";
   }
-  auto loaded = Model::Load(path);
+  auto loaded = Model::Load(path, o.no_mmap ? GgufFile::Load::kMemory : GgufFile::Load::kMmap);
   if (!loaded.ok()) {
     return fail("cannot load model '" + path + "' (-m): " + loaded.status().ToString());
   }
   Model& m = **loaded;
   err << m.config().Summary() << "\n";
+  {
+    // Every page of the model is read once before timing (a mapped file may not be in memory:
+    // the first steps would measure the disk).
+    const GgufFile& f = m.file();
+    const auto t0 = Clock::now();
+    volatile float sink = StreamSum(reinterpret_cast<const float*>(f.data()), f.file_size() / 4);
+    (void)sink;
+    err << "model " << (o.no_mmap ? "read into memory" : "mapped") << ", "
+        << FormatFixed(f.file_size() / 1e6, 1) << " MB touched in "
+        << FormatFixed(std::chrono::duration<double>(Clock::now() - t0).count(), 2) << " s\n";
+  }
   const int64_t weight_bytes = m.decode_weight_bytes();
   const int64_t n_vocab = m.config().n_vocab;
   std::vector<float> logits(n_vocab);

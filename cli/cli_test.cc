@@ -34,6 +34,21 @@ Result Strata(const std::vector<std::string>& args) {
   return r;
 }
 
+// A command line that must fail: exit code 2 with `expect` in its stderr.
+struct UsageCase {
+  std::vector<std::string> args;
+  std::string expect;
+};
+void ExpectUsageErrors(const std::vector<UsageCase>& cases) {
+  for (const UsageCase& c : cases) {
+    Result r = Strata(c.args);
+    std::string cmd;
+    for (const auto& a : c.args) cmd += a + " ";
+    EXPECT_EQ(r.code, 2) << cmd << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << cmd << "\nstderr: " << r.err;
+  }
+}
+
 class CliTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -157,11 +172,7 @@ TEST_F(CliTest, BadFlagsExitTwoNamingTheProblem) {
     std::ofstream t(Path("truncated.gguf"), std::ios::binary);
     t.write("GGUF\x03\x00\x00\x00\xff\xff\xff\xff\xff\xff\xff\xff", 16);
   }
-  struct Case {
-    std::vector<std::string> args;
-    std::string expect;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<UsageCase> cases = {
       {{"generate", "-m", m, "-n", "-1"}, "-n must be >= 0, got -1"},
       {{"generate", "-m", m, "--top-p", "2"}, "--top-p must be in (0, 1], got 2"},
       {{"generate", "-m", m, "--temp", "-0.5"}, "--temp"},
@@ -184,13 +195,29 @@ TEST_F(CliTest, BadFlagsExitTwoNamingTheProblem) {
       {{"bench", "decode", "-m", m, "--threads", "0"}, "--threads"},
       {{"bench", "decode", "-m", m, "--tokens", "0"}, "--tokens"},
   };
-  for (const Case& c : cases) {
-    Result r = Strata(c.args);
-    std::string cmd;
-    for (const auto& a : c.args) cmd += a + " ";
-    EXPECT_EQ(r.code, 2) << cmd << "\n" << r.err;
-    EXPECT_NE(r.err.find(c.expect), std::string::npos) << cmd << "\nstderr: " << r.err;
-  }
+  ExpectUsageErrors(cases);
+}
+
+// The shared flag checks produce the commands' messages word for word.
+TEST(FlagChecks, MessagesNameTheFlagTheBoundAndTheValue) {
+  EXPECT_TRUE(CheckAtLeast("--threads", 1, 1).ok());
+  EXPECT_EQ(CheckAtLeast("--threads", 0, 1).message(), "--threads must be >= 1, got 0");
+  EXPECT_EQ(CheckAtLeast("-n", -1, 0).message(), "-n must be >= 0, got -1");
+  EXPECT_EQ(CheckAtLeast("--len", 4, 8).message(), "--len must be >= 8, got 4");
+  const auto ratio = [](const std::string& text) {
+    return CheckNumberAtLeast("--ratio", text, 1, "32", "keep 1/R of the rows");
+  };
+  for (const char* ok : {"1", "32", "2.5", "1e3"}) EXPECT_TRUE(ratio(ok).ok()) << ok;
+  EXPECT_EQ(ratio("abc").message(), "--ratio 'abc' is not a number (e.g. --ratio 32)");
+  EXPECT_EQ(ratio("").message(), "--ratio '' is not a number (e.g. --ratio 32)");
+  EXPECT_EQ(ratio("8x").message(), "--ratio '8x' is not a number (e.g. --ratio 32)");
+  EXPECT_EQ(ratio("1e999").message(), "--ratio '1e999' is not a number (e.g. --ratio 32)");
+  EXPECT_EQ(ratio("0.5").message(),
+            "--ratio 0.5 must be a finite number >= 1 (keep 1/R of the rows)");
+  EXPECT_EQ(ratio("inf").message(),
+            "--ratio inf must be a finite number >= 1 (keep 1/R of the rows)");
+  EXPECT_EQ(ratio("nan").message(),
+            "--ratio nan must be a finite number >= 1 (keep 1/R of the rows)");
 }
 
 TEST_F(CliTest, SynthSafetensorsWritesAnHfDirectoryThatInspectReads) {
@@ -411,11 +438,7 @@ TEST_F(CliTest, DemoErrorsNameTheProblem) {
       << err.str();
 
   const std::string m = Path("tiny.gguf");
-  struct Case {
-    std::vector<std::string> args;
-    std::string expect;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<UsageCase> cases = {
       {{"demo", "-m", m, "--ratio", "0"}, "--ratio 0 must be a finite number >= 1"},
       {{"demo", "-m", m, "--ratio", "abc"}, "--ratio 'abc' is not a number"},
       {{"demo", "-m", m, "--ratio", ""}, "--ratio '' is not a number"},
@@ -429,13 +452,7 @@ TEST_F(CliTest, DemoErrorsNameTheProblem) {
       {{"demo", "-m", m}, "char-level testbed vocabulary"},
       {{"demo", "--no-such-flag"}, "--no-such-flag"},
   };
-  for (const Case& c : cases) {
-    Result r = Strata(c.args);
-    std::string cmd;
-    for (const auto& a : c.args) cmd += a + " ";
-    EXPECT_EQ(r.code, 2) << cmd << "\n" << r.err;
-    EXPECT_NE(r.err.find(c.expect), std::string::npos) << cmd << "\nstderr: " << r.err;
-  }
+  ExpectUsageErrors(cases);
 }
 
 // logits --dump-kv: the file is layers x tokens x row bytes of raw little-endian bf16, and every

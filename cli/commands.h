@@ -39,6 +39,7 @@ struct GenerateOptions {
   uint64_t seed = 0;
   int threads = 0;  // 0 means "not given": hardware concurrency
   int chunk = 512;
+  bool no_mmap = false;  // read the model into huge-page memory instead of mapping it
   std::string policy = "full";
   std::string policy_settings;  // "key=value,..." passed to the policy registry
   PolicyFlags policy_flags;
@@ -71,6 +72,7 @@ struct BenchDecodeOptions {
   int warmup = 1;
   int64_t bw_mib = 512;  // bandwidth probe buffer
   uint64_t seed = 1;
+  bool no_mmap = false;  // read the model into huge-page memory instead of mapping it
   std::string json_path;
   std::string models_dir;
   std::string cache_dir;

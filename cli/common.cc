@@ -102,6 +102,30 @@ StatusOr<std::vector<int64_t>> ParseIntList(const std::string& flag, const std::
   return out;
 }
 
+Status CheckAtLeast(const std::string& flag, int64_t value, int64_t min) {
+  if (value >= min) return OkStatus();
+  return InvalidArgument(flag + " must be >= " + std::to_string(min) + ", got " +
+                         std::to_string(value));
+}
+
+Status CheckNumberAtLeast(const std::string& flag, const std::string& text, double min,
+                          const std::string& example, const std::string& why) {
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno == ERANGE) {
+    return InvalidArgument(flag + " '" + text + "' is not a number (e.g. " + flag + " " + example +
+                           ")");
+  }
+  if (!(v >= min) || !std::isfinite(v)) {
+    char min_text[32];
+    std::snprintf(min_text, sizeof(min_text), "%g", min);
+    return InvalidArgument(flag + " " + text + " must be a finite number >= " + min_text + " (" +
+                           why + ")");
+  }
+  return OkStatus();
+}
+
 std::vector<std::string> PolicyNames() {
   std::vector<std::string> names;
   for (const PolicyInfo& p : Policies()) names.push_back(p.name);
@@ -158,8 +182,12 @@ StatusOr<std::unique_ptr<Policy>> MakeCliPolicy(const std::string& name,
       spec.settings[key] = value;
     }
   }
+  return MakeCliPolicy(spec);
+}
+
+StatusOr<std::unique_ptr<Policy>> MakeCliPolicy(const PolicySpec& spec) {
   auto p = MakePolicy(spec);
-  if (!p.ok()) return p.status().WithContext("--policy " + name);
+  if (!p.ok()) return p.status().WithContext("--policy " + spec.name);
   return p;
 }
 

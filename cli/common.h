@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "cli/commands.h"
 #include "kv/policy.h"
+#include "kv/registry.h"
 
 namespace strata::cli {
 
@@ -42,6 +43,17 @@ std::string FormatShape(const std::vector<int64_t>& shape);
 // "0,4096,16384" -> {0, 4096, 16384}; errors name the flag and the bad item.
 StatusOr<std::vector<int64_t>> ParseIntList(const std::string& flag, const std::string& text);
 
+// Flag checks for the commands' "flags first" validation: InvalidArgument with the message the
+// command prints after "error: ".
+// An integer flag's lower bound: "--threads must be >= 1, got 0".
+Status CheckAtLeast(const std::string& flag, int64_t value, int64_t min);
+// A real-valued flag kept as text (so reports echo it as given): OK when the whole text parses
+// (strtod) as a finite number >= min. Errors, for flag "--ratio", example "32", min 1 and why
+// "keep 1/R of the rows": "--ratio 'abc' is not a number (e.g. --ratio 32)" and
+// "--ratio 0.5 must be a finite number >= 1 (keep 1/R of the rows)".
+Status CheckNumberAtLeast(const std::string& flag, const std::string& text, double min,
+                          const std::string& example, const std::string& why);
+
 // Names of the registered cache policies (kv/registry.h), for help texts.
 std::vector<std::string> PolicyNames();
 // A policy from the registry by `--policy NAME` and `--policy-set key=value,...`; errors name
@@ -50,6 +62,8 @@ std::vector<std::string> PolicyNames();
 StatusOr<std::unique_ptr<Policy>> MakeCliPolicy(const std::string& name,
                                                 const std::string& settings,
                                                 const PolicyFlags* flags = nullptr);
+// The same from a parsed spec (registry errors get the "--policy NAME" context).
+StatusOr<std::unique_ptr<Policy>> MakeCliPolicy(const PolicySpec& spec);
 
 // The built-in model used when -m is omitted: `models_dir`/nope-mla.gguf if it exists, else the
 // first *.gguf in `models_dir` (sorted by name) if there is one, else

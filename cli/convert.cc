@@ -135,7 +135,7 @@ int RunLogits(const LogitsOptions& o, std::ostream& out, std::ostream& err) {
     err << "error: " << msg << "\n";
     return kExitUsage;
   };
-  if (o.chunk < 1) return fail("--chunk must be >= 1, got " + std::to_string(o.chunk));
+  if (Status st = CheckAtLeast("--chunk", o.chunk, 1); !st.ok()) return fail(st.message());
   std::ifstream tf(o.tokens_path);
   if (!tf) return fail("cannot open --tokens file '" + o.tokens_path + "'");
   std::vector<int32_t> ids;

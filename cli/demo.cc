@@ -4,10 +4,7 @@
 // through the compressed cache; the table shows what each cache answered and what it cost.
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -16,6 +13,7 @@
 #include "cli/common.h"
 #include "eval/corpus.h"
 #include "eval/needle.h"
+#include "eval/runner.h"
 #include "model/model.h"
 
 namespace strata::cli {
@@ -32,8 +30,10 @@ constexpr const char* kDemoModelFile = "nope-mla.gguf";
 constexpr const char* kDemoModelRecipe =
     "strata convert tools/testbed/runs/nope/hf -o models/nope-mla.gguf";
 // VestigeKV settings of the demo: 1024-row blocks (two closed blocks at the default 2048-token
-// prefix; the default 4096 would close none) and kappa 4 low-pass bins per block.
-constexpr const char* kVestigeSettings = "block=1024,kappa=4";
+// prefix; the default 4096 would close none) and kappa 4 low-pass bins per block. A policy item's
+// own settings override them.
+constexpr std::pair<const char*, const char*> kVestigeSettings[] = {{"block", "1024"},
+                                                                    {"kappa", "4"}};
 constexpr int kPrefillChunk = 256;
 
 // The 72 filler characters of the char-level testbed (tb_data.ALPHABET: the distinct characters
@@ -80,14 +80,8 @@ std::vector<std::string> SplitList(const std::string& text) {
   return out;
 }
 
-struct DemoConfig {
-  std::string name;      // registry name
-  std::string label;     // "vestige@32"
-  std::string settings;  // --policy-set text
-};
-
 struct DemoRow {
-  DemoConfig config;
+  eval::PolicyConfig config;
   std::string describe;
   std::vector<int32_t> answer;
   bool correct = false;
@@ -145,44 +139,27 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
     return kExitUsage;
   };
   // Flags first, so a bad flag is reported before any model is loaded.
-  if (o.len < 8) return fail("--len must be >= 8, got " + std::to_string(o.len));
-  if (o.threads < 1) return fail("--threads must be >= 1, got " + std::to_string(o.threads));
-  {
-    char* end = nullptr;
-    errno = 0;
-    const double r = std::strtod(o.ratio.c_str(), &end);
-    if (o.ratio.empty() || *end != '\0' || errno == ERANGE) {
-      return fail("--ratio '" + o.ratio + "' is not a number (e.g. --ratio 32)");
-    }
-    if (!(r >= 1.0) || !std::isfinite(r)) {
-      return fail("--ratio " + o.ratio + " must be a finite number >= 1 (keep 1/R of the rows)");
+  for (const Status& st : {CheckAtLeast("--len", o.len, 8), CheckAtLeast("--threads", o.threads, 1),
+                           CheckNumberAtLeast("--ratio", o.ratio, 1, "32", "keep 1/R of the rows"),
+                           CheckAtLeast("--gen", o.gen, 0)}) {
+    if (!st.ok()) return fail(st.message());
+  }
+  // An item may carry its own settings, name:key=value:key=value (eval::ExpandGrid). Every policy
+  // but full gets the --ratio budget (the labels read "vestige@32", "full"); vestige and fullrow
+  // the demo's block and kappa unless the item sets them.
+  auto grid = eval::ExpandGrid(SplitList(o.policy), {}, {});
+  if (!grid.ok()) return fail(grid.status().message());
+  std::vector<eval::PolicyConfig> configs = std::move(grid).value();
+  for (eval::PolicyConfig& c : configs) {
+    if (c.policy == "full") continue;
+    c.ratio = o.ratio;
+    if (c.policy == "vestige" || c.policy == "fullrow") {
+      for (const auto& [key, value] : kVestigeSettings) c.settings.emplace(key, value);
     }
   }
-  std::vector<DemoConfig> configs;
-  if (o.gen < 0) return fail("--gen must be >= 0, got " + std::to_string(o.gen));
-  for (const std::string& item : SplitList(o.policy)) {
-    // An item may carry its own settings: name:key=value:key=value.
-    DemoConfig c;
-    const size_t colon = item.find(':');
-    const std::string name = item.substr(0, colon);
-    std::string own = colon == std::string::npos ? "" : item.substr(colon + 1);
-    for (char& ch : own) {
-      if (ch == ':') ch = ',';
-    }
-    c.name = name;
-    if (name != "full") {
-      c.label = item + "@" + o.ratio;
-      c.settings = "ratio=" + o.ratio;
-      if (name == "vestige" || name == "fullrow") {
-        c.settings += std::string(",") + kVestigeSettings;
-      }
-    } else {
-      c.label = item;
-    }
-    if (!own.empty()) c.settings += "," + own;
-    auto p = MakeCliPolicy(c.name, c.settings);
+  for (const eval::PolicyConfig& c : configs) {
+    auto p = MakeCliPolicy(c.Spec());
     if (!p.ok()) return fail(p.status().message());
-    configs.push_back(c);
   }
   if (configs.empty()) return fail("--policy '" + o.policy + "' names no policy");
 
@@ -256,23 +233,24 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
       << " at depth " << trial.depth << " (" << FormatFixed(depth_pct, 0) << "%)\n";
 
   // Every policy must fit the model (e.g. geodesia needs GQA layers) before any of them runs.
-  for (const DemoConfig& c : configs) {
-    auto policy = MakeCliPolicy(c.name, c.settings);
+  for (const eval::PolicyConfig& c : configs) {
+    auto policy = MakeCliPolicy(c.Spec());
     if (!policy.ok()) return fail(policy.status().message());
     auto cache = m.NewCache(std::move(policy).value());
-    if (!cache.ok()) return fail("--policy " + c.name + ": " + cache.status().message());
+    if (!cache.ok()) return fail("--policy " + c.policy + ": " + cache.status().message());
   }
 
   ThreadPool pool(o.threads);
   const int64_t n_vocab = mc.n_vocab;
   std::vector<DemoRow> rows;
-  for (const DemoConfig& c : configs) {
+  for (const eval::PolicyConfig& c : configs) {
     DemoRow row;
     row.config = c;
-    auto policy = MakeCliPolicy(c.name, c.settings);
+    const std::string label = c.Label();
+    auto policy = MakeCliPolicy(c.Spec());
     if (!policy.ok()) return fail(policy.status().message());
     auto cache_or = m.NewCache(std::move(policy).value());
-    if (!cache_or.ok()) return fail("--policy " + c.name + ": " + cache_or.status().message());
+    if (!cache_or.ok()) return fail("--policy " + c.policy + ": " + cache_or.status().message());
     KvCache& cache = **cache_or;
     std::vector<float> logits(n_vocab);
     // The compression point: the end of this Prefill call.
@@ -280,7 +258,7 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
     if (Status st = m.Prefill(trial.prefix.data(), static_cast<int64_t>(trial.prefix.size()),
                               kPrefillChunk, &cache, &pool, nullptr);
         !st.ok()) {
-      return fail(c.label + ": prefill: " + st.ToString());
+      return fail(label + ": prefill: " + st.ToString());
     }
     row.prefill_s = Seconds(t0, Clock::now());
     row.resident_after_prefill = cache.ResidentBytes();
@@ -308,23 +286,23 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
       return OkStatus();
     };
     for (int32_t q : trial.query) {
-      if (Status st = step(q); !st.ok()) return fail(c.label + ": decode: " + st.ToString());
+      if (Status st = step(q); !st.ok()) return fail(label + ": decode: " + st.ToString());
     }
     for (size_t j = 0; j < trial.answer.size(); ++j) {
       const int32_t id = Argmax(logits);
       row.answer.push_back(id);
-      if (Status st = step(id); !st.ok()) return fail(c.label + ": decode: " + st.ToString());
+      if (Status st = step(id); !st.ok()) return fail(label + ": decode: " + st.ToString());
     }
     // Keep decoding greedily, so the speed and read figures cover more than a couple of steps.
     for (int64_t g = 0; g < o.gen; ++g) {
       if (Status st = step(Argmax(logits)); !st.ok()) {
-        return fail(c.label + ": decode: " + st.ToString());
+        return fail(label + ": decode: " + st.ToString());
       }
     }
     row.correct = row.answer == trial.answer;
     row.resident = cache.ResidentBytes();
     row.read_bytes_per_step = row.decode_steps ? read_bytes / row.decode_steps : 0;
-    err << "demo: " << c.label << ": prefill " << trial.prefix.size() << " tokens in "
+    err << "demo: " << label << ": prefill " << trial.prefix.size() << " tokens in "
         << FormatFixed(row.prefill_s, 2) << " s; answer " << TokenNames(tok, no.kv, row.answer)
         << (row.correct ? " (right)" : " (wrong)") << "\n";
     rows.push_back(std::move(row));
@@ -344,11 +322,11 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
   Table t({"policy", "answer", "correct?", "resident KiB", "read KiB/step", "decode tok/s"});
   std::vector<std::string> derived;
   for (const DemoRow& r : rows) {
-    t.AddRow({r.config.label, TokenNames(tok, no.kv, r.answer), r.correct ? "yes" : "no",
+    t.AddRow({r.config.Label(), TokenNames(tok, no.kv, r.answer), r.correct ? "yes" : "no",
               FormatFixed(KiB(static_cast<double>(r.resident)), 1),
               FormatFixed(KiB(r.read_bytes_per_step), 1) + (r.read_derived ? " *" : ""),
               r.decode_s > 0 ? FormatFixed(r.decode_steps / r.decode_s, 1) : "-"});
-    if (r.read_derived) derived.push_back(r.config.label);
+    if (r.read_derived) derived.push_back(r.config.Label());
   }
   t.Print(out);
   const int64_t n_steps = rows.empty() ? 0 : rows[0].decode_steps;
@@ -360,7 +338,7 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
       << n_steps << " steps; decode tok/s: over those steps, " << o.threads << " thread"
       << (o.threads == 1 ? "" : "s") << "\n";
   for (const DemoRow& r : rows) {
-    if (r.describe != r.config.name) out << r.config.label << ": " << r.describe << "\n";
+    if (r.describe != r.config.policy) out << r.config.Label() << ": " << r.describe << "\n";
   }
   if (!derived.empty()) {
     std::string list;
@@ -372,8 +350,8 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
   if (!o.json_path.empty()) {
     nlohmann::json results = nlohmann::json::array();
     for (const DemoRow& r : rows) {
-      results.push_back({{"policy", r.config.name},
-                         {"label", r.config.label},
+      results.push_back({{"policy", r.config.policy},
+                         {"label", r.config.Label()},
                          {"describe", r.describe},
                          {"answer", r.answer},
                          {"answer_text", TokenNames(tok, no.kv, r.answer)},

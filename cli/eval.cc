@@ -360,7 +360,7 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
   }
   n.chunk = o.chunk;
   n.threads = o.threads;
-  if (o.threads < 1) return Fail(err, "--threads must be >= 1, got " + std::to_string(o.threads));
+  if (Status st = CheckAtLeast("--threads", o.threads, 1); !st.ok()) return Fail(err, st.message());
   auto loaded = LoadModel(o, err);
   if (!loaded.ok()) return Fail(err, loaded.status().message());
   if (o.format == "auto") {
@@ -441,9 +441,8 @@ StatusOr<WindowSetup> SetupWindows(const EvalCliOptions& o, const Model& model) 
   s.w.chunked = o.chunked;
   s.w.chunk = o.chunk;
   s.w.threads = o.threads;
-  if (o.threads < 1)
-    return InvalidArgument("--threads must be >= 1, got " + std::to_string(o.threads));
-  if (o.chunk < 1) return InvalidArgument("--chunk must be >= 1, got " + std::to_string(o.chunk));
+  RETURN_IF_ERROR(CheckAtLeast("--threads", o.threads, 1));
+  RETURN_IF_ERROR(CheckAtLeast("--chunk", o.chunk, 1));
   if (!o.offsets.empty()) {
     ASSIGN_OR_RETURN(s.w.offsets, ParseIntList("--offsets", o.offsets));
   }

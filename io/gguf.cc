@@ -509,7 +509,7 @@ GgufFile::~GgufFile() {
   if (map_ != nullptr) munmap(map_, size_);
 }
 
-StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
+StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path, Load load) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int e = errno;
@@ -529,7 +529,30 @@ StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path) {
   std::unique_ptr<GgufFile> f(new GgufFile());
   f->path_ = path;
   f->size_ = static_cast<uint64_t>(st.st_size);
-  if (f->size_ > 0) {
+  if (f->size_ > 0 && load == Load::kMemory) {
+    auto region = HugeRegion::Allocate(f->size_);
+    if (!region.ok()) {
+      ::close(fd);
+      return region.status().WithContext("cannot load " + path + " into memory");
+    }
+    f->memory_ = std::move(region).value();
+    uint64_t done = 0;
+    while (done < f->size_) {
+      const ssize_t got = ::pread(fd, f->memory_.data() + done,
+                                  std::min<uint64_t>(f->size_ - done, uint64_t{1} << 30),
+                                  static_cast<off_t>(done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) {
+        const int e = got < 0 ? errno : 0;
+        ::close(fd);
+        return IoError("cannot read " + path + " at byte " + std::to_string(done) + " of " +
+                       std::to_string(f->size_) + ": " +
+                       (got < 0 ? std::strerror(e) : "unexpected end of file"));
+      }
+      done += static_cast<uint64_t>(got);
+    }
+    f->base_ = f->memory_.data();
+  } else if (f->size_ > 0) {
     void* m = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (m == MAP_FAILED) {
       const int e = errno;

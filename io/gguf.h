@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/huge_region.h"
 #include "core/status.h"
 #include "core/tensor.h"
 
@@ -75,10 +76,16 @@ class GgufFile {
   static constexpr int kMaxDims = 4;
   static constexpr int64_t kMaxTensorElems = int64_t{1} << 40;
 
-  // Maps the file read-only. Every structural problem is a DataLoss/OutOfRange/Unimplemented
-  // error naming the file and what is wrong; the file is never trusted (counts, lengths, dims,
-  // offsets are bounds-checked before use).
-  static StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path);
+  // How the file's bytes are held: mapped read-only (pages shared with the page cache, loaded on
+  // first touch), or read into anonymous memory advised for huge pages (a copy: costs the file's
+  // size in memory and a read at open, and streams faster; see core/huge_region.h).
+  enum class Load { kMmap, kMemory };
+
+  // Opens the file. Every structural problem is a DataLoss/OutOfRange/Unimplemented error naming
+  // the file and what is wrong; the file is never trusted (counts, lengths, dims, offsets are
+  // bounds-checked before use).
+  static StatusOr<std::unique_ptr<GgufFile>> Open(const std::string& path,
+                                                  Load load = Load::kMmap);
   // Parses an in-memory image (takes ownership).
   static StatusOr<std::unique_ptr<GgufFile>> FromBuffer(std::vector<uint8_t> bytes,
                                                         std::string name = "<memory>");
@@ -125,8 +132,9 @@ class GgufFile {
   std::string path_;
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
-  void* map_ = nullptr;             // mmap'ed region (or null when owned_ is used)
+  void* map_ = nullptr;             // mmap'ed region (or null when owned_ / memory_ is used)
   std::vector<uint8_t> owned_;
+  HugeRegion memory_;               // Load::kMemory
   uint32_t version_ = 0;
   uint64_t alignment_ = 32;
   uint64_t data_offset_ = 0;

@@ -906,6 +906,13 @@ TEST_F(GgufFileTest, WriteThenOpenMapped) {
   const std::vector<uint8_t> mem = w.ToBytes();
   ASSERT_EQ(mem.size(), (*f)->file_size());
   EXPECT_EQ(std::memcmp(mem.data(), (*f)->data(), mem.size()), 0);
+  // Read into memory instead of mapped: the same image, metadata and tensors.
+  auto fm = GgufFile::Open(path, GgufFile::Load::kMemory);
+  ASSERT_TRUE(fm.ok()) << fm.status().ToString();
+  ASSERT_EQ((*fm)->file_size(), mem.size());
+  EXPECT_EQ(std::memcmp(mem.data(), (*fm)->data(), mem.size()), 0);
+  EXPECT_EQ(*(*fm)->GetString("general.name"), "tiny");
+  CheckTensors(**fm, cases, 64);
   // Overwriting an existing file replaces it.
   GgufWriter w2;
   w2.Set("general.name", GgufValue::String("second"));
@@ -922,6 +929,9 @@ TEST_F(GgufFileTest, OpenErrorsNameThePath) {
   ASSERT_FALSE(f.ok());
   EXPECT_TRUE(f.status().code() == StatusCode::kNotFound ||
               f.status().code() == StatusCode::kIoError);
+  EXPECT_PRED2(Contains, f.status().message(), missing);
+  f = GgufFile::Open(missing, GgufFile::Load::kMemory);
+  ASSERT_FALSE(f.ok());
   EXPECT_PRED2(Contains, f.status().message(), missing);
 
   const std::string empty = dir_ + "/empty.gguf";

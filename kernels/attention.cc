@@ -152,11 +152,27 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
   for (int64_t t0 = 0; t0 < n; t0 += kTileRows) {
     const int nr = static_cast<int>(std::min<int64_t>(kTileRows, n - t0));
     // Rows past nr (score tiles overrun by up to kRowSlack - 1 rows) repeat the last row; masked.
-    for (int i = 0; i < kRowsPad; ++i) {
-      const int64_t u = rows ? rows[t0 + std::min(i, nr - 1)] : t0 + std::min(i, nr - 1);
-      krow[i] = kv.key_row(u);
-      vrow[i] = kv.val_row(u);
+    if (rows == nullptr && kv.key_ptrs == nullptr) {
+      // Consecutive rows: one stride apart, except across a page boundary.
+      const int64_t mask = kv.key_pages ? (int64_t{1} << kv.page_shift) - 1 : -1;
+      for (int i = 0; i < nr; ++i) {
+        const int64_t u = t0 + i;
+        if (i == 0 || (mask >= 0 && (u & mask) == 0)) {
+          krow[i] = kv.key_row(u);
+          vrow[i] = kv.val_row(u);
+        } else {
+          krow[i] = krow[i - 1] + kv.k_stride;
+          vrow[i] = vrow[i - 1] + kv.v_stride;
+        }
+      }
+    } else {
+      for (int i = 0; i < nr; ++i) {
+        const int64_t u = rows ? rows[t0 + i] : t0 + i;
+        krow[i] = kv.key_row(u);
+        vrow[i] = kv.val_row(u);
+      }
     }
+    for (int i = nr; i < kRowsPad; ++i) krow[i] = krow[nr - 1], vrow[i] = vrow[nr - 1];
     // The cache lines of the next tile's rows (or of the caller's next stream) are requested
     // while this tile's scores are computed; the first tile's, up front.
     pf.Clear();

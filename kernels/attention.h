@@ -62,12 +62,28 @@ struct KvStreamView {
   // value val_ptrs[u] (the same array for MLA). When set, keys/vals/strides are ignored.
   const uint16_t* const* key_ptrs = nullptr;
   const uint16_t* const* val_ptrs = nullptr;
+  // Alternative addressing for rows in pages of 2^page_shift rows (used when key_pages is set
+  // and key_ptrs is not): row u is row u & (2^page_shift - 1) of page u >> page_shift, whose
+  // first row is key_pages[page] / val_pages[page] (strides as above).
+  const uint16_t* const* key_pages = nullptr;
+  const uint16_t* const* val_pages = nullptr;
+  int page_shift = 0;
 
-  const uint16_t* key_row(int64_t u) const { return key_ptrs ? key_ptrs[u] : keys + u * k_stride; }
-  const uint16_t* val_row(int64_t u) const { return val_ptrs ? val_ptrs[u] : vals + u * v_stride; }
+  const uint16_t* key_row(int64_t u) const {
+    if (key_ptrs) return key_ptrs[u];
+    if (key_pages) return key_pages[u >> page_shift] + (u & ((int64_t{1} << page_shift) - 1)) * k_stride;
+    return keys + u * k_stride;
+  }
+  const uint16_t* val_row(int64_t u) const {
+    if (val_ptrs) return val_ptrs[u];
+    if (val_pages) return val_pages[u >> page_shift] + (u & ((int64_t{1} << page_shift) - 1)) * v_stride;
+    return vals + u * v_stride;
+  }
   // MLA: values are the first dv columns of the key rows.
   bool values_in_keys() const {
-    return (key_ptrs ? val_ptrs == key_ptrs : vals == keys && v_stride == k_stride) && dv <= dk;
+    if (key_ptrs) return val_ptrs == key_ptrs && dv <= dk;
+    if (key_pages) return val_pages == key_pages && v_stride == k_stride && dv <= dk;
+    return vals == keys && v_stride == k_stride && dv <= dk;
   }
 };
 // next (optional): rows [0, next_n) of another stream the caller reads after this one; their

@@ -18,6 +18,7 @@
 #define STRATA_KERNELS_ATTENTION_TILE_INL_H_
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 
@@ -61,31 +62,37 @@ class PrefetchQueue {
  public:
   static constexpr int kMaxRanges = 2 * 80 + 4;
   void Clear() { head_ = count_ = 0, lines_ = 0; }
+  // Queues [p, p + bytes); a range that continues the previous one extends it.
   void Add(const void* p, int64_t bytes) {
     if (bytes <= 0) return;
-    if (count_ == kMaxRanges) {  // full: issue the oldest range now
-      while (head_ < count_) IssueOne();
+    const char* c = reinterpret_cast<const char*>(p);
+    lines_ += (bytes + 63) / 64;
+    if (count_ > head_ && r_[count_ - 1].p + r_[count_ - 1].n == c) {
+      r_[count_ - 1].n += bytes;
+      return;
+    }
+    if (count_ == kMaxRanges) {  // full: issue the queued ranges now
+      Drain();
       head_ = count_ = 0;
     }
-    r_[count_++] = {reinterpret_cast<const char*>(p), bytes};
-    lines_ += (bytes + 63) / 64;
+    r_[count_++] = {c, bytes};
   }
   // Sets the quota so that the queue drains in about `calls` Tick()s.
   void Spread(int calls) { quota_ = static_cast<int>((lines_ + calls - 1) / (calls > 0 ? calls : 1)); }
-  void Tick() {
-    for (int i = 0; i < quota_ && head_ < count_; ++i) IssueOne();
-  }
-  void Drain() {
-    while (head_ < count_) IssueOne();
-  }
+  void Tick() { Issue(quota_); }
+  void Drain() { Issue(1 << 30); }
 
  private:
-  void IssueOne() {
-    Range& r = r_[head_];
-    hwy::Prefetch(r.p);
-    r.p += 64;
-    r.n -= 64;
-    if (r.n <= 0) ++head_;
+  void Issue(int64_t lines) {
+    while (lines > 0 && head_ < count_) {
+      Range& r = r_[head_];
+      const int64_t n = std::min(lines, (r.n + 63) / 64);
+      for (int64_t i = 0; i < n; ++i) hwy::Prefetch(r.p + 64 * i);
+      r.p += 64 * n;
+      r.n -= 64 * n;
+      lines -= n;
+      if (r.n <= 0) ++head_;
+    }
   }
   struct Range {
     const char* p;

@@ -8,14 +8,16 @@
 
 namespace strata {
 
-// Bytes per second of a streaming SIMD read (a running sum) over a buffer of `bytes` (default
-// 512 MiB, larger than any last-level cache), best of `reps` passes. With a pool, the buffer is
-// split into pool->size() contiguous parts read concurrently (each first touched by its reader);
-// null = the calling thread only.
+// Bytes per second of a streaming SIMD read (a running sum) over a huge-page buffer of `bytes`
+// (default 512 MiB, larger than any last-level cache), best of `reps` passes each with and without
+// software prefetch. With a pool, the buffer is split into pool->size() contiguous parts read
+// concurrently (each first touched by its reader, all started together); null = the calling
+// thread only.
 double MeasureReadBandwidth(size_t bytes = size_t{512} << 20, ThreadPool* pool = nullptr,
                             int reps = 3);
 
-// The SIMD sum used by the probe (exposed for its test): sum of n floats.
-float StreamSum(const float* p, size_t n);
+// The SIMD sum used by the probe (exposed for its test): sum of n floats, optionally with
+// software prefetch ahead of the loads.
+float StreamSum(const float* p, size_t n, bool prefetch = false);
 
 }  // namespace strata

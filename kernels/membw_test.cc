@@ -26,6 +26,8 @@ TEST(MembwTest, StreamSumExactOnIntegers) {
       double want = 0;
       for (size_t i = 0; i < n; ++i) want += v[off + i] = static_cast<float>(rng.Below(9)) - 4.f;
       ASSERT_EQ(static_cast<double>(StreamSum(v.data() + off, n)), want) << "n=" << n;
+      ASSERT_EQ(static_cast<double>(StreamSum(v.data() + off, n, /*prefetch=*/true)), want)
+          << "n=" << n;
     }
   });
 }

@@ -1,6 +1,7 @@
 #include "kv/policy.h"
 
 #include <algorithm>
+#include <bit>
 
 #include "core/check.h"
 
@@ -63,23 +64,40 @@ void ReadPrefix(const LayerStore& store, const float* q, int64_t limit, ThreadPo
   const LayerGeometry& g = store.geometry();
   STRATA_CHECK(limit >= 0 && limit <= store.n_rows());
   STRATA_CHECK(page_keys == nullptr || g.kind == AttnKind::kMla);
-  std::vector<Task> tasks;
+  // One kernel call per run of up to kRunPages pages of a KV head (a paged view), not per page:
+  // a call has a fixed cost (query setup, state merge) that 64-row calls paid 16k times per token
+  // at 16k context.
+  constexpr int64_t kRunPages = 16;
+  static_assert((LayerStore::kPageRows & (LayerStore::kPageRows - 1)) == 0);
+  constexpr int kShift = std::countr_zero(static_cast<uint64_t>(LayerStore::kPageRows));
+  const bool mla = g.kind == AttnKind::kMla;
   const int64_t n_pages = (limit + LayerStore::kPageRows - 1) / LayerStore::kPageRows;
-  tasks.reserve(n_pages * g.n_kv_heads);
+  std::vector<const uint16_t*> kp(static_cast<size_t>(n_pages) * g.n_kv_heads);
+  std::vector<const uint16_t*> vp(mla ? 0 : kp.size());
   for (int h = 0; h < g.n_kv_heads; ++h) {
     for (int64_t p = 0; p < n_pages; ++p) {
-      const int64_t n = std::min(store.page_rows(p), limit - store.page_begin(p));
-      if (page_keys != nullptr && page_keys[p] != nullptr) {
-        // The same view PageView gives, over the policy's copy of the page.
-        KvStreamView v;
-        v.keys = v.vals = page_keys[p];
-        v.k_stride = v.v_stride = g.k_dim;
-        v.dk = g.k_dim;
-        v.dv = g.v_dim;
-        tasks.push_back({h, v, n});
-      } else {
-        tasks.push_back({h, store.PageView(h, p), n});
-      }
+      // MLA: the policy's copy of the page when it has one.
+      const KvStreamView pv = (page_keys != nullptr && page_keys[p] != nullptr)
+                                  ? KvStreamView{page_keys[p], page_keys[p], g.k_dim, g.k_dim,
+                                                 g.k_dim, g.v_dim}
+                                  : store.PageView(h, p);
+      kp[h * n_pages + p] = pv.keys;
+      if (!mla) vp[h * n_pages + p] = pv.vals;
+    }
+  }
+  std::vector<Task> tasks;
+  for (int h = 0; h < g.n_kv_heads; ++h) {
+    for (int64_t p0 = 0; p0 < n_pages; p0 += kRunPages) {
+      KvStreamView v;
+      v.dk = g.k_dim;
+      v.dv = g.v_dim;
+      v.k_stride = g.k_dim;
+      v.v_stride = mla ? g.k_dim : g.v_dim;
+      v.key_pages = kp.data() + h * n_pages + p0;
+      v.val_pages = mla ? v.key_pages : vp.data() + h * n_pages + p0;
+      v.page_shift = kShift;
+      const int64_t row0 = p0 * LayerStore::kPageRows;
+      tasks.push_back({h, v, std::min(limit, row0 + kRunPages * LayerStore::kPageRows) - row0});
     }
   }
   RunTasks(store, q, tasks, pool, st);

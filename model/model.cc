@@ -21,7 +21,7 @@ std::string ShapeStr(const std::vector<int64_t>& s) {
 }
 }  // namespace
 
-StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {
+StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path, GgufFile::Load load) {
   struct stat st;
   if (stat(path.c_str(), &st) != 0) return NotFound("model path '" + path + "' does not exist");
   if (S_ISDIR(st.st_mode)) {
@@ -33,7 +33,7 @@ StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& path) {
     ASSIGN_OR_RETURN(auto file, GgufFile::FromBuffer(w.ToBytes(), path));
     return FromGguf(std::move(file));
   }
-  ASSIGN_OR_RETURN(auto file, GgufFile::Open(path));
+  ASSIGN_OR_RETURN(auto file, GgufFile::Open(path, load));
   return FromGguf(std::move(file));
 }
 

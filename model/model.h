@@ -20,7 +20,9 @@ namespace strata {
 class Model {
  public:
   // path: a .gguf file, or a directory with config.json + *.safetensors (converted in memory).
-  static StatusOr<std::unique_ptr<Model>> Load(const std::string& path);
+  // load: how a .gguf file's bytes are held (mapped, or read into huge-page memory).
+  static StatusOr<std::unique_ptr<Model>> Load(const std::string& path,
+                                               GgufFile::Load load = GgufFile::Load::kMmap);
   // Builds a model from an already-open GGUF (takes ownership).
   static StatusOr<std::unique_ptr<Model>> FromGguf(std::unique_ptr<GgufFile> file);
   virtual ~Model() = default;
