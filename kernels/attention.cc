@@ -175,17 +175,22 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
     for (int i = nr; i < kRowsPad; ++i) krow[i] = krow[nr - 1], vrow[i] = vrow[nr - 1];
     // The cache lines of the next tile's rows (or of the caller's next stream) are requested
     // while this tile's scores are computed; the first tile's, up front.
+    // Rows [a, b) of this stream followed by the caller's next one.
+    auto queue_span = [&](int64_t a, int64_t b) {
+      if (a < n) QueueRows(kv, rows, a, std::min(b, n) - a, &pf);
+      if (next != nullptr && b > n) {
+        const int64_t na = std::max<int64_t>(a - n, 0), nb = std::min<int64_t>(b - n, next_n);
+        if (nb > na) QueueRows(*next, nullptr, na, nb - na, &pf);
+      }
+    };
     pf.Clear();
     if (t0 == 0) {
-      QueueRows(kv, rows, 0, nr, &pf);
+      queue_span(0, nr);
       pf.Drain();
+      pf.Clear();
+      queue_span(kTileRows, 2 * kTileRows);
     }
-    pf.Clear();
-    if (t0 + kTileRows < n) {
-      QueueRows(kv, rows, t0 + kTileRows, std::min<int64_t>(kTileRows, n - t0 - kTileRows), &pf);
-    } else if (next != nullptr) {
-      QueueRows(*next, nullptr, 0, std::min<int64_t>(kTileRows, next_n), &pf);
-    }
+    queue_span(t0 + 2 * kTileRows, t0 + 3 * kTileRows);
     pf.Spread(tile::ScoreCalls(G, nr));
     float* s = sc.s.data();
     if (staged) {

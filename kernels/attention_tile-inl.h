@@ -66,6 +66,7 @@ class PrefetchQueue {
   void Add(const void* p, int64_t bytes) {
     if (bytes <= 0) return;
     const char* c = reinterpret_cast<const char*>(p);
+    if (head_ == count_) head_ = count_ = 0;  // everything issued: reuse the slots
     lines_ += (bytes + 63) / 64;
     if (count_ > head_ && r_[count_ - 1].p + r_[count_ - 1].n == c) {
       r_[count_ - 1].n += bytes;
@@ -74,11 +75,15 @@ class PrefetchQueue {
     if (count_ == kMaxRanges) {  // full: issue the queued ranges now
       Drain();
       head_ = count_ = 0;
+      lines_ = (bytes + 63) / 64;
     }
     r_[count_++] = {c, bytes};
   }
-  // Sets the quota so that the queue drains in about `calls` Tick()s.
-  void Spread(int calls) { quota_ = static_cast<int>((lines_ + calls - 1) / (calls > 0 ? calls : 1)); }
+  // Sets the quota so that the queued lines drain in about `calls` Tick()s.
+  void Spread(int calls) {
+    calls = std::max(1, calls);
+    quota_ = static_cast<int>((lines_ + calls - 1) / calls);
+  }
   void Tick() { Issue(quota_); }
   void Drain() { Issue(1 << 30); }
 
@@ -91,6 +96,7 @@ class PrefetchQueue {
       r.p += 64 * n;
       r.n -= 64 * n;
       lines -= n;
+      lines_ -= n;
       if (r.n <= 0) ++head_;
     }
   }

@@ -409,8 +409,8 @@ class Runner {
 
   // Queues the cache lines of block b's slot: requested a few at a time while the next Block()
   // computes its scores (all at once when issue_now, or when that block has no score phase).
+  // NoPrefetch() empties the queue.
   void Prefetch(int64_t b, bool issue_now = false) {
-    pf_.Clear();
     if (v_.n_valid[b] <= 0) return;
     pf_.Add(pi::SlotPtr(v_, b), SlotBytes(v_.level[b], D_, v_.group_size));
     if (issue_now) pf_.Drain();
@@ -878,13 +878,13 @@ void PackedAttendImpl(const PackedHeadView& view, const float* q, int n_q, float
                       const PackedBlockIO* io) {
   Runner r(view, q, n_q, scale);
   // Each block's slot is requested while the previous block computes its scores.
+  // Block i + 2's slot is requested while block i computes its scores (the first two up front).
+  r.NoPrefetch();
   r.Prefetch(blocks ? blocks[0] : 0, /*issue_now=*/true);
+  r.NoPrefetch();
+  if (n_list > 1) r.Prefetch(blocks ? blocks[1] : 1);
   for (int64_t i = 0; i < n_list; ++i) {
-    if (i + 1 < n_list) {
-      r.Prefetch(blocks ? blocks[i + 1] : i + 1);
-    } else {
-      r.NoPrefetch();
-    }
+    if (i + 2 < n_list) r.Prefetch(blocks ? blocks[i + 2] : i + 2);
     const int64_t b = blocks ? blocks[i] : i;
     if (io == nullptr) {
       r.Block(b);
