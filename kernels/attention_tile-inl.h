@@ -109,8 +109,9 @@ class PrefetchQueue {
   int64_t lines_ = 0;
 };
 
-// out[i] = sum of the lanes of acc[i], i < kAcc.
-HWY_INLINE void ReduceAcc(const VF* acc, float* HWY_RESTRICT out) {
+// out[i] = sum of the lanes of acc[i], i < kAcc; with the tree, also returned as one vector
+// (lane i) so that callers can store it without a round trip through memory.
+HWY_INLINE void ReduceAcc(const VF* acc, float* HWY_RESTRICT out, VF* vout = nullptr) {
   const DF df;
 #if STRATA_TILE_TREE
   static_assert(kAcc == 16);
@@ -135,7 +136,12 @@ HWY_INLINE void ReduceAcc(const VF* acc, float* HWY_RESTRICT out) {
     return VF{_mm512_add_ps(x, y)};
   };
   const VF s01 = blocks(u[0], u[1]), s23 = blocks(u[2], u[3]);
-  hn::StoreU(blocks(s01, s23), df, out);
+  const VF all = blocks(s01, s23);
+  if (vout != nullptr) {
+    *vout = all;
+  } else {
+    hn::StoreU(all, df, out);
+  }
 #else
   for (int i = 0; i < kAcc; ++i) out[i] = hn::GetLane(hn::SumOfLanes(df, acc[i]));
 #endif
@@ -169,6 +175,17 @@ HWY_INLINE void ScoreRows(const float* HWY_RESTRICT q, int64_t qs, int64_t D, co
     }
   }
   alignas(64) float red[kAcc];
+#if STRATA_TILE_TREE
+  if constexpr (H == 4) {  // lanes [4h, 4h + 4) are head h's rows: one 128-bit store per head
+    VF all;
+    ReduceAcc(acc, red, &all);
+    _mm_storeu_ps(s + 0 * ss + i0, _mm512_extractf32x4_ps(all.raw, 0));
+    _mm_storeu_ps(s + 1 * ss + i0, _mm512_extractf32x4_ps(all.raw, 1));
+    _mm_storeu_ps(s + 2 * ss + i0, _mm512_extractf32x4_ps(all.raw, 2));
+    _mm_storeu_ps(s + 3 * ss + i0, _mm512_extractf32x4_ps(all.raw, 3));
+    return;
+  }
+#endif
   ReduceAcc(acc, red);
   for (int h = 0; h < H; ++h)
     for (int r = 0; r < R; ++r) s[h * ss + i0 + r] = red[h * R + r];

@@ -776,6 +776,7 @@ class Runner {
       tile::ScoreTile(sc.qf.data() + tg * G * D, D, G, D,
                       [&](int r, int64_t c) { return tile::CodeVec(kb + r * D, c); }, nr, s + r0,
                       SS, &pf_);
+      if (n_tg == 1) continue;  // one time group: q.lo is added to the tile max below
       for (int h = 0; h < G; ++h) {
         const float a = sc.qa[tg * G + h];
         float* sh = s + h * SS + r0;
@@ -784,6 +785,10 @@ class Runner {
     }
     pf_.Drain();
     if (!Softmax(nv, over)) return;
+    if (n_tg == 1) {
+      // A constant logit offset per head leaves exp(s - max) unchanged and moves the max.
+      for (int h = 0; h < G; ++h) sc.tm[h] += sc.qa[h];
+    }
     // Values, per channel group.
     const int GV = static_cast<int>(D / g);
     if (sc.vs.size() < static_cast<size_t>(GV * T)) sc.vs.Resize(GV * T), sc.vl.Resize(GV * T);
