@@ -335,18 +335,6 @@ void AttendStream(const float* q, int n_heads, float scale, const KvStreamView& 
   HWY_DYNAMIC_DISPATCH(AttendStreamImpl)(q, n_heads, scale, kv, rows, n, st, next, next_n);
 }
 
-void PrefetchStream(const KvStreamView& kv, int64_t n) {
-  const int64_t kbytes = int64_t{kv.dk} * 2, vbytes = int64_t{kv.dv} * 2;
-  const bool shared = kv.values_in_keys();
-  for (int64_t u = 0; u < n; ++u) {
-    const char* k = reinterpret_cast<const char*>(kv.key_row(u));
-    for (int64_t b = 0; b < kbytes; b += 64) hwy::Prefetch(k + b);
-    if (shared) continue;
-    const char* v = reinterpret_cast<const char*>(kv.val_row(u));
-    for (int64_t b = 0; b < vbytes; b += 64) hwy::Prefetch(v + b);
-  }
-}
-
 void AttendStreamRef(const float* q, int n_heads, float scale, const KvStreamView& kv,
                      const int64_t* rows, int64_t n, double* out) {
   std::vector<double> s(std::max<int64_t>(n, 1));

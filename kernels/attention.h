@@ -92,10 +92,6 @@ void AttendStream(const float* q, int n_heads, float scale, const KvStreamView& 
                   const int64_t* rows, int64_t n, SoftmaxStates* st,
                   const KvStreamView* next = nullptr, int64_t next_n = 0);
 
-// Requests the cache lines of rows [0, n) of a stream (keys and values), for a reader that is
-// about to attend them after other work (software prefetch; no effect on results).
-void PrefetchStream(const KvStreamView& kv, int64_t n);
-
 // Scalar float64 reference of the same (returns final outputs o/d per head, [G, dv]).
 void AttendStreamRef(const float* q, int n_heads, float scale, const KvStreamView& kv,
                      const int64_t* rows, int64_t n, double* out);

@@ -81,16 +81,10 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 
 constexpr int kTile = 32;  // tokens per sub-tile (32-row path)
+constexpr int kTileStride = kTile + tile::kRowSlack;  // its score rows (micro-tiles overrun)
 constexpr int kScoreStride = kBlockTokens + tile::kRowSlack;  // whole-block path score rows
 constexpr int kSpan = 64;     // channels per span of span-order codes
 constexpr int kLayouts = 3;   // output layouts: channel order, 4-bit span order, 2-bit span order
-#if HWY_TARGET <= HWY_AVX3
-constexpr int kScoreRows = 4;
-constexpr int kVCols = 4;
-#else
-constexpr int kScoreRows = 2;
-constexpr int kVCols = 2;
-#endif
 
 struct Scratch {
   AlignedBuffer<float> q;     // [G, Dp] scaled queries, zero-padded
@@ -245,59 +239,6 @@ HWY_INLINE void DequantGroup(const uint8_t* codes, float step, float lo, int64_t
   for (; c < n; ++c) dst[c] = static_cast<float>(codes[c]) * step + lo;
 }
 
-template <int H>
-HWY_INLINE void ScoreTile(const float* q, const float* k, int64_t dp, float* s) {
-  const DF df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  constexpr int R = kScoreRows;
-  VF acc[H][R];
-  for (int h = 0; h < H; ++h)
-    for (int r = 0; r < R; ++r) acc[h][r] = hn::Zero(df);
-  for (int64_t c = 0; c < dp; c += N) {
-    VF kv[R];
-    for (int r = 0; r < R; ++r) kv[r] = hn::Load(df, k + r * dp + c);
-    for (int h = 0; h < H; ++h) {
-      const VF qv = hn::Load(df, q + h * dp + c);
-      for (int r = 0; r < R; ++r) acc[h][r] = hn::MulAdd(qv, kv[r], acc[h][r]);
-    }
-  }
-  for (int h = 0; h < H; ++h)
-    for (int r = 0; r < R; ++r) s[h * kTile + r] = hn::GetLane(hn::SumOfLanes(df, acc[h][r]));
-}
-
-template <int H, int C>
-HWY_INLINE void VTile(const float* p, const float* v, int64_t vs, int nr, float* o, int64_t dvp) {
-  const DF df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  VF acc[H][C];
-  for (int h = 0; h < H; ++h)
-    for (int j = 0; j < C; ++j) acc[h][j] = hn::Load(df, o + h * dvp + j * N);
-  for (int u = 0; u < nr; ++u) {
-    VF vv[C];
-    for (int j = 0; j < C; ++j) vv[j] = hn::Load(df, v + u * vs + j * N);
-    for (int h = 0; h < H; ++h) {
-      const VF pb = hn::Set(df, p[h * kTile + u]);
-      for (int j = 0; j < C; ++j) acc[h][j] = hn::MulAdd(pb, vv[j], acc[h][j]);
-    }
-  }
-  for (int h = 0; h < H; ++h)
-    for (int j = 0; j < C; ++j) hn::Store(acc[h][j], df, o + h * dvp + j * N);
-}
-
-template <int H>
-HWY_INLINE void VTileC(int nc, const float* p, const float* v, int64_t vs, int nr, float* o,
-                       int64_t dvp) {
-  switch (nc) {
-    case 1: return VTile<H, 1>(p, v, vs, nr, o, dvp);
-    case 2: return VTile<H, 2>(p, v, vs, nr, o, dvp);
-#if HWY_TARGET <= HWY_AVX3
-    case 3: return VTile<H, 3>(p, v, vs, nr, o, dvp);
-    case 4: return VTile<H, 4>(p, v, vs, nr, o, dvp);
-#endif
-    default: STRATA_CHECK(false);
-  }
-}
-
 class Runner {
  public:
   Runner(const PackedHeadView& view, const float* q, int G, float scale)
@@ -310,9 +251,9 @@ class Runner {
     sc_ = &scratch_;
     Scratch& sc = *sc_;
     Grow(&sc.q, G * Dp_);
-    Grow(&sc.kt, kTile * Dp_);
+    Grow(&sc.kt, kTileStride * Dp_);
     Grow(&sc.vt, kTile * Dp_);
-    Grow(&sc.s, G * kTile);
+    Grow(&sc.s, G * kTileStride);
     Grow(&sc.o, G * Dp_);
     Grow(&sc.ks, (kBlockTokens / v_.group_size) * Dp_);
     Grow(&sc.kl, (kBlockTokens / v_.group_size) * Dp_);
@@ -628,62 +569,28 @@ class Runner {
   void Tile(int nr, uint64_t masked, const FillV& fill_v) {
     Scratch& sc = *sc_;
     const DF df;
-    const int nr_pad = (nr + kScoreRows - 1) / kScoreRows * kScoreRows;
     float* k = kt();
-    for (int i = nr; i < nr_pad; ++i) std::fill(k + i * Dp_, k + (i + 1) * Dp_, 0.f);
+    // The score micro-tiles evaluate up to kRowSlack - 1 rows past nr: zero rows, masked below.
+    for (int i = nr; i < nr + tile::kRowSlack - 1; ++i) std::fill(k + i * Dp_, k + (i + 1) * Dp_, 0.f);
     float* s = sc.s.data();
-    for (int g0 = 0; g0 < G_; g0 += 4) {
-      const int nh = std::min(4, G_ - g0);
-      const float* qg = sc.q.data() + g0 * Dp_;
-      float* sg = s + g0 * kTile;
-      for (int i0 = 0; i0 < nr_pad; i0 += kScoreRows) {
-        const float* kr = k + i0 * Dp_;
-        switch (nh) {
-          case 1: ScoreTile<1>(qg, kr, Dp_, sg + i0); break;
-          case 2: ScoreTile<2>(qg, kr, Dp_, sg + i0); break;
-          case 3: ScoreTile<3>(qg, kr, Dp_, sg + i0); break;
-          default: ScoreTile<4>(qg, kr, Dp_, sg + i0); break;
-        }
-      }
-    }
+    tile::ScoreTile(sc.q.data(), Dp_, G_, Dp_,
+                    [&](int r, int64_t c) { return hn::Load(df, k + r * Dp_ + c); }, nr, s,
+                    kTileStride);
     const uint64_t live = (nr >= 64 ? ~uint64_t{0} : ((uint64_t{1} << nr) - 1)) & ~masked;
     if (live == 0) return;
-    const VF vfloor = hn::Set(df, -1000.f);  // exp(-1000) = 0 and keeps Exp in range
     for (int h = 0; h < G_; ++h) {
-      float* sh = s + h * kTile;
+      float* sh = s + h * kTileStride;
       for (int i = 0; i < kTile; ++i) {
         if (!((live >> i) & 1)) sh[i] = pi::kNegInf;
       }
-      float tmax = pi::kNegInf;
-      for (int i = 0; i < nr; ++i) tmax = std::max(tmax, sh[i]);
-      const VF vm = hn::Set(df, tmax);
-      VF sum = hn::Zero(df);
-      for (int i = 0; i < kTile; i += static_cast<int>(N_)) {
-        const VF x = hn::Max(hn::Sub(hn::Load(df, sh + i), vm), vfloor);
-        const VF p = hn::Exp(df, x);
-        hn::Store(p, df, sh + i);
-        sum = hn::Add(sum, p);
-      }
-      sc.tm[h] = tmax;
-      sc.td[h] = hn::GetLane(hn::SumOfLanes(df, sum));
+      sc.tm[h] = tile::SoftmaxRow(sh, kTile, &sc.td[h]);
     }
     std::fill(sc.o.data(), sc.o.data() + G_ * Dp_, 0.f);
     float* vt = sc.vt.data();
     fill_v(vt);
-    for (int g0 = 0; g0 < G_; g0 += 4) {
-      const int nh = std::min(4, G_ - g0);
-      const float* pg = s + g0 * kTile;
-      for (int64_t c0 = 0; c0 < Dp_; c0 += kVCols * N_) {
-        const int nc = static_cast<int>(std::min<int64_t>(kVCols, (Dp_ - c0) / N_));
-        float* og = sc.o.data() + g0 * Dp_ + c0;
-        switch (nh) {
-          case 1: VTileC<1>(nc, pg, vt + c0, Dp_, nr, og, Dp_); break;
-          case 2: VTileC<2>(nc, pg, vt + c0, Dp_, nr, og, Dp_); break;
-          case 3: VTileC<3>(nc, pg, vt + c0, Dp_, nr, og, Dp_); break;
-          default: VTileC<4>(nc, pg, vt + c0, Dp_, nr, og, Dp_); break;
-        }
-      }
-    }
+    tile::AccumTile(s, kTileStride, G_,
+                    [&](int t, int64_t c) { return hn::Load(df, vt + t * Dp_ + c); }, nr, 0, Dp_,
+                    sc.o.data(), Dp_);
     MergeTiles(sc.o.data(), Dp_);
   }
 
