@@ -91,7 +91,9 @@ int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream&
   };
   if (o.tokens < 1) return fail("--tokens must be >= 1, got " + std::to_string(o.tokens));
   if (o.warmup < 0) return fail("--warmup must be >= 0, got " + std::to_string(o.warmup));
-  if (o.bw_mib < 1) return fail("--bw-mib must be >= 1, got " + std::to_string(o.bw_mib));
+  if (o.bw_mib < 1 || o.bw_mib > (int64_t{1} << 30)) {
+    return fail("--bw-mib must be in [1, 1073741824], got " + std::to_string(o.bw_mib));
+  }
   auto ctxs = ParseIntList("--ctx", o.ctx);
   if (!ctxs.ok()) return fail(ctxs.status().message());
   for (int64_t c : *ctxs) {
@@ -142,7 +144,9 @@ int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream&
     ThreadPool pool(static_cast<int>(n_threads));
     err << "[threads " << n_threads << "] measuring read bandwidth (" << o.bw_mib << " MiB)...\n"
         << std::flush;
-    const double bw = MeasureReadBandwidth(static_cast<size_t>(o.bw_mib) << 20, &pool);
+    const auto bw_or = MeasureReadBandwidth(static_cast<size_t>(o.bw_mib) << 20, &pool);
+    if (!bw_or.ok()) return fail("--bw-mib " + std::to_string(o.bw_mib) + ": " + bw_or.status().ToString());
+    const double bw = *bw_or;
     err << "[threads " << n_threads << "] " << FormatFixed(bw / 1e9, 2) << " GB/s\n";
     for (int64_t ctx : *ctxs) {
       err << "[threads " << n_threads << ", ctx " << ctx << "] filling the cache...\n"

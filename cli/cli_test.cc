@@ -194,6 +194,11 @@ TEST_F(CliTest, BadFlagsExitTwoNamingTheProblem) {
       {{"bench", "decode", "-m", m, "--ctx", "0,x"}, "--ctx"},
       {{"bench", "decode", "-m", m, "--threads", "0"}, "--threads"},
       {{"bench", "decode", "-m", m, "--tokens", "0"}, "--tokens"},
+      {{"bench", "decode", "-m", m, "--bw-mib", "0"}, "--bw-mib"},
+      // Passes the range check, but 1 PiB exceeds any x86-64 address space whatever the
+      // overcommit policy: the probe's allocation error.
+      {{"bench", "decode", "-m", m, "--ctx", "0", "--bw-mib", "1073741824"},
+       "--bw-mib 1073741824"},
   };
   ExpectUsageErrors(cases);
 }

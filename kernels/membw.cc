@@ -77,13 +77,13 @@ float StreamSum(const float* p, size_t n, bool prefetch) {
   return HWY_DYNAMIC_DISPATCH(StreamSumImpl)(p, n, prefetch ? 1 : 0);
 }
 
-double MeasureReadBandwidth(size_t bytes, ThreadPool* pool, int reps) {
+StatusOr<double> MeasureReadBandwidth(size_t bytes, ThreadPool* pool, int reps) {
   const size_t n = std::max<size_t>(bytes / sizeof(float), 1024);
   const int T = pool ? pool->size() : 1;
   // A huge-page region (where the kernel grants them): the best case for a streaming reader,
   // which is what the engine's weight and KV buffers are measured against.
   auto region = HugeRegion::Allocate(n * sizeof(float));
-  STRATA_CHECK_MSG(region.ok(), "%s", region.status().ToString().c_str());
+  if (!region.ok()) return region.status().WithContext("bandwidth probe buffer");
   float* p = reinterpret_cast<float*>(region->data());
   // Each reader's part, first touched by that reader.
   auto part = [&](int k, size_t* b, size_t* e) {

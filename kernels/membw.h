@@ -4,6 +4,7 @@
 
 #include <cstddef>
 
+#include "core/status.h"
 #include "core/thread_pool.h"
 
 namespace strata {
@@ -13,8 +14,9 @@ namespace strata {
 // software prefetch. With a pool, the buffer is split into pool->size() contiguous parts read
 // concurrently (each first touched by its reader, all started together); null = the calling
 // thread only.
-double MeasureReadBandwidth(size_t bytes = size_t{512} << 20, ThreadPool* pool = nullptr,
-                            int reps = 3);
+// An error (naming the size) when the buffer cannot be allocated.
+StatusOr<double> MeasureReadBandwidth(size_t bytes = size_t{512} << 20, ThreadPool* pool = nullptr,
+                                      int reps = 3);
 
 // The SIMD sum used by the probe (exposed for its test): sum of n floats, optionally with
 // software prefetch ahead of the loads.
