@@ -95,19 +95,8 @@ struct Scratch {
   std::vector<float> m, d;  // [G]
 };
 
-void Grow(AlignedBuffer<float>* b, size_t n) {
-  if (b->size() < n) b->Resize(n);
-}
-
-// dst[0..dp) = bf16 src[0..n) as f32, zeros in [n, dp).
-HWY_INLINE void Bf16RowToF32(const uint16_t* src, int64_t n, int64_t dp, float* dst) {
-  const DF df;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  int64_t c = 0;
-  for (; c + N <= n; c += N) hn::Store(tile::Bf16Vec(src, c), df, dst + c);
-  for (; c < n; ++c) dst[c] = Bf16ToF32(src[c]);
-  for (; c < dp; ++c) dst[c] = 0.f;
-}
+using tile::Bf16RowToF32;
+using tile::Grow;
 
 // Queues rows [r0, r0 + n) of a stream (keys; values unless shared with keys).
 HWY_INLINE void QueueRows(const KvStreamView& kv, const int64_t* rows, int64_t r0, int64_t n,

@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "core/buffer.h"
+#include "core/dtype.h"
 #include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "hwy/highway.h"
@@ -339,6 +341,23 @@ HWY_INLINE VF Bf16Vec(const uint16_t* HWY_RESTRICT row, int64_t c) {
   const hn::Rebind<uint16_t, DF> du16;
   const hn::Rebind<uint32_t, DF> du32;
   return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, row + c))));
+}
+
+// dst[0..dp) = bf16 src[0..n) as f32, zeros in [n, dp) (dp >= n).
+HWY_INLINE void Bf16RowToF32(const uint16_t* HWY_RESTRICT src, int64_t n, int64_t dp,
+                             float* HWY_RESTRICT dst) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t c = 0;
+  for (; c + N <= n; c += N) hn::StoreU(Bf16Vec(src, c), df, dst + c);
+  for (; c < n; ++c) dst[c] = Bf16ToF32(src[c]);
+  for (; c < dp; ++c) dst[c] = 0.f;
+}
+
+// Grows a scratch buffer to at least n elements (contents discarded when it grows).
+template <typename T>
+inline void Grow(AlignedBuffer<T>* b, size_t n) {
+  if (b->size() < n) b->Resize(n);
 }
 
 // dst[0..n) = f16 src[0..n) as f32.

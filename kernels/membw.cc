@@ -18,7 +18,6 @@
 
 #include <atomic>
 
-#include "core/check.h"
 #include "core/huge_region.h"
 #include "hwy/cache_control.h"
 

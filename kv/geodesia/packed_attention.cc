@@ -86,6 +86,23 @@ constexpr int kScoreStride = kBlockTokens + tile::kRowSlack;  // whole-block pat
 constexpr int kSpan = 64;     // channels per span of span-order codes
 constexpr int kLayouts = 3;   // output layouts: channel order, 4-bit span order, 2-bit span order
 
+// Span order of `bits`-bit codes (2 or 4): within each 64-channel span (32 bytes at 4 bits, 16
+// at 2), field j of every byte is stored contiguously (4 bits: low nibbles, then high; 2 bits:
+// bits 0-1, 2-3, 4-5, 6-7), so position p of the span holds channel SpanChannel(bits, p).
+constexpr int SpanChannel(int bits, int p) {
+  const int per = 8 / bits;       // codes per byte
+  const int bytes = kSpan / per;  // bytes per span
+  return (p % bytes) * per + p / bytes;
+}
+constexpr std::array<int, kSpan> MakeSpanPerm(int bits) {
+  std::array<int, kSpan> t{};
+  for (int p = 0; p < kSpan; ++p) t[p] = SpanChannel(bits, p);
+  return t;
+}
+constexpr std::array<int, kSpan> kSpanPerm4 = MakeSpanPerm(4), kSpanPerm2 = MakeSpanPerm(2);
+// The channel of each span position.
+inline const int* SpanPerm(int bits) { return bits == 4 ? kSpanPerm4.data() : kSpanPerm2.data(); }
+
 struct Scratch {
   AlignedBuffer<float> q;     // [G, Dp] scaled queries, zero-padded
   AlignedBuffer<float> kt;    // [kTile, Dp] dequantized keys
@@ -105,6 +122,7 @@ struct Scratch {
   AlignedBuffer<float> vs, vl;   // [D/g, 64] value steps and los per channel group and token
   AlignedBuffer<uint8_t> kc, vc; // [64 * D + 64] unpacked key and value codes
   std::vector<float> qa;         // [64/g * G] q . key lo of each time group
+  std::vector<float> lsum;       // [G] sum_t p_t * value lo of one channel group
   std::vector<float> bm, bd;     // [G] state of the current block (tiles combined)
   std::vector<float> m, tm, td, oc;  // [G] running max, tile max, tile sum; [G * D]
   std::vector<double> d;             // [G] running sum
@@ -112,24 +130,8 @@ struct Scratch {
   std::vector<int64_t> rows;     // residual rows of a block
 };
 
-void Grow(AlignedBuffer<float>* b, size_t n) {
-  if (b->size() < n) b->Resize(n);
-}
-
-// dst[0..dp) = bf16 src[0..n) as f32, zeros in [n, dp).
-HWY_INLINE void Bf16RowToF32(const uint16_t* src, int64_t n, int64_t dp, float* dst) {
-  const DF df;
-  const hn::Rebind<uint16_t, DF> du16;
-  const hn::Rebind<uint32_t, DF> du32;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  int64_t c = 0;
-  for (; c + N <= n; c += N) {
-    const auto u = hn::PromoteTo(du32, hn::LoadU(du16, src + c));
-    hn::Store(hn::BitCast(df, hn::ShiftLeft<16>(u)), df, dst + c);
-  }
-  for (; c < n; ++c) dst[c] = Bf16ToF32(src[c]);
-  for (; c < dp; ++c) dst[c] = 0.f;
-}
+using tile::Bf16RowToF32;
+using tile::Grow;
 
 // Unpacks n_bytes LSB-first packed bytes of `bits`-bit codes into codes in natural order.
 HWY_INLINE void UnpackBytes(const uint8_t* src, int64_t n_bytes, int bits, uint8_t* dst) {
@@ -277,25 +279,8 @@ class Runner {
     }
   }
 
-  // Span order of `bits`-bit codes (2 or 4): within each 64-channel span (32 bytes at 4 bits, 16
-  // at 2), field j of every byte is stored contiguously (4 bits: low nibbles, then high; 2 bits:
-  // bits 0-1, 2-3, 4-5, 6-7), so position p of the span holds channel SpanChannel(bits, p).
-  static int SpanChannel(int bits, int p) {
-    const int per = 8 / bits;           // codes per byte
-    const int bytes = kSpan / per;      // bytes per span
-    return (p % bytes) * per + p / bytes;
-  }
   static int LayoutOf(int bits) { return bits == 4 ? 1 : bits == 2 ? 2 : 0; }
-  // Channel of each span position, and q in span order ([G, Dp]), per code width (built once).
-  const int* SpanPerm(int bits) {
-    const int l = LayoutOf(bits) - 1;
-    std::array<int, kSpan>& t = perm_[l];
-    if (!perm_ready_[l]) {
-      for (int p = 0; p < kSpan; ++p) t[p] = SpanChannel(bits, p);
-      perm_ready_[l] = true;
-    }
-    return t.data();
-  }
+  // q in span order ([G, Dp]) per code width, built on first use.
   const float* SpanQ(int bits) {
     const int l = LayoutOf(bits) - 1;
     Scratch& sc = *sc_;
@@ -377,12 +362,12 @@ class Runner {
     sc.td.resize(G_);
     for (int l = 1; l < kLayouts; ++l) {  // span-order outputs back to channel order
       if (!used_[l]) continue;
-      const int bits = l == 1 ? 4 : 2;
+      const int* perm = SpanPerm(l == 1 ? 4 : 2);
       for (int h = 0; h < G_; ++h) {
         double* nat = sc.o64.data() + h * Dp_;
         const double* sp = sc.o64.data() + (static_cast<int64_t>(l) * G_ + h) * Dp_;
         for (int c0 = 0; c0 < D_; c0 += kSpan) {
-          for (int p = 0; p < kSpan; ++p) nat[c0 + SpanChannel(bits, p)] += sp[c0 + p];
+          for (int p = 0; p < kSpan; ++p) nat[c0 + perm[p]] += sp[c0 + p];
         }
       }
     }
@@ -728,7 +713,7 @@ class Runner {
       }
     }
     float* w = sc.fw.data();
-    sc.qa.resize(static_cast<size_t>(G));  // now: sum_t p_t lo_t per head of one channel group
+    sc.lsum.resize(static_cast<size_t>(G));  // sum_t p_t lo_t per head, one channel group
     for (int cg = 0; cg < GV; ++cg) {
       const float* vs = sc.vs.data() + cg * T;
       const float* vl = sc.vl.data() + cg * T;
@@ -741,12 +726,12 @@ class Runner {
           hn::Store(hn::Mul(p, hn::Load(df, vs + t)), df, wh + t);
           ls = hn::MulAdd(p, hn::Load(df, vl + t), ls);
         }
-        sc.qa[h] = hn::GetLane(hn::SumOfLanes(df, ls));
+        sc.lsum[h] = hn::GetLane(hn::SumOfLanes(df, ls));
       }
       tile::AccumTile(w, T, G, [&](int t, int64_t c) { return tile::CodeVec(vc + t * D, c); }, nv,
                       int64_t{cg} * g, int64_t{cg + 1} * g, o, Dp_);
       for (int h = 0; h < G; ++h) {
-        const VF add = hn::Set(df, sc.qa[h]);
+        const VF add = hn::Set(df, sc.lsum[h]);
         float* oh = o + h * Dp_ + int64_t{cg} * g;
         for (int c = 0; c < g; c += static_cast<int>(N)) {
           hn::Store(hn::Add(hn::Load(df, oh + c), add), df, oh + c);
@@ -784,8 +769,7 @@ class Runner {
   bool fast_ = false;
   bool span_ = false;
   std::array<bool, kLayouts> used_{};
-  std::array<std::array<int, kSpan>, 2> perm_{};
-  std::array<bool, 2> qspan_ready_{}, perm_ready_{};
+  std::array<bool, 2> qspan_ready_{};
   const uint8_t* sel_ = nullptr;
   bool record_ = false;
   const PackedHeadView& v_;

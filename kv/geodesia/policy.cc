@@ -57,8 +57,7 @@ struct StateArray {
   }
 };
 
-// f(i, worker) for i in [0, n); worker < WorkerCount(pool).
-int WorkerCount(ThreadPool* pool) { return pool ? pool->size() : 1; }
+// f(i, worker) for i in [0, n); worker < the pool's size (0 without a pool).
 template <typename F>
 void ParallelTasks(ThreadPool* pool, int64_t n, F&& f) {
   if (pool == nullptr || pool->size() == 1 || n < 2) {
@@ -185,7 +184,7 @@ struct GeodesiaPolicy::Layer {
 // layer, it held every layer's chunk states at once: 14 MiB a layer at 1M tokens, 4 KV heads,
 // G = 7, D = 128, i.e. 0.37 GiB of peak RSS over 28 layers.
 struct GeodesiaPolicy::ReadScratch {
-  StateArray chunk, tail, tmp;                    // chunk states, per-head tail, per-worker
+  StateArray chunk, tail;                         // chunk states, per-head tail
   std::vector<std::vector<float>> bm, bd;         // [n_kv][nb * G] per-block partials
   std::vector<std::vector<int64_t>> unions;       // [n_kv] blocks read
 };
@@ -466,7 +465,6 @@ void GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, in
   chunk.Resize(static_cast<int64_t>(tasks.size()), G, D);
   StateArray& tail = sc.tail;
   tail.Resize(n_kv, G, D);
-  sc.tmp.Resize(WorkerCount(pool), G, D);
   const int64_t nb_all = gl.n_blocks();
   // Per-block partials of the first query (for the mass): [n_kv][nb_all * G].
   std::vector<std::vector<float>>& bm = sc.bm;

@@ -42,6 +42,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/cache_control.h"
+#include "kernels/attention_tile-inl.h"
 
 #ifndef STRATA_KV_RECALL_ONCE_  // this file is re-included once per SIMD target
 #define STRATA_KV_RECALL_ONCE_
@@ -137,31 +138,6 @@ float RecallDotImpl(const float* a, const float* b, int64_t n) {
   float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
-}
-
-// dst[0..n) = bf16 src as f32.
-HWY_INLINE void Bf16ToF32Row(const uint16_t* src, int64_t n, float* dst) {
-  const DF df;
-  const hn::Rebind<uint16_t, DF> du16;
-  const hn::Rebind<uint32_t, DF> du32;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  int64_t c = 0;
-  for (; c + N <= n; c += N) {
-    const auto u = hn::PromoteTo(du32, hn::LoadU(du16, src + c));
-    hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(u)), df, dst + c);
-  }
-  for (; c < n; ++c) dst[c] = Bf16ToF32(src[c]);
-}
-
-// dst[0..n) = f16 src as f32.
-HWY_INLINE void F16ToF32Row(const uint16_t* src, int64_t n, float* dst) {
-  const DF df;
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  const hwy::float16_t* s = reinterpret_cast<const hwy::float16_t*>(src);
-  int64_t c = 0;
-  for (; c + N <= n; c += N) hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, s + c)), df, dst + c);
-  for (; c < n; ++c) dst[c] = F16ToF32(src[c]);
 }
 
 // s[h * s_stride + r] = q_h . k_r for H heads (q rows dp apart) and kR rows (k rows dp apart).
@@ -532,7 +508,7 @@ void RecallScoreRowsImpl(const float* q, int G, int dk, const RowSrc* src, const
     const int nr_pad = (nr + kR - 1) / kR * kR;
     for (int i = 0; i < nr; ++i) {
       const int64_t u = rows ? rows[t0 + i] : begin + t0 + i;
-      Bf16ToF32Row(GetRow(*src, u, sc.row.data()), dk, kt + i * dp);
+      tile::Bf16RowToF32(GetRow(*src, u, sc.row.data()), dk, dk, kt + i * dp);
     }
     for (int i = nr; i < nr_pad; ++i) std::fill(kt + i * dp, kt + i * dp + dk, 0.f);
     TileScores(sc.q.data(), G, kt, nr_pad, dp, sc.s.data(), kTile);
