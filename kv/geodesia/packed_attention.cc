@@ -579,6 +579,39 @@ class Runner {
     MergeTiles(sc.o.data(), Dp_);
   }
 
+  // dst[c0 + p] = src[c0 + SpanChannel(bits, p)] per 64-channel span (D a multiple of 64). With
+  // 16-lane vectors the span order is even / odd deinterleaving (4-bit: [evens, odds]; 2-bit:
+  // channels = 0, 1, 2, 3 mod 4, i.e. [even-even, odd-even, even-odd, odd-odd]).
+  void ToSpanOrder(int bits, const float* src, int64_t D, float* dst) const {
+    if (N_ != 16 || HWY_TARGET == HWY_SCALAR) {
+      const int* perm = SpanPerm(bits);
+      for (int64_t c0 = 0; c0 < D; c0 += kSpan) {
+        for (int p = 0; p < kSpan; ++p) dst[c0 + p] = src[c0 + perm[p]];
+      }
+      return;
+    }
+#if HWY_TARGET != HWY_SCALAR
+    const DF df;
+    for (int64_t c0 = 0; c0 < D; c0 += kSpan) {
+      const float* x = src + c0;
+      const VF v0 = hn::Load(df, x), v1 = hn::Load(df, x + 16);
+      const VF v2 = hn::Load(df, x + 32), v3 = hn::Load(df, x + 48);
+      const VF e0 = hn::ConcatEven(df, v1, v0), e1 = hn::ConcatEven(df, v3, v2);
+      const VF o0 = hn::ConcatOdd(df, v1, v0), o1 = hn::ConcatOdd(df, v3, v2);
+      float* y = dst + c0;
+      if (bits == 4) {
+        hn::Store(e0, df, y), hn::Store(e1, df, y + 16);
+        hn::Store(o0, df, y + 32), hn::Store(o1, df, y + 48);
+      } else {
+        hn::Store(hn::ConcatEven(df, e1, e0), df, y);
+        hn::Store(hn::ConcatEven(df, o1, o0), df, y + 16);
+        hn::Store(hn::ConcatOdd(df, e1, e0), df, y + 32);
+        hn::Store(hn::ConcatOdd(df, o1, o0), df, y + 48);
+      }
+    }
+#endif
+  }
+
   // Whole-block tile (fast path): scores of all 64 rows and G heads, one softmax, values folded
   // with their steps. Quantized keys: s = q.(code * step + lo) = (q * step).code + q.lo per time
   // group; values: sum_t p_t (code * step_t + lo_t) = sum_t (p_t step_t) code + sum_t p_t lo_t per
@@ -650,12 +683,8 @@ class Runner {
       // q' = q * step in the codes' order (span order: q and step permuted alike).
       const float* qsrc = span ? SpanQ(bits) : sc.q.data();
       if (span) {
-        float* sp = sc.kt.data();
-        const int* perm = SpanPerm(bits);
-        for (int64_t c0 = 0; c0 < D; c0 += kSpan) {
-          for (int p = 0; p < kSpan; ++p) sp[c0 + p] = st[c0 + perm[p]];
-        }
-        st = sp;
+        ToSpanOrder(bits, st, D, sc.kt.data());
+        st = sc.kt.data();
       }
       for (int h = 0; h < G; ++h) {
         const float* qh = sc.q.data() + h * Dp_;
@@ -695,7 +724,31 @@ class Runner {
     // Values, per channel group.
     const int GV = static_cast<int>(D / g);
     if (sc.vs.size() < static_cast<size_t>(GV * T)) sc.vs.Resize(GV * T), sc.vl.Resize(GV * T);
-    {
+    if (GV == 1) {
+      tile::F16ToF32Row(vst, nv, sc.vs.data());
+      tile::F16ToF32Row(vlo, nv, sc.vl.data());
+      std::fill(sc.vs.data() + nv, sc.vs.data() + T, 0.f);
+      std::fill(sc.vl.data() + nv, sc.vl.data() + T, 0.f);
+#if HWY_TARGET != HWY_SCALAR
+    } else if (GV == 2 && N == 16) {
+      // [t][cg] f16 -> f32 (zeros past nv), then even / odd lanes are groups 0 / 1.
+      Grow(&sc.fw, 4 * T);
+      float* tmp = sc.fw.data();
+      tile::F16ToF32Row(vst, 2 * nv, tmp);
+      tile::F16ToF32Row(vlo, 2 * nv, tmp + 2 * T);
+      std::fill(tmp + 2 * nv, tmp + 2 * T, 0.f);
+      std::fill(tmp + 2 * T + 2 * nv, tmp + 4 * T, 0.f);
+      for (int i = 0; i < 2; ++i) {  // steps, los
+        const float* src = tmp + 2 * T * i;
+        float* g0 = (i == 0 ? sc.vs : sc.vl).data();
+        for (int t = 0; t < T; t += 16) {
+          const VF a = hn::Load(df, src + 2 * t), b = hn::Load(df, src + 2 * t + 16);
+          hn::Store(hn::ConcatEven(df, b, a), df, g0 + t);
+          hn::Store(hn::ConcatOdd(df, b, a), df, g0 + T + t);
+        }
+      }
+#endif
+    } else {
       // [t][cg] f16 -> f32, then per channel group over t (zeros past nv).
       // (fw is free until the weights below; it holds 2 x 64 x GV floats here.)
       if (sc.fw.size() < static_cast<size_t>(2 * T * GV)) sc.fw.Resize(2 * T * GV);
