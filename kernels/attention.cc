@@ -98,15 +98,26 @@ struct Scratch {
 using tile::Bf16RowToF32;
 using tile::Grow;
 
-// Queues rows [r0, r0 + n) of a stream (keys; values unless shared with keys).
+// Queues rows [r0, r0 + n) of a stream (keys; values unless shared with keys). Consecutive rows
+// (no row list, no row pointers) are queued as one key range and one value range per page run;
+// otherwise row by row, all keys first, then all values, so that adjacent rows coalesce.
 HWY_INLINE void QueueRows(const KvStreamView& kv, const int64_t* rows, int64_t r0, int64_t n,
                           tile::PrefetchQueue* pf) {
   const bool shared = kv.values_in_keys();
-  for (int64_t i = r0; i < r0 + n; ++i) {
-    const int64_t u = rows ? rows[i] : i;
-    pf->Add(kv.key_row(u), int64_t{kv.dk} * 2);
-    if (!shared) pf->Add(kv.val_row(u), int64_t{kv.dv} * 2);
+  if (rows == nullptr && kv.key_ptrs == nullptr) {
+    const int64_t page = kv.key_pages ? int64_t{1} << kv.page_shift : n;
+    for (int64_t a = r0; a < r0 + n;) {
+      const int64_t b = kv.key_pages ? std::min(r0 + n, (a / page + 1) * page) : r0 + n;
+      const int64_t m = b - a;
+      pf->Add(kv.key_row(a), ((m - 1) * kv.k_stride + kv.dk) * 2);
+      if (!shared) pf->Add(kv.val_row(a), ((m - 1) * kv.v_stride + kv.dv) * 2);
+      a = b;
+    }
+    return;
   }
+  for (int64_t i = r0; i < r0 + n; ++i) pf->Add(kv.key_row(rows ? rows[i] : i), int64_t{kv.dk} * 2);
+  if (shared) return;
+  for (int64_t i = r0; i < r0 + n; ++i) pf->Add(kv.val_row(rows ? rows[i] : i), int64_t{kv.dv} * 2);
 }
 
 void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamView& kv,
