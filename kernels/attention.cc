@@ -163,16 +163,18 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
     // Rows past nr (score tiles overrun by up to kRowSlack - 1 rows) repeat the last row; masked.
     if (rows == nullptr && kv.key_ptrs == nullptr) {
       // Consecutive rows: one stride apart, except across a page boundary.
-      const int64_t mask = kv.key_pages ? (int64_t{1} << kv.page_shift) - 1 : -1;
-      for (int i = 0; i < nr; ++i) {
+      // (Each run's pointers from its first row: no chain through the arrays just written.)
+      const int64_t page = kv.key_pages ? int64_t{1} << kv.page_shift : kTileRows;
+      for (int i = 0; i < nr;) {
         const int64_t u = t0 + i;
-        if (i == 0 || (mask >= 0 && (u & mask) == 0)) {
-          krow[i] = kv.key_row(u);
-          vrow[i] = kv.val_row(u);
-        } else {
-          krow[i] = krow[i - 1] + kv.k_stride;
-          vrow[i] = vrow[i - 1] + kv.v_stride;
+        const int run = static_cast<int>(std::min<int64_t>(nr - i, page - (u & (page - 1))));
+        const uint16_t* kb = kv.key_row(u);
+        const uint16_t* vb = kv.val_row(u);
+        for (int j = 0; j < run; ++j) {
+          krow[i + j] = kb + j * kv.k_stride;
+          vrow[i + j] = vb + j * kv.v_stride;
         }
+        i += run;
       }
     } else {
       for (int i = 0; i < nr; ++i) {
