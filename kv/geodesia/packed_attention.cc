@@ -19,6 +19,12 @@
 //       the score phase. Single level, 16k tokens x 8 KV heads, 1 thread: 16-bit 2.9, 8-bit 2.4,
 //       4-bit 2.6, 2-bit 2.7, centroid 0.3 ms (v1: 5.1, 3.3-3.7, 3.8, 2.7-3.0, 0.67).
 //       The 32-row path above remains for other shapes (e.g. group 8 with AVX-512).
+//   v2.1 Value steps/los of two channel groups and key steps in span order by vector even/odd
+//       concatenation instead of per-element loops: from cache, 8-bit 3.82 -> 3.5-3.6 ns per
+//       (token, head), 4-bit 4.42 -> 4.13-4.17, 2-bit 4.71 -> 4.39-4.42. Tried, slower, not merged
+//       (branch experiment/vnni-packed): VNNI int8 dot products with three-piece weights, 8-bit
+//       4.66-4.78 ns (the dot loops are cheaper than f32 FMAs; the transposes and the piece
+//       splitting cost more than they save). See docs/geodesia.md.
 #include "kv/geodesia/packed_attention.h"
 
 #include <algorithm>
