@@ -350,8 +350,7 @@ TEST(GeodesiaPacked, DISABLED_BenchInCache) {
   const int D = 128, G = 4, nb = 16;
   Rng rng(7);
   for (int level : {16, 8, 4, 2}) {
-    GradedLayer layer =
-        std::move(GradedLayer::Create({1, D, 64, DemotionMode::kOnce})).value();
+    GradedLayer layer = std::move(GradedLayer::Create({1, D, 64, DemotionMode::kOnce})).value();
     std::vector<uint16_t> k(D), v(D);
     for (int t = 0; t < nb * 64 + 1; ++t) {
       for (int c = 0; c < D; ++c) {
@@ -366,18 +365,19 @@ TEST(GeodesiaPacked, DISABLED_BenchInCache) {
     for (auto& x : q) x = static_cast<float>(rng.Normal());
     SoftmaxStateBuffer st(G, D);
     ForEachSimdTarget([&] {
-    double best = 1e30;
-    for (int rep = 0; rep < 5; ++rep) {
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int it = 0; it < 800; ++it) {
-        st.states().Reset();
-        PackedAttend(view, q.data(), G, 0.1f, nullptr, nb, &st.states());
+      double best = 1e30;
+      for (int rep = 0; rep < 5; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int it = 0; it < 800; ++it) {
+          st.states().Reset();
+          PackedAttend(view, q.data(), G, 0.1f, nullptr, nb, &st.states());
+        }
+        const double ns =
+            std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+        best = std::min(best, ns / (800.0 * nb * 64 * G));
       }
-      const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
-      best = std::min(best, ns / (800.0 * nb * 64 * G));
-    }
-    std::printf("level %d %s: %.3f ns per (token, query head) from cache\n", level,
-                hwy::TargetName(hwy::SupportedTargets() & -hwy::SupportedTargets()), best);
+      std::printf("level %d %s: %.3f ns per (token, query head) from cache\n", level,
+                  hwy::TargetName(hwy::SupportedTargets() & -hwy::SupportedTargets()), best);
     });
   }
 }
