@@ -491,7 +491,8 @@ class Runner {
           sc.bd[h] = sc.bm[h] == pi::kNegInf ? 0.f : sc.bd[h] * std::exp(sc.bm[h] - tm);
           sc.bm[h] = tm;
         }
-        sc.bd[h] += td * std::exp(tm - sc.bm[h]);
+        // (A block's first tile sets the max: exp(0) = 1 needs no call.)
+        sc.bd[h] += tm == sc.bm[h] ? td : td * std::exp(tm - sc.bm[h]);
       }
       const bool take = (sel_ == nullptr || sel_[h] != 0) && tm != pi::kNegInf;
       if (!take) {
