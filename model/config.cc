@@ -36,7 +36,6 @@ Status Positive(const std::string& key, int64_t v) {
 
 StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   ModelConfig c;
-  auto ctx = [&](const Status& s) { return s.WithContext(f.path()); };
   ASSIGN_OR_RETURN(std::string arch_name, f.GetString("general.architecture"));
   ASSIGN_OR_RETURN(c.arch, ParseArch(arch_name));
   const std::string a = arch_name + ".";

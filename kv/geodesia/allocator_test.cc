@@ -73,12 +73,19 @@ TEST(GeodesiaAllocatorTest, BudgetMonotoneEquiMarginal) {
     // The most that can be demoted: every available step.
     const std::vector<int> all = ApplyLambda(blocks, beta, kInf, o);
     const bool can_meet = static_cast<double>(Total(all, beta)) <= target;
-    if (can_meet) EXPECT_LE(static_cast<double>(r.total_bits), target);
-    if (!can_meet) EXPECT_EQ(r.index, all);
+    if (can_meet) {
+      EXPECT_LE(static_cast<double>(r.total_bits), target);
+    } else {
+      EXPECT_EQ(r.index, all);
+    }
     for (int b = 0; b < nb; ++b) {
       EXPECT_GE(r.index[b], blocks[b].index);
-      if (blocks[b].hot) EXPECT_EQ(r.index[b], blocks[b].index);
-      if (!cascade && blocks[b].index > 0) EXPECT_EQ(r.index[b], blocks[b].index);
+      if (blocks[b].hot) {
+        EXPECT_EQ(r.index[b], blocks[b].index);
+      }
+      if (!cascade && blocks[b].index > 0) {
+        EXPECT_EQ(r.index[b], blocks[b].index);
+      }
     }
     if (r.lambda == -kInf) {
       // No step: clean ratchet under budget, or nothing available.

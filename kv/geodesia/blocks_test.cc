@@ -415,7 +415,9 @@ TEST(GeodesiaBlocks, SegmentedSlabsStableAcrossGrowthDemotionAndCompaction) {
     for (int it = 0; it < 50; ++it) {
       const int h = static_cast<int>(rng.Below(H));
       const int64_t b = nb + static_cast<int64_t>(rng.Below(layer.n_closed_blocks() - nb));
-      if (layer.level(h, b) == 16) ASSERT_TRUE(layer.Demote(h, b, 2).ok());
+      if (layer.level(h, b) == 16) {
+        ASSERT_TRUE(layer.Demote(h, b, 2).ok());
+      }
     }
     const int64_t nb2 = layer.n_blocks();
     std::vector<std::vector<double>> all;

@@ -220,14 +220,18 @@ TEST(GeodesiaPolicyTest, HotExactMonotoneBudgetOver500Calls) {
         for (int64_t b = 0; b < nb; ++b) {
           const int idx = geodesia::LevelIndex(gl.level(h, b));
           total += beta[idx];
-          if (hot[b]) ASSERT_EQ(gl.level(h, b), 16) << "call " << call << " block " << b;
+          if (hot[b]) {
+            ASSERT_EQ(gl.level(h, b), 16) << "call " << call << " block " << b;
+          }
           ASSERT_GE(idx, prev[h][b]) << "level moved up: call " << call << " block " << b;
           prev[h][b] = idx;
           if (requant == "once" && idx > 0) {
             const uint8_t* s = gl.slot(h, b);
             std::vector<uint8_t> bytes(s, s + geodesia::SlotBytes(gl.level(h, b), g.k_dim, 64));
             auto [it, inserted] = frozen.insert({{h, b}, bytes});
-            if (!inserted) ASSERT_EQ(it->second, bytes) << "payload changed: block " << b;
+            if (!inserted) {
+              ASSERT_EQ(it->second, bytes) << "payload changed: block " << b;
+            }
           }
         }
         const double target = bits * 2.0 * nb * 64 * g.k_dim;

@@ -50,7 +50,9 @@ TEST(VestigeArchiveTest, RoundTripByteForByte) {
     ASSERT_TRUE(f->AppendPage(p, b.data(), n).ok());
     pages[p] = b;
     n_of[p] = n;
-    if (i % 5 == 4) ASSERT_TRUE(f->Commit().ok());
+    if (i % 5 == 4) {
+      ASSERT_TRUE(f->Commit().ok());
+    }
   }
   ASSERT_TRUE(f->Commit().ok());
   const int64_t p0 = pages.begin()->first;

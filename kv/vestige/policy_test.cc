@@ -389,7 +389,9 @@ TEST(VestigePolicyTest, ByteAccountingWithRecallOnAndOff) {
       AppendRandom(vest.get(), r1);
     }
     const int64_t scan = p.recall_hook() ? p.recall_hook()->ScanBytesPerArchivedRow(0) : 0;
-    if (p.recall_hook()) EXPECT_EQ(scan, 2 * 32 + 4 + 2 * 8);  // rank 32 (fits d_c), d_r 8
+    if (p.recall_hook()) {
+      EXPECT_EQ(scan, 2 * 32 + 4 + 2 * 8);  // rank 32 (fits d_c), d_r 8
+    }
     for (int s = 0; s < 20; ++s) {
       const std::vector<float> q = RandomQuery(rng, g);
       Attend(full.get(), 0, q, 1099, nullptr);

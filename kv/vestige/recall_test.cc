@@ -275,7 +275,9 @@ TEST(RecallFire, StrictUnionOverHeadsPositionOrder) {
     bool pivot_other = false;
     for (int h = 1; h < 4; ++h)
       pivot_other |= idx[h * na + pivot] + 1.5f * cert[h * na + pivot] > max1[h];
-    if (!pivot_other) EXPECT_EQ(expect.count(f.archived[pivot]), 0u);
+    if (!pivot_other) {
+      EXPECT_EQ(expect.count(f.archived[pivot]), 0u);
+    }
   }
   EXPECT_EQ(f.tier.counters().scans, 10);
 }
@@ -580,7 +582,9 @@ TEST(RecallPlanted, ArchivedNeedleIsFetchedAfterCalibration) {
           }
         }
         ASSERT_TRUE(t.calibrated());
-        if (floor == RecallZFloor::kZero) EXPECT_GE(t.z(), 0.f);
+        if (floor == RecallZFloor::kZero) {
+          EXPECT_GE(t.z(), 0.f);
+        }
         EXPECT_LE(t.z(), kRecallZMax);
         AttendedScoreStats(store, target_q.data(), att.data(), att.size(), &pool, m.data(),
                            e.data());
