@@ -105,6 +105,14 @@ struct Scratch {
 using tile::Bf16RowToF32;
 using tile::Grow;
 
+// End of the run of rows starting at u (before `end`) that lie in one page: `end` itself for a
+// stream that is not paged.
+HWY_INLINE int64_t PageRunEnd(const KvStreamView& kv, int64_t u, int64_t end) {
+  if (kv.key_pages == nullptr) return end;
+  const int64_t page = int64_t{1} << kv.page_shift;
+  return std::min(end, (u / page + 1) * page);
+}
+
 // Queues rows [r0, r0 + n) of a stream (keys; values unless shared with keys). Consecutive rows
 // (no row list, no row pointers) are queued as one key range and one value range per page run;
 // otherwise row by row, all keys first, then all values, so that adjacent rows coalesce.
@@ -112,13 +120,10 @@ HWY_INLINE void QueueRows(const KvStreamView& kv, const int64_t* rows, int64_t r
                           tile::PrefetchQueue* pf) {
   const bool shared = kv.values_in_keys();
   if (rows == nullptr && kv.key_ptrs == nullptr) {
-    const int64_t page = kv.key_pages ? int64_t{1} << kv.page_shift : n;
-    for (int64_t a = r0; a < r0 + n;) {
-      const int64_t b = kv.key_pages ? std::min(r0 + n, (a / page + 1) * page) : r0 + n;
-      const int64_t m = b - a;
-      pf->Add(kv.key_row(a), ((m - 1) * kv.k_stride + kv.dk) * 2);
-      if (!shared) pf->Add(kv.val_row(a), ((m - 1) * kv.v_stride + kv.dv) * 2);
-      a = b;
+    for (int64_t a = r0, b; a < r0 + n; a = b) {
+      b = PageRunEnd(kv, a, r0 + n);
+      pf->Add(kv.key_row(a), ((b - a - 1) * kv.k_stride + kv.dk) * 2);
+      if (!shared) pf->Add(kv.val_row(a), ((b - a - 1) * kv.v_stride + kv.dv) * 2);
     }
     return;
   }
@@ -171,10 +176,9 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
     if (rows == nullptr && kv.key_ptrs == nullptr) {
       // Consecutive rows: one stride apart, except across a page boundary.
       // (Each run's pointers from its first row: no chain through the arrays just written.)
-      const int64_t page = kv.key_pages ? int64_t{1} << kv.page_shift : kTileRows;
       for (int i = 0; i < nr;) {
         const int64_t u = t0 + i;
-        const int run = static_cast<int>(std::min<int64_t>(nr - i, page - (u & (page - 1))));
+        const int run = static_cast<int>(PageRunEnd(kv, u, t0 + nr) - u);
         const uint16_t* kb = kv.key_row(u);
         const uint16_t* vb = kv.val_row(u);
         for (int j = 0; j < run; ++j) {

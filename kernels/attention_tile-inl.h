@@ -193,10 +193,6 @@ HWY_INLINE void ScoreRows(const float* HWY_RESTRICT q, int64_t qs, int64_t D, co
     for (int r = 0; r < R; ++r) s[h * ss + i0 + r] = red[h * R + r];
 }
 
-// Scores of rows [0, n_rows) for heads [0, G) (heads in groups of 4, then one group of the
-// remaining 3, 2 or 1); rows are processed in steps of RowsFor<H>(), so up to kRowSlack - 1 rows
-// past n_rows are evaluated and written too: key() must accept them and s rows need the room.
-// s: [G, ss]. A head's scores do not depend on the group it falls in.
 // Number of ScoreRows calls ScoreTile makes (for PrefetchQueue::Spread).
 inline int ScoreCalls(int G, int n_rows) {
   auto steps = [&](int r) { return (n_rows + r - 1) / r; };
@@ -210,39 +206,32 @@ inline int ScoreCalls(int G, int n_rows) {
   return n;
 }
 
+// Scores of rows [0, n_rows) for the H heads at q (H <= 4), RowsFor<H>() rows per micro-tile.
+template <int H, class KeyAt>
+HWY_INLINE void ScoreGroup(const float* HWY_RESTRICT q, int64_t qs, int64_t D, const KeyAt& key,
+                           int n_rows, float* HWY_RESTRICT s, int64_t ss, PrefetchQueue* pf) {
+  for (int i0 = 0; i0 < n_rows; i0 += RowsFor<H>()) {
+    ScoreRows<H>(q, qs, D, key, i0, s, ss);
+    if (pf) pf->Tick();
+  }
+}
+
+// Scores of rows [0, n_rows) for heads [0, G) (heads in groups of 4, then one group of the
+// remaining 3, 2 or 1); rows are processed in steps of RowsFor<H>(), so up to kRowSlack - 1 rows
+// past n_rows are evaluated and written too: key() must accept them and s rows need the room.
+// s: [G, ss]. A head's scores do not depend on the group it falls in.
 // pf (optional): ticked after every micro-tile.
 template <class KeyAt>
 HWY_INLINE void ScoreTile(const float* HWY_RESTRICT q, int64_t qs, int G, int64_t D,
                           const KeyAt& key, int n_rows, float* HWY_RESTRICT s, int64_t ss,
                           PrefetchQueue* pf = nullptr) {
   int h0 = 0;
-  for (; h0 + 4 <= G; h0 += 4) {
-    for (int i0 = 0; i0 < n_rows; i0 += RowsFor<4>()) {
-      ScoreRows<4>(q + h0 * qs, qs, D, key, i0, s + h0 * ss, ss);
-      if (pf) pf->Tick();
-    }
-  }
+  for (; h0 + 4 <= G; h0 += 4) ScoreGroup<4>(q + h0 * qs, qs, D, key, n_rows, s + h0 * ss, ss, pf);
   switch (G - h0) {
-    case 3:
-      for (int i0 = 0; i0 < n_rows; i0 += RowsFor<3>()) {
-        ScoreRows<3>(q + h0 * qs, qs, D, key, i0, s + h0 * ss, ss);
-        if (pf) pf->Tick();
-      }
-      break;
-    case 2:
-      for (int i0 = 0; i0 < n_rows; i0 += RowsFor<2>()) {
-        ScoreRows<2>(q + h0 * qs, qs, D, key, i0, s + h0 * ss, ss);
-        if (pf) pf->Tick();
-      }
-      break;
-    case 1:
-      for (int i0 = 0; i0 < n_rows; i0 += RowsFor<1>()) {
-        ScoreRows<1>(q + h0 * qs, qs, D, key, i0, s + h0 * ss, ss);
-        if (pf) pf->Tick();
-      }
-      break;
-    default:
-      break;
+    case 3: ScoreGroup<3>(q + h0 * qs, qs, D, key, n_rows, s + h0 * ss, ss, pf); break;
+    case 2: ScoreGroup<2>(q + h0 * qs, qs, D, key, n_rows, s + h0 * ss, ss, pf); break;
+    case 1: ScoreGroup<1>(q + h0 * qs, qs, D, key, n_rows, s + h0 * ss, ss, pf); break;
+    default: break;
   }
 }
 

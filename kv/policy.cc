@@ -70,31 +70,32 @@ void ReadPrefix(const LayerStore& store, const float* q, int64_t limit, ThreadPo
   constexpr int64_t kRunPages = 16;
   static_assert((LayerStore::kPageRows & (LayerStore::kPageRows - 1)) == 0);
   constexpr int kShift = std::countr_zero(static_cast<uint64_t>(LayerStore::kPageRows));
-  const bool mla = g.kind == AttnKind::kMla;
   const int64_t n_pages = (limit + LayerStore::kPageRows - 1) / LayerStore::kPageRows;
+  // Each page's view (MLA: over the policy's copy of the page when it has one, laid out as the
+  // store's page); a run's view takes its strides from its first page.
+  auto page_view = [&](int h, int64_t p) {
+    if (page_keys == nullptr || page_keys[p] == nullptr) return store.PageView(h, p);
+    return KvStreamView{page_keys[p], page_keys[p], g.k_dim, g.k_dim, g.k_dim, g.v_dim};
+  };
+  std::vector<KvStreamView> first(g.n_kv_heads);
   std::vector<const uint16_t*> kp(static_cast<size_t>(n_pages) * g.n_kv_heads);
-  std::vector<const uint16_t*> vp(mla ? 0 : kp.size());
+  std::vector<const uint16_t*> vp(kp.size());
   for (int h = 0; h < g.n_kv_heads; ++h) {
     for (int64_t p = 0; p < n_pages; ++p) {
-      // MLA: the policy's copy of the page when it has one.
-      const KvStreamView pv = (page_keys != nullptr && page_keys[p] != nullptr)
-                                  ? KvStreamView{page_keys[p], page_keys[p], g.k_dim, g.k_dim,
-                                                 g.k_dim, g.v_dim}
-                                  : store.PageView(h, p);
+      const KvStreamView pv = page_view(h, p);
       kp[h * n_pages + p] = pv.keys;
-      if (!mla) vp[h * n_pages + p] = pv.vals;
+      vp[h * n_pages + p] = pv.vals;
+      if (p == 0) first[h] = pv;
     }
   }
   std::vector<Task> tasks;
   for (int h = 0; h < g.n_kv_heads; ++h) {
     for (int64_t p0 = 0; p0 < n_pages; p0 += kRunPages) {
-      KvStreamView v;
-      v.dk = g.k_dim;
-      v.dv = g.v_dim;
-      v.k_stride = g.k_dim;
-      v.v_stride = mla ? g.k_dim : g.v_dim;
+      KvStreamView v = first[h];
+      const bool shared = v.values_in_keys();  // MLA: values are the key rows' first entries
+      v.keys = v.vals = nullptr;
       v.key_pages = kp.data() + h * n_pages + p0;
-      v.val_pages = mla ? v.key_pages : vp.data() + h * n_pages + p0;
+      v.val_pages = shared ? v.key_pages : vp.data() + h * n_pages + p0;
       v.page_shift = kShift;
       const int64_t row0 = p0 * LayerStore::kPageRows;
       tasks.push_back({h, v, std::min(limit, row0 + kRunPages * LayerStore::kPageRows) - row0});

@@ -403,10 +403,8 @@ class Runner {
     const uint16_t* vst = reinterpret_cast<const uint16_t*>(slot + L.v_step);
     const int n_tg = (nv + g - 1) / g;
     for (int tg = 0; tg < n_tg; ++tg) {
-      for (int c = 0; c < D_; ++c) {
-        sc.ks[tg * Dp_ + c] = F16ToF32(kst[tg * D_ + c]);
-        sc.kl[tg * Dp_ + c] = F16ToF32(klo[tg * D_ + c]);
-      }
+      tile::F16ToF32Row(kst + tg * D_, D_, sc.ks.data() + tg * Dp_);
+      tile::F16ToF32Row(klo + tg * D_, D_, sc.kl.data() + tg * Dp_);
     }
     const int GV = D_ / g;
     uint8_t* codes = sc.codes.data();
