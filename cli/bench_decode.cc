@@ -23,8 +23,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Appends `ctx` synthetic tokens to every layer, cycling through a few random rows per layer.
-void FillCache(KvCache* cache, int64_t ctx, uint64_t seed, std::ostream& err) {
+// Appends `ctx` synthetic tokens to every layer in one call, cycling through a few random rows
+// per layer.
+Status FillCache(KvCache* cache, int64_t ctx, uint64_t seed, std::ostream& err) {
   constexpr int kDistinctRows = 61;
   Rng rng(seed);
   struct Rows {
@@ -44,17 +45,19 @@ void FillCache(KvCache* cache, int64_t ctx, uint64_t seed, std::ostream& err) {
     for (auto& x : r.v) x = static_cast<float>(rng.Normal());
   }
   const int64_t step = std::max<int64_t>(1, ctx / 4);
+  RETURN_IF_ERROR(cache->BeginCall(ctx, CallKind::kPrefill));
   for (int64_t t = 0; t < ctx; ++t) {
     const int64_t i = t % kDistinctRows;
     for (int l = 0; l < cache->n_layers(); ++l) {
       const Rows& r = rows[l];
-      cache->Append(l, r.k.data() + i * r.k_width,
-                    r.v_width ? r.v.data() + i * r.v_width : nullptr);
+      RETURN_IF_ERROR(cache->Append(l, r.k.data() + i * r.k_width,
+                                    r.v_width ? r.v.data() + i * r.v_width : nullptr));
     }
     if ((t + 1) % step == 0 && ctx >= 4096) {
       err << "  filled " << (t + 1) << " / " << ctx << " tokens\n" << std::flush;
     }
   }
+  return cache->EndCall();
 }
 
 }  // namespace
@@ -154,7 +157,9 @@ int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream&
       auto cache_or = m.NewCache(std::make_unique<FullPolicy>());
       if (!cache_or.ok()) return fail(cache_or.status().ToString());
       KvCache& cache = **cache_or;
-      FillCache(&cache, ctx, o.seed + static_cast<uint64_t>(ctx), err);
+      if (Status st = FillCache(&cache, ctx, o.seed + static_cast<uint64_t>(ctx), err); !st.ok()) {
+        return fail("filling the cache: " + st.ToString());
+      }
       auto step = [&]() -> Status {
         const int32_t tok = static_cast<int32_t>(token_rng.Below(n_vocab));
         return m.Decode(tok, &cache, &pool, logits.data());

@@ -204,11 +204,14 @@ int RunBenchGqaAttention(const BenchGqaAttentionOptions& o, std::ostream& out, s
     KvCache& cache = **cache_or;
     err << "[" << item << "] filling " << o.ctx << " tokens...\n" << std::flush;
     sources.emplace_back(o.seed, g);
-    for (int64_t t = 0; t < o.ctx; ++t) {
+    Status st = cache.BeginCall(o.ctx, CallKind::kPrefill);
+    for (int64_t t = 0; t < o.ctx && st.ok(); ++t) {
       sources.back().Row(t, k.data(), v.data());
-      cache.Append(0, k.data(), v.data());
+      st = cache.Append(0, k.data(), v.data());
     }
-    cache.Compress();
+    if (st.ok()) st = cache.EndCall();
+    if (st.ok()) st = cache.Compress();
+    if (!st.ok()) return fail("--policy " + item + ": filling the cache: " + st.ToString());
     caches.push_back(std::move(cache_or).value());
   }
   const size_t n_pol = items.size();
@@ -219,12 +222,14 @@ int RunBenchGqaAttention(const BenchGqaAttentionOptions& o, std::ostream& out, s
       KvCache& cache = *caches[i];
       const int64_t pos = cache.n_tokens();
       sources[i].Row(pos, k.data(), v.data());
-      cache.Append(0, k.data(), v.data());
+      Status st = cache.BeginCall(1, CallKind::kDecode);
+      if (st.ok()) st = cache.Append(0, k.data(), v.data());
       sources[i].Query(q.data(), static_cast<int>(q.size()));
-      cache.BeginStep();
       const auto t0 = Clock::now();
-      cache.Attend(0, q.data(), pos, &pool, att.data());
+      if (st.ok()) st = cache.Attend(0, q.data(), pos, &pool, att.data());
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      if (st.ok()) st = cache.EndCall();
+      if (!st.ok()) return fail("--policy " + items[i] + ": decode step: " + st.ToString());
       if (s >= o.warmup) {
         times[i].push_back(ms);
         bytes[i] += cache.counters().last_step.bytes_read;
@@ -339,16 +344,24 @@ int RunBenchCapacity(const BenchCapacityOptions& o, std::ostream& out, std::ostr
   std::vector<RowSource> src;
   for (int l = 0; l < o.layers; ++l) src.emplace_back(o.seed + l, g, 509);
   std::vector<float> k(n_kv), v(n_kv);
-  cache.Compress();  // the compression point: the policy is active from the first row
+  // The compression point: the policy is active from the first row.
+  if (Status st = cache.Compress(); !st.ok()) return fail(st.ToString());
   const auto t0 = Clock::now();
   const int64_t report = std::max<int64_t>(o.every, o.tokens / 10 / o.every * o.every);
+  // Calls of `every` tokens, each followed by the allocator (GeodesiaPolicy::Maintain).
   for (int64_t t = 0; t < o.tokens; ++t) {
-    for (int l = 0; l < o.layers; ++l) {
+    Status st;
+    if (t % o.every == 0) st = cache.BeginCall(std::min(o.every, o.tokens - t), CallKind::kPrefill);
+    for (int l = 0; l < o.layers && st.ok(); ++l) {
       src[l].Row(t, k.data(), v.data());
-      cache.Append(l, k.data(), v.data());
+      st = cache.Append(l, k.data(), v.data());
     }
+    if (st.ok() && ((t + 1) % o.every == 0 || t + 1 == o.tokens)) st = cache.EndCall();
+    if (!st.ok()) return fail("filling the cache: " + st.ToString());
     if ((t + 1) % o.every == 0) {
-      for (int l = 0; l < o.layers; ++l) geo->Maintain(l, t + 1, &pool);
+      for (int l = 0; l < o.layers; ++l) {
+        if (Status ms = geo->Maintain(l, t + 1, &pool); !ms.ok()) return fail(ms.ToString());
+      }
       if ((t + 1) % report == 0) {
         err << "  filled " << (t + 1) << " / " << o.tokens << " tokens, resident "
             << FormatBytes(static_cast<double>(cache.ResidentBytes())) << ", peak RSS "
@@ -361,16 +374,18 @@ int RunBenchCapacity(const BenchCapacityOptions& o, std::ostream& out, std::ostr
   // One decode step.
   const int64_t pos = cache.n_tokens();
   std::vector<float> q(int64_t{g.n_q_heads} * g.k_dim), att(int64_t{g.n_q_heads} * g.v_dim);
-  cache.BeginStep();
   const auto t1 = Clock::now();
-  for (int l = 0; l < o.layers; ++l) {
+  Status st = cache.BeginCall(1, CallKind::kDecode);
+  for (int l = 0; l < o.layers && st.ok(); ++l) {
     src[l].Row(pos, k.data(), v.data());
-    cache.Append(l, k.data(), v.data());
+    st = cache.Append(l, k.data(), v.data());
   }
-  for (int l = 0; l < o.layers; ++l) {
+  for (int l = 0; l < o.layers && st.ok(); ++l) {
     src[l].Query(q.data(), static_cast<int>(q.size()));
-    cache.Attend(l, q.data(), pos, &pool, att.data());
+    st = cache.Attend(l, q.data(), pos, &pool, att.data());
   }
+  if (st.ok()) st = cache.EndCall();
+  if (!st.ok()) return fail("decode step: " + st.ToString());
   const double step_s = std::chrono::duration<double>(Clock::now() - t1).count();
   const int64_t T = cache.n_tokens();
   const int64_t resident = cache.ResidentBytes();

@@ -138,10 +138,11 @@ class DestroyPolicy final : public Policy {
  public:
   std::string name() const override { return "destroy"; }
   Status Bind(const std::vector<LayerGeometry>&) override { return OkStatus(); }
-  void Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
-            SoftmaxStates* st, ReadStats* stats) override {
+  Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
+              SoftmaxStates* st, ReadStats* stats) override {
     const int64_t row = limit - 1;
     ReadRows(store, q, &row, 1, pool, st, stats);
+    return OkStatus();
   }
 };
 

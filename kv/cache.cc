@@ -35,30 +35,131 @@ KvCache::KvCache(std::vector<LayerGeometry> layers, std::unique_ptr<Policy> poli
   scratch_ = SoftmaxStateBuffer(max_heads, max_dv);
 }
 
-void KvCache::Append(int layer, const float* k, const float* v) {
-  stores_[layer].Append(k, v);
-  policy_->OnAppend(layer, stores_[layer]);
+Status KvCache::Fail(const Status& s, int layer, const char* event) {
+  Status e = layer >= 0 ? s.WithContext("layer " + std::to_string(layer) + ", " + event)
+                        : s.WithContext(event);
+  e = e.WithContext("policy '" + policy_->name() + "'");
+  if (status_.ok()) status_ = e;
+  return e;
 }
 
-void KvCache::Attend(int layer, const float* q, int64_t pos, ThreadPool* pool, float* out) {
+Status KvCache::Apply(int layer, const CachePlan& plan, int64_t floor, const char* event) {
+  LayerStore& store = stores_[layer];
+  const LayerGeometry& g = store.geometry();
+  for (const CachePlan::Page& p : plan.release) {
+    // A policy bug, reported instead of aborting: the plan is checked before anything is freed.
+    const int64_t end = (p.page + 1) * LayerStore::kPageRows;
+    if (p.head < 0 || p.head >= g.n_kv_heads || p.page < 0 || end > store.n_rows() ||
+        end > floor || !store.page_resident(p.head, p.page)) {
+      return Fail(Internal("plan releases page " + std::to_string(p.page) + " of KV head " +
+                           std::to_string(p.head) + " (rows [" +
+                           std::to_string(p.page * LayerStore::kPageRows) + ", " +
+                           std::to_string(end) + ")), which is not a resident closed page below "
+                           "row " + std::to_string(std::min(floor, store.n_rows()))),
+                  layer, event);
+    }
+  }
+  for (const CachePlan::Page& p : plan.release) store.ReleasePage(p.head, p.page);
+  return OkStatus();
+}
+
+Status KvCache::BeginCall(int64_t n_new, CallKind kind) {
+  RETURN_IF_ERROR(status_);
+  STRATA_CHECK_MSG(!in_call_, "BeginCall inside a call");
+  STRATA_CHECK(n_new >= 0);
+  in_call_ = true;
+  call_ = CacheCall{n_tokens(), n_tokens() + n_new, kind};
+  appended_.assign(n_layers(), 0);
+  sealed_.assign(n_layers(), 0);
+  counters_.last_step = ReadStats();
+  counters_.calls++;
+  for (int l = 0; l < n_layers(); ++l) {
+    CachePlan plan;
+    Status s = policy_->BeginCall(l, stores_[l], call_, &plan);
+    if (!s.ok()) return Fail(s, l, "call start");
+    // Before the call's rows exist: a released page lies wholly below its first row.
+    RETURN_IF_ERROR(Apply(l, plan, call_.first, "call start"));
+    if (n_new == 0) RETURN_IF_ERROR(Seal(l));  // no rows to wait for
+  }
+  return OkStatus();
+}
+
+Status KvCache::Append(int layer, const float* k, const float* v) {
+  RETURN_IF_ERROR(status_);
+  STRATA_CHECK_MSG(in_call_, "Append outside a call (BeginCall first)");
+  STRATA_CHECK_MSG(!sealed_[layer], "Append to layer %d after its first query of the call", layer);
+  STRATA_CHECK_MSG(appended_[layer] < call_.n_rows(), "layer %d: more rows than the call's %lld",
+                   layer, static_cast<long long>(call_.n_rows()));
+  stores_[layer].Append(k, v);
+  appended_[layer]++;
+  Status s = policy_->OnAppend(layer, stores_[layer]);
+  if (!s.ok()) return Fail(s, layer, "append");
+  // The call's last row of this layer: the causal point before its first query.
+  if (appended_[layer] == call_.n_rows()) return Seal(layer);
+  return OkStatus();
+}
+
+Status KvCache::Seal(int layer) {
+  sealed_[layer] = 1;
+  CachePlan plan;
+  Status s = policy_->OnAppended(layer, stores_[layer], call_, &plan);
+  if (!s.ok()) return Fail(s, layer, "block close");
+  // The call's queries are still to come: nothing of the call may be released.
+  return Apply(layer, plan, call_.first, "block close");
+}
+
+void KvCache::CheckSealed(int layer, const char* what) const {
+  STRATA_CHECK_MSG(sealed_[layer], "layer %d: %s after %lld of the call's %lld rows", layer, what,
+                   static_cast<long long>(appended_[layer]),
+                   static_cast<long long>(call_.n_rows()));
+}
+
+Status KvCache::Attend(int layer, const float* q, int64_t pos, ThreadPool* pool, float* out) {
+  RETURN_IF_ERROR(status_);
+  STRATA_CHECK_MSG(in_call_, "Attend outside a call (BeginCall first)");
   LayerStore& store = stores_[layer];
   STRATA_CHECK_MSG(pos >= 0 && pos < store.n_rows(), "query at %lld but %lld rows",
                    static_cast<long long>(pos), static_cast<long long>(store.n_rows()));
+  CheckSealed(layer, "query");
   const LayerGeometry& g = store.geometry();
   SoftmaxStates st = scratch_.states();
   st.n_heads = g.n_q_heads;
   st.dv = g.v_dim;
   st.Reset();
   ReadStats stats;
-  policy_->Read(layer, store, q, pos + 1, pool, &st, &stats);
+  Status s = policy_->Read(layer, store, q, pos + 1, pool, &st, &stats);
+  if (!s.ok()) {
+    return Fail(s.WithContext("query at position " + std::to_string(pos)), layer, "read");
+  }
   FinalizeStates(st, out);
   counters_.reads++;
   counters_.bytes_read_total += stats.bytes_read;
   counters_.rows_attended_total += stats.rows_attended;
   counters_.rows_fetched_total += stats.rows_fetched;
+  counters_.fallbacks_total += stats.fallbacks;
   counters_.last_step.bytes_read += stats.bytes_read;
   counters_.last_step.rows_attended += stats.rows_attended;
   counters_.last_step.rows_fetched += stats.rows_fetched;
+  counters_.last_step.fallbacks += stats.fallbacks;
+  return OkStatus();
+}
+
+Status KvCache::EndCall() {
+  if (!status_.ok()) {  // a failed call may end without its rows: the cache is done
+    in_call_ = false;
+    return status_;
+  }
+  STRATA_CHECK_MSG(in_call_, "EndCall outside a call");
+  in_call_ = false;
+  for (int l = 0; l < n_layers(); ++l) {
+    CheckSealed(l, "call end");
+    CachePlan plan;
+    Status s = policy_->EndCall(l, stores_[l], call_, &plan);
+    if (!s.ok()) return Fail(s, l, "call end");
+    // Every query of the call has read: any closed page may go.
+    RETURN_IF_ERROR(Apply(l, plan, stores_[l].n_rows(), "call end"));
+  }
+  return OkStatus();
 }
 
 void KvCache::BeginPrefill(int64_t first, int64_t end) {
@@ -111,8 +212,11 @@ void ObservationWeights(const LayerStore& store, const float* q, int64_t n,
 
 }  // namespace
 
-void KvCache::ObserveQuery(int layer, int64_t pos, const float* q) {
-  if (pos < obs_first_ || pos >= obs_end_) return;
+Status KvCache::ObserveQuery(int layer, int64_t pos, const float* q) {
+  RETURN_IF_ERROR(status_);
+  STRATA_CHECK_MSG(in_call_, "ObserveQuery outside a call");
+  CheckSealed(layer, "observed query");
+  if (pos < obs_first_ || pos >= obs_end_) return OkStatus();
   // Delivered at once: every row the query may see ([0, pos]) is already appended, so nothing is
   // recorded and memory stays one [n_q_heads, pos + 1] weight buffer whatever the prompt length.
   const LayerStore& store = stores_[layer];
@@ -123,13 +227,23 @@ void KvCache::ObserveQuery(int layer, int64_t pos, const float* q) {
     ObservationWeights(store, q, pos + 1, &obs_kbuf_, obs_w_.data());
     obs.weights = obs_w_.data();
   }
-  policy_->OnPrefillStats(layer, store, obs);
+  Status s = policy_->OnPrefillStats(layer, store, obs);
+  if (!s.ok()) return Fail(s, layer, "prefill statistics");
+  return OkStatus();
 }
 
-void KvCache::EndPrefill(ThreadPool* pool) { Compress(); }
+Status KvCache::EndPrefill(ThreadPool* pool) { return Compress(); }
 
-void KvCache::Compress() {
-  for (int l = 0; l < n_layers(); ++l) policy_->OnCompress(l, stores_[l]);
+Status KvCache::Compress() {
+  RETURN_IF_ERROR(status_);
+  STRATA_CHECK_MSG(!in_call_, "Compress inside a call");
+  for (int l = 0; l < n_layers(); ++l) {
+    CachePlan plan;
+    Status s = policy_->OnCompress(l, stores_[l], &plan);
+    if (!s.ok()) return Fail(s, l, "compression point");
+    RETURN_IF_ERROR(Apply(l, plan, stores_[l].n_rows(), "compression point"));
+  }
+  return OkStatus();
 }
 
 int64_t KvCache::ResidentBytes() const {

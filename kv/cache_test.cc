@@ -6,6 +6,7 @@
 
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "core/status_testing.h"
 
 namespace strata {
 namespace {
@@ -61,14 +62,17 @@ std::vector<double> Reference(const LayerStore& s, const std::vector<float>& q, 
   return out;
 }
 
+// Opens a call of n rows and appends them to every layer; the caller's queries follow, then
+// EndCall.
 void Fill(KvCache* cache, Rng& rng, int64_t n) {
+  ASSERT_OK(cache->BeginCall(n, CallKind::kPrefill));
   for (int l = 0; l < cache->n_layers(); ++l) {
     const LayerGeometry& g = cache->geometry(l);
     std::vector<float> k(g.n_kv_heads * g.k_dim), v(g.n_kv_heads * g.v_dim);
     for (int64_t t = 0; t < n; ++t) {
       for (auto& x : k) x = static_cast<float>(rng.Normal());
       for (auto& x : v) x = static_cast<float>(rng.Normal());
-      cache->Append(l, k.data(), v.data());
+      ASSERT_OK(cache->Append(l, k.data(), v.data()));
     }
   }
 }
@@ -91,13 +95,14 @@ TEST(KvCacheTest, FullPolicyMatchesFloat64Reference) {
       for (auto& x : q) x = static_cast<float>(rng.Normal());
       auto ref = Reference(c.store(l), q, pos + 1);
       for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
-        c.Attend(l, q.data(), pos, p, out.data());
+        ASSERT_OK(c.Attend(l, q.data(), pos, p, out.data()));
         for (size_t i = 0; i < out.size(); ++i) {
           ASSERT_NEAR(out[i], ref[i], 2e-5) << "seed " << seed << " layer " << l << " pos " << pos;
         }
       }
     }
   }
+  ASSERT_OK(c.EndCall());
 }
 
 TEST(KvCacheTest, ReadRowsOfEveryRowEqualsReadPrefix) {
@@ -106,6 +111,7 @@ TEST(KvCacheTest, ReadRowsOfEveryRowEqualsReadPrefix) {
   auto cache = KvCache::Create({Gqa()}, std::make_unique<FullPolicy>());
   ASSERT_TRUE(cache.ok());
   Fill(cache->get(), rng, 150);
+  ASSERT_OK((*cache)->EndCall());
   const LayerStore& s = (*cache)->store(0);
   const LayerGeometry& g = s.geometry();
   std::vector<float> q(g.n_q_heads * g.k_dim);
@@ -181,18 +187,23 @@ class ObservingPolicy final : public Policy {
   std::string name() const override { return "observe"; }
   Status Bind(const std::vector<LayerGeometry>&) override { return OkStatus(); }
   int64_t observation_queries(int64_t) const override { return 3; }
-  void OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& o) override {
+  Status OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& o) override {
     seen.push_back(o.query_pos);
     for (int h = 0; h < o.n_q_heads; ++h) {
       double s = 0;
       for (int64_t u = 0; u < o.n_keys; ++u) s += o.weights[h * o.n_keys + u];
       sums.push_back(s);
     }
+    return OkStatus();
   }
-  void OnCompress(int layer, LayerStore&) override { ++compressions; }
-  void Read(int, const LayerStore& s, const float* q, int64_t limit, ThreadPool* p,
-            SoftmaxStates* st, ReadStats* stats) override {
+  Status OnCompress(int layer, const LayerStore&, CachePlan*) override {
+    ++compressions;
+    return OkStatus();
+  }
+  Status Read(int, const LayerStore& s, const float* q, int64_t limit, ThreadPool* p,
+              SoftmaxStates* st, ReadStats* stats) override {
     ReadPrefix(s, q, limit, p, st, stats);
+    return OkStatus();
   }
   std::vector<int64_t> seen;
   std::vector<double> sums;
@@ -212,9 +223,10 @@ TEST(KvCacheTest, PrefillObservationIsCausalAndNormalised) {
   Fill(&c, rng, 10);
   for (int64_t pos = 0; pos < 10; ++pos) {
     for (auto& x : q) x = static_cast<float>(rng.Normal());
-    c.ObserveQuery(0, pos, q.data());
+    ASSERT_OK(c.ObserveQuery(0, pos, q.data()));
   }
-  c.EndPrefill(nullptr);
+  ASSERT_OK(c.EndCall());
+  ASSERT_OK(c.EndPrefill(nullptr));
   EXPECT_EQ(p->seen, (std::vector<int64_t>{7, 8, 9}));
   for (double s : p->sums) EXPECT_NEAR(s, 1.0, 1e-5);
   EXPECT_EQ(p->compressions, 1);
@@ -226,8 +238,10 @@ class RejectingPolicy final : public Policy {
   Status Bind(const std::vector<LayerGeometry>&) override {
     return InvalidArgument("model has no MLA layers");
   }
-  void Read(int, const LayerStore&, const float*, int64_t, ThreadPool*, SoftmaxStates*,
-            ReadStats*) override {}
+  Status Read(int, const LayerStore&, const float*, int64_t, ThreadPool*, SoftmaxStates*,
+              ReadStats*) override {
+    return OkStatus();
+  }
 };
 
 TEST(KvCacheTest, CreateErrorsNameTheProblem) {

@@ -150,9 +150,10 @@ void ReadRows(const LayerStore& store, const float* q, const int64_t* rows, int6
   }
 }
 
-void FullPolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
-                      ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
+Status FullPolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
+                        ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
   ReadPrefix(store, q, limit, pool, st, stats);
+  return OkStatus();
 }
 
 }  // namespace strata

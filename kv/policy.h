@@ -1,14 +1,30 @@
-// The cache policy interface: the three events a policy sees and the read it performs.
+// The cache policy interface: the events a policy sees, the plan it returns, the read it performs.
 //
-// Events (nothing else reaches a policy):
-//   1. prefill statistics: exact attention weights of the last observation_queries() prompt
-//      queries, one query at a time (bounded memory), delivered at the compression point;
-//   2. block close / compression: OnAppend after every appended row (a policy closes its own blocks)
-//      and OnCompress at the compression point (end of a prefill call, or an explicit Compress());
-//   3. decode step: Read, with the current query; the policy picks what to read (recall scan, page
-//      selection, EMA update) and returns online-softmax states that the cache finalises.
-// Cache mutations happen only inside these calls and only through the LayerStore API, so every
-// byte a policy holds is visible to ResidentBytes.
+// A sequence's cache advances in forward calls (one Model::ForwardChunk: a prefill chunk or one
+// decode token). The cache tells the policy where each call begins and ends; inside a call every
+// layer first appends all of the call's rows, then reads the call's queries in position order.
+// Events, per layer (nothing else reaches a policy):
+//   BeginCall     the call's token range and kind, before its first row is appended;
+//   OnAppend      after each appended row (a policy mirrors the row into its own structures);
+//   OnAppended    after the call's last row is appended and before its first read: the causal
+//                 point where a policy closes blocks and chooses what to keep (rows of the call's
+//                 own queries stay readable: see Read);
+//   OnPrefillStats observed prompt queries (exact weights when asked for), at most
+//                 observation_queries() of them, delivered as they are read;
+//   Read          one query that may see rows [0, limit): the policy picks what to read (recall
+//                 scan, page selection, EMA update) and returns online-softmax states;
+//   EndCall       after the call's last read;
+//   OnCompress    the compression point (end of a prefill, or an explicit Compress()), outside
+//                 any call.
+// Every event returns a Status: an error names the layer, the rows and the cause and reaches the
+// caller through KvCache; a policy never aborts on bad input and never leaves a row out of a
+// softmax silently. Where a policy has an exact fallback (e.g. the recall tier's dense step) it
+// takes it and counts it in ReadStats::fallbacks.
+//
+// Policies see the LayerStore read-only. The one mutation of the store, releasing pages whose
+// rows the policy now keeps elsewhere, is a CachePlan the policy returns from BeginCall,
+// OnAppended, EndCall or OnCompress and the cache applies at once; the cache checks that no
+// released page holds a row of the running call (so no query of the call can lose a row).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +45,7 @@ struct ReadStats {
   int64_t rows_attended = 0;  // distinct rows whose full K/V were read (per KV head summed)
   int64_t rows_fetched = 0;   // rows recalled from an archive this step
   int64_t bytes_read = 0;     // every byte the read touched: rows, indexes, scales, summaries
+  int64_t fallbacks = 0;      // reads that took an exact fallback (e.g. a dense recall step)
 };
 
 // One observed prompt query and, when the policy asks for them, its exact attention weights.
@@ -39,6 +56,30 @@ struct PrefillObservation {
   const float* q = nullptr;  // [n_q_heads, k_dim] the query as the cache saw it (MLA: absorbed)
   int64_t n_keys = 0;        // = query_pos + 1
   const float* weights = nullptr;  // [n_q_heads, n_keys] softmax probabilities, or null
+};
+
+// Where a forward call sits in the sequence.
+enum class CallKind {
+  kPrefill,  // a chunk of the prompt (Model::Prefill)
+  kDecode,   // one generated token (Model::Decode), or any call outside a prefill
+};
+
+// One forward call: rows [first, end) are appended to every layer, then its queries read.
+struct CacheCall {
+  int64_t first = 0;
+  int64_t end = 0;
+  CallKind kind = CallKind::kDecode;
+  int64_t n_rows() const { return end - first; }
+};
+
+// A planned change of the store, returned by a policy and applied by the cache.
+struct CachePlan {
+  struct Page {
+    int head = 0;      // KV head (MLA: 0)
+    int64_t page = 0;  // page index (rows [64 page, 64 page + 64))
+  };
+  std::vector<Page> release;  // pages the policy no longer reads from the store
+  bool empty() const { return release.empty(); }
 };
 
 class Policy {
@@ -52,22 +93,46 @@ class Policy {
   // naming both) and sizes per-layer state.
   virtual Status Bind(const std::vector<LayerGeometry>& layers) = 0;
 
-  // Event 1. How many trailing prompt queries to observe for a prefill of `prompt_len` tokens
-  // (0: none), and whether their attention weights are needed (or only the queries).
+  // Call boundaries (see the header comment). `plan` is empty on entry.
+  virtual Status BeginCall(int layer, const LayerStore& store, const CacheCall& call,
+                           CachePlan* plan) {
+    return OkStatus();
+  }
+  virtual Status OnAppend(int layer, const LayerStore& store) { return OkStatus(); }
+  virtual Status OnAppended(int layer, const LayerStore& store, const CacheCall& call,
+                            CachePlan* plan) {
+    return OkStatus();
+  }
+  virtual Status EndCall(int layer, const LayerStore& store, const CacheCall& call,
+                         CachePlan* plan) {
+    return OkStatus();
+  }
+
+  // Prefill statistics. How many trailing prompt queries to observe for a prefill of
+  // `prompt_len` tokens (0: none), and whether their attention weights are needed (or only the
+  // queries).
   virtual int64_t observation_queries(int64_t prompt_len) const { return 0; }
   virtual bool observation_needs_weights() const { return true; }
-  virtual void OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& obs) {}
-  // Event 2.
-  virtual void OnAppend(int layer, LayerStore& store) {}
-  virtual void OnCompress(int layer, LayerStore& store) {}
-  // Event 3. q: [n_q_heads, k_dim] f32 for a query that may see rows [0, limit). Writes states for
-  // all n_q_heads heads (st->Reset() already done by the caller).
-  virtual void Read(int layer, const LayerStore& store, const float* q, int64_t limit,
-                    ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) = 0;
+  virtual Status OnPrefillStats(int layer, const LayerStore& store,
+                                const PrefillObservation& obs) {
+    return OkStatus();
+  }
+  // The compression point.
+  virtual Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) {
+    return OkStatus();
+  }
+  // A query that may see rows [0, limit): q [n_q_heads, k_dim] f32. Writes states for all
+  // n_q_heads heads (st->Reset() already done by the caller).
+  virtual Status Read(int layer, const LayerStore& store, const float* q, int64_t limit,
+                      ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) = 0;
   // Bytes this policy keeps resident for the layer (rows it still holds + its own structures).
   virtual int64_t ResidentBytes(int layer, const LayerStore& store) const {
     return store.resident_bytes();
   }
+  // The first error the policy recovered from exactly (OK when none): e.g. a failed archive
+  // write (the rows stay in RAM) or a failed recall index (dense steps from then on). Results
+  // are still exact; reports print it so that a run that did not do what was asked says so.
+  virtual Status recovered_error() const { return OkStatus(); }
 };
 
 // The classic cache: every visible row, exactly. The reference every other policy is tested
@@ -76,8 +141,8 @@ class FullPolicy final : public Policy {
  public:
   std::string name() const override { return "full"; }
   Status Bind(const std::vector<LayerGeometry>& layers) override { return OkStatus(); }
-  void Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
-            SoftmaxStates* st, ReadStats* stats) override;
+  Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
+              SoftmaxStates* st, ReadStats* stats) override;
 };
 
 // Exact reads shared by all row-selecting policies.

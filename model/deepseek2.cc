@@ -139,13 +139,12 @@ class Deepseek2Model final : public Model {
     return OkStatus();
   }
 
-  void ForwardChunk(const int32_t* tokens, int n, KvCache* cache, ThreadPool* pool,
-                    float* x) override {
+  Status ForwardChunk(const int32_t* tokens, int n, KvCache* cache, ThreadPool* pool,
+                      float* x) override {
     const ModelConfig& c = config_;
     const int64_t d = c.d_model, H = c.n_heads, dc = c.kv_lora_rank, dr = c.qk_rope_dim,
                   nope = c.qk_nope_dim, vd = c.v_head_dim, qk = nope + dr, row = dc + dr;
     const int64_t p0 = cache->n_tokens();
-    cache->BeginStep();
     Embed(tokens, n, x);
     std::vector<float> xn(n * d), q(n * H * qk), kva(n * row), qabs(H * row), att(H * dc),
         o(n * H * vd), y(n * d);
@@ -182,7 +181,7 @@ class Deepseek2Model final : public Model {
         float* r = &kva[i * row];
         RmsNorm(r, L.kv_a_norm.data(), dc, c.rms_eps, r);
         if (!c.mla_nope) Rope(r + dc, static_cast<int>(dr), p0 + i, RopeStyle::kNorm, rope_);
-        cache->Append(l, r, nullptr);
+        RETURN_IF_ERROR(cache->Append(l, r, nullptr));
       }
       for (int i = 0; i < n; ++i) {
         // Absorbed queries for every head, in parallel over heads.
@@ -196,8 +195,8 @@ class Deepseek2Model final : public Model {
           }
         };
         if (pool) pool->ParallelFor(H, absorb); else absorb(0, H, 0);
-        cache->ObserveQuery(l, p0 + i, qabs.data());
-        cache->Attend(l, qabs.data(), p0 + i, pool, att.data());
+        RETURN_IF_ERROR(cache->ObserveQuery(l, p0 + i, qabs.data()));
+        RETURN_IF_ERROR(cache->Attend(l, qabs.data(), p0 + i, pool, att.data()));
         auto expand = [&](int64_t hb, int64_t he, int) {
           for (int64_t h = hb; h < he; ++h) {
             MatVec(L.v_b.Rows(h * vd, vd), &att[h * dc], &o[(i * H + h) * vd], nullptr);
@@ -215,6 +214,7 @@ class Deepseek2Model final : public Model {
       }
       for (int64_t j = 0; j < n * d; ++j) x[j] += y[j];
     }
+    return OkStatus();
   }
 
  private:

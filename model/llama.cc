@@ -81,13 +81,12 @@ class LlamaModel final : public Model {
     return OkStatus();
   }
 
-  void ForwardChunk(const int32_t* tokens, int n, KvCache* cache, ThreadPool* pool,
-                    float* x) override {
+  Status ForwardChunk(const int32_t* tokens, int n, KvCache* cache, ThreadPool* pool,
+                      float* x) override {
     const ModelConfig& c = config_;
     const int64_t d = c.d_model, hd = c.head_dim, qd = c.n_heads * hd, kvd = c.n_kv_heads * hd,
                   ff = c.d_ff;
     const int64_t p0 = cache->n_tokens();
-    cache->BeginStep();
     Embed(tokens, n, x);
     std::vector<float> xn(n * d), q(n * qd), k(n * kvd), v(n * kvd), att(n * qd), o(n * d),
         g(n * ff), u(n * ff);
@@ -123,11 +122,11 @@ class LlamaModel final : public Model {
       for (int i = 0; i < n; ++i) {
         for (int h = 0; h < c.n_heads; ++h) Rope(&q[i * qd + h * hd], c.rope_dim, p0 + i, c.rope_style, rope_);
         for (int h = 0; h < c.n_kv_heads; ++h) Rope(&k[i * kvd + h * hd], c.rope_dim, p0 + i, c.rope_style, rope_);
-        cache->Append(l, &k[i * kvd], &v[i * kvd]);
+        RETURN_IF_ERROR(cache->Append(l, &k[i * kvd], &v[i * kvd]));
       }
       for (int i = 0; i < n; ++i) {
-        cache->ObserveQuery(l, p0 + i, &q[i * qd]);
-        cache->Attend(l, &q[i * qd], p0 + i, pool, &att[i * qd]);
+        RETURN_IF_ERROR(cache->ObserveQuery(l, p0 + i, &q[i * qd]));
+        RETURN_IF_ERROR(cache->Attend(l, &q[i * qd], p0 + i, pool, &att[i * qd]));
       }
       matmul(L.wo, att.data(), qd, o.data(), d);
       for (int64_t j = 0; j < n * d; ++j) x[j] += o[j];
@@ -143,6 +142,7 @@ class LlamaModel final : public Model {
       matmul(L.down, g.data(), ff, o.data(), d);
       for (int64_t j = 0; j < n * d; ++j) x[j] += o[j];
     }
+    return OkStatus();
   }
 
  private:

@@ -161,6 +161,15 @@ void Model::Logits(const float* hidden, int n, ThreadPool* pool, float* logits) 
   }
 }
 
+Status Model::RunCall(const int32_t* tokens, int n, CallKind kind, KvCache* cache,
+                      ThreadPool* pool, float* hidden) {
+  RETURN_IF_ERROR(cache->BeginCall(n, kind));
+  const Status s = ForwardChunk(tokens, n, cache, pool, hidden);
+  const Status e = cache->EndCall();  // closes the call after a failure too
+  RETURN_IF_ERROR(s);
+  return e;
+}
+
 Status Model::Prefill(const int32_t* tokens, int64_t n, int chunk, KvCache* cache,
                       ThreadPool* pool, float* logits_last, std::vector<float>* all_logits) {
   if (n <= 0) return InvalidArgument("prefill of " + std::to_string(n) + " tokens");
@@ -180,7 +189,7 @@ Status Model::Prefill(const int32_t* tokens, int64_t n, int chunk, KvCache* cach
   for (int64_t b = 0; b < n; b += chunk) {
     const int m = static_cast<int>(std::min<int64_t>(chunk, n - b));
     hidden.assign(static_cast<size_t>(m) * d, 0.f);
-    ForwardChunk(tokens + b, m, cache, pool, hidden.data());
+    RETURN_IF_ERROR(RunCall(tokens + b, m, CallKind::kPrefill, cache, pool, hidden.data()));
     if (all_logits) {
       Logits(hidden.data(), m, pool, all_logits->data() + b * config_.n_vocab);
     } else if (logits_last && b + m == n) {
@@ -191,8 +200,7 @@ Status Model::Prefill(const int32_t* tokens, int64_t n, int chunk, KvCache* cach
     std::memcpy(logits_last, all_logits->data() + (n - 1) * config_.n_vocab,
                 sizeof(float) * config_.n_vocab);
   }
-  cache->EndPrefill(pool);
-  return OkStatus();
+  return cache->EndPrefill(pool);
 }
 
 Status Model::Decode(int32_t token, KvCache* cache, ThreadPool* pool, float* logits) {
@@ -201,7 +209,7 @@ Status Model::Decode(int32_t token, KvCache* cache, ThreadPool* pool, float* log
                            std::to_string(config_.n_vocab) + ")");
   }
   std::vector<float> hidden(config_.d_model);
-  ForwardChunk(&token, 1, cache, pool, hidden.data());
+  RETURN_IF_ERROR(RunCall(&token, 1, CallKind::kDecode, cache, pool, hidden.data()));
   if (logits) Logits(hidden.data(), 1, pool, logits);
   return OkStatus();
 }

@@ -50,10 +50,14 @@ class Model {
 
  protected:
   Model(std::unique_ptr<GgufFile> file, ModelConfig config);
-  // Runs tokens at positions [cache->n_tokens(), +n): appends their rows, returns final hidden
-  // states (before the output norm) in `hidden` [n, d_model].
-  virtual void ForwardChunk(const int32_t* tokens, int n, KvCache* cache, ThreadPool* pool,
-                            float* hidden) = 0;
+  // Runs tokens at positions [cache->n_tokens(), +n) as one cache call (kv/policy.h): appends
+  // their rows, returns final hidden states (before the output norm) in `hidden` [n, d_model].
+  Status RunCall(const int32_t* tokens, int n, CallKind kind, KvCache* cache, ThreadPool* pool,
+                 float* hidden);
+  // The architecture's forward pass inside an open call: per layer, every row is appended
+  // before the first query reads.
+  virtual Status ForwardChunk(const int32_t* tokens, int n, KvCache* cache, ThreadPool* pool,
+                              float* hidden) = 0;
   virtual Status LoadWeights() = 0;
 
   // Weight lookup with a shape check; errors name the tensor, expected and actual shapes.

@@ -48,7 +48,6 @@ std::vector<float> RunModel(Model& m, KvCache* c, const std::vector<int32_t>& to
   EXPECT_TRUE(m.Prefill(toks.data(), prompt, 37, c, pool, nullptr, &all).ok());
   std::vector<float> logits(V);
   for (size_t i = prompt; i < toks.size(); ++i) {
-    c->BeginStep();
     EXPECT_TRUE(m.Decode(toks[i], c, pool, logits.data()).ok());
     all.insert(all.end(), logits.begin(), logits.end());
   }

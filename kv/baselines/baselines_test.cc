@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/status_testing.h"
 #include "core/thread_pool.h"
 #include "kv/baselines/baselines.h"
 #include "kv/baselines/common.h"
@@ -40,8 +41,8 @@ TEST(BaselineTest, CausalityEveryPolicy) {
         Rng rng(seed + p);
         const std::vector<float> q = RandomQuery(g, rng);
         std::vector<float> oa(g.n_q_heads * g.v_dim), ob(oa.size());
-        a->Attend(0, q.data(), p, nullptr, oa.data());
-        b->Attend(0, q.data(), p, nullptr, ob.data());
+        ASSERT_OK(a->Attend(0, q.data(), p, nullptr, oa.data()));
+        ASSERT_OK(b->Attend(0, q.data(), p, nullptr, ob.data()));
         ASSERT_EQ(oa, ob) << "position " << p;
       }
     }
@@ -74,8 +75,7 @@ TEST(BaselineTest, BudgetRespected) {
       Rng rng(seed);
       const std::vector<float> q = RandomQuery(g, rng);
       std::vector<float> out(g.n_q_heads * g.v_dim);
-      cache->BeginStep();
-      cache->Attend(0, q.data(), n0 + extra - 1, nullptr, out.data());
+      ASSERT_OK(cache->Attend(0, q.data(), n0 + extra - 1, nullptr, out.data()));
       const ReadStats& st = cache->counters().last_step;
       EXPECT_EQ(st.rows_attended, c.rows * g.n_kv_heads);
       EXPECT_EQ(st.bytes_read, c.rows * g.bytes_per_token());
@@ -88,9 +88,8 @@ TEST(BaselineTest, BudgetRespected) {
       Rng rng(seed);
       const std::vector<float> q = RandomQuery(g, rng);
       std::vector<float> out(g.n_q_heads * g.v_dim);
-      cache->BeginStep();
       const int64_t pos = n0 + extra - 1;
-      cache->Attend(0, q.data(), pos, nullptr, out.data());
+      ASSERT_OK(cache->Attend(0, q.data(), pos, nullptr, out.data()));
       const int64_t cur = pos / 64, k = BudgetRows(cur, ratio);
       const int64_t rows = k * 64 + (pos + 1 - cur * 64);
       EXPECT_EQ(cache->counters().last_step.rows_attended, rows * g.n_kv_heads);
@@ -114,8 +113,8 @@ TEST(BaselineTest, RatioOneEqualsFull) {
       Rng rng(seed);
       const std::vector<float> q = RandomQuery(g, rng);
       std::vector<float> a(g.n_q_heads * g.v_dim), b(a.size());
-      full->Attend(0, q.data(), n0, nullptr, a.data());
-      c->Attend(0, q.data(), n0, nullptr, b.data());
+      ASSERT_OK(full->Attend(0, q.data(), n0, nullptr, a.data()));
+      ASSERT_OK(c->Attend(0, q.data(), n0, nullptr, b.data()));
       EXPECT_EQ(a, b);
     }
   }
@@ -159,15 +158,17 @@ class CapturePolicy final : public Policy {
   std::string name() const override { return "capture"; }
   Status Bind(const std::vector<LayerGeometry>&) override { return OkStatus(); }
   int64_t observation_queries(int64_t prompt_len) const override { return 5; }
-  void OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& o) override {
+  Status OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& o) override {
     pos.push_back(o.query_pos);
     n_keys.push_back(o.n_keys);
     q.emplace_back(o.q, o.q + o.n_q_heads * o.k_dim);
     w.emplace_back(o.weights, o.weights + o.n_q_heads * o.n_keys);
+    return OkStatus();
   }
-  void Read(int layer, const LayerStore& store, const float* qq, int64_t limit, ThreadPool* pool,
-            SoftmaxStates* st, ReadStats* stats) override {
+  Status Read(int layer, const LayerStore& store, const float* qq, int64_t limit, ThreadPool* pool,
+              SoftmaxStates* st, ReadStats* stats) override {
     ReadPrefix(store, qq, limit, pool, st, stats);
+    return OkStatus();
   }
   std::vector<int64_t> pos, n_keys;
   std::vector<std::vector<float>> q, w;
@@ -320,8 +321,7 @@ TEST(StreamingTest, ClosedFormRateAndKeptSet) {
   Rng rng(seed);
   const std::vector<float> q = RandomQuery(g, rng);
   std::vector<float> out(g.n_q_heads * g.v_dim);
-  c->BeginStep();
-  c->Attend(0, q.data(), T - 1, nullptr, out.data());
+  ASSERT_OK(c->Attend(0, q.data(), T - 1, nullptr, out.data()));
   const ReadStats& st = c->counters().last_step;
   EXPECT_EQ(st.rows_attended, 2052);
   const double rate = 16.0 * st.bytes_read / (static_cast<double>(T) * g.bytes_per_token());

@@ -86,9 +86,9 @@ int64_t EvictionPolicy::observation_queries(int64_t prompt_len) const {
   }
 }
 
-void EvictionPolicy::OnPrefillStats(int layer, const LayerStore& store,
+Status EvictionPolicy::OnPrefillStats(int layer, const LayerStore& store,
                                     const PrefillObservation& obs) {
-  if (obs.weights == nullptr) return;
+  if (obs.weights == nullptr) return OkStatus();
   Layer& L = layers_[layer];
   const int G = L.g.group_size();
   for (int h = 0; h < L.g.n_kv_heads; ++h) {
@@ -100,6 +100,7 @@ void EvictionPolicy::OnPrefillStats(int layer, const LayerStore& store,
     }
   }
   ++L.n_obs;
+  return OkStatus();
 }
 
 std::vector<int64_t> EvictionPolicy::Select(Layer& L, int layer, int s,
@@ -177,10 +178,10 @@ std::vector<int64_t> EvictionPolicy::Select(Layer& L, int layer, int s,
   return out;
 }
 
-void EvictionPolicy::OnCompress(int layer, LayerStore& store) {
+Status EvictionPolicy::OnCompress(int layer, const LayerStore& store, CachePlan* plan) {
   Layer& L = layers_[layer];
   const int64_t n = store.n_rows();
-  if (n == 0) return;
+  if (n == 0) return OkStatus();
   const int64_t m = BudgetRows(n, cfg_.ratio);
   if (cfg_.kind == EvictionKind::kStreaming) {
     L.window = m;
@@ -199,27 +200,28 @@ void EvictionPolicy::OnCompress(int layer, LayerStore& store) {
   L.compressed = true;
   L.n_obs = 0;
   ++L.compressions;
+  return OkStatus();
 }
 
-void EvictionPolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
+Status EvictionPolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
                           ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
   Layer& L = layers_[layer];
   if (!L.compressed || (L.all_kept && limit >= L.boundary)) {
     ReadPrefix(store, q, limit, pool, st, stats);
-    return;
+    return OkStatus();
   }
   if (cfg_.kind == EvictionKind::kStreaming) {
     const int64_t sinks = cfg_.sinks;
     if (limit <= sinks + L.window) {
       ReadPrefix(store, q, limit, pool, st, stats);
-      return;
+      return OkStatus();
     }
     std::vector<int64_t>& rows = L.read[0];
     rows.clear();
     for (int64_t u = 0; u < sinks; ++u) rows.push_back(u);
     for (int64_t u = limit - L.window; u < limit; ++u) rows.push_back(u);
     ReadRows(store, q, rows.data(), static_cast<int64_t>(rows.size()), pool, st, stats);
-    return;
+    return OkStatus();
   }
   for (size_t s = 0; s < L.kept.size(); ++s) {
     std::vector<int64_t>& rows = L.read[s];
@@ -231,6 +233,7 @@ void EvictionPolicy::Read(int layer, const LayerStore& store, const float* q, in
     for (int64_t u = L.boundary; u < limit; ++u) rows.push_back(u);
   }
   ReadHeadSets(store, q, L.read, pool, st, stats);
+  return OkStatus();
 }
 
 int64_t EvictionPolicy::ResidentBytes(int layer, const LayerStore& store) const {

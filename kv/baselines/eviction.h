@@ -62,10 +62,10 @@ class EvictionPolicy final : public Policy {
   Status Bind(const std::vector<LayerGeometry>& layers) override;
   int64_t observation_queries(int64_t prompt_len) const override;
   bool observation_needs_weights() const override { return true; }
-  void OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& obs) override;
-  void OnCompress(int layer, LayerStore& store) override;
-  void Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
-            SoftmaxStates* st, ReadStats* stats) override;
+  Status OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& obs) override;
+  Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) override;
+  Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
+              SoftmaxStates* st, ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
 
   const EvictionConfig& config() const { return cfg_; }

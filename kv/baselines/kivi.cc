@@ -126,19 +126,25 @@ void KiviPolicy::Flush(Layer& L, const LayerStore& store) {
   }
 }
 
-void KiviPolicy::OnAppend(int layer, LayerStore& store) {
-  Layer& L = layers_[layer];
-  Flush(L, store);
-  if (!L.read_seen) return;
-  // A new call starts at row n - 1: no read of this call or later needs exact rows of a page
-  // that lies entirely before that row and entirely inside the quantized groups.
-  L.read_seen = false;
-  const int64_t upto = std::min(store.n_rows() - 1, L.n_groups * kGroup);
+Status KiviPolicy::OnAppend(int layer, const LayerStore& store) {
+  Flush(layers_[layer], store);
+  return OkStatus();
+}
+
+Status KiviPolicy::OnAppended(int layer, const LayerStore& store, const CacheCall& call,
+                              CachePlan* plan) {
+  // No read of this call or later needs exact rows of a page that lies entirely before the
+  // call's first row and entirely inside the groups quantized once that row was appended (the
+  // later rows of the call quantize more groups, but their pages stay until the next call).
+  // The first call holds no earlier rows.
+  if (call.first == 0 || call.n_rows() == 0) return OkStatus();
+  const int64_t upto = std::min(call.first, GroupsAfter(call.first + 1) * kGroup);
   for (int64_t p = 0; (p + 1) * LayerStore::kPageRows <= upto; ++p) {
-    for (int h = 0; h < L.g.n_kv_heads; ++h) {
-      if (store.page_resident(h, p)) store.ReleasePage(h, p);
+    for (int h = 0; h < layers_[layer].g.n_kv_heads; ++h) {
+      if (store.page_resident(h, p)) plan->release.push_back({h, p});
     }
   }
+  return OkStatus();
 }
 
 void KiviPolicy::DequantGroup(const Layer& L, int h, int64_t j, float* kt, float* vt) const {
@@ -186,17 +192,23 @@ void KiviPolicy::DequantValue(int layer, int h, int64_t u, float* out) const {
   std::copy_n(vt.data() + (u % kGroup) * L.g.v_dim, L.g.v_dim, out);
 }
 
-void KiviPolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
-                      ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
+Status KiviPolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
+                        ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
   Layer& L = layers_[layer];
-  L.read_seen = true;
   const LayerGeometry& g = L.g;
   // Groups whose rows all lie before the query; the rest is read exactly.
   const int64_t qg = std::min(L.n_groups, limit / kGroup);
+  const int64_t p0 = qg * kGroup / LayerStore::kPageRows;
+  if (qg * kGroup < limit && !store.page_resident(0, p0)) {
+    return OutOfRange("kivi: a query at position " + std::to_string(limit - 1) +
+                      " needs the exact rows [" + std::to_string(qg * kGroup) + ", " +
+                      std::to_string(limit) + "), whose page was released when a later call " +
+                      "began (KIVI serves queries at or after the running call's first row)");
+  }
   std::vector<int64_t> exact;
   for (int64_t u = qg * kGroup; u < limit; ++u) exact.push_back(u);
   ReadRows(store, q, exact.data(), static_cast<int64_t>(exact.size()), pool, st, stats);
-  if (qg == 0) return;
+  if (qg == 0) return OkStatus();
 
   const int G = g.group_size();
   const int D = g.k_dim, DV = g.v_dim;
@@ -248,6 +260,7 @@ void KiviPolicy::Read(int layer, const LayerStore& store, const float* q, int64_
     stats->rows_attended += qg * kGroup * g.n_kv_heads;
     stats->bytes_read += qg * GroupBytes(layer);
   }
+  return OkStatus();
 }
 
 int64_t KiviPolicy::ResidentBytes(int layer, const LayerStore& store) const {

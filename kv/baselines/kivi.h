@@ -57,9 +57,11 @@ class KiviPolicy final : public Policy {
   explicit KiviPolicy(int bits) : bits_(bits) {}
   std::string name() const override { return bits_ == 2 ? "kivi2" : "kivi4"; }
   Status Bind(const std::vector<LayerGeometry>& layers) override;
-  void OnAppend(int layer, LayerStore& store) override;
-  void Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
-            SoftmaxStates* st, ReadStats* stats) override;
+  Status OnAppend(int layer, const LayerStore& store) override;
+  Status OnAppended(int layer, const LayerStore& store, const CacheCall& call,
+                    CachePlan* plan) override;
+  Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
+              SoftmaxStates* st, ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
 
   int bits() const { return bits_; }
@@ -87,7 +89,6 @@ class KiviPolicy final : public Policy {
     bool mla = false;
     int n_vg = 0;  // value channel groups
     int64_t n_groups = 0;
-    bool read_seen = false;
     std::vector<Head> heads;
   };
   void Flush(Layer& L, const LayerStore& store);

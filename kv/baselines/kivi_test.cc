@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/status_testing.h"
 #include "kv/baselines/baselines.h"
 #include "kv/baselines/test_util.h"
 
@@ -85,9 +86,10 @@ TEST(KiviTest, IncrementalFlushScheduleAndRowErrors) {
     for (int bits : {2, 4}) {
       Made m = MakeKivi(g, bits);
       std::vector<float> k, v;
+      ASSERT_OK(m.cache->BeginCall(300, CallKind::kPrefill));
       for (int64_t t = 1; t <= 300; ++t) {
         testing::RowAt(g, seed, t - 1, 0.f, &k, &v);
-        m.cache->Append(0, k.data(), v.data());
+        ASSERT_OK(m.cache->Append(0, k.data(), v.data()));
         const int64_t want = t < 32 ? 0 : (t - 32) / 32;
         ASSERT_EQ(m.policy->quantized_groups(0), want) << "t " << t;
         ASSERT_EQ(KiviPolicy::GroupsAfter(t), want);
@@ -146,9 +148,14 @@ TEST(KiviTest, AttentionMatchesDequantizedReference) {
   ThreadPool pool(3);
   for (const LayerGeometry& g : {GqaGeometry(4, 2, 48), MlaGeometry()}) {
     Made m = MakeKivi(g, 4);
-    Build(m.cache.get(), seed, 250, 300);
+    // The queries sit in the last call (rows [100, 300)): KIVI serves a call's queries from the
+    // exact rows its first row still needs (pages wholly before it inside quantized groups go).
+    Build(m.cache.get(), seed, 100, 300);
+    // The exact rows, from a full cache of the same rows (KIVI released some of its pages).
+    auto full = testing::NewCache(g, PolicySpec{"full", {}});
+    Build(full.get(), seed, 100, 300);
     std::vector<std::vector<float>> keys, vals;
-    testing::StoreRows(m.cache->store(0), &keys, &vals);
+    testing::StoreRows(full->store(0), &keys, &vals);
     Rng rng(seed);
     for (int64_t pos : {int64_t{100}, int64_t{255}, int64_t{299}}) {
       const int64_t qrows = std::min(m.policy->quantized_groups(0), (pos + 1) / 32) * 32;
@@ -166,12 +173,11 @@ TEST(KiviTest, AttentionMatchesDequantizedReference) {
       const std::vector<double> ref = testing::RefAttention(g, q.data(), k2, v2, {rows});
       for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
         std::vector<float> out(g.n_q_heads * g.v_dim);
-        m.cache->BeginStep();
-        m.cache->Attend(0, q.data(), pos, p, out.data());
+        const int64_t before = m.cache->counters().bytes_read_total;
+        ASSERT_OK(m.cache->Attend(0, q.data(), pos, p, out.data()));
         EXPECT_LT(testing::MaxAbsDiff(out, ref), 2e-5) << "pos " << pos;
-        const ReadStats& st = m.cache->counters().last_step;
-        EXPECT_EQ(st.bytes_read, (qrows / 32) * m.policy->GroupBytes(0) +
-                                     (pos + 1 - qrows) * g.bytes_per_token());
+        EXPECT_EQ(m.cache->counters().bytes_read_total - before,
+                  (qrows / 32) * m.policy->GroupBytes(0) + (pos + 1 - qrows) * g.bytes_per_token());
       }
     }
   }
@@ -199,22 +205,29 @@ TEST(KiviTest, ClosedFormRateAndMemoryShrinks) {
   Rng rng(seed);
   const std::vector<float> q = RandomQuery(g, rng);
   std::vector<float> out(g.v_dim);
-  m.cache->BeginStep();
-  m.cache->Attend(0, q.data(), T - 1, nullptr, out.data());
+  ASSERT_OK(m.cache->Attend(0, q.data(), T - 1, nullptr, out.data()));
   EXPECT_DOUBLE_EQ(m.cache->counters().last_step.bytes_read * 8.0 / (2.0 * T * D), closed);
   const int64_t full = m.cache->store(0).resident_bytes();
   EXPECT_EQ(full, (T + 63) / 64 * 64 * g.bytes_per_token());
-  // The next token: a new call; pages entirely inside the quantized prefix go.
+  // The next token: a new call; once its row is in, pages entirely inside the quantized prefix
+  // go (before the call's first query).
+  ASSERT_OK(m.cache->EndCall());
+  ASSERT_OK(m.cache->BeginCall(1, CallKind::kDecode));
   std::vector<float> k, v;
   testing::RowAt(g, seed, T, 0.f, &k, &v);
-  m.cache->Append(0, k.data(), v.data());
+  ASSERT_OK(m.cache->Append(0, k.data(), v.data()));
+  ASSERT_OK(m.cache->Attend(0, q.data(), T, nullptr, out.data()));  // readable after the release
+  for (float x : out) ASSERT_TRUE(std::isfinite(x));
   const int64_t kept_pages = (T + 1 + 63) / 64 - (T - 32) / 64;
   EXPECT_EQ(m.cache->store(0).resident_bytes(), kept_pages * 64 * g.bytes_per_token());
   EXPECT_EQ(m.cache->ResidentBytes(),
             m.policy->QuantizedBytes(0) + kept_pages * 64 * g.bytes_per_token());
   EXPECT_LT(m.cache->ResidentBytes(), full / 3);
-  m.cache->Attend(0, q.data(), T, nullptr, out.data());  // still readable after the release
-  for (float x : out) ASSERT_TRUE(std::isfinite(x));
+  // A query before the call's first row would need exact rows that are gone: an error, not a
+  // crash or a read of freed memory.
+  Status old = m.cache->Attend(0, q.data(), 100, nullptr, out.data());
+  EXPECT_EQ(old.code(), StatusCode::kOutOfRange) << old.ToString();
+  EXPECT_NE(old.message().find("released"), std::string::npos) << old.ToString();
 }
 
 }  // namespace

@@ -74,10 +74,10 @@ Status QuestPolicy::Bind(const std::vector<LayerGeometry>& layers) {
   return OkStatus();
 }
 
-void QuestPolicy::OnAppend(int layer, LayerStore& store) {
+Status QuestPolicy::OnAppend(int layer, const LayerStore& store) {
   Layer& L = layers_[layer];
   const int64_t n = store.n_rows();
-  if (n % LayerStore::kPageRows != 0) return;
+  if (n % LayerStore::kPageRows != 0) return OkStatus();
   const int64_t p = n / LayerStore::kPageRows - 1;
   STRATA_CHECK(p == L.n_boxes);
   const int D = L.g.k_dim;
@@ -99,6 +99,7 @@ void QuestPolicy::OnAppend(int layer, LayerStore& store) {
     }
   }
   ++L.n_boxes;
+  return OkStatus();
 }
 
 const uint16_t* QuestPolicy::box_min(int layer, int h, int64_t p) const {
@@ -126,7 +127,7 @@ float QuestPolicy::Bound(int layer, int h, int64_t p, const float* qh) const {
   return static_cast<float>(s * L.g.scale);
 }
 
-void QuestPolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
+Status QuestPolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
                        ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
   Layer& L = layers_[layer];
   const LayerGeometry& g = L.g;
@@ -137,7 +138,7 @@ void QuestPolicy::Read(int layer, const LayerStore& store, const float* q, int64
   const int64_t k = cfg_.KeepPages(n_cand);
   if (!L.active || k >= n_cand) {
     ReadPrefix(store, q, limit, pool, st, stats);
-    return;
+    return OkStatus();
   }
   const int G = g.group_size();
   const int64_t n_scan = std::min(L.n_boxes, cur + 1);  // boxes scanned (causal: <= own page)
@@ -202,6 +203,7 @@ void QuestPolicy::Read(int layer, const LayerStore& store, const float* q, int64
     }
   }
   if (stats) stats->bytes_read += n_scan * g.n_kv_heads * 2 * g.k_dim * 2;
+  return OkStatus();
 }
 
 int64_t QuestPolicy::ResidentBytes(int layer, const LayerStore& store) const {

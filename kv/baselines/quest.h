@@ -51,10 +51,13 @@ class QuestPolicy final : public Policy {
   explicit QuestPolicy(QuestConfig cfg) : cfg_(cfg) {}
   std::string name() const override { return "quest"; }
   Status Bind(const std::vector<LayerGeometry>& layers) override;
-  void OnAppend(int layer, LayerStore& store) override;
-  void OnCompress(int layer, LayerStore& store) override { layers_[layer].active = true; }
-  void Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
-            SoftmaxStates* st, ReadStats* stats) override;
+  Status OnAppend(int layer, const LayerStore& store) override;
+  Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) override {
+    layers_[layer].active = true;
+    return OkStatus();
+  }
+  Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
+              SoftmaxStates* st, ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
 
   const QuestConfig& config() const { return cfg_; }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/status_testing.h"
 #include "kv/baselines/baselines.h"
 #include "kv/baselines/test_util.h"
 
@@ -44,8 +45,7 @@ TEST(QuestBaselineTest, ClosedFormRates) {
   Rng rng(seed);
   const std::vector<float> q = RandomQuery(g, rng);
   std::vector<float> out(g.v_dim);
-  m.cache->BeginStep();
-  m.cache->Attend(0, q.data(), T - 1, nullptr, out.data());
+  ASSERT_OK(m.cache->Attend(0, q.data(), T - 1, nullptr, out.data()));
   EXPECT_DOUBLE_EQ(m.cache->counters().last_step.bytes_read / values_bits, 3.25);
   EXPECT_EQ(m.policy->last_selection(0, 0).size(), 2u);
 }
@@ -122,7 +122,7 @@ TEST(QuestBaselineTest, ReadsSelectedPagesExactly) {
       for (int64_t pos : {int64_t{600}, int64_t{640}, n - 1}) {
         const std::vector<float> q = RandomQuery(g, rng, 2.f);
         std::vector<float> out(g.n_q_heads * g.v_dim);
-        m.cache->Attend(0, q.data(), pos, nullptr, out.data());
+        ASSERT_OK(m.cache->Attend(0, q.data(), pos, nullptr, out.data()));
         const int64_t cur = pos / 64;
         const int64_t k = static_cast<int64_t>(std::ceil(0.25 * cur));
         for (int hq = 0; hq < g.n_q_heads; ++hq) {

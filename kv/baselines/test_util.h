@@ -10,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "core/status_testing.h"
 #include "kv/cache.h"
 #include "kv/registry.h"
 
@@ -65,24 +66,31 @@ inline std::vector<float> RandomQuery(const LayerGeometry& g, Rng& rng, float sd
   return q;
 }
 
-// Prefill of rows [0, n0) with every position observed (queries from `seed`), the compression
-// point, then rows [n0, n) appended without compression. Rows after `perturb_after` get +10.
+// Prefill of rows [0, n0) as one call with every position observed (queries from `seed`), the
+// compression point, then rows [n0, n) appended in one more call that stays open for the
+// caller's queries (a KvCache may be destroyed with a call open). Rows after `perturb_after`
+// get +10.
 inline void Build(KvCache* c, uint64_t seed, int64_t n0, int64_t n, int64_t perturb_after = -1,
                   ThreadPool* pool = nullptr) {
   const LayerGeometry& g = c->geometry(0);
   std::vector<float> k, v;
   Rng qrng(seed ^ 0xabcdef);
   c->BeginPrefill(0, n0);
+  ASSERT_OK(c->BeginCall(n0, CallKind::kPrefill));
   for (int64_t u = 0; u < n0; ++u) {
     RowAt(g, seed, u, (perturb_after >= 0 && u > perturb_after) ? 10.f : 0.f, &k, &v);
-    c->Append(0, k.data(), v.data());
-    const std::vector<float> q = RandomQuery(g, qrng);
-    c->ObserveQuery(0, u, q.data());
+    ASSERT_OK(c->Append(0, k.data(), v.data()));
   }
-  c->EndPrefill(pool);
+  for (int64_t u = 0; u < n0; ++u) {
+    const std::vector<float> q = RandomQuery(g, qrng);
+    ASSERT_OK(c->ObserveQuery(0, u, q.data()));
+  }
+  ASSERT_OK(c->EndCall());
+  ASSERT_OK(c->EndPrefill(pool));
+  ASSERT_OK(c->BeginCall(n - n0, CallKind::kDecode));
   for (int64_t u = n0; u < n; ++u) {
     RowAt(g, seed, u, (perturb_after >= 0 && u > perturb_after) ? 10.f : 0.f, &k, &v);
-    c->Append(0, k.data(), v.data());
+    ASSERT_OK(c->Append(0, k.data(), v.data()));
   }
 }
 

@@ -1,4 +1,5 @@
 // Tests of the Geodesia-KV rate accounting against the storage.
+#include "core/status_testing.h"
 #include "kv/geodesia/accounting.h"
 
 #include <gtest/gtest.h>

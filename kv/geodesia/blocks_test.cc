@@ -1,4 +1,5 @@
 // Tests of the Geodesia-KV graded block storage.
+#include "core/status_testing.h"
 #include "kv/geodesia/blocks.h"
 
 #include <gtest/gtest.h>

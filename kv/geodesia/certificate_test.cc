@@ -1,4 +1,5 @@
 // Tests of the Geodesia-KV attention error certificate: never violated.
+#include "core/status_testing.h"
 #include "kv/geodesia/certificate.h"
 
 #include <gtest/gtest.h>

@@ -1,4 +1,5 @@
 // Tests of the Geodesia-KV packed attention kernel against a float64 reference.
+#include "core/status_testing.h"
 #include "kv/geodesia/packed_attention.h"
 
 #include <gtest/gtest.h>

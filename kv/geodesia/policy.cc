@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <sstream>
+#include <utility>
 
 #include "core/check.h"
 #include "kv/geodesia/accounting.h"
@@ -171,7 +172,6 @@ struct GeodesiaPolicy::Layer {
   std::vector<std::vector<int8_t>> err_at;
   std::vector<std::vector<int64_t>> res_pos;       // [n_kv]
   bool active = false;
-  bool read_seen = true;            // the next append starts a new call
   bool first_query_pending = true;  // the next read is the first query of its call
   int64_t q_offset = 0;             // first query position of the current call
   int64_t released_upto = 0;        // LayerStore pages [0, released_upto) are released
@@ -248,14 +248,26 @@ int64_t GeodesiaPolicy::observation_queries(int64_t prompt_len) const {
   return any_active_ ? 0 : c_.n_obs();
 }
 
-void GeodesiaPolicy::OnPrefillStats(int layer, const LayerStore& store,
-                                    const PrefillObservation& obs) {
+Status GeodesiaPolicy::OnPrefillStats(int layer, const LayerStore& store,
+                                      const PrefillObservation& obs) {
   Layer& L = *layers_[layer];
-  if (L.active || obs.weights == nullptr) return;
+  if (L.active || obs.weights == nullptr) return OkStatus();
   L.observer->Add(obs);
+  return OkStatus();
 }
 
-void GeodesiaPolicy::OnAppend(int layer, LayerStore& store) {
+Status GeodesiaPolicy::BeginCall(int layer, const LayerStore& store, const CacheCall& call,
+                                 CachePlan* plan) {
+  Layer& L = *layers_[layer];
+  // The call's first read is its first query: it updates the mass and runs the allocator.
+  L.first_query_pending = true;
+  // No read of this call sees rows of blocks before its first row's block through the
+  // LayerStore (they are graded blocks), so their pages can go.
+  if (L.active) ReleasePages(layer, store, call.first / kBlockTokens, plan);
+  return OkStatus();
+}
+
+Status GeodesiaPolicy::OnAppend(int layer, const LayerStore& store) {
   Layer& L = *layers_[layer];
   const int64_t n = store.n_rows();
   for (int h = 0; h < L.n_kv; ++h) {
@@ -263,20 +275,15 @@ void GeodesiaPolicy::OnAppend(int layer, LayerStore& store) {
     std::copy_n(store.val_row(h, n - 1), L.D, L.vbuf.data() + static_cast<int64_t>(h) * L.D);
   }
   L.graded->Append(L.kbuf.data(), L.vbuf.data());
-  if (L.read_seen) {
-    // A new call: its first row is n - 1; no read of it sees rows of blocks before that row's
-    // block through the LayerStore, so their pages can go.
-    L.read_seen = false;
-    L.first_query_pending = true;
-    if (L.active) ReleasePages(layer, store, (n - 1) / kBlockTokens);
-  }
+  return OkStatus();
 }
 
-void GeodesiaPolicy::OnCompress(int layer, LayerStore& store) {
-  if (!layers_[layer]->active) Activate(layer, store);
+Status GeodesiaPolicy::OnCompress(int layer, const LayerStore& store, CachePlan* plan) {
+  if (!layers_[layer]->active) return Activate(layer, store);
+  return OkStatus();
 }
 
-void GeodesiaPolicy::Activate(int layer, const LayerStore& store) {
+Status GeodesiaPolicy::Activate(int layer, const LayerStore& store) {
   Layer& L = *layers_[layer];
   const int64_t prompt_len = store.n_rows();
   const int64_t nb = (prompt_len + kBlockTokens - 1) / kBlockTokens;
@@ -290,9 +297,9 @@ void GeodesiaPolicy::Activate(int layer, const LayerStore& store) {
       o.frac = c_.rd_frac;
       L.res_pos[h] = geodesia::SelectResidualTokens(score, vres, prompt_len, o);
       for (int64_t pos : L.res_pos[h]) {
-        const Status st = L.graded->AddResidual(h, pos, store.key_row(h, pos),
-                                                store.val_row(h, pos));
-        STRATA_CHECK_MSG(st.ok(), "%s", st.ToString().c_str());
+        RETURN_IF_ERROR(L.graded->AddResidual(h, pos, store.key_row(h, pos),
+                                              store.val_row(h, pos))
+                            .WithContext("RD residual of KV head " + std::to_string(h)));
       }
     }
   }
@@ -300,25 +307,29 @@ void GeodesiaPolicy::Activate(int layer, const LayerStore& store) {
   L.active = true;
   L.first_query_pending = true;
   any_active_ = true;
+  return OkStatus();
 }
 
-void GeodesiaPolicy::ReleasePages(int layer, LayerStore& store, int64_t upto_block) {
+void GeodesiaPolicy::ReleasePages(int layer, const LayerStore& store, int64_t upto_block,
+                                  CachePlan* plan) {
   Layer& L = *layers_[layer];
   for (int64_t p = L.released_upto; p < upto_block; ++p) {
     for (int h = 0; h < L.n_kv; ++h) {
-      if (store.page_resident(h, p)) store.ReleasePage(h, p);
+      if (store.page_resident(h, p)) plan->release.push_back({h, p});
     }
   }
   L.released_upto = std::max(L.released_upto, upto_block);
 }
 
-void GeodesiaPolicy::RunAllocator(int layer, int64_t q_offset, std::vector<char>* changed,
-                                  ThreadPool* pool) {
+void GeodesiaPolicy::FailNextDemotionForTesting(Status s) { fail_next_demotion_ = std::move(s); }
+
+Status GeodesiaPolicy::RunAllocator(int layer, int64_t q_offset, std::vector<char>* changed,
+                                    ThreadPool* pool) {
   Layer& L = *layers_[layer];
   GradedLayer& gl = *L.graded;
   const int64_t nb = gl.n_blocks();
   if (changed) changed->assign(static_cast<size_t>(L.n_kv) * nb, 0);
-  if (!c_.allocate() || nb == 0) return;
+  if (!c_.allocate() || nb == 0) return OkStatus();
   stats_.calls++;
   std::vector<char> hot = geodesia::HotBlocks(nb, q_offset, c_.sinks, c_.window);
   for (int64_t b = 0; b < nb; ++b) {
@@ -375,31 +386,37 @@ void GeodesiaPolicy::RunAllocator(int layer, int64_t q_offset, std::vector<char>
     L.alloc_runs[h]++;
     for (int64_t b = 0; b < nb; ++b) {
       if (r.index[b] == blocks[b].index) continue;
-      const Status st = gl.Demote(h, b, kLevels[r.index[b]]);
-      STRATA_CHECK_MSG(st.ok(), "%s", st.ToString().c_str());
+      Status st = gl.Demote(h, b, kLevels[r.index[b]]);
+      if (st.ok() && !fail_next_demotion_.ok()) st = std::exchange(fail_next_demotion_, Status());
+      if (!st.ok()) {
+        return st.WithContext("demotion of block " + std::to_string(b) + " (rows [" +
+                              std::to_string(b * kBlockTokens) + ", " +
+                              std::to_string((b + 1) * kBlockTokens) + ")) of KV head " +
+                              std::to_string(h) + " to " + std::to_string(kLevels[r.index[b]]) +
+                              " bits");
+      }
       stats_.demotions++;
       L.err_at[h][b] = -1;
       if (changed) (*changed)[static_cast<size_t>(h) * nb + b] = 1;
     }
   }
+  return OkStatus();
 }
 
-void GeodesiaPolicy::Maintain(int layer, int64_t n_rows, ThreadPool* pool) {
+Status GeodesiaPolicy::Maintain(int layer, int64_t n_rows, ThreadPool* pool) {
   Layer& L = *layers_[layer];
   STRATA_CHECK_MSG(L.active, "Maintain before the first compression point (layer %d)", layer);
   STRATA_CHECK(n_rows == L.graded->n_tokens());
-  if (n_rows == 0) return;
-  RunAllocator(layer, n_rows - 1, nullptr, pool);
-  L.read_seen = true;
+  if (n_rows == 0) return OkStatus();
+  return RunAllocator(layer, n_rows - 1, nullptr, pool);
 }
 
-void GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
-                          ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
+Status GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
+                            ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
   Layer& L = *layers_[layer];
-  L.read_seen = true;
   if (!L.active) {
     ReadPrefix(store, q, limit, pool, st, stats);
-    return;
+    return OkStatus();
   }
   GradedLayer& gl = *L.graded;
   const int G = L.G, D = L.D, n_kv = L.n_kv;
@@ -411,6 +428,12 @@ void GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, in
   const int64_t n_full = limit / kBlockTokens;  // graded blocks [0, n_full) lie below limit
   const int64_t tail_begin = n_full * kBlockTokens;
   const int64_t tail_n = limit - tail_begin;    // exact rows read from the LayerStore
+  if (tail_n > 0 && !store.page_resident(0, n_full)) {
+    return OutOfRange(name_ + ": a query at position " + std::to_string(limit - 1) +
+                      " reads the exact rows [" + std::to_string(tail_begin) + ", " +
+                      std::to_string(limit) + "), whose page was released when a later call " +
+                      "began (queries sit at or after the running call's first row)");
+  }
   const bool quest = c_.quest();
   const bool need_mass = first && c_.allocate();
 
@@ -542,7 +565,7 @@ void GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, in
                       c_.decay);
     }
     std::vector<char> changed;
-    RunAllocator(layer, L.q_offset, &changed, pool);
+    RETURN_IF_ERROR(RunAllocator(layer, L.q_offset, &changed, pool));
     std::vector<int64_t> redo;
     for (int64_t ti = 0; ti < static_cast<int64_t>(tasks.size()); ++ti) {
       const Task& t = tasks[ti];
@@ -602,6 +625,7 @@ void GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, in
       stats_.read_bits += bits;
     }
   }
+  return OkStatus();
 }
 
 int64_t GeodesiaPolicy::ResidentBytes(int layer, const LayerStore& store) const {

@@ -12,8 +12,9 @@
 //     (bit-identical to `full`), and the prefill observer collects block mass / token scores;
 //   * at the first compression point: the prefill prior is recorded, and (rd-frac > 0) the RD
 //     residual tokens are chosen and copied exactly (once);
-//   * a "call" is one forward pass (Model::ForwardChunk): every layer appends its rows, then reads
-//     its queries. The first read after an append is the call's first query (q_offset): it
+//   * a "call" is one forward pass (kv/policy.h; KvCache::BeginCall .. EndCall): every layer
+//     appends its rows, then reads its queries. The call's first read is its first query
+//     (q_offset; BeginCall marks it pending): it
 //     computes the per-block attention mass of that query over the current cache (mean over the
 //     group's query heads), updates the EMA (prior applied once), runs the allocator against the
 //     layer budget and demotes (levels only go down), then attends over the new representation;
@@ -21,7 +22,8 @@
 //   * a read for a query that sees rows [0, limit) attends the graded blocks that lie wholly
 //     below limit through the packed kernel, and rows [64 floor(limit / 64), limit) exactly from
 //     the LayerStore (those blocks are hot): queries inside a chunk never see later rows;
-//   * LayerStore pages of blocks wholly before the current call's first row are released (their
+//   * LayerStore pages of blocks wholly before the current call's first row are released at
+//     BeginCall (a plan the cache applies; their
 //     exact form, when they are still at 16 bits, lives in the graded layer), so resident memory is
 //     the graded layer plus at most a few pages per head.
 // Decisions (spec section 11): prior applied once; boxes refreshed when a block closes (blocks.h);
@@ -98,20 +100,25 @@ class GeodesiaPolicy final : public Policy {
   std::string describe() const override { return name_ + ": " + c_.ToString(); }
   Status Bind(const std::vector<LayerGeometry>& layers) override;
   int64_t observation_queries(int64_t prompt_len) const override;
-  void OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& obs) override;
-  void OnAppend(int layer, LayerStore& store) override;
-  void OnCompress(int layer, LayerStore& store) override;
-  void Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
-            SoftmaxStates* st, ReadStats* stats) override;
+  Status OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& obs) override;
+  Status BeginCall(int layer, const LayerStore& store, const CacheCall& call,
+                   CachePlan* plan) override;
+  Status OnAppend(int layer, const LayerStore& store) override;
+  Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) override;
+  Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
+              SoftmaxStates* st, ReadStats* stats) override;
   // LayerStore pages still held + the graded layer's live bytes (payload, scales, boxes, residual
   // rows). The slabs' free capacity between compactions is GradedLayer::allocated_bytes().
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
 
-  // For benchmarks that fill a cache synthetically (no prefill, no queries): ends the current call
-  // and runs the allocator on the current EMA (no mass update) as a call whose first query sits
-  // at n_rows - 1 (n_rows = the layer's rows now); the next append then releases the LayerStore
-  // pages of the blocks before its own. The layer must be active (Compress() first).
-  void Maintain(int layer, int64_t n_rows, ThreadPool* pool = nullptr);
+  // For benchmarks that fill a cache synthetically (no prefill, no queries), between calls: runs
+  // the allocator on the current EMA (no mass update) as a call whose first query sits at
+  // n_rows - 1 (n_rows = the layer's rows now); the next call then releases the LayerStore pages
+  // of the blocks before its first row. The layer must be active (Compress() first).
+  Status Maintain(int layer, int64_t n_rows, ThreadPool* pool = nullptr);
+  // Tests: the next block demotion fails with `s` (as GradedLayer::Demote does on a block it
+  // cannot re-encode), so that tests can check the error reaches the caller.
+  void FailNextDemotionForTesting(Status s);
 
   const GeodesiaConfig& config() const { return c_; }
   const GeodesiaStats& stats() const { return stats_; }
@@ -131,9 +138,10 @@ class GeodesiaPolicy final : public Policy {
  private:
   struct Layer;
   struct ReadScratch;
-  void Activate(int layer, const LayerStore& store);
-  void RunAllocator(int layer, int64_t q_offset, std::vector<char>* changed, ThreadPool* pool);
-  void ReleasePages(int layer, LayerStore& store, int64_t upto_block);
+  Status Activate(int layer, const LayerStore& store);
+  Status RunAllocator(int layer, int64_t q_offset, std::vector<char>* changed, ThreadPool* pool);
+  // Plans the release of the LayerStore pages of blocks [released_upto, upto_block).
+  void ReleasePages(int layer, const LayerStore& store, int64_t upto_block, CachePlan* plan);
 
   GeodesiaConfig c_;
   std::string name_;
@@ -141,6 +149,7 @@ class GeodesiaPolicy final : public Policy {
   std::unique_ptr<ReadScratch> scratch_;  // shared by the layers' reads
   bool any_active_ = false;
   GeodesiaStats stats_;
+  Status fail_next_demotion_;
 };
 
 StatusOr<std::unique_ptr<Policy>> MakeGeodesiaPolicy(const PolicySpec& spec, bool cquest);

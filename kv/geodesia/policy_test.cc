@@ -1,3 +1,5 @@
+#include "core/status_testing.h"
+#include "kv/cache_testing.h"
 #include "kv/geodesia/policy.h"
 
 #include <gtest/gtest.h>
@@ -74,30 +76,37 @@ std::unique_ptr<KvCache> NewCache(const std::vector<LayerGeometry>& layers,
 
 GeodesiaPolicy& Geo(KvCache& c) { return dynamic_cast<GeodesiaPolicy&>(c.policy()); }
 
-// One forward call of `n` tokens at the end of the cache (one layer): appends all rows, then
-// reads every query in order (what Model::ForwardChunk does). Returns [n, n_q, D] outputs.
-// shift_from: rows at positions >= shift_from get +shift on keys and values.
+// One forward call of `n` tokens at the end of the cache (one layer): ends the open call, appends
+// all rows, then reads every query in order (what Model::ForwardChunk does). A decode call stays
+// open, so a test can re-read inside it; a prefill call ends, then the compression point.
+// Returns [n, n_q, D] outputs. shift_from: rows at positions >= shift_from get +shift on keys
+// and values.
 std::vector<float> Call(KvCache& cache, Source& src, int n, ThreadPool* pool, bool prefill,
                         int64_t shift_from = -1, float shift = 0) {
   const LayerGeometry& g = cache.geometry(0);
   const int64_t p0 = cache.n_tokens();
+  EndOpenCall(&cache);
   if (prefill) cache.BeginPrefill(p0, p0 + n);
+  EXPECT_OK(cache.BeginCall(n, prefill ? CallKind::kPrefill : CallKind::kDecode));
   std::vector<float> k, v, q;
   std::vector<std::vector<float>> qs(n);
   for (int i = 0; i < n; ++i) {
     const int64_t pos = p0 + i;
     src.Row(pos, &k, &v, shift_from >= 0 && pos >= shift_from ? shift : 0.f);
-    for (int l = 0; l < cache.n_layers(); ++l) cache.Append(l, k.data(), v.data());
+    for (int l = 0; l < cache.n_layers(); ++l) EXPECT_OK(cache.Append(l, k.data(), v.data()));
   }
   for (int i = 0; i < n; ++i) src.Query(&qs[i]);
   std::vector<float> out(static_cast<size_t>(n) * g.n_q_heads * g.v_dim);
   for (int l = 0; l < cache.n_layers(); ++l) {
     for (int i = 0; i < n; ++i) {
-      if (prefill) cache.ObserveQuery(l, p0 + i, qs[i].data());
-      cache.Attend(l, qs[i].data(), p0 + i, pool, out.data() + static_cast<size_t>(i) * g.n_q_heads * g.v_dim);
+      if (prefill) EXPECT_OK(cache.ObserveQuery(l, p0 + i, qs[i].data()));
+      EXPECT_OK(cache.Attend(l, qs[i].data(), p0 + i, pool, out.data() + static_cast<size_t>(i) * g.n_q_heads * g.v_dim));
     }
   }
-  if (prefill) cache.EndPrefill(pool);
+  if (prefill) {
+    EXPECT_OK(cache.EndCall());
+    EXPECT_OK(cache.EndPrefill(pool));
+  }
   return out;
 }
 
@@ -268,7 +277,7 @@ TEST(GeodesiaPolicyTest, ReadMatchesF64ReferenceOverGradedBlocks) {
       // Replay the same query through the reference: rerun the read (not a new call).
       src.Query(&q);
       std::vector<float> got(g.n_q_heads * g.v_dim);
-      cache->Attend(0, q.data(), cache->n_tokens() - 1, &pool, got.data());
+      ASSERT_OK(cache->Attend(0, q.data(), cache->n_tokens() - 1, &pool, got.data()));
       const std::vector<double> ref =
           Reference(Geo(*cache).graded(0), cache->store(0), q.data(), cache->n_tokens(), g);
       const double tol = 2e-4 * MaxAbs(ref);
@@ -398,7 +407,7 @@ TEST(GeodesiaPolicyTest, CompressedQuestPagesAndReadRate) {
       std::vector<float> q;
       src.Query(&q);
       std::vector<float> got(g.n_q_heads * g.v_dim);
-      cache->Attend(0, q.data(), T - 1, &pool, got.data());
+      ASSERT_OK(cache->Attend(0, q.data(), T - 1, &pool, got.data()));
       for (int qh = 0; qh < g.n_q_heads; ++qh) pages[qh] = geo.last_read_blocks(0, qh);
       const std::vector<double> ref =
           Reference(geo.graded(0), cache->store(0), q.data(), T, g, &pages);
@@ -630,16 +639,21 @@ TEST(GeodesiaPolicyTest, GqaOneAllocationPerKvHeadSharedReconstructionHeadOrderF
     // One forward call of n tokens on both caches (appends on every layer, then the reads).
     auto call = [&](int n, bool prefill, bool same, const std::string& where) {
       const int64_t p0 = a->n_tokens();
+      EndOpenCall(a.get());
+      EndOpenCall(b.get());
       if (prefill) {
         a->BeginPrefill(p0, p0 + n);
         b->BeginPrefill(p0, p0 + n);
       }
+      const CallKind kind = prefill ? CallKind::kPrefill : CallKind::kDecode;
+      ASSERT_OK(a->BeginCall(n, kind));
+      ASSERT_OK(b->BeginCall(n, kind));
       std::vector<float> k, v;
       for (int i = 0; i < n; ++i) {
         for (int l = 0; l < n_layers; ++l) {
           src[l].Row(p0 + i, &k, &v);
-          a->Append(l, k.data(), v.data());
-          b->Append(l, k.data(), v.data());
+          ASSERT_OK(a->Append(l, k.data(), v.data()));
+          ASSERT_OK(b->Append(l, k.data(), v.data()));
           for (auto& x : k) x = Bf16ToF32(F32ToBf16(x));
           for (auto& x : v) x = Bf16ToF32(F32ToBf16(x));
           krows[l].push_back(k);
@@ -652,13 +666,13 @@ TEST(GeodesiaPolicyTest, GqaOneAllocationPerKvHeadSharedReconstructionHeadOrderF
         for (int i = 0; i < n; ++i) {
           make_query(same, &qa, &qb);
           if (prefill) {
-            a->ObserveQuery(l, p0 + i, qa.data());
-            b->ObserveQuery(l, p0 + i, qb.data());
+            ASSERT_OK(a->ObserveQuery(l, p0 + i, qa.data()));
+            ASSERT_OK(b->ObserveQuery(l, p0 + i, qb.data()));
           }
           // (The ~2000 prefill reads are tiny: one thread, no pool hand-offs.)
           ThreadPool* tp = prefill ? &serial : &pool;
-          a->Attend(l, qa.data(), p0 + i, tp, oa.data());
-          b->Attend(l, qb.data(), p0 + i, tp, ob.data());
+          ASSERT_OK(a->Attend(l, qa.data(), p0 + i, tp, oa.data()));
+          ASSERT_OK(b->Attend(l, qb.data(), p0 + i, tp, ob.data()));
           const std::string at = where + " layer " + std::to_string(l) + " query " +
                                  std::to_string(i);
           expect_permuted(oa.data(), ob.data(), at);
@@ -685,8 +699,10 @@ TEST(GeodesiaPolicyTest, GqaOneAllocationPerKvHeadSharedReconstructionHeadOrderF
         }
       }
       if (prefill) {
-        a->EndPrefill(&serial);
-        b->EndPrefill(&serial);
+        ASSERT_OK(a->EndCall());
+        ASSERT_OK(b->EndCall());
+        ASSERT_OK(a->EndPrefill(&serial));
+        ASSERT_OK(b->EndPrefill(&serial));
       }
       same_calls += same;
       expect_runs(prefill ? 0 : 1, where);
@@ -721,8 +737,8 @@ TEST(GeodesiaPolicyTest, GqaOneAllocationPerKvHeadSharedReconstructionHeadOrderF
       for (int l = 0; l < n_layers; ++l) {
         std::vector<float> qa, qb, oa(per), ob(per);
         make_query(false, &qa, &qb);
-        a->Attend(l, qa.data(), T - 1, &pool, oa.data());
-        b->Attend(l, qb.data(), T - 1, &pool, ob.data());
+        ASSERT_OK(a->Attend(l, qa.data(), T - 1, &pool, oa.data()));
+        ASSERT_OK(b->Attend(l, qb.data(), T - 1, &pool, ob.data()));
         expect_permuted(oa.data(), ob.data(), where + " re-read");
         std::vector<std::vector<int64_t>> pages(g.n_q_heads);
         for (int qh = 0; qh < g.n_q_heads; ++qh) pages[qh] = ga.last_read_blocks(l, qh);

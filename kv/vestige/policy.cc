@@ -305,82 +305,63 @@ std::string VestigePolicy::archive_path(int layer) const {
   return layers_[layer].file ? layers_[layer].file->path() : std::string();
 }
 
-void VestigePolicy::NoteError(const Status& s) {
-  if (archive_status_.ok() && !s.ok()) archive_status_ = s;
+void VestigePolicy::NoteRecovered(const Status& s) {
+  if (recovered_.ok() && !s.ok()) recovered_ = s;
 }
 
-void VestigePolicy::OnAppend(int layer, LayerStore& store) { CloseReady(layer, store); }
-void VestigePolicy::OnCompress(int layer, LayerStore& store) {
-  CloseReady(layer, store);
-  if (layers_[layer].mla) ClearStaged(layers_[layer]);  // the compression point ends the prefill
+Status VestigePolicy::recovered_error() const {
+  if (!recovered_.ok()) return recovered_;
+  return recall_ ? recall_->status() : OkStatus();
+}
+
+Status VestigePolicy::OnAppended(int layer, const LayerStore& store, const CacheCall& call,
+                                 CachePlan* plan) {
+  // The call's rows are in and its queries are still to read: blocks close here; their archived
+  // pages leave RAM only at the end of the call (EndCall), after every query of the call that
+  // reads its own block in full has read it from the store.
+  return CloseReady(layer, store);
+}
+
+Status VestigePolicy::EndCall(int layer, const LayerStore& store, const CacheCall& call,
+                              CachePlan* plan) {
+  return ArchivePages(layer, store, plan);
+}
+
+Status VestigePolicy::OnCompress(int layer, const LayerStore& store, CachePlan* plan) {
+  RETURN_IF_ERROR(CloseReady(layer, store));
+  RETURN_IF_ERROR(ArchivePages(layer, store, plan));
   if (recall_ && layers_[layer].mla) recall_->OnCompress(layer, store);
+  return OkStatus();
 }
 
-void VestigePolicy::CloseReady(int layer, LayerStore& store) {
+Status VestigePolicy::CloseReady(int layer, const LayerStore& store) {
   Layer& L = layers_[layer];
-  if (!L.mla) return;
-  const int64_t first_new = L.sel.n_closed();
+  if (!L.mla) return OkStatus();
   bool closed = false;
   while (store.n_rows() - L.sel.n_closed() >= cfg_.selector.block) {
     L.sel.CloseBlock(store);
     closed = true;
     ++closes_;
   }
-  if (!closed) return;
-  // Catching up several blocks with one rebalance equals closing them one by one: sigma is
+  if (!closed) return OkStatus();
+  // Closing several blocks with one rebalance equals closing them one by one: sigma is
   // immutable and the selection depends only on the closed sigma.
   L.sel.Rebalance();
-  AfterSelection(layer, store, first_new);
+  return AfterSelection(layer, store);
 }
 
-void VestigePolicy::AfterSelection(int layer, LayerStore& store, int64_t first_new) {
+Status VestigePolicy::AfterSelection(int layer, const LayerStore& store) {
   Layer& L = layers_[layer];
-  const int64_t n_closed = L.sel.n_closed();
-  const std::vector<uint8_t>& kept = L.sel.kept_mask();
   if (L.file) {
-    ClearStaged(L);
+    // Kept rows of released pages (a rebalance can move archived rows back) are served from a
+    // policy buffer, read once from the file; rows that left the kept set are dropped.
     const int64_t P = LayerStore::kPageRows;
-    const int64_t n_pages = n_closed / P;  // block is a multiple of the page: whole pages
-    L.released.resize(n_pages, 0);
-    // 1. Write every resident, fully archived closed page once; release them after one commit.
-    if (L.file_ok) {
-      std::vector<int64_t> to_release;
-      for (int64_t p = 0; p < n_pages; ++p) {
-        if (L.released[p]) continue;
-        bool any_kept = false;
-        for (int64_t u = p * P; u < (p + 1) * P && !any_kept; ++u) any_kept = kept[u] != 0;
-        if (any_kept) continue;
-        // A page's rows are contiguous in the store: [P, k_dim] bf16 from its first row.
-        Status s = L.file->AppendPage(p, store.key_row(0, p * P), P);
-        if (!s.ok()) {
-          NoteError(s);
-          L.file_ok = false;
-          break;
-        }
-        to_release.push_back(p);
-      }
-      if (L.file_ok && !to_release.empty()) {
-        Status s = L.file->Commit();
-        if (!s.ok()) {
-          NoteError(s);
-          L.file_ok = false;
-        } else {
-          for (int64_t p : to_release) {
-            store.ReleasePage(0, p);
-            L.released[p] = 1;
-            L.released_bytes += P * 2 * int64_t{L.k_dim};
-          }
-        }
-      }
-    }
-    // 2. Kept rows of released pages (a rebalance can move archived rows back) are served from
-    //    a policy buffer, read once from the file; rows that left the kept set are dropped.
     std::vector<int64_t> pos;
     std::vector<uint16_t> data;
     size_t old = 0;
     const size_t K = L.k_dim;
     for (int64_t u : L.sel.kept()) {
-      if (!L.released[u / P]) continue;
+      if (u / P >= static_cast<int64_t>(L.released.size()) || !L.released[u / P]) continue;
       while (old < L.restored_pos.size() && L.restored_pos[old] < u) ++old;
       const size_t at = data.size();
       data.resize(at + K);
@@ -389,9 +370,8 @@ void VestigePolicy::AfterSelection(int layer, LayerStore& store, int64_t first_n
       } else {
         Status s = L.file->ReadRow(u, data.data() + at);
         if (!s.ok()) {
-          NoteError(s);
-          data.resize(at);
-          continue;
+          return s.WithContext("kept row " + std::to_string(u) +
+                               " cannot be restored from the archive file " + L.file->path());
         }
       }
       pos.push_back(u);
@@ -399,16 +379,59 @@ void VestigePolicy::AfterSelection(int layer, LayerStore& store, int64_t first_n
     L.restored_pos = std::move(pos);
     L.restored = std::move(data);
   }
-  if (recall_) recall_->OnSelection(layer, store, n_closed, L.sel.archived());
+  if (recall_) recall_->OnSelection(layer, store, L.sel.n_closed(), L.sel.archived());
+  return OkStatus();
+}
+
+Status VestigePolicy::ArchivePages(int layer, const LayerStore& store, CachePlan* plan) {
+  Layer& L = layers_[layer];
+  if (!L.mla || !L.file || !L.file_ok) return OkStatus();
+  const int64_t P = LayerStore::kPageRows;
+  const int64_t n_pages = L.sel.n_closed() / P;  // block is a multiple of the page: whole pages
+  L.released.resize(n_pages, 0);
+  const std::vector<uint8_t>& kept = L.sel.kept_mask();
+  // Every resident, fully archived closed page is written once, then released after one commit.
+  std::vector<int64_t> to_release;
+  for (int64_t p = 0; p < n_pages; ++p) {
+    if (L.released[p]) continue;
+    bool any_kept = false;
+    for (int64_t u = p * P; u < (p + 1) * P && !any_kept; ++u) any_kept = kept[u] != 0;
+    if (any_kept) continue;
+    // A page's rows are contiguous in the store: [P, k_dim] bf16 from its first row.
+    Status s = L.file->AppendPage(p, store.key_row(0, p * P), P);
+    if (!s.ok()) {
+      // Exact fallback: the pages stay in RAM (reported by recovered_error()).
+      NoteRecovered(s.WithContext("layer " + std::to_string(layer) +
+                                  ": archive write failed, archived rows stay in RAM"));
+      L.file_ok = false;
+      return OkStatus();
+    }
+    to_release.push_back(p);
+  }
+  if (to_release.empty()) return OkStatus();
+  Status s = L.file->Commit();
+  if (!s.ok()) {
+    NoteRecovered(s.WithContext("layer " + std::to_string(layer) +
+                                ": archive commit failed, archived rows stay in RAM"));
+    L.file_ok = false;
+    return OkStatus();
+  }
+  for (int64_t p : to_release) {
+    plan->release.push_back({0, p});
+    L.released[p] = 1;
+    L.released_bytes += P * 2 * int64_t{L.k_dim};
+  }
+  return OkStatus();
 }
 
 int64_t VestigePolicy::observation_queries(int64_t prompt_len) const {
   return recall_ ? recall_->observation_queries(prompt_len) : 0;
 }
 
-void VestigePolicy::OnPrefillStats(int layer, const LayerStore& store,
-                                   const PrefillObservation& obs) {
+Status VestigePolicy::OnPrefillStats(int layer, const LayerStore& store,
+                                     const PrefillObservation& obs) {
   if (recall_ && layers_[layer].mla) recall_->Observe(layer, store, obs);
+  return OkStatus();
 }
 
 const RecallTier* VestigePolicy::recall_tier(int layer) const {
@@ -438,16 +461,18 @@ Status VestigePolicy::ReadRow(int layer, const LayerStore& store, int64_t row,
   return L.file->ReadRow(row, out);
 }
 
-void VestigePolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
-                         ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
+Status VestigePolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
+                           ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
   Layer& L = layers_[layer];
   if (!L.mla) {  // GQA layers of a mixed model are read in full
     ReadPrefix(store, q, limit, pool, st, stats);
-    return;
+    return OkStatus();
   }
   STRATA_CHECK(limit >= 1 && limit <= store.n_rows());
   const int64_t block = cfg_.selector.block;
   const int64_t n_closed = L.sel.n_closed();
+  // A query inside a block closed by its own call reads that block in full (causality: the
+  // block's selection saw rows after the query); its pages are still in the store until EndCall.
   const int64_t tail_begin = std::min(n_closed, (limit - 1) / block * block);
   const std::vector<int64_t>& kept = L.sel.kept();
   const int64_t n_kept = std::lower_bound(kept.begin(), kept.end(), tail_begin) - kept.begin();
@@ -458,42 +483,45 @@ void VestigePolicy::Read(int layer, const LayerStore& store, const float* q, int
   info.rows_archived = n_arch;
   ++reads_;
   ReadStats local;
-  auto finish = [&] {
+  auto finish = [&]() -> Status {
     L.last = info;
     if (stats) {
       stats->rows_attended += info.rows_attended;
       stats->rows_fetched += info.rows_fetched;
       stats->bytes_read += info.bytes_read;
+      stats->fallbacks += info.fallback ? 1 : 0;
     }
-    // Staged pages serve the prompt queries of the chunk that closed their block; a read past
-    // the closed rows (every decode step, and the chunk's queries after the block) frees them.
-    if (limit >= n_closed) ClearStaged(L);
+    ClearStaged(L);  // staged pages serve one dense read
+    return OkStatus();
+  };
+  auto fail = [&](const Status& s) {
+    ClearStaged(L);
+    return s.WithContext("vestige read of rows [0, " + std::to_string(limit) + ")");
   };
   if (n_arch == 0) {
-    // Nothing archived below the tail: exactly the full policy's read (kill switch). With the file
-    // archive, a prompt query inside the block its own chunk just closed reads that block in full
-    // while its fully archived pages are already released: ReadDense stages them from the file.
-    info.rows_from_file = ReadDense(L, store, q, limit, pool, st, &local);
+    // Nothing archived below the tail: exactly the full policy's read (kill switch).
+    auto r = ReadDense(L, store, q, limit, pool, st, &local);
+    if (!r.ok()) return fail(r.status());
+    info.rows_from_file = *r;
     info.rows_attended = local.rows_attended;
     info.bytes_read = local.bytes_read;
-    finish();
-    return;
+    return finish();
   }
   // Attended rows: kept below the tail, then the tail [tail_begin, limit).
   L.rows.assign(kept.begin(), kept.begin() + n_kept);
   for (int64_t u = tail_begin; u < limit; ++u) L.rows.push_back(u);
   // Tier 2 scans for queries at or past the last closed row (every decode step); a prompt query
-  // inside a block that its own chunk closed reads kept ∪ its own block without a scan.
+  // inside a block that its own call closed reads kept ∪ its own block without a scan.
   const bool scan = recall_ != nullptr && limit >= n_closed;
-  if (scan) L.attended.assign(L.rows.begin(), L.rows.end());  // ReadSet edits L.rows in place
-  int64_t extra = ReadSet(L, store, q, L.rows, tail_begin, pool, st, &local);
+  auto attended = ReadSet(L, store, q, L.rows, pool, st, &local);
+  if (!attended.ok()) return fail(attended.status());
+  int64_t extra = *attended;
   L.fetched.clear();
   bool fallback = false;
   if (scan) {
     const std::vector<int64_t>& arch = L.sel.archived();
     L.archived.assign(arch.begin(), arch.end());  // all < n_closed <= limit
-    recall_->Fetch(layer, store, q, limit, L.attended, *st, L.archived, pool, &L.fetched,
-                   &fallback);
+    recall_->Fetch(layer, store, q, limit, L.rows, *st, L.archived, pool, &L.fetched, &fallback);
     info.bytes_read += n_arch * recall_->ScanBytesPerArchivedRow(layer);
     std::sort(L.fetched.begin(), L.fetched.end());
     L.fetched.erase(std::unique(L.fetched.begin(), L.fetched.end()), L.fetched.end());
@@ -502,9 +530,11 @@ void VestigePolicy::Read(int layer, const LayerStore& store, const float* q, int
                     L.fetched.end());
     for (int64_t u : L.fetched) {
       // A fetched row must be archived, else it would be counted twice in the softmax.
-      STRATA_CHECK_MSG(u >= 0 && u < tail_begin && !L.sel.kept_mask()[u],
-                       "recall fetched row %lld, which is not an archived row below %lld",
-                       static_cast<long long>(u), static_cast<long long>(tail_begin));
+      if (u < 0 || u >= tail_begin || L.sel.kept_mask()[u]) {
+        return fail(Internal("the recall tier fetched row " + std::to_string(u) +
+                             ", which is not an archived row below " +
+                             std::to_string(tail_begin)));
+      }
     }
   }
   if (fallback) {
@@ -514,21 +544,26 @@ void VestigePolicy::Read(int layer, const LayerStore& store, const float* q, int
     info.fallback = true;
     st->Reset();
     local = ReadStats();
-    info.rows_from_file = ReadDense(L, store, q, limit, pool, st, &local);
+    auto r = ReadDense(L, store, q, limit, pool, st, &local);
+    if (!r.ok()) return fail(r.status());
+    info.rows_from_file = *r;
     info.rows_attended = local.rows_attended;
     info.rows_fetched = n_arch;
     info.bytes_read += local.bytes_read;
-    finish();
-    return;
+    return finish();
   }
   // Fetched rows are archived, hence disjoint from the attended set: merging their state into st
   // completes one exact softmax over kept ∪ tail ∪ fetched.
-  if (!L.fetched.empty()) extra += ReadSet(L, store, q, L.fetched, tail_begin, pool, st, &local);
-  info.rows_fetched = static_cast<int64_t>(L.fetched.size());  // unreadable rows left out
+  if (!L.fetched.empty()) {
+    auto r = ReadSet(L, store, q, L.fetched, pool, st, &local);
+    if (!r.ok()) return fail(r.status());
+    extra += *r;
+  }
+  info.rows_fetched = static_cast<int64_t>(L.fetched.size());
   info.rows_from_file = extra;
   info.rows_attended = local.rows_attended;
   info.bytes_read += local.bytes_read;
-  finish();
+  return finish();
 }
 
 bool VestigePolicy::AnyReleasedBelow(const Layer& L, int64_t limit) const {
@@ -539,29 +574,32 @@ bool VestigePolicy::AnyReleasedBelow(const Layer& L, int64_t limit) const {
          L.released.begin() + n;
 }
 
-const VestigePolicy::Layer::Staged& VestigePolicy::StagePage(Layer& L, int64_t p) {
+// A row of a released page that the file could not serve: the read fails with it, never
+// silently leaving the row out.
+static Status UnreadableRow(const VestigeArchiveFile& file, int64_t row, const Status& cause) {
+  return DataLoss("archived row " + std::to_string(row) + " cannot be read back from " +
+                  file.path() + (cause.ok() ? std::string() : ": " + cause.message()));
+}
+
+StatusOr<const VestigePolicy::Layer::Staged*> VestigePolicy::StagePage(Layer& L, int64_t p) {
   auto it = L.staged.find(p);
-  if (it != L.staged.end()) return it->second;
+  if (it != L.staged.end()) return &it->second;
   const int64_t P = LayerStore::kPageRows;
   const size_t K = L.k_dim;
   Layer::Staged& s = L.staged[p];
   s.rows.Resize(P * K);
-  Status st = L.file->ReadRowRange(p * P, P, s.rows.data(), &s.bad);
-  if (!st.ok()) NoteError(st);
-  // A kept row the file cannot serve is still in the restored buffer.
-  size_t w = 0;
-  for (int64_t u : s.bad) {
-    auto r = std::lower_bound(L.restored_pos.begin(), L.restored_pos.end(), u);
-    if (r != L.restored_pos.end() && *r == u) {
-      std::memcpy(s.rows.data() + (u - p * P) * K,
-                  L.restored.data() + (r - L.restored_pos.begin()) * K, 2 * K);
-    } else {
-      s.bad[w++] = u;
-    }
-  }
-  s.bad.resize(w);
   L.staged_bytes += static_cast<int64_t>(s.rows.bytes());
-  return s;
+  std::vector<int64_t> bad;
+  Status st = L.file->ReadRowRange(p * P, P, s.rows.data(), &bad);
+  // A kept row the file cannot serve is still in the restored buffer.
+  for (int64_t u : bad) {
+    auto r = std::lower_bound(L.restored_pos.begin(), L.restored_pos.end(), u);
+    if (r == L.restored_pos.end() || *r != u) return UnreadableRow(*L.file, u, st);
+    std::memcpy(s.rows.data() + (u - p * P) * K,
+                L.restored.data() + (r - L.restored_pos.begin()) * K, 2 * K);
+  }
+  if (bad.empty() && !st.ok()) return st;
+  return &s;
 }
 
 void VestigePolicy::ClearStaged(Layer& L) {
@@ -570,92 +608,63 @@ void VestigePolicy::ClearStaged(Layer& L) {
   L.staged_bytes = 0;
 }
 
-int64_t VestigePolicy::ReadSet(Layer& L, const LayerStore& store, const float* q,
-                               std::vector<int64_t>& rows, int64_t stage_from, ThreadPool* pool,
-                               SoftmaxStates* st, ReadStats* local) {
+StatusOr<int64_t> VestigePolicy::ReadSet(Layer& L, const LayerStore& store, const float* q,
+                                         const std::vector<int64_t>& rows, ThreadPool* pool,
+                                         SoftmaxStates* st, ReadStats* local) {
   const int64_t n = static_cast<int64_t>(rows.size());
-  if (n == 0) return 0;
+  if (n == 0) return int64_t{0};
   if (!AnyReleasedBelow(L, rows.back() + 1)) {
     ReadRows(store, q, rows.data(), n, pool, st, local);
-    return 0;
+    return int64_t{0};
   }
-  // Where each row lives: null for a resident page; else the restored buffer (kept rows), a staged
-  // page (rows at or past stage_from: a prompt query's own block), or one pread (fetched rows).
+  // Where each row lives: null for a resident page; else the restored buffer (kept rows) or one
+  // pread (fetched rows).
   const int64_t P = LayerStore::kPageRows;
   const size_t K = L.k_dim;
   L.ptrs.assign(n, nullptr);
-  L.drop.assign(n, 0);
   L.file_rows.clear();
+  int64_t outside = 0;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t u = rows[i], p = u / P;
     if (p >= static_cast<int64_t>(L.released.size()) || !L.released[p]) continue;
+    ++outside;
     auto r = std::lower_bound(L.restored_pos.begin(), L.restored_pos.end(), u);
     if (r != L.restored_pos.end() && *r == u) {
       L.ptrs[i] = L.restored.data() + (r - L.restored_pos.begin()) * K;
-      continue;
-    }
-    auto sit = L.staged.find(p);
-    const Layer::Staged* sp = sit != L.staged.end() ? &sit->second
-                              : u >= stage_from     ? &StagePage(L, p)
-                                                    : nullptr;
-    if (sp == nullptr) {
-      L.file_rows.push_back(static_cast<size_t>(i));
-    } else if (std::binary_search(sp->bad.begin(), sp->bad.end(), u)) {
-      L.drop[i] = 1;
     } else {
-      L.ptrs[i] = sp->rows.data() + (u - p * P) * K;
+      L.file_rows.push_back(static_cast<size_t>(i));
     }
   }
   L.file_buf.resize(L.file_rows.size() * K);
   for (size_t j = 0; j < L.file_rows.size(); ++j) {
     const size_t i = L.file_rows[j];
     Status s = L.file->ReadRow(rows[i], L.file_buf.data() + j * K);
-    if (!s.ok()) {
-      NoteError(s);  // left out of this read, never read as garbage
-      L.drop[i] = 1;
-      continue;
-    }
+    if (!s.ok()) return UnreadableRow(*L.file, rows[i], s);
     L.ptrs[i] = L.file_buf.data() + j * K;
   }
-  int64_t w = 0, outside = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (L.drop[i]) continue;
-    outside += L.ptrs[i] != nullptr;
-    rows[w] = rows[i];
-    L.ptrs[w] = L.ptrs[i];
-    ++w;
-  }
-  rows.resize(w);
-  if (w > 0) ReadRows(store, q, rows.data(), w, pool, st, local, L.ptrs.data());
+  ReadRows(store, q, rows.data(), n, pool, st, local, L.ptrs.data());
   return outside;
 }
 
-int64_t VestigePolicy::ReadDense(Layer& L, const LayerStore& store, const float* q, int64_t limit,
-                                 ThreadPool* pool, SoftmaxStates* st, ReadStats* local) {
+StatusOr<int64_t> VestigePolicy::ReadDense(Layer& L, const LayerStore& store, const float* q,
+                                           int64_t limit, ThreadPool* pool, SoftmaxStates* st,
+                                           ReadStats* local) {
   if (!AnyReleasedBelow(L, limit)) {
     ReadPrefix(store, q, limit, pool, st, local);
-    return 0;
+    return int64_t{0};
   }
   const int64_t P = LayerStore::kPageRows;
   const int64_t n_pages = (limit + P - 1) / P;
   std::vector<const uint16_t*> pages(n_pages, nullptr);
-  bool any_bad = false;
   int64_t outside = 0;
   for (int64_t p = 0; p < n_pages; ++p) {
     if (p >= static_cast<int64_t>(L.released.size()) || !L.released[p]) continue;
-    const Layer::Staged& s = StagePage(L, p);
-    pages[p] = s.rows.data();
+    ASSIGN_OR_RETURN(const Layer::Staged* s, StagePage(L, p));
+    pages[p] = s->rows.data();
     outside += std::min(P, limit - p * P);
-    any_bad = any_bad || (!s.bad.empty() && s.bad.front() < limit);
   }
-  if (!any_bad) {
-    ReadPrefix(store, q, limit, pool, st, local, pages.data());
-    return outside;
-  }
-  // Some staged row is unreadable: it is left out, the readable rows go through ReadSet.
-  L.rows.resize(limit);
-  for (int64_t u = 0; u < limit; ++u) L.rows[u] = u;
-  return ReadSet(L, store, q, L.rows, /*stage_from=*/0, pool, st, local);
+  ReadPrefix(store, q, limit, pool, st, local, pages.data());
+  return outside;
 }
 
 VestigeResidency VestigePolicy::Residency(int layer, const LayerStore& store) const {

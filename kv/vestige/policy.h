@@ -11,16 +11,20 @@
 // archived the read is ReadPrefix, the full policy's own call, so the policy with everything kept
 // (ratio 1, or n < block) is bit-identical to `full`.
 //
-// Causality inside a prefill chunk: a block may close (OnAppend) while earlier queries of the same
-// chunk are still to be read. Such a query's own block is read in full: the tail of a read starts
-// at min(n_closed, block start of position limit - 1).
+// Calls (kv/policy.h): blocks close at OnAppended, when the call's rows are in and before its
+// queries read. A query inside a block its own call closed reads that whole block (the tail of a
+// read starts at min(n_closed, block start of position limit - 1)): the block's selection saw
+// rows after the query. With the file archive, the fully archived pages of closed blocks are
+// written and released at EndCall (or at the compression point), after every query of the call
+// has read: during a call, every row a query reads as its tail is still in the store.
 //
 // File placement: a released page is gone from the store, so no read (ReadRows, ReadPrefix, the
 // recall tier's index, calibration and gate) may touch it there. Its rows are served from the
-// policy's memory instead: kept rows from the restored buffer, a prompt query's own block from
-// pages staged with one pread each, fetched rows with one pread each; ReadRows / ReadPrefix take
-// those pointers, and the tier reads through ReadRow. The kernel tasks are the same as the RAM
-// placement's, so every read equals it bit for bit (tested).
+// policy's memory instead: kept rows from the restored buffer, fetched rows with one pread each,
+// and a dense step's released pages staged with one pread each for that read; ReadRows /
+// ReadPrefix take those pointers, and the tier reads through ReadRow. The kernel tasks are the
+// same as the RAM placement's, so every read equals it bit for bit (tested). A row the file
+// cannot serve fails the read with a DataLoss error naming the row and the file.
 #pragma once
 
 #include <cstdint>
@@ -86,8 +90,7 @@ struct VestigeReadInfo {
 struct VestigeResidency {
   int64_t store_bytes = 0;     // LayerStore pages still allocated (kept, tail, archived in RAM)
   int64_t restored_bytes = 0;  // kept rows of released pages held in a policy buffer
-  int64_t staged_bytes = 0;    // released pages staged for the current prompt chunk's reads
-                               // (freed at the compression point and at every decode step)
+  int64_t staged_bytes = 0;    // released pages staged for a dense read (freed when it ends)
   int64_t metadata_bytes = 0;  // sigma (4 B/closed row) + kept/archived tables (8 B/row)
   int64_t index_bytes = 0;     // recall index (reported by the recall tier)
   int64_t file_bytes = 0;      // on disk (not RAM)
@@ -134,12 +137,18 @@ class VestigePolicy final : public Policy {
   Status Bind(const std::vector<LayerGeometry>& layers) override;
   int64_t observation_queries(int64_t prompt_len) const override;
   bool observation_needs_weights() const override { return false; }
-  void OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& obs) override;
-  void OnAppend(int layer, LayerStore& store) override;
-  void OnCompress(int layer, LayerStore& store) override;
-  void Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
-            SoftmaxStates* st, ReadStats* stats) override;
+  Status OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& obs) override;
+  Status OnAppended(int layer, const LayerStore& store, const CacheCall& call,
+                    CachePlan* plan) override;
+  Status EndCall(int layer, const LayerStore& store, const CacheCall& call,
+                 CachePlan* plan) override;
+  Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) override;
+  Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
+              SoftmaxStates* st, ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
+  // A failed archive write (the rows stay in RAM) or the recall tier's first error (dense steps
+  // from then on): both exact.
+  Status recovered_error() const override;
 
   const VestigeConfig& config() const { return cfg_; }
   // Installs the tier-2 implementation (null: none). Call before the first append.
@@ -157,9 +166,9 @@ class VestigePolicy final : public Policy {
   int64_t reads() const { return reads_; }
   int64_t fallbacks() const { return fallbacks_; }
   double fallback_rate() const { return reads_ ? static_cast<double>(fallbacks_) / reads_ : 0.0; }
-  // The first archive I/O error (OK when none). On a write error the page simply stays resident;
-  // on a read error the row is left out of that read and counted here — never read as garbage.
-  const Status& archive_status() const { return archive_status_; }
+  // The first archive write error (OK when none): the pages then stay resident (exact). A read
+  // error is never recovered from: the read returns it.
+  const Status& archive_status() const { return recovered_; }
   // Path of layer's archive file ("" in RAM placement or before the first release).
   std::string archive_path(int layer) const;
 
@@ -180,54 +189,51 @@ class VestigePolicy final : public Policy {
     std::vector<int64_t> restored_pos;  // kept rows of released pages, ascending
     std::vector<uint16_t> restored;     // [restored_pos.size(), k_dim] bf16
     int64_t released_bytes = 0;
-    // Released pages staged back for reads: [kPageRows, k_dim] bf16 each, read from the file
-    // with one pread. A prompt query inside the block its own chunk just closed reads that whole
-    // block (its tail) while some of its pages are already in the file; the chunk's later queries
-    // read the same pages, so they are staged once and kept until the next selection, the
-    // compression point or a read past the closed rows (a decode step), then freed. A dense step
-    // stages every released page below its limit for that step.
+    // Released pages staged back for one dense read (a fallback step, or a query whose rows
+    // [0, limit) hold no archived row below its tail): [kPageRows, k_dim] bf16 each, read from
+    // the file with one pread, freed when the read ends.
     struct Staged {
       AlignedBuffer<uint16_t> rows;  // [kPageRows, k_dim] bf16 (heap block: stable pointers)
-      std::vector<int64_t> bad;      // rows that could not be read (left out of every read)
     };
     std::unordered_map<int64_t, Staged> staged;
     int64_t staged_bytes = 0;
     // Read scratch.
-    std::vector<int64_t> rows, attended, archived, fetched;
+    std::vector<int64_t> rows, archived, fetched;
     std::vector<const uint16_t*> ptrs;  // [rows] where a row's bytes live (null: the store)
     std::vector<size_t> file_rows;      // indices into the read's rows read row by row
     std::vector<uint16_t> file_buf;     // [file_rows, k_dim] bf16 read from the file
-    std::vector<uint8_t> drop;          // [rows] 1: unreadable, left out of the read
     bool file_ok = true;                // false after a write error: no more releases
   };
-  void CloseReady(int layer, LayerStore& store);
-  void AfterSelection(int layer, LayerStore& store, int64_t first_new);
+  // Closes every complete block and rebalances (the selection: kept and archived sets).
+  Status CloseReady(int layer, const LayerStore& store);
+  // After a selection: kept rows of released pages into the restored buffer, the recall index.
+  Status AfterSelection(int layer, const LayerStore& store);
+  // File placement: writes the fully archived closed pages still resident and plans their
+  // release. A write error keeps them resident (exact; recovered_error()).
+  Status ArchivePages(int layer, const LayerStore& store, CachePlan* plan);
   // Every byte a read attends comes from where the row lives: its store page while resident,
-  // else (file placement) the restored buffer (kept rows), a staged page, or one pread. The
-  // kernels see the same tasks either way (ReadPrefix / ReadRows with the policy's pointers), so
-  // the file placement reads bit-identically to the RAM placement.
+  // else (file placement) the restored buffer (kept rows), a staged page (dense reads), or one
+  // pread. The kernels see the same tasks either way (ReadPrefix / ReadRows with the policy's
+  // pointers), so the file placement reads bit-identically to the RAM placement.
   //
-  // ReadSet: `rows` (ascending) into st with ReadRows. Rows of released pages at or past
-  // `stage_from` are served from staged pages, earlier ones (kept, fetched) from the restored
-  // buffer or one pread each. Unreadable rows are removed from `rows` (reported through
-  // archive_status()). Returns the rows served outside the store.
-  int64_t ReadSet(Layer& L, const LayerStore& store, const float* q, std::vector<int64_t>& rows,
-                  int64_t stage_from, ThreadPool* pool, SoftmaxStates* st, ReadStats* local);
-  // ReadDense: rows [0, limit) into st with ReadPrefix, the full policy's own call, with released
-  // pages staged (or, when a staged row is unreadable, ReadSet over the readable rows). Returns
-  // the rows served outside the store.
-  int64_t ReadDense(Layer& L, const LayerStore& store, const float* q, int64_t limit,
-                    ThreadPool* pool, SoftmaxStates* st, ReadStats* local);
+  // ReadSet: `rows` (ascending) into st with ReadRows. ReadDense: rows [0, limit) with
+  // ReadPrefix, the full policy's own call. Both return the rows served outside the store, or the
+  // error of a row the file cannot serve.
+  StatusOr<int64_t> ReadSet(Layer& L, const LayerStore& store, const float* q,
+                            const std::vector<int64_t>& rows, ThreadPool* pool, SoftmaxStates* st,
+                            ReadStats* local);
+  StatusOr<int64_t> ReadDense(Layer& L, const LayerStore& store, const float* q, int64_t limit,
+                              ThreadPool* pool, SoftmaxStates* st, ReadStats* local);
   // The staged copy of released page p (staged now if needed).
-  const Layer::Staged& StagePage(Layer& L, int64_t p);
+  StatusOr<const Layer::Staged*> StagePage(Layer& L, int64_t p);
   void ClearStaged(Layer& L);
   bool AnyReleasedBelow(const Layer& L, int64_t limit) const;
-  void NoteError(const Status& s);
+  void NoteRecovered(const Status& s);
 
   VestigeConfig cfg_;
   std::vector<Layer> layers_;
   std::unique_ptr<VestigeRecallHook> recall_;
-  Status archive_status_;
+  Status recovered_;  // the first archive write error
   int64_t closes_ = 0, reads_ = 0, fallbacks_ = 0;
   int64_t instance_ = 0;
 };
