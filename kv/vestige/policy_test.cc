@@ -1,10 +1,11 @@
-#include "core/status_testing.h"
-#include "kv/cache_testing.h"
 #include "kv/vestige/policy.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <csignal>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -13,7 +14,9 @@
 
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "core/status_testing.h"
 #include "kv/cache.h"
+#include "kv/cache_testing.h"
 #include "kv/registry.h"
 
 namespace strata {
@@ -762,6 +765,114 @@ TEST(VestigePolicyTest, Deterministic) {
   for (size_t i = 0; i < outs[0].size(); ++i) {
     for (size_t j = 0; j < outs[0][i].size(); ++j) ASSERT_NEAR(outs[0][i][j], outs[1][i][j], 1e-6);
   }
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// Overwrites every byte of `path` after its first `keep` bytes (the header) with 0x5a: every
+// archived record then fails its checksum.
+void CorruptFile(const std::string& path, int64_t keep) {
+  const int64_t size = static_cast<int64_t>(std::filesystem::file_size(path));
+  ASSERT_GT(size, keep);
+  std::FILE* f = std::fopen(path.c_str(), "r+b");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(std::fseek(f, keep, SEEK_SET), 0);
+  const std::vector<char> junk(static_cast<size_t>(size - keep), 0x5a);
+  ASSERT_EQ(std::fwrite(junk.data(), 1, junk.size(), f), junk.size());
+  std::fclose(f);
+}
+
+// An archived row the file cannot give back fails the read with a DataLoss error naming the row
+// and the file, through KvCache (with the layer and the query position); it is never left out of
+// the softmax, and the cache refuses every later call with the same error.
+TEST(VestigePolicyTest, UnreadableArchiveRowFailsTheRead) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  const LayerGeometry g = Mla();
+  auto p = VestigeConfig::FromSpec(
+      {"vestige",
+       {{"block", "64"}, {"kappa", "2"}, {"ratio", "256"}, {"recall", "off"},
+        {"archive", "file:" + TempDir()}}},
+      false);
+  ASSERT_OK(p);
+  auto pol = std::make_unique<VestigePolicy>(p.value());
+  auto hook = std::make_unique<RandomFetch>(rng.Next());
+  RandomFetch* h = hook.get();
+  pol->SetRecallHook(std::move(hook));
+  auto made = KvCache::Create({g}, std::move(pol));
+  ASSERT_OK(made);
+  KvCache* c = made->get();
+  // Ratio 256 keeps ~4 closed rows besides the sinks: most pages are fully archived.
+  for (int t = 0; t < 700; ++t) AppendRandom(c, rng);
+  EndOpenCall(c);
+  const VestigeResidency r = Vp(*c).Residency(0, c->store(0));
+  ASSERT_GT(r.released_bytes, 0);
+  CorruptFile(Vp(*c).archive_path(0), 64);
+  // The next step fetches archived rows of released pages: their bytes are gone.
+  AppendRandom(c, rng);
+  const std::vector<float> q = RandomQuery(rng, g);
+  std::vector<float> out(g.n_q_heads * g.v_dim);
+  const Status s = c->Attend(0, q.data(), c->n_tokens() - 1, nullptr, out.data());
+  ASSERT_FALSE(h->last.empty());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+  const std::string path = Vp(*c).archive_path(0);
+  for (const std::string& part : {std::string("policy 'vestige'"), std::string("layer 0"),
+                                  std::string("position 700"), std::string("archived row"),
+                                  path}) {
+    EXPECT_NE(s.message().find(part), std::string::npos) << part << " in " << s.ToString();
+  }
+  // The cache is failed: the sequence cannot go on exactly.
+  EXPECT_EQ(c->EndCall().message(), s.message());
+  EXPECT_EQ(c->BeginCall(1, CallKind::kDecode).message(), s.message());
+}
+
+// A failed archive write is an exact fallback, not an error: the pages stay in RAM, every read
+// equals the RAM placement, and recovered_error() says what happened (reports print it). The
+// write fails as on a full disk: the file size limit (RLIMIT_FSIZE, SIGXFSZ ignored) is the
+// archive's header.
+TEST(VestigePolicyTest, FailedArchiveWriteKeepsRowsInRamAndIsReported) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const LayerGeometry g = Mla();
+  const std::map<std::string, std::string> base = {
+      {"block", "64"}, {"kappa", "2"}, {"ratio", "256"}, {"recall", "off"}};
+  auto ram = MakeCache({g}, {"vestige", WithArchive(base, "ram")});
+  auto file = MakeCache({g}, {"vestige", WithArchive(base, "file:" + TempDir())});
+  ASSERT_TRUE(ram && file);
+  struct rlimit old;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit lim = old;
+  lim.rlim_cur = static_cast<rlim_t>(std::filesystem::file_size(Vp(*file).archive_path(0)));
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &lim), 0);
+  Rng ra(seed), rb(seed);
+  for (int t = 0; t < 700; ++t) {
+    AppendRandom(ram.get(), ra);
+    AppendRandom(file.get(), rb);
+    if (t % 50 != 49) continue;
+    const std::vector<float> q = RandomQuery(ra, g);
+    RandomQuery(rb, g);
+    const auto a = Attend(ram.get(), 0, q, t, nullptr), b = Attend(file.get(), 0, q, t, nullptr);
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), 4 * a.size())) << "t " << t;
+  }
+  EndOpenCall(file.get());
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  std::signal(SIGXFSZ, old_handler);
+  const VestigeResidency r = Vp(*file).Residency(0, file->store(0));
+  EXPECT_EQ(r.released_bytes, 0);
+  EXPECT_EQ(r.store_bytes, ram->store(0).resident_bytes());
+  const Status rec = file->policy().recovered_error();
+  EXPECT_FALSE(rec.ok());
+  EXPECT_NE(rec.message().find("archive write failed, archived rows stay in RAM"),
+            std::string::npos)
+      << rec.ToString();
+  EXPECT_TRUE(ram->policy().recovered_error().ok());
 }
 
 }  // namespace
