@@ -244,6 +244,161 @@ class RejectingPolicy final : public Policy {
   }
 };
 
+// Records every event with its call, and can return a plan or an error from one of them.
+class ScriptedPolicy final : public Policy {
+ public:
+  std::string name() const override { return "scripted"; }
+  Status Bind(const std::vector<LayerGeometry>&) override { return OkStatus(); }
+  Status BeginCall(int layer, const LayerStore& s, const CacheCall& c, CachePlan* plan) override {
+    Log("begin", layer, c, s.n_rows());
+    if (release_at_begin >= 0) plan->release.push_back({0, release_at_begin});
+    return OkStatus();
+  }
+  Status OnAppend(int layer, const LayerStore& s) override {
+    ++appends;
+    return OkStatus();
+  }
+  Status OnAppended(int layer, const LayerStore& s, const CacheCall& c,
+                    CachePlan* plan) override {
+    Log("appended", layer, c, s.n_rows());
+    if (release_at_appended >= 0) plan->release.push_back({0, release_at_appended});
+    return OkStatus();
+  }
+  Status EndCall(int layer, const LayerStore& s, const CacheCall& c, CachePlan* plan) override {
+    Log("end", layer, c, s.n_rows());
+    if (release_at_end >= 0) plan->release.push_back({0, release_at_end});
+    return OkStatus();
+  }
+  Status Read(int layer, const LayerStore& s, const float* q, int64_t limit, ThreadPool* p,
+              SoftmaxStates* st, ReadStats* stats) override {
+    events.push_back("read " + std::to_string(layer) + " " + std::to_string(limit));
+    if (!read_error.ok()) return read_error;
+    ReadPrefix(s, q, limit, p, st, stats);
+    return OkStatus();
+  }
+  void Log(const char* what, int layer, const CacheCall& c, int64_t rows) {
+    events.push_back(std::string(what) + " " + std::to_string(layer) + " [" +
+                     std::to_string(c.first) + "," + std::to_string(c.end) + ") " +
+                     (c.kind == CallKind::kPrefill ? "prefill" : "decode") + " rows " +
+                     std::to_string(rows));
+  }
+  std::vector<std::string> events;
+  int64_t appends = 0;
+  int64_t release_at_begin = -1, release_at_appended = -1, release_at_end = -1;
+  Status read_error;
+};
+
+void AppendRows(KvCache* c, int layer, int64_t n) {
+  const LayerGeometry& g = c->geometry(layer);
+  std::vector<float> k(g.n_kv_heads * g.k_dim, 0.5f), v(g.n_kv_heads * g.v_dim, 0.25f);
+  for (int64_t i = 0; i < n; ++i) ASSERT_OK(c->Append(layer, k.data(), v.data()));
+}
+
+// The cache tells the policy where each call begins and ends, delivers OnAppended once per layer
+// right after the call's last row (before its first query), and EndCall after the last query.
+TEST(KvCacheTest, CallBoundariesAreDeliveredInOrder) {
+  auto policy = std::make_unique<ScriptedPolicy>();
+  ScriptedPolicy* p = policy.get();
+  auto made = KvCache::Create({Gqa(), Gqa()}, std::move(policy));
+  ASSERT_OK(made);
+  KvCache& c = **made;
+  std::vector<float> q(6 * 16, 0.1f), out(6 * 16);
+  ASSERT_OK(c.BeginCall(3, CallKind::kPrefill));
+  for (int l = 0; l < 2; ++l) {
+    AppendRows(&c, l, 3);
+    for (int64_t pos = 0; pos < 3; ++pos) ASSERT_OK(c.Attend(l, q.data(), pos, nullptr, out.data()));
+  }
+  ASSERT_OK(c.EndCall());
+  ASSERT_OK(c.BeginCall(1, CallKind::kDecode));
+  for (int l = 0; l < 2; ++l) AppendRows(&c, l, 1);
+  ASSERT_OK(c.Attend(1, q.data(), 3, nullptr, out.data()));
+  ASSERT_OK(c.EndCall());
+  ASSERT_OK(c.BeginCall(0, CallKind::kDecode));  // a call that only reads
+  ASSERT_OK(c.Attend(0, q.data(), 3, nullptr, out.data()));
+  ASSERT_OK(c.EndCall());
+  const std::vector<std::string> want = {
+      "begin 0 [0,3) prefill rows 0", "begin 1 [0,3) prefill rows 0",
+      "appended 0 [0,3) prefill rows 3", "read 0 1", "read 0 2", "read 0 3",
+      "appended 1 [0,3) prefill rows 3", "read 1 1", "read 1 2", "read 1 3",
+      "end 0 [0,3) prefill rows 3", "end 1 [0,3) prefill rows 3",
+      "begin 0 [3,4) decode rows 3", "begin 1 [3,4) decode rows 3",
+      "appended 0 [3,4) decode rows 4", "appended 1 [3,4) decode rows 4", "read 1 4",
+      "end 0 [3,4) decode rows 4", "end 1 [3,4) decode rows 4",
+      "begin 0 [4,4) decode rows 4", "appended 0 [4,4) decode rows 4",
+      "begin 1 [4,4) decode rows 4", "appended 1 [4,4) decode rows 4", "read 0 4",
+      "end 0 [4,4) decode rows 4", "end 1 [4,4) decode rows 4"};
+  EXPECT_EQ(p->events, want);
+  EXPECT_EQ(p->appends, 8);
+  EXPECT_EQ(c.counters().calls, 3);
+}
+
+// Plans are applied by the cache: a page released at the end of a call is gone; a plan that
+// would free a row the running call's queries may still read is refused with an Internal error
+// naming the page (the store is left untouched), and the cache is failed from then on.
+TEST(KvCacheTest, PlansAreCheckedBeforeTheyApply) {
+  {
+    auto policy = std::make_unique<ScriptedPolicy>();
+    ScriptedPolicy* p = policy.get();
+    auto made = KvCache::Create({Gqa()}, std::move(policy));
+    ASSERT_OK(made);
+    KvCache& c = **made;
+    p->release_at_end = 0;
+    ASSERT_OK(c.BeginCall(130, CallKind::kPrefill));
+    AppendRows(&c, 0, 130);
+    ASSERT_OK(c.EndCall());
+    EXPECT_FALSE(c.store(0).page_resident(0, 0));
+    EXPECT_TRUE(c.store(0).page_resident(0, 1));
+  }
+  for (const char* when : {"begin", "appended"}) {
+    SCOPED_TRACE(when);
+    auto policy = std::make_unique<ScriptedPolicy>();
+    ScriptedPolicy* p = policy.get();
+    auto made = KvCache::Create({Gqa()}, std::move(policy));
+    ASSERT_OK(made);
+    KvCache& c = **made;
+    ASSERT_OK(c.BeginCall(100, CallKind::kPrefill));
+    AppendRows(&c, 0, 100);
+    ASSERT_OK(c.EndCall());
+    // Page 1 (rows [64, 128)) holds the next call's rows [100, 128).
+    (std::string(when) == "begin" ? p->release_at_begin : p->release_at_appended) = 1;
+    const Status begin = c.BeginCall(28, CallKind::kPrefill);
+    if (std::string(when) == "begin") {
+      ASSERT_FALSE(begin.ok());
+    } else {
+      ASSERT_OK(begin);
+      const LayerGeometry& g = c.geometry(0);
+      std::vector<float> k(g.n_kv_heads * g.k_dim), v(g.n_kv_heads * g.v_dim);
+      for (int i = 0; i < 27; ++i) ASSERT_OK(c.Append(0, k.data(), v.data()));
+      const Status s = c.Append(0, k.data(), v.data());  // the last row: OnAppended
+      ASSERT_FALSE(s.ok());
+    }
+    const Status s = c.status();
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.code(), StatusCode::kInternal);
+    EXPECT_NE(s.message().find("policy 'scripted': layer 0"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("page 1 of KV head 0"), std::string::npos) << s.ToString();
+    EXPECT_TRUE(c.store(0).page_resident(0, 1));
+    EXPECT_EQ(c.EndCall().message(), s.message());
+  }
+}
+
+// A policy's read error reaches the caller with the policy, the layer and the query position.
+TEST(KvCacheTest, ReadErrorsReachTheCaller) {
+  auto policy = std::make_unique<ScriptedPolicy>();
+  ScriptedPolicy* p = policy.get();
+  auto made = KvCache::Create({Gqa()}, std::move(policy));
+  ASSERT_OK(made);
+  KvCache& c = **made;
+  p->read_error = DataLoss("row 7 is gone");
+  ASSERT_OK(c.BeginCall(10, CallKind::kPrefill));
+  AppendRows(&c, 0, 10);
+  std::vector<float> q(6 * 16, 0.1f), out(6 * 16);
+  const Status s = c.Attend(0, q.data(), 9, nullptr, out.data());
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_EQ(s.message(), "policy 'scripted': layer 0, read: query at position 9: row 7 is gone");
+  EXPECT_EQ(c.Attend(0, q.data(), 9, nullptr, out.data()).message(), s.message());
+}
+
 TEST(KvCacheTest, CreateErrorsNameTheProblem) {
   auto a = KvCache::Create({Gqa()}, std::make_unique<RejectingPolicy>());
   ASSERT_FALSE(a.ok());

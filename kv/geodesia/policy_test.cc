@@ -795,6 +795,34 @@ TEST(GeodesiaPolicyTest, GqaOneAllocationPerKvHeadSharedReconstructionHeadOrderF
 }
 
 // Impossible settings are errors from MakePolicy / Bind that name the value.
+// A demotion that fails (GradedLayer::Demote's Status) reaches the caller of the read with the
+// layer, the block and the KV head, instead of aborting the process; the cache then refuses
+// every later call with the same error.
+TEST(GeodesiaPolicyTest, FailedDemotionReachesTheCaller) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const LayerGeometry g = Gqa(4, 2, 64);
+  auto cache = NewCache({g}, Spec("geodesia", {{"bits", "2"}}));
+  Source src(seed, g);
+  Call(*cache, src, 640, nullptr, true);
+  Geo(*cache).FailNextDemotionForTesting(Internal("slot table inconsistent"));
+  EndOpenCall(cache.get());
+  ASSERT_OK(cache->BeginCall(1, CallKind::kDecode));
+  std::vector<float> k, v, q, out(g.n_q_heads * g.v_dim);
+  src.Row(cache->n_tokens(), &k, &v);
+  ASSERT_OK(cache->Append(0, k.data(), v.data()));
+  src.Query(&q);
+  const Status s = cache->Attend(0, q.data(), cache->n_tokens() - 1, nullptr, out.data());
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), StatusCode::kInternal);
+  for (const char* part : {"policy 'geodesia'", "layer 0", "read", "demotion of block",
+                           "of KV head", "slot table inconsistent"}) {
+    EXPECT_NE(s.message().find(part), std::string::npos) << part << " in " << s.ToString();
+  }
+  EXPECT_EQ(cache->EndCall().message(), s.message());
+  EXPECT_EQ(cache->BeginCall(1, CallKind::kDecode).message(), s.message());
+}
+
 TEST(GeodesiaPolicyTest, SettingErrors) {
   auto make = [](std::map<std::string, std::string> s) { return MakePolicy(Spec("geodesia", s)); };
   auto bad = make({{"bits", "0.1"}});
