@@ -324,6 +324,7 @@ Status VestigePolicy::OnAppended(int layer, const LayerStore& store, const Cache
 
 Status VestigePolicy::EndCall(int layer, const LayerStore& store, const CacheCall& call,
                               CachePlan* plan) {
+  layers_[layer].before = Layer::Before();  // every query of the call has read
   return ArchivePages(layer, store, plan);
 }
 
@@ -337,6 +338,12 @@ Status VestigePolicy::OnCompress(int layer, const LayerStore& store, CachePlan* 
 Status VestigePolicy::CloseReady(int layer, const LayerStore& store) {
   Layer& L = layers_[layer];
   if (!L.mla) return OkStatus();
+  if (store.n_rows() - L.sel.n_closed() < cfg_.selector.block) return OkStatus();
+  // The selection before this close: the call's queries before the new closed rows read with it
+  // (see Read).
+  L.before.n_closed = L.sel.n_closed();
+  L.before.kept = L.sel.kept();
+  L.before.valid = true;
   bool closed = false;
   while (store.n_rows() - L.sel.n_closed() >= cfg_.selector.block) {
     L.sel.CloseBlock(store);
@@ -469,12 +476,18 @@ Status VestigePolicy::Read(int layer, const LayerStore& store, const float* q, i
     return OkStatus();
   }
   STRATA_CHECK(limit >= 1 && limit <= store.n_rows());
+  // Causality: the selection over closed rows [0, n_closed) ranks them against each other (one
+  // global top-m), so a query may use it only if it sees every one of those rows. A query of the
+  // call that closed blocks and sits before their end reads with the selection from before the
+  // close (its tail then starts at that selection's end, and the pages of the call's blocks are
+  // still in the store until EndCall).
+  const bool before = L.before.valid && limit < L.sel.n_closed();
+  const int64_t n_closed = before ? L.before.n_closed : L.sel.n_closed();
+  // The tail: rows from the selection's end, or the query's own block when that block is closed
+  // (a decode step that closes it: the block's kept rows alone might not include the query).
   const int64_t block = cfg_.selector.block;
-  const int64_t n_closed = L.sel.n_closed();
-  // A query inside a block closed by its own call reads that block in full (causality: the
-  // block's selection saw rows after the query); its pages are still in the store until EndCall.
   const int64_t tail_begin = std::min(n_closed, (limit - 1) / block * block);
-  const std::vector<int64_t>& kept = L.sel.kept();
+  const std::vector<int64_t>& kept = before ? L.before.kept : L.sel.kept();
   const int64_t n_kept = std::lower_bound(kept.begin(), kept.end(), tail_begin) - kept.begin();
   const int64_t n_arch = tail_begin - n_kept;
   VestigeReadInfo info;
@@ -510,9 +523,9 @@ Status VestigePolicy::Read(int layer, const LayerStore& store, const float* q, i
   // Attended rows: kept below the tail, then the tail [tail_begin, limit).
   L.rows.assign(kept.begin(), kept.begin() + n_kept);
   for (int64_t u = tail_begin; u < limit; ++u) L.rows.push_back(u);
-  // Tier 2 scans for queries at or past the last closed row (every decode step); a prompt query
-  // inside a block that its own call closed reads kept ∪ its own block without a scan.
-  const bool scan = recall_ != nullptr && limit >= n_closed;
+  // Tier 2 scans for queries that see every closed row (every decode step); a prompt query before
+  // the blocks its own call closed reads the earlier selection's kept rows ∪ its tail, no scan.
+  const bool scan = recall_ != nullptr && !before;
   auto attended = ReadSet(L, store, q, L.rows, pool, st, &local);
   if (!attended.ok()) return fail(attended.status());
   int64_t extra = *attended;
@@ -530,7 +543,7 @@ Status VestigePolicy::Read(int layer, const LayerStore& store, const float* q, i
                     L.fetched.end());
     for (int64_t u : L.fetched) {
       // A fetched row must be archived, else it would be counted twice in the softmax.
-      if (u < 0 || u >= tail_begin || L.sel.kept_mask()[u]) {
+      if (u < 0 || u >= tail_begin || L.sel.kept_mask()[u]) {  // (scan: the current selection)
         return fail(Internal("the recall tier fetched row " + std::to_string(u) +
                              ", which is not an archived row below " +
                              std::to_string(tail_begin)));

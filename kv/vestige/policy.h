@@ -12,11 +12,14 @@
 // (ratio 1, or n < block) is bit-identical to `full`.
 //
 // Calls (kv/policy.h): blocks close at OnAppended, when the call's rows are in and before its
-// queries read. A query inside a block its own call closed reads that whole block (the tail of a
-// read starts at min(n_closed, block start of position limit - 1)): the block's selection saw
-// rows after the query. With the file archive, the fully archived pages of closed blocks are
-// written and released at EndCall (or at the compression point), after every query of the call
-// has read: during a call, every row a query reads as its tail is still in the store.
+// queries read. The selection ranks all closed rows against each other (one global top-m), so a
+// query may read with it only if it sees every closed row: a query of the call that closed
+// blocks and sits before their end reads with the selection from before the close (kept rows of
+// the earlier closed prefix, then every row from its end); later queries, and every decode step,
+// read with the new one (a decode step that closes a block sees all of its rows). With the file
+// archive, the fully archived pages of closed blocks are written and released at EndCall (or at
+// the compression point), after every query of the call has read: during a call, every row a
+// query reads as its tail is still in the store.
 //
 // File placement: a released page is gone from the store, so no read (ReadRows, ReadPrefix, the
 // recall tier's index, calibration and gate) may touch it there. Its rows are served from the
@@ -182,6 +185,12 @@ class VestigePolicy final : public Policy {
     bool mla = false;
     int k_dim = 0;
     VestigeSelector sel;
+    // The selection before the running call's closes (valid from its first close to EndCall).
+    struct Before {
+      bool valid = false;
+      int64_t n_closed = 0;
+      std::vector<int64_t> kept;  // ascending, all < n_closed
+    } before;
     VestigeReadInfo last;
     // File placement.
     std::unique_ptr<VestigeArchiveFile> file;
