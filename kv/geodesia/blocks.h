@@ -261,6 +261,8 @@ class GradedLayer {
 };
 
 // scale * sum_c max(q_c kmin_c, q_c kmax_c) in f64: the compressed-Quest page bound (spec 4).
+// Channels with q_c = 0 add 0 (an infinite box edge, from a key beyond the f16 range, then does
+// not turn the bound into NaN); an infinite edge elsewhere gives an infinite, still sound, bound.
 // (kv/geodesia/box_bound.cc: SIMD; the summation order is that of the CPU's SIMD target.)
 double BoxUpperBound(const uint16_t* kmin, const uint16_t* kmax, const float* q, int head_dim,
                      float scale);

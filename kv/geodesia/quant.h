@@ -40,9 +40,4 @@ int64_t PackedBytes(int64_t n_codes, int bits);  // n * bits / 8
 void PackCodes(const uint8_t* codes, int64_t n, int bits, uint8_t* out);
 void UnpackCodes(const uint8_t* packed, int64_t n, int bits, uint8_t* codes);
 
-// f16 bits of the largest f16 <= x (RoundDown) or the smallest f16 >= x (RoundUp): the outward
-// rounding that keeps a key box sound.
-uint16_t F16RoundDown(float x);
-uint16_t F16RoundUp(float x);
-
 }  // namespace strata::geodesia

@@ -123,20 +123,5 @@ TEST(GeodesiaQuant, RoundHalfToEven) {
   EXPECT_EQ(QuantizeValue(-9.f, p, 4), 0);
 }
 
-TEST(GeodesiaQuant, OutwardF16Rounding) {
-  const uint64_t seed = TestSeed();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
-  Rng rng(seed);
-  for (int i = 0; i < 20000; ++i) {
-    const float x = static_cast<float>(rng.Normal() * std::exp(std::clamp(rng.Normal() * 4, -15.0, 9.0)));
-    const float dn = F16ToF32(F16RoundDown(x)), up = F16ToF32(F16RoundUp(x));
-    ASSERT_LE(dn, x);
-    ASSERT_GE(up, x);
-    ASSERT_LE(up - dn, 2 * HalfUlpF16(x) * 2 + 1e-30);
-  }
-  EXPECT_EQ(F16ToF32(F16RoundDown(0.f)), 0.f);
-  EXPECT_EQ(F16ToF32(F16RoundUp(0.f)), 0.f);
-}
-
 }  // namespace
 }  // namespace strata::geodesia
