@@ -32,32 +32,4 @@ float DequantizeValue(uint8_t code, QuantParams p) {
   return static_cast<float>(code) * F16ToF32(p.step) + F16ToF32(p.lo);
 }
 
-int64_t PackedBytes(int64_t n_codes, int bits) { return n_codes * bits / 8; }
-
-void PackCodes(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
-  STRATA_CHECK(bits == 2 || bits == 4 || bits == 8);
-  const int per = 8 / bits;
-  STRATA_CHECK(n % per == 0);
-  const int64_t nb = n / per;
-  for (int64_t i = 0; i < nb; ++i) {
-    uint8_t byte = 0;
-    for (int j = 0; j < per; ++j) {
-      const uint8_t c = codes[i * per + j];
-      STRATA_CHECK(c < (1u << bits));
-      byte |= static_cast<uint8_t>(c << (j * bits));
-    }
-    out[i] = byte;
-  }
-}
-
-void UnpackCodes(const uint8_t* packed, int64_t n, int bits, uint8_t* codes) {
-  STRATA_CHECK(bits == 2 || bits == 4 || bits == 8);
-  const int per = 8 / bits;
-  STRATA_CHECK(n % per == 0);
-  const uint8_t mask = static_cast<uint8_t>((1u << bits) - 1);
-  for (int64_t i = 0; i < n / per; ++i) {
-    for (int j = 0; j < per; ++j) codes[i * per + j] = (packed[i] >> (j * bits)) & mask;
-  }
-}
-
 }  // namespace strata::geodesia
