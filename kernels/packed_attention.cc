@@ -7,7 +7,7 @@
 //       the KV group; scores come from a 4-head x 4-row register tile and o += P V from a
 //       4-head x 4-vector tile (as in kernels/attention.cc); masked tokens (residual overrides,
 //       t >= n_valid) get p = 0; a centroid block is one logit + ln(n); a block's residual rows
-//       follow it as an exact tile. Measured: see BenchPackedAttention (the DISABLED_ dev benches in
+//       follow it as an exact tile. Measured: see BenchPackedAttention (DISABLED_ dev benches,
 //       kv/geodesia/packed_attention_bench_test.cc) / docs/geodesia.md.
 //   v2  (when the head dim and value groups are whole vectors) a whole block is one 64-row tile:
 //       key steps folded into q per time group (s = (q*step).code + q.lo), value steps into the

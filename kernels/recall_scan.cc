@@ -494,7 +494,9 @@ void RecallIndexDotsRef(const RecallScanView& a, const int64_t* rows, int64_t n,
       const float* qh = a.q + h / kRecallHeadPad * (a.d_r + a.r) * kRecallHeadPad +
                         h % kRecallHeadPad;
       double s = 0;
-      for (int j = 0; j < a.d_r; ++j) s += static_cast<double>(qh[j * kRecallHeadPad]) * Bf16ToF32(br[j]);
+      for (int j = 0; j < a.d_r; ++j) {
+        s += static_cast<double>(qh[j * kRecallHeadPad]) * Bf16ToF32(br[j]);
+      }
       for (int k = 0; k < a.r; ++k) {
         s += static_cast<double>(qh[(a.d_r + k) * kRecallHeadPad]) *
              F16ToF32(a.csk[RecallCskAt(u, k, a.r)]);

@@ -199,7 +199,8 @@ TEST(RecallScanKernel, ScoreRowsMatchFloat64) {
   Rng rng(seed);
   ForEachSimdTarget([&] {
     for (int it = 0; it < 6; ++it) {
-      const int d_c = 8 + static_cast<int>(rng.Below(60)), d_r = 1 + static_cast<int>(rng.Below(20));
+      const int d_c = 8 + static_cast<int>(rng.Below(60));
+      const int d_r = 1 + static_cast<int>(rng.Below(20));
       const int G = 1 + static_cast<int>(rng.Below(9));
       const int64_t n = 1 + static_cast<int64_t>(rng.Below(100));
       Index x = MakeIndex(rng, d_c, d_r, 8, 1, n);

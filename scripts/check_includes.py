@@ -143,7 +143,8 @@ def main(argv):
         print(p)
     n_files = sum(1 for _ in source_files(root))
     if problems:
-        print(f"check_includes: {len(problems)} violation(s) of the module rules in {n_files} files")
+        print(f"check_includes: {len(problems)} violation(s) of the module rules "
+              f"in {n_files} files")
         return 1
     print(f"check_includes: {n_files} files follow the module rules")
     return 0

@@ -5,10 +5,11 @@
 //   U_b(q) = scale * sum_c max(q_c kmin_c, q_c kmax_c) >= scale * q . k_j  for every row j of b
 // holds exactly. A key beyond the f16 range gives an infinite edge (core/dtype.h F16RoundUp), so
 // the bound is +inf for a query pointing at it, never below the true score; channels with q_c = 0
-// are skipped, so 0 * inf does not make it NaN. From the first compression point on (prefill is exact), a query at position pos
-// scores the boxes of the closed pages up to its own, and reads the top k candidate pages (pages
-// entirely before its own page, b < floor(pos / 64); ties: higher bound, then lower index) plus
-// its own page's rows [floor(pos / 64) * 64, pos]. Unselected pages get no weight.
+// are skipped, so 0 * inf does not make it NaN. From the first compression point on (prefill is
+// exact), a query at position pos scores the boxes of the closed pages up to its own, and reads
+// the top k candidate pages (pages entirely before its own page, b < floor(pos / 64); ties:
+// higher bound, then lower index) plus its own page's rows [floor(pos / 64) * 64, pos].
+// Unselected pages get no weight.
 //
 // Budget, k pages of the n_cand candidates:
 //   --quest-pages K   k = min(K, n_cand);

@@ -82,7 +82,8 @@ PackedBenchResult BenchPackedAttention(const PackedBenchConfig& c, ThreadPool* p
     size_t pos = 0;
     for (int li = 0; li < kNumLevels; ++li) {
       acc += c.mix[li];
-      const size_t end = std::min(cold.size(), static_cast<size_t>(std::llround(acc * cold.size())));
+      const size_t end =
+          std::min(cold.size(), static_cast<size_t>(std::llround(acc * cold.size())));
       for (; pos < end; ++pos) {
         if (kLevels[li] != 16) STRATA_CHECK(layer.Demote(h, cold[pos], kLevels[li]).ok());
       }

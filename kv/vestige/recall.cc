@@ -1,8 +1,8 @@
 // VestigeKV tier 2: the recall index and its scan (see recall.h).
 //
-//
-// The scan kernels (tile dots, fire test, row scores) live in kernels/recall_scan.{h,cc} on plain
-// views; this file builds those views from the tier and the LayerStore (KernelSource, ScanView).
+// The scan kernels (tile dots, fire test, row scores; their version log) live in
+// kernels/recall_scan.{h,cc} on plain views; this file builds those views from the tier and the
+// LayerStore (KernelSource below, the RecallScanView in IndexScores and Scan).
 #include "kv/vestige/recall.h"
 
 #include <algorithm>
