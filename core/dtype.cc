@@ -106,6 +106,28 @@ uint16_t F32ToF16(float f) {
   return static_cast<uint16_t>(sign | v);
 }
 
+namespace {
+// Next f16 toward -inf / +inf (finite or infinite inputs; NaN is not expected here).
+uint16_t F16NextDown(uint16_t h) {
+  if (h == 0x0000 || h == 0x8000) return 0x8001;
+  return (h & 0x8000) ? static_cast<uint16_t>(h + 1) : static_cast<uint16_t>(h - 1);
+}
+uint16_t F16NextUp(uint16_t h) {
+  if (h == 0x0000 || h == 0x8000) return 0x0001;
+  return (h & 0x8000) ? static_cast<uint16_t>(h - 1) : static_cast<uint16_t>(h + 1);
+}
+}  // namespace
+
+uint16_t F16RoundDown(float x) {
+  const uint16_t h = F32ToF16(x);  // nearest; +-inf beyond +-65520
+  return F16ToF32(h) <= x ? h : F16NextDown(h);
+}
+
+uint16_t F16RoundUp(float x) {
+  const uint16_t h = F32ToF16(x);
+  return F16ToF32(h) >= x ? h : F16NextUp(h);
+}
+
 void ToF32(DType t, const void* src, float* dst, int64_t n) {
   switch (t) {
     case DType::kF32:

@@ -81,6 +81,14 @@ inline float F16ToF32(uint16_t h) {
   return BitsF32(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
+// Directed rounding to f16 (bits): the largest f16 <= x (RoundDown) and the smallest f16 >= x
+// (RoundUp), the outward rounding that keeps a box of keys sound. Beyond the finite f16 range the
+// answer is the infinity on that side (RoundUp(1e6) = +inf, RoundDown(-1e6) = -inf), never a clamp
+// to +-65504, which would put the bound inside the box. -0 and +0 round to themselves; a value
+// between 0 and the smallest subnormal rounds outward to it (RoundUp(1e-9) = 2^-24). x: not NaN.
+uint16_t F16RoundDown(float x);
+uint16_t F16RoundUp(float x);
+
 // Converts n values into f32 (any float storage type).
 void ToF32(DType t, const void* src, float* dst, int64_t n);
 // Converts n f32 values into storage type t (F32, F16, BF16 or Q8_0).

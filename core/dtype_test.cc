@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/rng.h"
 
@@ -92,6 +94,46 @@ TEST(DTypeTest, Q8_0RoundTripWithinHalfStep) {
   EXPECT_EQ(GgmlTypeName(12), "Q4_K");
   EXPECT_EQ(GgmlTypeName(999), "type 999");
   EXPECT_FALSE(IsSupportedDType(12));
+}
+
+// Half an f16 ulp of |x| (f16 has 10 mantissa bits; subnormal spacing 2^-24).
+double HalfUlpF16(double x) {
+  const double a = std::fabs(x);
+  if (a < 6.103515625e-05) return std::ldexp(1.0, -25);
+  return std::ldexp(1.0, static_cast<int>(std::floor(std::log2(a))) - 11);
+}
+
+TEST(DTypeTest, F16DirectedRounding) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  for (int i = 0; i < 20000; ++i) {
+    const float x =
+        static_cast<float>(rng.Normal() * std::exp(std::clamp(rng.Normal() * 4, -15.0, 9.0)));
+    const float dn = F16ToF32(F16RoundDown(x)), up = F16ToF32(F16RoundUp(x));
+    ASSERT_LE(dn, x);
+    ASSERT_GE(up, x);
+    ASSERT_LE(up - dn, 2 * HalfUlpF16(x) * 2 + 1e-30);  // at most one f16 step apart
+  }
+  EXPECT_EQ(F16ToF32(F16RoundDown(0.f)), 0.f);
+  EXPECT_EQ(F16ToF32(F16RoundUp(0.f)), 0.f);
+  // Beyond the finite f16 range the outward answer is the infinity on that side (a clamp to
+  // +-65504 would lie inside the value and break any box bound built on it).
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  for (float x : {1e6f, 65505.f, 65519.f, 65520.f, 3e38f}) {
+    EXPECT_EQ(F16ToF32(F16RoundUp(x)), kInf) << x;
+    EXPECT_EQ(F16ToF32(F16RoundDown(x)), 65504.f) << x;
+    EXPECT_EQ(F16ToF32(F16RoundDown(-x)), -kInf) << x;
+    EXPECT_EQ(F16ToF32(F16RoundUp(-x)), -65504.f) << x;
+  }
+  EXPECT_EQ(F16ToF32(F16RoundUp(65504.f)), 65504.f);
+  EXPECT_EQ(F16ToF32(F16RoundDown(-65504.f)), -65504.f);
+  EXPECT_EQ(F16ToF32(F16RoundUp(kInf)), kInf);
+  EXPECT_EQ(F16ToF32(F16RoundDown(-kInf)), -kInf);
+  // Between 0 and the smallest subnormal: outward to it.
+  EXPECT_EQ(F16RoundUp(1e-9f), 0x0001);
+  EXPECT_EQ(F16RoundDown(1e-9f), 0x0000);
+  EXPECT_EQ(F16RoundDown(-1e-9f), 0x8001);
 }
 
 }  // namespace

@@ -116,4 +116,14 @@ void ThreadPool::ParallelForGrain(int64_t n, int64_t grain,
   }
 }
 
+void ParallelForOrInline(ThreadPool* pool, int64_t n, int64_t grain,
+                         const std::function<void(int64_t, int64_t, int)>& fn) {
+  if (n <= 0) return;
+  if (pool == nullptr) {
+    fn(0, n, 0);
+    return;
+  }
+  pool->ParallelForGrain(n, grain, fn);
+}
+
 }  // namespace strata

@@ -68,4 +68,18 @@ class ThreadPool {
 // Chunk k of T over [0, n) with grain g: [begin, end).
 void ChunkRange(int64_t n, int64_t grain, int k, int T, int64_t* begin, int64_t* end);
 
+// "Pool or run inline", the one copy: pool->ParallelForGrain(n, grain, fn), or, without a pool,
+// fn(0, n, 0) on the caller (nothing for n <= 0). The pool itself runs inline as chunk 0 for one
+// thread or n <= grain, so a chunk's work, and hence every result, is the same on every path.
+void ParallelForOrInline(ThreadPool* pool, int64_t n, int64_t grain,
+                         const std::function<void(int64_t, int64_t, int)>& fn);
+
+// The same per item: f(i, chunk) for i in [0, n), chunk < the pool's size (0 without a pool).
+template <typename F>
+void ParallelForEach(ThreadPool* pool, int64_t n, F&& f) {
+  ParallelForOrInline(pool, n, 1, [&](int64_t b, int64_t e, int k) {
+    for (int64_t i = b; i < e; ++i) f(i, k);
+  });
+}
+
 }  // namespace strata

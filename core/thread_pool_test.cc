@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -60,6 +61,33 @@ TEST(ThreadPoolTest, ChunkingIsDeterministic) {
   ChunkRange(10, 1, 1, 3, &b, &e);
   EXPECT_EQ(b, 3);
   EXPECT_EQ(e, 6);
+}
+
+// Without a pool the work runs inline as one chunk 0; with a pool it is the pool's chunking (one
+// thread or n <= grain: inline chunk 0 too). ParallelForEach visits every item once.
+TEST(ThreadPoolTest, ParallelForOrInline) {
+  std::vector<std::array<int64_t, 3>> calls;
+  auto record = [&](int64_t b, int64_t e, int k) { calls.push_back({b, e, k}); };
+  ParallelForOrInline(nullptr, 10, 4, record);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0], (std::array<int64_t, 3>{0, 10, 0}));
+  calls.clear();
+  ParallelForOrInline(nullptr, 0, 1, record);
+  EXPECT_TRUE(calls.empty());
+  ThreadPool pool(3);
+  std::vector<std::array<int64_t, 3>> chunks(3, {-1, -1, -1});
+  ParallelForOrInline(&pool, 10, 4, [&](int64_t b, int64_t e, int k) { chunks[k] = {b, e, k}; });
+  for (int k = 0; k < 3; ++k) {
+    int64_t b, e;
+    ChunkRange(10, 4, k, 3, &b, &e);
+    EXPECT_EQ(chunks[k], (std::array<int64_t, 3>{b, e, k}));
+  }
+  std::vector<std::atomic<int>> seen(50);
+  ParallelForEach(&pool, 50, [&](int64_t i, int k) {
+    EXPECT_LT(k, 3);
+    ++seen[i];
+  });
+  for (auto& x : seen) EXPECT_EQ(x.load(), 1);
 }
 
 }  // namespace

@@ -319,6 +319,16 @@ float* SoftmaxStateBuffer::Alloc(size_t n) {
 
 void SoftmaxStateBuffer::Free::operator()(float* p) const { std::free(p); }
 
+SoftmaxStates HeadSlice(const SoftmaxStates& st, int first, int n) {
+  SoftmaxStates s;
+  s.n_heads = n;
+  s.dv = st.dv;
+  s.m = st.m + first;
+  s.d = st.d + first;
+  s.o = st.o + static_cast<int64_t>(first) * st.dv;
+  return s;
+}
+
 void MergeStates(SoftmaxStates* dst, const SoftmaxStates& src) {
   STRATA_CHECK(dst->n_heads == src.n_heads && dst->dv == src.dv);
   for (int h = 0; h < src.n_heads; ++h) {

@@ -24,6 +24,9 @@ struct SoftmaxStates {
   void Reset();  // m = -inf, d = 0, o = 0
 };
 
+// The states of heads [first, first + n) of st (a view into the same storage, no copy).
+SoftmaxStates HeadSlice(const SoftmaxStates& st, int first, int n);
+
 // Owns storage for SoftmaxStates.
 class SoftmaxStateBuffer {
  public:

@@ -1,5 +1,5 @@
 // SIMD micro-kernels shared by the attention readers (kernels/attention.cc over bf16 streams,
-// kv/geodesia/packed_attention.cc over graded blocks): a score tile that computes q.k for a few
+// kernels/packed_attention.cc over graded blocks): a score tile that computes q.k for a few
 // query heads and rows with one register accumulator per (head, row) and reduces all of them at
 // once, the exp-weighted value accumulation, and the tile softmax.
 //

@@ -37,6 +37,21 @@ float DotImpl(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+float DotAcc2Impl(const float* a, const float* b, int64_t n) {
+  const hn::ScalableTag<float> df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
+  int64_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    acc0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc0);
+    acc1 = hn::MulAdd(hn::LoadU(df, a + i + N), hn::LoadU(df, b + i + N), acc1);
+  }
+  for (; i + N <= n; i += N) acc0 = hn::MulAdd(hn::LoadU(df, a + i), hn::LoadU(df, b + i), acc0);
+  float s = hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
 void AxpyImpl(float a, const float* x, float* y, int64_t n) {
   const hn::ScalableTag<float> df;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
@@ -56,6 +71,7 @@ HWY_AFTER_NAMESPACE();
 namespace strata {
 
 HWY_EXPORT(DotImpl);
+HWY_EXPORT(DotAcc2Impl);
 HWY_EXPORT(AxpyImpl);
 
 void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* y) {
@@ -117,6 +133,10 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
 
 float Dot(const float* a, const float* b, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n);
+}
+
+float DotAcc2(const float* a, const float* b, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(DotAcc2Impl)(a, b, n);
 }
 
 }  // namespace strata

@@ -27,6 +27,12 @@ void Softmax(float* x, int64_t n);
 void SwiGlu(float* x, const float* y, int64_t n);
 // y += a * x
 void Axpy(float a, const float* x, float* y, int64_t n);
+// f32 dot products. Two summation orders, kept apart on purpose because they round differently:
+// Dot: four interleaved vector accumulators (forward pass, cache statistics, baselines);
+// DotAcc2: two interleaved vector accumulators, VestigeKV's recall index (sketch projections csk,
+//   residual norms eta, query sketches), whose fired rows are pinned bit for bit by its tests.
+// Both: lanes, then one horizontal sum, then a scalar tail in index order.
 float Dot(const float* a, const float* b, int64_t n);
+float DotAcc2(const float* a, const float* b, int64_t n);
 
 }  // namespace strata

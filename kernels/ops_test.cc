@@ -39,6 +39,8 @@ TEST(OpsTest, DotAndAxpyMatchFloat64OnOddSizesAndMisalignment) {
       // Random-sign rounding error: well under 8 sqrt(n) eps sum|a b|.
       ASSERT_NEAR(Dot(pa, pb, n), ref, 8 * std::sqrt(double(n) + 1) * kEps * mag + 1e-30)
           << "n=" << n;
+      ASSERT_NEAR(DotAcc2(pa, pb, n), ref, 8 * std::sqrt(double(n) + 1) * kEps * mag + 1e-30)
+          << "n=" << n;
 
       const float alpha = static_cast<float>(rng.Normal());
       std::vector<float> before(pb, pb + n);

@@ -8,16 +8,6 @@
 namespace strata {
 namespace {
 
-SoftmaxStates HeadSlice(const SoftmaxStates& st, int first_head, int n_heads) {
-  SoftmaxStates s;
-  s.n_heads = n_heads;
-  s.dv = st.dv;
-  s.m = st.m + first_head;
-  s.d = st.d + first_head;
-  s.o = st.o + static_cast<int64_t>(first_head) * st.dv;
-  return s;
-}
-
 // A unit of read work: rows [0, n) of `view` (contiguous rows of one page, or a slice of a
 // row-pointer list) for the query heads of KV head `head`.
 struct Task {

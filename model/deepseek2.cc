@@ -194,7 +194,7 @@ class Deepseek2Model final : public Model {
             if (!c.mla_nope) Rope(out + dc, static_cast<int>(dr), p0 + i, RopeStyle::kNorm, rope_);
           }
         };
-        if (pool) pool->ParallelFor(H, absorb); else absorb(0, H, 0);
+        ParallelForOrInline(pool, H, 1, absorb);
         RETURN_IF_ERROR(cache->ObserveQuery(l, p0 + i, qabs.data()));
         RETURN_IF_ERROR(cache->Attend(l, qabs.data(), p0 + i, pool, att.data()));
         auto expand = [&](int64_t hb, int64_t he, int) {
@@ -202,7 +202,7 @@ class Deepseek2Model final : public Model {
             MatVec(L.v_b.Rows(h * vd, vd), &att[h * dc], &o[(i * H + h) * vd], nullptr);
           }
         };
-        if (pool) pool->ParallelFor(H, expand); else expand(0, H, 0);
+        ParallelForOrInline(pool, H, 1, expand);
       }
       matmul(L.wo, o.data(), H * vd, y.data(), d);
       for (int64_t j = 0; j < n * d; ++j) x[j] += y[j];

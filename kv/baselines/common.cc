@@ -35,16 +35,6 @@ std::vector<int64_t> TopK(const double* score, int64_t n, int64_t k) {
   return idx;
 }
 
-SoftmaxStates HeadSlice(const SoftmaxStates& st, int first, int n) {
-  SoftmaxStates s;
-  s.n_heads = n;
-  s.dv = st.dv;
-  s.m = st.m + first;
-  s.d = st.d + first;
-  s.o = st.o + static_cast<int64_t>(first) * st.dv;
-  return s;
-}
-
 void ReadHeadSets(const LayerStore& store, const float* q,
                   const std::vector<std::vector<int64_t>>& sets, ThreadPool* pool,
                   SoftmaxStates* st, ReadStats* stats) {
@@ -75,11 +65,7 @@ void ReadHeadSets(const LayerStore& store, const float* q,
       }
     }
   };
-  if (pool && pool->size() > 1) {
-    pool->ParallelFor(g.n_kv_heads, run);
-  } else {
-    run(0, g.n_kv_heads, 0);
-  }
+  ParallelForOrInline(pool, g.n_kv_heads, 1, run);
   if (stats) {
     int64_t n = 0;
     for (const auto& s : sets) n += static_cast<int64_t>(s.size());

@@ -42,7 +42,4 @@ inline int64_t RowBytesPerHead(const LayerGeometry& g) {
   return g.bytes_per_token() / g.n_kv_heads;
 }
 
-// The query-head slice [first, first + n) of a state set.
-SoftmaxStates HeadSlice(const SoftmaxStates& st, int first, int n);
-
 }  // namespace strata::baselines

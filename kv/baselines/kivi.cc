@@ -8,7 +8,6 @@
 #include "core/dtype.h"
 #include "kernels/ops.h"
 #include "kv/baselines/common.h"
-#include "kv/baselines/quest.h"  // F16RoundDown / F16RoundUp
 
 namespace strata::baselines {
 
@@ -250,11 +249,7 @@ Status KiviPolicy::Read(int layer, const LayerStore& store, const float* q, int6
       }
     }
   };
-  if (T > 1) {
-    pool->ParallelFor(n_tasks, run);
-  } else {
-    run(0, n_tasks, 0);
-  }
+  ParallelForOrInline(pool, n_tasks, 1, run);
   for (int i = 0; i < T; ++i) MergeStates(st, part[i].states());
   if (stats) {
     stats->rows_attended += qg * kGroup * g.n_kv_heads;

@@ -10,24 +10,6 @@
 
 namespace strata::baselines {
 
-uint16_t F16RoundDown(float x) {
-  constexpr float kMax = 65504.f;
-  x = std::clamp(x, -kMax, kMax);
-  uint16_t h = F32ToF16(x);
-  if (F16ToF32(h) > x) {
-    if (h == 0x0000) {
-      h = 0x8001;  // +0 -> the negative subnormal next to it
-    } else if (h & 0x8000) {
-      h = static_cast<uint16_t>(h + 1);  // more negative
-    } else {
-      h = static_cast<uint16_t>(h - 1);
-    }
-  }
-  return h;
-}
-
-uint16_t F16RoundUp(float x) { return static_cast<uint16_t>(F16RoundDown(-x) ^ 0x8000u); }
-
 StatusOr<QuestConfig> QuestConfig::FromSpec(const PolicySpec& spec) {
   QuestConfig c;
   ASSIGN_OR_RETURN(c.ratio, ParseRatio(spec, 32));
@@ -182,11 +164,7 @@ Status QuestPolicy::Read(int layer, const LayerStore& store, const float* q, int
         AttendStream(qh, 1, g.scale, store.PageView(h, cur), nullptr, limit - cur * P, &sub);
       }
     };
-    if (pool && pool->size() > 1) {
-      pool->ParallelFor(g.n_q_heads, run);
-    } else {
-      run(0, g.n_q_heads, 0);
-    }
+    ParallelForOrInline(pool, g.n_q_heads, 1, run);
     if (stats) {
       for (int h = 0; h < g.n_kv_heads; ++h) {
         std::vector<int64_t> pages;

@@ -3,10 +3,13 @@
 // Pages are the store's 64-row pages. When a page fills, the per-channel min and max of its exact
 // (bf16) keys are stored per KV head as f16 rounded outward (min down, max up), so the bound
 //   U_b(q) = scale * sum_c max(q_c kmin_c, q_c kmax_c) >= scale * q . k_j  for every row j of b
-// holds exactly. From the first compression point on (prefill is exact), a query at position pos
-// scores the boxes of the closed pages up to its own, and reads the top k candidate pages (pages
-// entirely before its own page, b < floor(pos / 64); ties: higher bound, then lower index) plus
-// its own page's rows [floor(pos / 64) * 64, pos]. Unselected pages get no weight.
+// holds exactly. A key beyond the f16 range gives an infinite edge (core/dtype.h F16RoundUp), so
+// the bound is +inf for a query pointing at it, never below the true score; channels with q_c = 0
+// are skipped, so 0 * inf does not make it NaN. From the first compression point on (prefill is
+// exact), a query at position pos scores the boxes of the closed pages up to its own, and reads
+// the top k candidate pages (pages entirely before its own page, b < floor(pos / 64); ties:
+// higher bound, then lower index) plus its own page's rows [floor(pos / 64) * 64, pos].
+// Unselected pages get no weight.
 //
 // Budget, k pages of the n_cand candidates:
 //   --quest-pages K   k = min(K, n_cand);
@@ -41,10 +44,6 @@ struct QuestConfig {
   // The number of candidate pages read for n_cand candidates.
   int64_t KeepPages(int64_t n_cand) const;
 };
-
-// f16 bits of the largest f16 <= x (x clamped to the finite f16 range) and the smallest >= x.
-uint16_t F16RoundDown(float x);
-uint16_t F16RoundUp(float x);
 
 class QuestPolicy final : public Policy {
  public:

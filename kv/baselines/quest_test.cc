@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/status_testing.h"
 #include "kv/baselines/baselines.h"
@@ -103,6 +104,73 @@ TEST(QuestBaselineTest, BoundIsAnUpperBound) {
   r.ratio = 8;
   EXPECT_EQ(r.KeepPages(255), 32);
   EXPECT_EQ(r.KeepPages(3), 1);
+}
+
+// Keys beyond the f16 range (|k| = 1e6, bf16 999424): the boxes round outward to +-inf instead of
+// clamping to +-65504, so U_b(q) still bounds every row of the page (it was below the true score
+// of a 1e6 key for q_c > 0 when the box max was clamped). Pages: 0 ordinary, 1 one +1e6 key,
+// 2 one -1e6 key, 3 mixed (+1e6 and -1e6 in one channel, -1e6 in another on every row).
+TEST(QuestBaselineTest, BoundHoldsBeyondF16Range) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  for (const LayerGeometry& g : {GqaGeometry(), MlaGeometry()}) {
+    Made m = MakeQuest(g, {{"quest-pages", "1"}});
+    const int64_t n = 4 * 64 + 10;
+    m.cache->BeginPrefill(0, n);
+    ASSERT_OK(m.cache->BeginCall(n, CallKind::kPrefill));
+    std::vector<float> k, v;
+    for (int64_t u = 0; u < n; ++u) {
+      testing::RowAt(g, seed, u, 0.f, &k, &v);
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        float* kh = k.data() + static_cast<int64_t>(h) * g.k_dim;
+        if (u == 64 + 5) kh[3] = 1e6f;
+        if (u == 128 + 9) kh[3] = -1e6f;
+        if (u == 192 + 1) kh[0] = 1e6f;
+        if (u == 192 + 2) kh[0] = -1e6f;
+        if (u >= 192 && u < 256) kh[1] = -1e6f;
+      }
+      ASSERT_OK(m.cache->Append(0, k.data(), v.data()));
+    }
+    ASSERT_OK(m.cache->EndCall());
+    ASSERT_OK(m.cache->EndPrefill(nullptr));
+    const LayerStore& s = m.cache->store(0);
+    ASSERT_EQ(m.policy->n_boxes(0), 4);
+    EXPECT_EQ(F16ToF32(m.policy->box_max(0, 0, 1)[3]), std::numeric_limits<float>::infinity());
+    EXPECT_EQ(F16ToF32(m.policy->box_min(0, 0, 2)[3]), -std::numeric_limits<float>::infinity());
+    Rng rng(seed);
+    for (int t = 0; t < 100; ++t) {
+      std::vector<float> q = RandomQuery(g, rng, 1.f);
+      if (t % 4 == 1) {  // a zero channel must not make the bound NaN (0 * inf)
+        for (int hq = 0; hq < g.n_q_heads; ++hq) q[hq * g.k_dim + 3] = 0.f;
+      }
+      for (int hq = 0; hq < g.n_q_heads; ++hq) {
+        const int h = hq / g.group_size();
+        for (int64_t p = 0; p < 4; ++p) {
+          double best = -1e300;
+          for (int64_t u = p * 64; u < (p + 1) * 64; ++u) {
+            double a = 0;
+            for (int c = 0; c < g.k_dim; ++c) {
+              a += static_cast<double>(q[hq * g.k_dim + c]) * Bf16ToF32(s.key_row(h, u)[c]);
+            }
+            best = std::max(best, a * g.scale);
+          }
+          const float b = m.policy->Bound(0, h, p, q.data() + hq * g.k_dim);
+          ASSERT_FALSE(std::isnan(b)) << "page " << p;
+          // f32 rounding of the bound's sum: 1e-5 relative slack (as above).
+          ASSERT_GE(b + 1e-5 * std::abs(best) + 1e-6, best) << "page " << p << " head " << hq;
+        }
+      }
+    }
+    // A query along +channel 3 must select page 1 (its +1e6 key dominates every score).
+    std::vector<float> q(static_cast<size_t>(g.n_q_heads) * g.k_dim, 0.f);
+    for (int hq = 0; hq < g.n_q_heads; ++hq) q[hq * g.k_dim + 3] = 1.f;
+    std::vector<float> out(static_cast<size_t>(g.n_q_heads) * g.v_dim);
+    ASSERT_OK(m.cache->BeginCall(0, CallKind::kDecode));
+    ASSERT_OK(m.cache->Attend(0, q.data(), n - 1, nullptr, out.data()));
+    ASSERT_OK(m.cache->EndCall());
+    ASSERT_EQ(m.policy->last_selection(0, 0).size(), 1u);
+    EXPECT_EQ(m.policy->last_selection(0, 0)[0], 1);
+  }
 }
 
 // The read is exact attention over the selected pages and the current page's rows (unselected

@@ -53,25 +53,10 @@
 
 #include "core/buffer.h"
 #include "core/status.h"
+#include "kernels/geodesia_format.h"  // levels, slot layout, PackedHeadView, ReconstructBlock
 
 namespace strata::geodesia {
 
-inline constexpr int kBlockTokens = 64;
-inline constexpr int kNumLevels = 5;
-// The ladder, highest first. A level's index in it selects its slab.
-inline constexpr std::array<int, kNumLevels> kLevels = {16, 8, 4, 2, 1};
-// Index of a level in kLevels (16 -> 0 ... 1 -> 4), -1 for a level not on the ladder.
-constexpr int LevelIndex(int level) {
-  switch (level) {
-    case 16: return 0;
-    case 8: return 1;
-    case 4: return 2;
-    case 2: return 3;
-    case 1: return 4;
-    default: return -1;
-  }
-}
-constexpr bool IsLevel(int level) { return LevelIndex(level) >= 0; }
 // Target bytes of one slab segment (rounded down to whole slots, at least one slot).
 inline constexpr int64_t kSegmentBytes = int64_t{1} << 20;
 
@@ -87,53 +72,6 @@ struct GradedConfig {
 };
 // Checks a config; the error names the bad value.
 Status ValidateGradedConfig(const GradedConfig& c);
-
-// Byte offsets of the parts of one block's slot at a level (D = head dim, g = group size, L =
-// level). Level 16: k_rows = 0 and v_rows = 64 D * 2 ([64, D] bf16 each). Level L in {8,4,2}:
-// k_codes, v_codes (64 D L / 8 bytes each), k_lo, k_step ([64/g, D] f16), v_lo, v_step ([64, D/g]
-// f16). Level 1: k_rows = 0 and v_rows = 2 D ([D] f16 centroids). Unused parts are -1.
-struct SlotLayout {
-  int64_t k_rows = -1, v_rows = -1;
-  int64_t k_codes = -1, v_codes = -1, k_lo = -1, k_step = -1, v_lo = -1, v_step = -1;
-  int64_t bytes = 0;        // whole slot
-  int64_t scale_bytes = 0;  // of which f16 scales (quantized levels only)
-};
-SlotLayout GetSlotLayout(int level, int head_dim, int group_size);
-// Bytes of one block's slot at `level` (payload + scales).
-int64_t SlotBytes(int level, int head_dim, int group_size);
-
-// The tables of one KV head as the packed kernel reads them (pointers into a GradedLayer; valid
-// until the layer's next mutation).
-struct PackedHeadView {
-  int head_dim = 0;
-  int group_size = 0;
-  int64_t n_blocks = 0;
-  const int8_t* level = nullptr;    // [n_blocks] 16, 8, 4, 2 or 1
-  const int64_t* offset = nullptr;  // [n_blocks] byte offset of the slot in its level's slab
-  const int32_t* n_valid = nullptr;  // [n_blocks] valid tokens, 0..64 (0: the block is skipped)
-  // Per level: the slab's segment bases, and the bytes of a full segment. The slot at slab byte
-  // offset o is at seg[li][o / seg_bytes[li]] + o % seg_bytes[li].
-  std::array<const uint8_t* const*, kNumLevels> seg = {};
-  std::array<int64_t, kNumLevels> seg_bytes = {};
-  // Exact residual overlay; all null when the head has none. Token t of block b is overridden
-  // when bit t of res_mask[b] is set; its exact rows are row
-  // res_begin[b] + popcount(res_mask[b] & ((1 << t) - 1)) of res_k / res_v.
-  const uint64_t* res_mask = nullptr;  // [n_blocks]
-  const int32_t* res_begin = nullptr;  // [n_blocks]
-  const uint16_t* res_k = nullptr;     // [n_res, head_dim] bf16
-  const uint16_t* res_v = nullptr;     // [n_res, head_dim] bf16
-
-  // Start of block b's slot.
-  const uint8_t* slot(int64_t b) const {
-    const int li = LevelIndex(level[b]);
-    return seg[li][offset[b] / seg_bytes[li]] + offset[b] % seg_bytes[li];
-  }
-};
-
-// Block b of a view decoded into f64 (no residual overlay): k, v: [64, head_dim], rows
-// [n_valid, 64) zero. The exact values the stored representation denotes: bf16 rows, code * step +
-// lo (computed in f64), or the f16 centroid on every valid row.
-void ReconstructBlock(const PackedHeadView& view, int64_t b, double* k, double* v);
 
 // Bytes a layer (or one head) keeps resident, by kind. total() is what accounting charges.
 struct ResidentBytes {
@@ -261,6 +199,8 @@ class GradedLayer {
 };
 
 // scale * sum_c max(q_c kmin_c, q_c kmax_c) in f64: the compressed-Quest page bound (spec 4).
+// Channels with q_c = 0 add 0 (an infinite box edge, from a key beyond the f16 range, then does
+// not turn the bound into NaN); an infinite edge elsewhere gives an infinite, still sound, bound.
 // (kv/geodesia/box_bound.cc: SIMD; the summation order is that of the CPU's SIMD target.)
 double BoxUpperBound(const uint16_t* kmin, const uint16_t* kmax, const float* q, int head_dim,
                      float scale);

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -470,6 +471,29 @@ TEST(GeodesiaBlocks, ResidualOverlayTables) {
     EXPECT_EQ(std::memcmp(v1.res_v + row * D, f.v[1].data() + pos[i] * D, 2 * D), 0);
   }
   EXPECT_EQ(f.layer.resident_bytes(1).residual, 8 * 4 * D);
+}
+
+// A box edge beyond the f16 range is +-inf (outward rounding of a 1e6 key): the bound is +inf where
+// q_c points at it, stays finite (not NaN from 0 * inf) where q_c = 0, and ignores an infinite
+// edge on the side q_c points away from. Widths 20 and 3 cover the SIMD body and the scalar tail.
+TEST(GeodesiaBoxBound, InfiniteEdges) {
+  for (int D : {20, 3}) {
+    SCOPED_TRACE(D);
+    std::vector<uint16_t> kmin(D, F16RoundDown(-1.f)), kmax(D, F16RoundUp(1.f));
+    kmax[1] = F16RoundUp(1e6f);    // +inf
+    kmin[2] = F16RoundDown(-1e6f);  // -inf
+    std::vector<float> q(D, 0.5f);
+    q[1] = 0.f;
+    const double finite = BoxUpperBound(kmin.data(), kmax.data(), q.data(), D, 0.25f);
+    ASSERT_TRUE(std::isfinite(finite));
+    EXPECT_DOUBLE_EQ(finite, 0.25 * 0.5 * (D - 1));
+    q[1] = 1e-3f;
+    EXPECT_EQ(BoxUpperBound(kmin.data(), kmax.data(), q.data(), D, 0.25f),
+              std::numeric_limits<double>::infinity());
+    q[1] = -0.25f;  // points away from +inf (its term is -0.25 * -1); channel 2 away from -inf
+    EXPECT_DOUBLE_EQ(BoxUpperBound(kmin.data(), kmax.data(), q.data(), D, 0.25f),
+                     0.25 * (0.5 * (D - 1) + 0.25));
+  }
 }
 
 }  // namespace

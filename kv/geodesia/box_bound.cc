@@ -36,10 +36,14 @@ void BoxBoundsImpl(const uint16_t* kmin, const uint16_t* kmax, const float* q, i
       const auto lo = hn::PromoteTo(dd, hn::PromoteTo(df, hn::LoadU(dh, lo16 + c)));
       const auto hi = hn::PromoteTo(dd, hn::PromoteTo(df, hn::LoadU(dh, hi16 + c)));
       const auto qv = hn::PromoteTo(dd, hn::LoadU(df, qr + c));
-      acc = hn::Add(acc, hn::Max(hn::Mul(qv, lo), hn::Mul(qv, hi)));
+      // A channel with q_c = 0 adds 0 even when its box is infinite (keys beyond the f16 range
+      // round outward to +-inf): 0 * inf would make the bound NaN.
+      acc = hn::Add(acc, hn::IfThenZeroElse(hn::Eq(qv, hn::Zero(dd)),
+                                            hn::Max(hn::Mul(qv, lo), hn::Mul(qv, hi))));
     }
     double tail = 0;
     for (; c < D; ++c) {
+      if (qr[c] == 0.f) continue;
       const double a = static_cast<double>(qr[c]) * F16ToF32(kmin[c]);
       const double b = static_cast<double>(qr[c]) * F16ToF32(kmax[c]);
       tail += a > b ? a : b;

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -328,73 +327,6 @@ TEST(GeodesiaPacked, EmptyAndFullyOverriddenBlocks) {
   std::vector<double> exact(G * D);
   AttendStreamRef(q.data(), G, 0.2f, kv, nullptr, 64, exact.data());
   for (int i = 0; i < G * D; ++i) EXPECT_NEAR(ref[i], exact[i], 1e-12);
-}
-
-// Timing figures; run with --gtest_also_run_disabled_tests.
-TEST(GeodesiaPacked, DISABLED_BenchCtx16k) {
-  ThreadPool pool(2);
-  const std::array<double, kNumLevels> mix5 = {0, 0.25, 0.47, 0.18, 0.10};
-  const std::array<double, kNumLevels> mix25 = {0, 0.02, 0.12, 0.64, 0.22};
-  for (const auto& mix : {mix5, mix25}) {
-    PackedBenchConfig c;
-    c.mix = mix;
-    const PackedBenchResult r = BenchPackedAttention(c, &pool);
-    std::printf("mix [16 8 4 2 1] = [%.2f %.2f %.2f %.2f %.2f]: payload %.3f bpv (resident %.3f "
-                "with boxes); packed %.3f ms, full bf16 %.3f ms, speedup %.2fx\n",
-                mix[0], mix[1], mix[2], mix[3], mix[4], r.payload_bpv, r.resident_bpv, r.packed_ms,
-                r.full_ms, r.speedup);
-  }
-}
-
-// Kernel cost from cache: 16 blocks of one KV head at one level, G = 4, D = 128, read 4000 times.
-TEST(GeodesiaPacked, DISABLED_BenchInCache) {
-  const int D = 128, G = 4, nb = 16;
-  Rng rng(7);
-  for (int level : {16, 8, 4, 2}) {
-    GradedLayer layer = std::move(GradedLayer::Create({1, D, 64, DemotionMode::kOnce})).value();
-    std::vector<uint16_t> k(D), v(D);
-    for (int t = 0; t < nb * 64 + 1; ++t) {
-      for (int c = 0; c < D; ++c) {
-        k[c] = F32ToBf16(static_cast<float>(rng.Normal()));
-        v[c] = F32ToBf16(static_cast<float>(rng.Normal()));
-      }
-      layer.Append(k.data(), v.data());
-    }
-    for (int64_t b = 0; b < nb && level != 16; ++b) ASSERT_TRUE(layer.Demote(0, b, level).ok());
-    const PackedHeadView view = layer.view(0);
-    std::vector<float> q(G * D);
-    for (auto& x : q) x = static_cast<float>(rng.Normal());
-    SoftmaxStateBuffer st(G, D);
-    ForEachSimdTarget([&] {
-      double best = 1e30;
-      for (int rep = 0; rep < 5; ++rep) {
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int it = 0; it < 800; ++it) {
-          st.states().Reset();
-          PackedAttend(view, q.data(), G, 0.1f, nullptr, nb, &st.states());
-        }
-        const double ns =
-            std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
-        best = std::min(best, ns / (800.0 * nb * 64 * G));
-      }
-      std::printf("level %d %s: %.3f ns per (token, query head) from cache\n", level,
-                  hwy::TargetName(hwy::SupportedTargets() & -hwy::SupportedTargets()), best);
-    });
-  }
-}
-
-// One level at a time (hot blocks exact), one thread.
-TEST(GeodesiaPacked, DISABLED_BenchLevels) {
-  ThreadPool pool(1);
-  for (int li = 0; li < kNumLevels; ++li) {
-    PackedBenchConfig c;
-    c.mix = {0, 0, 0, 0, 0};
-    c.mix[li] = 1;
-    c.reps = 10;
-    const PackedBenchResult r = BenchPackedAttention(c, &pool);
-    std::printf("level %d: payload %.3f bpv; packed %.3f ms, full bf16 %.3f ms, speedup %.2fx\n",
-                kLevels[li], r.payload_bpv, r.packed_ms, r.full_ms, r.speedup);
-  }
 }
 
 }  // namespace

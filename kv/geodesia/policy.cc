@@ -26,16 +26,6 @@ namespace {
 // pool size.
 constexpr int64_t kChunkBlocks = 16;
 
-SoftmaxStates Slice(const SoftmaxStates& st, int first, int n) {
-  SoftmaxStates s;
-  s.n_heads = n;
-  s.dv = st.dv;
-  s.m = st.m + first;
-  s.d = st.d + first;
-  s.o = st.o + static_cast<int64_t>(first) * st.dv;
-  return s;
-}
-
 // Contiguous states for n units of G heads x dv.
 struct StateArray {
   int G = 0, dv = 0;
@@ -57,18 +47,6 @@ struct StateArray {
     return s;
   }
 };
-
-// f(i, worker) for i in [0, n); worker < the pool's size (0 without a pool).
-template <typename F>
-void ParallelTasks(ThreadPool* pool, int64_t n, F&& f) {
-  if (pool == nullptr || pool->size() == 1 || n < 2) {
-    for (int64_t i = 0; i < n; ++i) f(i, 0);
-    return;
-  }
-  pool->ParallelFor(n, [&](int64_t b, int64_t e, int k) {
-    for (int64_t i = b; i < e; ++i) f(i, k);
-  });
-}
 
 }  // namespace
 
@@ -349,7 +327,7 @@ Status GeodesiaPolicy::RunAllocator(int layer, int64_t q_offset, std::vector<cha
     }
   }
   const bool with_v = c_.value_weight > 0;
-  ParallelTasks(pool, static_cast<int64_t>(todo.size()), [&](int64_t i, int) {
+  ParallelForEach(pool, static_cast<int64_t>(todo.size()), [&](int64_t i, int) {
     const auto [h, b] = todo[i];
     std::vector<double> k(static_cast<size_t>(kBlockTokens) * L.D), v(k.size());
     gl.Reconstruct(h, b, k.data(), v.data());
@@ -447,7 +425,7 @@ Status GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, 
     const int64_t n_cand = std::min(q_offset / kBlockTokens, n_full);
     selected.assign(static_cast<size_t>(n_kv) * G, std::vector<char>(n_full, 0));
     // Per KV head (in parallel): every page's box read once for the group's heads.
-    ParallelTasks(pool, n_kv, [&](int64_t hh, int) {
+    ParallelForEach(pool, n_kv, [&](int64_t hh, int) {
       const int h = static_cast<int>(hh);
       std::vector<std::vector<int64_t>> sels;
       geodesia::SelectPagesGroup(gl, h, q + static_cast<int64_t>(h) * G * D, G, scale, n_cand,
@@ -542,8 +520,8 @@ Status GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, 
       }
     }
   };
-  ParallelTasks(pool, static_cast<int64_t>(tasks.size()),
-                [&](int64_t ti, int w) { run_task(ti, w, need_mass); });
+  ParallelForEach(pool, static_cast<int64_t>(tasks.size()),
+                  [&](int64_t ti, int w) { run_task(ti, w, need_mass); });
   for (int h = 0; h < n_kv; ++h) {
     SoftmaxStates ts = tail.at(h);
     ts.Reset();
@@ -576,17 +554,17 @@ Status GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, 
         }
       }
     }
-    ParallelTasks(pool, static_cast<int64_t>(redo.size()),
-                  [&](int64_t i, int w) { run_task(redo[i], w, false); });
+    ParallelForEach(pool, static_cast<int64_t>(redo.size()),
+                    [&](int64_t i, int w) { run_task(redo[i], w, false); });
   }
 
   // Merge in a fixed order: chunks of each head, then its exact tail.
   for (int64_t ti = 0; ti < static_cast<int64_t>(tasks.size()); ++ti) {
-    SoftmaxStates dst = Slice(*st, tasks[ti].h * G, G);
+    SoftmaxStates dst = HeadSlice(*st, tasks[ti].h * G, G);
     MergeStates(&dst, chunk.at(ti));
   }
   for (int h = 0; h < n_kv; ++h) {
-    SoftmaxStates dst = Slice(*st, h * G, G);
+    SoftmaxStates dst = HeadSlice(*st, h * G, G);
     MergeStates(&dst, tail.at(h));
   }
 

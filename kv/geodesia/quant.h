@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "kernels/geodesia_format.h"  // PackCodes / UnpackCodes (bit packing)
+
 namespace strata::geodesia {
 
 // Quantization parameters of one group, both stored as f16 bits.
@@ -32,17 +34,5 @@ QuantParams MakeQuantParams(float min, float max, int bits);
 uint8_t QuantizeValue(float x, QuantParams p, int bits);
 // code * step + lo in f32 (the kernel's dequantization).
 float DequantizeValue(uint8_t code, QuantParams p);
-
-// Bit packing, LSB first: code j of a byte sits at bits [j * bits, (j + 1) * bits), and byte i
-// holds codes [i * 8 / bits, (i + 1) * 8 / bits). bits in {2, 4, 8}; n must be a multiple of
-// 8 / bits. Codes must be < 2^bits (CHECK in Pack). Example: 2-bit (1, 2, 3, 0) -> 0x39.
-int64_t PackedBytes(int64_t n_codes, int bits);  // n * bits / 8
-void PackCodes(const uint8_t* codes, int64_t n, int bits, uint8_t* out);
-void UnpackCodes(const uint8_t* packed, int64_t n, int bits, uint8_t* codes);
-
-// f16 bits of the largest f16 <= x (RoundDown) or the smallest f16 >= x (RoundUp): the outward
-// rounding that keeps a key box sound.
-uint16_t F16RoundDown(float x);
-uint16_t F16RoundUp(float x);
 
 }  // namespace strata::geodesia

@@ -1,4 +1,5 @@
-// Tests of the Geodesia-KV scalar quantizer, bit packing and outward f16 rounding.
+// Tests of the Geodesia-KV scalar quantizer (bit packing: kernels/geodesia_format_test.cc; outward
+// f16 rounding: core/dtype_test.cc).
 #include "kv/geodesia/quant.h"
 
 #include <gtest/gtest.h>
@@ -18,43 +19,6 @@ double HalfUlpF16(double x) {
   const double a = std::fabs(x);
   if (a < 6.103515625e-05) return std::ldexp(1.0, -25);
   return std::ldexp(1.0, static_cast<int>(std::floor(std::log2(a))) - 11);
-}
-
-TEST(GeodesiaQuant, PackLsbFirstExamples) {
-  const uint8_t c2[4] = {1, 2, 3, 0};
-  uint8_t out = 0;
-  PackCodes(c2, 4, 2, &out);
-  EXPECT_EQ(out, 0x39);
-  const uint8_t c4[2] = {0xA, 0x3};
-  PackCodes(c4, 2, 4, &out);
-  EXPECT_EQ(out, 0x3A);
-  const uint8_t c8[1] = {0xC7};
-  PackCodes(c8, 1, 8, &out);
-  EXPECT_EQ(out, 0xC7);
-  uint8_t back[4];
-  UnpackCodes(&out, 1, 8, back);
-  EXPECT_EQ(back[0], 0xC7);
-  const uint8_t b39 = 0x39;
-  UnpackCodes(&b39, 4, 2, back);
-  EXPECT_EQ(back[0], 1);
-  EXPECT_EQ(back[1], 2);
-  EXPECT_EQ(back[2], 3);
-  EXPECT_EQ(back[3], 0);
-}
-
-TEST(GeodesiaQuant, PackUnpackIdentity) {
-  const uint64_t seed = TestSeed();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
-  Rng rng(seed);
-  for (int bits : {2, 4, 8}) {
-    const int64_t n = 8 * (1 + static_cast<int64_t>(rng.Below(1000)));
-    std::vector<uint8_t> c(n), p(PackedBytes(n, bits)), u(n);
-    for (auto& x : c) x = static_cast<uint8_t>(rng.Below(1u << bits));
-    PackCodes(c.data(), n, bits, p.data());
-    UnpackCodes(p.data(), n, bits, u.data());
-    EXPECT_EQ(c, u) << "bits " << bits;
-    EXPECT_EQ(static_cast<int64_t>(p.size()), n * bits / 8);
-  }
 }
 
 TEST(GeodesiaQuant, CodeRangeAndErrorBound) {
@@ -121,21 +85,6 @@ TEST(GeodesiaQuant, RoundHalfToEven) {
   EXPECT_EQ(QuantizeValue(2.5f, p, 4), 2);
   EXPECT_EQ(QuantizeValue(99.f, p, 4), 15);
   EXPECT_EQ(QuantizeValue(-9.f, p, 4), 0);
-}
-
-TEST(GeodesiaQuant, OutwardF16Rounding) {
-  const uint64_t seed = TestSeed();
-  SCOPED_TRACE(testing::Message() << "seed " << seed);
-  Rng rng(seed);
-  for (int i = 0; i < 20000; ++i) {
-    const float x = static_cast<float>(rng.Normal() * std::exp(std::clamp(rng.Normal() * 4, -15.0, 9.0)));
-    const float dn = F16ToF32(F16RoundDown(x)), up = F16ToF32(F16RoundUp(x));
-    ASSERT_LE(dn, x);
-    ASSERT_GE(up, x);
-    ASSERT_LE(up - dn, 2 * HalfUlpF16(x) * 2 + 1e-30);
-  }
-  EXPECT_EQ(F16ToF32(F16RoundDown(0.f)), 0.f);
-  EXPECT_EQ(F16ToF32(F16RoundUp(0.f)), 0.f);
 }
 
 }  // namespace

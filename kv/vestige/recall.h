@@ -20,11 +20,12 @@
 // whole archive fires) and gate_h = entropy_h > thr_g (nats; always open when thr_g = -inf or the
 // gate is off). The fetched set is the union over heads, ascending row ids.
 //
-// Layout (v2, recall.cc): csk is kept in tiles of 16 consecutive rows, channel-major within a tile,
-// so the scan reads channel k of 16 rows with one vector load and computes 16 rows x all active
-// heads per tile (a GEMM [heads, d_r + r] x [d_r + r, 16] on operands widened on the fly). The
-// same bytes as a row-major csk (the last partial tile is zero padded); an archive bit mask per
-// tile (2 B per 16 rows) selects the archived rows. The branch is still read from the row's tail.
+// Layout (v2; the kernels are kernels/recall_scan.{h,cc}): csk is kept in tiles of 16
+// consecutive rows, channel-major within a tile, so the scan reads channel k of 16 rows with one
+// vector load and computes 16 rows x all active heads per tile (a GEMM [heads, d_r + r] x
+// [d_r + r, 16] on operands widened on the fly). The same bytes as a row-major csk (the last
+// partial tile is zero padded); an archive bit mask per tile (2 B per 16 rows) selects the
+// archived rows. The branch is still read from the row's tail.
 //
 // Soundness. With z = sqrt(d_c - r) the certified score bounds the true score by Cauchy-Schwarz;
 // with the f16/bf16 roundings it holds up to a rounding slack (tested in recall_test.cc):
