@@ -140,6 +140,9 @@ class VestigePolicy final : public Policy {
   void Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
             SoftmaxStates* st, ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
+  // MLA layers: rows kept = kept closed rows + the unclosed tail, blocks = closed blocks,
+  // compressed = some closed row is archived. Other layers are read in full (not compressed).
+  PolicySummary Summary(int layer, const LayerStore& store) const override;
 
   const VestigeConfig& config() const { return cfg_; }
   // Installs the tier-2 implementation (null: none). Call before the first append.
