@@ -68,6 +68,7 @@ StatusOr<WindowResult> RunPplWindow(Model& model, const std::vector<int32_t>& to
   WindowResult r;
   r.offset = offset;
   const int64_t read0 = cache->counters().bytes_read_total;
+  const CacheCounters counters0 = cache->counters();
   double visible_values = 0;
   if (w.chunked) {
     std::vector<float> logits;
@@ -89,6 +90,7 @@ StatusOr<WindowResult> RunPplWindow(Model& model, const std::vector<int32_t>& to
   r.read_bits_per_value = visible_values > 0 ? r.bytes_read * 8.0 / visible_values : 0;
   r.resident_bytes = cache->ResidentBytes();
   r.resident_bits_per_value = ResidentBitsPerValue(*cache);
+  r.achieved = MeasureAchieved(*cache, counters0);
   double s = 0;
   for (double x : r.nll) s += x;
   r.mean_nll = s / static_cast<double>(r.nll.size());
@@ -147,6 +149,7 @@ StatusOr<PplReport> RunPpl(Model& model, const std::vector<int32_t>& tokens, con
       cr.n_targets += static_cast<int64_t>(w.nll.size());
       res += w.resident_bits_per_value;
       rd += w.read_bits_per_value;
+      cr.achieved.Add(w.achieved);
       prog.Line("ppl: " + c.Label() + " window " + std::to_string(wi + 1) + "/" +
                 std::to_string(r.offsets.size()) + " @" + std::to_string(w.offset) + ": PPL " +
                 FormatNum(std::exp(w.mean_nll), 3) + " [" + FormatNum(Elapsed(t0), 1) + " s]");
@@ -156,6 +159,8 @@ StatusOr<PplReport> RunPpl(Model& model, const std::vector<int32_t>& tokens, con
     cr.ppl = std::exp(cr.mean_nll);
     cr.resident_bits_per_value = res / r.offsets.size();
     cr.read_bits_per_value = rd / r.offsets.size();
+    cr.check = CheckAchieved(c.Label(), cr.achieved);
+    if (!cr.check.warning.empty()) r.warnings.push_back(cr.check.warning);
     r.configs.push_back(std::move(cr));
   }
   if (!o.policy2.empty()) {
@@ -190,6 +195,7 @@ nlohmann::json PplJson(const PplReport& r) {
     cj["n_targets"] = c.n_targets;
     cj["resident_bits_per_value"] = c.resident_bits_per_value;
     cj["read_bits_per_value"] = c.read_bits_per_value;
+    AddAchievedFields(c.achieved, c.check, &cj);
     cj["windows"] = nlohmann::json::array();
     for (const auto& w : c.windows) {
       cj["windows"].push_back({{"offset", w.offset},
@@ -204,6 +210,7 @@ nlohmann::json PplJson(const PplReport& r) {
     }
     j["configs"].push_back(cj);
   }
+  j["warnings"] = r.warnings;
   j["comparisons"] = nlohmann::json::array();
   for (const auto& c : r.comparisons) {
     const BootstrapResult& b = c.boot;
