@@ -566,16 +566,18 @@ int RunKlCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
     notes.push_back("chunked mode is SCREENING-ONLY: the scored chunk is exact current context");
     out << "NOTE: " << notes.back() << "\n";
   }
-  Table t({"policy", "ratio", "mean KL", "max KL", "positions"});
+  Table t({"policy", "ratio", "mean KL", "max KL", "positions", "rows kept", "compressed"});
   for (const auto& c : r.configs) {
     t.AddRow({c.config.Name(), c.config.RatioText(), Fixed(c.mean_kl, 6), Fixed(c.max_kl, 6),
-              std::to_string(c.n_positions)});
+              std::to_string(c.n_positions), eval::KeptText(c.achieved),
+              eval::CompressedText(c.achieved, c.check)});
   }
   t.Print(out);
+  PrintWarnings(r.warnings, out, err);
   for (const auto& s : r.skipped) out << "skipped " << s.config.Label() << ": " << s.reason << "\n";
   const nlohmann::json report =
       eval::MakeReport("kl", loaded->path, *loaded->model, Since(t0), notes,
-                       eval::SkippedJson(r.skipped), eval::KlJson(r));
+                       eval::SkippedJson(r.skipped), eval::KlJson(r), r.warnings);
   if (Status st = WriteOutputs(o, report, {}, out); !st.ok()) return Fail(err, st.message());
   return kExitOk;
 }

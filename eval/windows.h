@@ -127,6 +127,8 @@ struct KlConfigResult {
   double mean_kl = 0;
   double max_kl = 0;
   int64_t n_positions = 0;
+  AchievedCompression achieved;  // summed over windows (reads: the scored steps)
+  CompressionCheck check;        // of `achieved`, labelled with the config's label
 };
 
 struct KlReport {
@@ -135,6 +137,7 @@ struct KlReport {
   int64_t corpus_tokens = 0;
   std::vector<SkippedConfig> skipped;
   std::vector<KlConfigResult> configs;
+  std::vector<std::string> warnings;  // the configs' CompressionCheck warnings
 };
 
 // KL(p_reference || p_policy) at each scored position of each window; the reference and the
