@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
@@ -217,6 +219,108 @@ TEST(MeasureAchieved, VestigeWithClosedBlocksCompresses) {
   // The RAM archive keeps every row and adds sigma and the tables: it holds more than full.
   EXPECT_GT(a.resident_bytes, a.full_resident_bytes);
   EXPECT_NE(check.warning.find("holds"), std::string::npos) << check.warning;
+}
+
+// Every registered policy fills its summary from its own state: before any compression point it
+// says it compressed nothing and why; after one (with a budget that must bite) it says it did.
+LayerGeometry Gqa() {
+  LayerGeometry g;
+  g.kind = AttnKind::kGqa;
+  g.n_q_heads = 4;
+  g.n_kv_heads = 2;
+  g.k_dim = 64;
+  g.v_dim = 64;
+  g.rope_dim = 64;
+  g.scale = 0.125f;
+  return g;
+}
+
+// Settings each policy accepts that make its budget bite on a 600-row cache.
+std::map<std::string, std::string> BitingSettings(const std::string& name) {
+  if (name == "vestige" || name == "fullrow") {
+    // Recall off: on these 40-wide rows the recall index is about as wide as a row, so with it
+    // vestige reads more than full (its own warning, checked below).
+    return {{"ratio", "8"}, {"block", "64"}, {"kappa", "2"}, {"recall", "off"}};
+  }
+  if (name == "geodesia") return {{"bits", "2"}};
+  if (name == "streaming" || name == "h2o" || name == "h2o-recent" || name == "snapkv" ||
+      name == "random" || name == "quest") {
+    return {{"ratio", "8"}};
+  }
+  return {};
+}
+
+TEST(PolicySummary, EveryRegisteredPolicySaysWhetherItCompressed) {
+  for (const PolicyInfo& info : Policies()) {
+    SCOPED_TRACE(info.name);
+    std::unique_ptr<KvCache> cache;
+    for (const LayerGeometry& g : {Gqa(), Mla()}) {  // the first geometry the policy binds to
+      auto p = MakePolicy({info.name, BitingSettings(info.name)});
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      auto c = KvCache::Create({g, g}, std::move(p).value());
+      if (c.ok()) {
+        cache = std::move(c).value();
+        break;
+      }
+    }
+    ASSERT_NE(cache, nullptr) << "binds to neither GQA nor MLA";
+    const LayerGeometry g = cache->geometry(0);
+    Rng rng(11);
+    std::vector<float> k(g.n_kv_heads * g.k_dim), v(g.n_kv_heads * g.v_dim);
+    std::vector<float> q(g.n_q_heads * g.k_dim), out(g.n_q_heads * g.v_dim);
+    auto append = [&] {
+      for (int l = 0; l < cache->n_layers(); ++l) {
+        for (auto& x : k) x = static_cast<float>(rng.Normal());
+        for (auto& x : v) x = static_cast<float>(rng.Normal());
+        cache->Append(l, k.data(), v.data());
+      }
+    };
+    auto step = [&] {
+      append();
+      cache->BeginStep();
+      for (auto& x : q) x = static_cast<float>(rng.Normal());
+      for (int l = 0; l < cache->n_layers(); ++l) {
+        cache->Attend(l, q.data(), cache->n_tokens() - 1, nullptr, out.data());
+      }
+    };
+    for (int i = 0; i < 40; ++i) append();
+    step();
+    const PolicySummary before = cache->Summary();
+    EXPECT_EQ(before.rows_visible, 41 * g.n_kv_heads * 2);
+    EXPECT_FALSE(before.compressed);
+    EXPECT_EQ(before.reference, info.name == "full");
+    if (!before.reference) EXPECT_FALSE(before.note.empty());
+    const AchievedCompression a0 = MeasureAchieved(*cache);
+    EXPECT_EQ(a0.bytes_read, a0.full_bytes_read);  // nothing compressed: a full read
+
+    for (int i = 0; i < 560; ++i) append();
+    cache->Compress();
+    for (int i = 0; i < 3; ++i) step();
+    const PolicySummary after = cache->Summary();
+    EXPECT_EQ(after.rows_visible, 604 * g.n_kv_heads * 2);
+    EXPECT_LE(after.rows_kept, after.rows_visible);
+    if (after.reference) {
+      EXPECT_FALSE(after.compressed);
+      continue;
+    }
+    EXPECT_TRUE(after.compressed) << after.note;
+    EXPECT_TRUE(after.note.empty()) << after.note;
+    if (after.rows_kept >= 0) EXPECT_LT(after.rows_kept, after.rows_visible);
+    const CompressionCheck check = CheckAchieved(info.name, MeasureAchieved(*cache));
+    EXPECT_TRUE(check.compressed) << check.warning;
+  }
+}
+
+TEST(MeasureAchieved, VestigeRecallIndexAsWideAsTheRowReadsMoreThanFull) {
+  auto c = RunCache({"vestige", {{"ratio", "8"}, {"block", "64"}, {"kappa", "2"}}}, 600, 3);
+  ASSERT_NE(c, nullptr);
+  const AchievedCompression a = MeasureAchieved(*c);
+  EXPECT_TRUE(a.policy.compressed);  // rows were archived...
+  EXPECT_GT(a.bytes_read, a.full_bytes_read);  // ...but the index scan costs more than they save
+  const CompressionCheck check = CheckAchieved("vestige@8", a);
+  EXPECT_FALSE(check.compressed);
+  EXPECT_EQ(check.warning.rfind("vestige@8: holds ", 0), 0u) << check.warning;
+  EXPECT_NE(check.warning.find("x and reads "), std::string::npos) << check.warning;
 }
 
 }  // namespace
