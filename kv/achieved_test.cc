@@ -206,8 +206,8 @@ TEST(MeasureAchieved, VestigeWithNoClosedBlockWarns) {
 }
 
 TEST(MeasureAchieved, VestigeWithClosedBlocksCompresses) {
-  auto c = RunCache({"vestige", {{"recall", "off"}, {"ratio", "8"}, {"block", "64"}, {"kappa", "2"}}},
-               300, 3);
+  auto c = RunCache(
+      {"vestige", {{"recall", "off"}, {"ratio", "8"}, {"block", "64"}, {"kappa", "2"}}}, 300, 3);
   ASSERT_NE(c, nullptr);
   const AchievedCompression a = MeasureAchieved(*c);
   EXPECT_EQ(a.policy.blocks_closed, 2 * 4);  // 4 blocks of 64 in each of the 2 layers
