@@ -523,6 +523,24 @@ TEST_F(CliTest, GenerateSaysWhatThePolicyAchieved) {
   EXPECT_TRUE(j2["achieved"]["reference"].get<bool>());
 }
 
+// bench attention says when the VestigeKV plan closes no block (ctx < block 4096: the "vestige"
+// figures are then full's) and does not say so when it does.
+TEST_F(CliTest, BenchAttentionWarnsWhenNoBlockCloses) {
+  const std::string json = Path("bench_attention.json");
+  Result r = Strata({"bench", "attention", "--ctx", "2048,4160", "--policy", "full,vestige",
+                     "--steps", "1", "--threads", "1", "--json", json});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string want =
+      "compressed nothing on this run (no block closed: 2048 rows < block 4096)";
+  EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("no block closed: 4160"), std::string::npos) << r.out;
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  ASSERT_EQ(j["warnings"].size(), 1u) << j["warnings"];
+  EXPECT_NE(j["warnings"][0].get<std::string>().find(want), std::string::npos);
+}
+
 TEST_F(CliTest, DemoErrorsNameTheProblem) {
   // No -m and no models/nope-mla.gguf: the error names the path and how to make the model.
   DemoOptions o;
