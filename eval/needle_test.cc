@@ -218,10 +218,11 @@ TEST_F(NeedleTest, GateTrialsTheReferenceMissesAreDroppedAndCounted) {
 // and a warning exactly when the label promises more than that.
 TEST_F(NeedleTest, CellsReportAchievedCompressionAndWarn) {
   NeedleOptions o = KvOptions();
-  o.policies = {"full", "h2o", "quest"};
+  // quest with a page budget above the page count reads every page: nothing compressed. (A
+  // per-item setting: the other policies do not take it.)
+  o.policies = {"full", "h2o", "quest:quest-pages=1000"};
   o.ratios = {"4"};
   o.trials = 3;
-  o.settings = {{"quest-pages", "1000"}};  // quest then reads every page: nothing compressed
   auto r = RunNeedle(*retrieval_model_, o, nullptr);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   ASSERT_EQ(r->cells.size(), 3u);
@@ -238,7 +239,9 @@ TEST_F(NeedleTest, CellsReportAchievedCompressionAndWarn) {
   EXPECT_LT(h2o.achieved.kept_fraction(), 0.5);
   const NeedleCell& quest = r->cells[2];
   EXPECT_FALSE(quest.check.compressed);
-  EXPECT_EQ(quest.check.warning.rfind("quest@4 T=96: compressed nothing on this run", 0), 0u)
+  EXPECT_EQ(quest.check.warning.rfind(
+                "quest:quest-pages=1000@4 T=96: compressed nothing on this run (every page read", 0),
+            0u)
       << quest.check.warning;
   // The report's list holds exactly the cells' warnings, and the JSON carries them.
   std::vector<std::string> want;

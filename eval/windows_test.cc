@@ -149,8 +149,7 @@ TEST_F(WindowsTest, ConfigsReportAchievedCompressionAndWarn) {
   PplOptions p;
   p.w = SmallWindows();
   p.w.length = 400;  // KIVI releases the pages of whole quantized groups: a few pages needed
-  p.policies = {"full", "kivi2", "quest"};
-  p.settings = {{"quest-pages", "1000"}};
+  p.policies = {"full", "kivi2", "quest:quest-pages=1000"};
   auto pr = RunPpl(*model_, *tokens_, p, nullptr);
   ASSERT_TRUE(pr.ok()) << pr.status().ToString();
   ASSERT_EQ(pr->configs.size(), 3u);
@@ -165,7 +164,8 @@ TEST_F(WindowsTest, ConfigsReportAchievedCompressionAndWarn) {
   EXPECT_GT(kivi.achieved.policy.blocks_closed, 0);
   const auto& quest = pr->configs[2];
   EXPECT_FALSE(quest.check.compressed);
-  EXPECT_EQ(quest.check.warning.rfind("quest: compressed nothing on this run (every page read", 0),
+  EXPECT_EQ(quest.check.warning.rfind(
+                "quest:quest-pages=1000: compressed nothing on this run (every page read", 0),
             0u)
       << quest.check.warning;
   EXPECT_EQ(pr->warnings, std::vector<std::string>{quest.check.warning});
@@ -176,8 +176,7 @@ TEST_F(WindowsTest, ConfigsReportAchievedCompressionAndWarn) {
 
   KlOptions k;
   k.w = p.w;
-  k.policies = {"kivi2", "quest"};
-  k.settings = p.settings;
+  k.policies = {"kivi2", "quest:quest-pages=1000"};
   auto kr = RunKl(*model_, *tokens_, k, nullptr);
   ASSERT_TRUE(kr.ok()) << kr.status().ToString();
   EXPECT_TRUE(kr->configs[0].check.compressed);
