@@ -29,6 +29,8 @@
 
 #include "cli/common.h"
 #include "core/rng.h"
+#include "eval/runner.h"
+#include "kv/achieved.h"
 #include "kv/cache.h"
 #include "kv/geodesia/accounting.h"
 #include "kv/geodesia/policy.h"
@@ -185,6 +187,8 @@ int RunBenchGqaAttention(const BenchGqaAttentionOptions& o, std::ostream& out, s
     int64_t resident = 0;
     double resident_bpv = 0, read_bpv = 0, read_bpv_union = 0;
     std::string levels = "-";  // share of blocks at 16/8/4/2/1
+    AchievedCompression achieved;  // over the decode steps, beside the full cache (kv/achieved.h)
+    CompressionCheck check;
   };
   std::vector<Row> rows;
   const int64_t n_kv = int64_t{g.n_kv_heads} * g.k_dim;
@@ -194,6 +198,7 @@ int RunBenchGqaAttention(const BenchGqaAttentionOptions& o, std::ostream& out, s
   // a shared machine hits every policy alike.
   std::vector<std::unique_ptr<KvCache>> caches;
   std::vector<RowSource> sources;
+  std::vector<CacheCounters> counters0;  // after the fill: the decode steps are measured
   for (const std::string& item : items) {
     auto spec = ParseBenchPolicy(item);
     if (!spec.ok()) return fail(spec.status().message());
@@ -212,6 +217,7 @@ int RunBenchGqaAttention(const BenchGqaAttentionOptions& o, std::ostream& out, s
     if (st.ok()) st = cache.EndCall();
     if (st.ok()) st = cache.Compress();
     if (!st.ok()) return fail("--policy " + item + ": filling the cache: " + st.ToString());
+    counters0.push_back(cache.counters());
     caches.push_back(std::move(cache_or).value());
   }
   const size_t n_pol = items.size();
@@ -244,6 +250,8 @@ int RunBenchGqaAttention(const BenchGqaAttentionOptions& o, std::ostream& out, s
     r.ms = times[i][0];  // best step: robust to load from other processes on a shared machine
     r.bytes = static_cast<double>(bytes[i]) / o.steps;
     r.resident = cache.ResidentBytes();
+    r.achieved = MeasureAchieved(cache, counters0[i]);
+    r.check = CheckAchieved(r.label, r.achieved);
     if (auto* geo = dynamic_cast<GeodesiaPolicy*>(&cache.policy())) {
       r.resident_bpv = geo->stats().resident_bpv();
       r.read_bpv = geo->stats().read_bpv();
@@ -265,7 +273,8 @@ int RunBenchGqaAttention(const BenchGqaAttentionOptions& o, std::ostream& out, s
   }
   const Row& full = rows[0];
   Table t({"policy", "ms/step", "speedup", "KV bytes read/step", "read ratio", "resident",
-           "resident ratio", "bpv resident (1.5)", "bpv read/q-head", "bpv read/kv-head", "% blocks 16/8/4/2/1"});
+           "resident ratio", "bpv resident (1.5)", "bpv read/q-head", "bpv read/kv-head", "% blocks 16/8/4/2/1",
+           "compressed"});
   nlohmann::json results = nlohmann::json::array();
   for (const Row& r : rows) {
     t.AddRow({r.label, FormatFixed(r.ms, 3), FormatFixed(full.ms / r.ms, 2) + "x",
@@ -273,7 +282,8 @@ int RunBenchGqaAttention(const BenchGqaAttentionOptions& o, std::ostream& out, s
               FormatBytes(static_cast<double>(r.resident)),
               FormatFixed(static_cast<double>(r.resident) / full.resident, 4),
               FormatFixed(r.resident_bpv, 3), FormatFixed(r.read_bpv, 3),
-              FormatFixed(r.read_bpv_union, 3), r.levels});
+              FormatFixed(r.read_bpv_union, 3), r.levels,
+              eval::CompressedText(r.achieved, r.check)});
     results.push_back({{"policy", r.label},
                        {"ms_per_step", r.ms},
                        {"speedup_vs_full", full.ms / r.ms},
@@ -284,15 +294,24 @@ int RunBenchGqaAttention(const BenchGqaAttentionOptions& o, std::ostream& out, s
                        {"read_bpv_per_query_head", r.read_bpv},
                        {"read_bpv_union_per_kv_head", r.read_bpv_union},
                        {"level_shares_16_8_4_2_1", r.levels}});
+    eval::AddAchievedFields(r.achieved, r.check, &results.back());
   }
   out << "attention, " << o.kind << " ctx " << o.ctx << ", " << o.q_heads << " q heads / "
       << o.kv_heads << " kv heads, head dim " << o.head_dim << ", " << pool.size()
       << " threads; best of " << o.steps << " decode steps; ratios vs full in this run\n";
   t.Print(out);
+  std::vector<std::string> warnings;
+  for (const Row& r : rows) {
+    if (r.check.warning.empty()) continue;
+    warnings.push_back(r.check.warning);
+    out << "warning: " << r.check.warning << "\n";
+    err << "warning: " << r.check.warning << "\n";
+  }
   if (!o.json_path.empty()) {
     nlohmann::json j = {{"kind", o.kind},   {"ctx", o.ctx},         {"q_heads", o.q_heads},
                         {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim},
-                        {"threads", pool.size()}, {"results", results}};
+                        {"threads", pool.size()}, {"results", results},
+                        {"warnings", warnings}};
     if (Status st = WriteTextFile(o.json_path, DumpJson(j)); !st.ok()) {
       return fail("--json: " + st.ToString());
     }

@@ -393,6 +393,28 @@ TEST_F(CliTest, DemoAnswersTheNeedleWithEveryPolicyAndAccountsBytes) {
   EXPECT_LT(by["streaming@32"]["read_bytes_per_step"].get<double>(), full_read / 16);
   EXPECT_LT(by["h2o@32"]["read_bytes_per_step"].get<double>(), full_read / 16);
   EXPECT_LT(by["vestige:recall=off@32"]["read_bytes_per_step"].get<double>(), full_read / 16);
+  // The achieved compression beside the full cache's, and warnings exactly where it falls short.
+  for (const char* c : {"x full", "rows kept"}) {
+    EXPECT_NE(r.out.find(c), std::string::npos) << c << "\n" << r.out;
+  }
+  EXPECT_EQ(by["full"]["compressed"], false);
+  EXPECT_TRUE(by["full"]["warnings"].empty()) << by["full"];
+  EXPECT_EQ(by["full"]["achieved"]["resident_vs_full"], 1.0);
+  EXPECT_EQ(by["full"]["achieved"]["read_vs_full"], 1.0);
+  nlohmann::json all = nlohmann::json::array();
+  for (const auto& row : res) {
+    EXPECT_EQ(row["achieved"]["resident_bytes"], row["resident_bytes"]) << row;
+    for (const auto& w : row["warnings"]) {
+      all.push_back(w);
+      EXPECT_NE(r.out.find("warning: " + w.get<std::string>()), std::string::npos) << w;
+      EXPECT_NE(r.err.find("warning: " + w.get<std::string>()), std::string::npos) << w;
+    }
+  }
+  EXPECT_EQ(j["warnings"], all);
+  for (const char* p : {"vestige:recall=off@32", "streaming@32", "h2o@32"}) {
+    EXPECT_EQ(by[p]["compressed"], true) << p;
+    EXPECT_LT(by[p]["achieved"]["kept_fraction"].get<double>(), 0.1) << p;
+  }
 
   // Deterministic: the same seed gives the same trial and answers; another seed another trial.
   Result again = Strata({"demo", "-m", gguf, "--policy", "full", "--json", Path("demo2.json")});
@@ -428,6 +450,95 @@ TEST_F(CliTest, DemoAnswersTheNeedleWithEveryPolicyAndAccountsBytes) {
   std::ostringstream out, err;
   ASSERT_EQ(RunDemo(o, out, err), 0) << err.str();
   EXPECT_NE(out.str().find(Path("demo_models/nope-mla.gguf")), std::string::npos) << out.str();
+}
+
+// A label that promises compression the run did not achieve is flagged: with the default block
+// (4096) a 300-token prefix closes no VestigeKV block, so "vestige:recall=off@32" reads every
+// row; the table, stderr and the JSON all say so. With a block that closes, no such warning.
+TEST_F(CliTest, EvalNeedleWarnsWhenNothingWasCompressed) {
+  const std::string model = std::string(STRATA_SOURCE_DIR) + "/models/nope-mla.gguf";
+  ASSERT_TRUE(fs::exists(model)) << model;
+  const std::string json = Path("needle_nothing.json");
+  Result r = Strata({"eval", "needle", "-m", model, "--needle-format", "kv-tokens", "--policy",
+                     "vestige:recall=off", "--ratio", "32", "--len", "300", "--trials", "2",
+                     "--threads", "1", "--json", json});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string want =
+      "warning: vestige:recall=off@32 T=300: compressed nothing on this run (no block closed: ";
+  EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("compressed"), std::string::npos) << r.out;  // the table's column
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  ASSERT_EQ(j["warnings"].size(), 1u) << j["warnings"];
+  EXPECT_EQ(("warning: " + j["warnings"][0].get<std::string>()).rfind(want, 0), 0u)
+      << j["warnings"][0];
+  const nlohmann::json& cell = j["needle"]["cells"][0];
+  EXPECT_EQ(cell["compressed"], false);
+  EXPECT_EQ(cell["warnings"], j["warnings"]);
+  EXPECT_EQ(cell["achieved"]["blocks_closed"], 0);
+  EXPECT_EQ(cell["achieved"]["bytes_read"], cell["achieved"]["full_bytes_read"]);
+  EXPECT_EQ(cell["achieved"]["kept_fraction"], 1.0);
+  EXPECT_EQ(cell["read_bits_per_value"], 16.0);
+
+  const std::string json2 = Path("needle_closed.json");
+  Result c = Strata({"eval", "needle", "-m", model, "--needle-format", "kv-tokens", "--policy",
+                     "vestige:recall=off", "--ratio", "32", "--len", "300", "--trials", "2",
+                     "--block", "256", "--kappa", "4", "--threads", "1", "--json", json2});
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_EQ(c.out.find("compressed nothing"), std::string::npos) << c.out;
+  std::ifstream f2(json2);
+  const nlohmann::json j2 = nlohmann::json::parse(f2);
+  const nlohmann::json& cell2 = j2["needle"]["cells"][0];
+  EXPECT_EQ(cell2["compressed"], true);
+  EXPECT_EQ(cell2["achieved"]["blocks_closed"], 4);  // 256-row blocks: 2 layers x 2 trials
+  EXPECT_LT(cell2["achieved"]["bytes_read"], cell2["achieved"]["full_bytes_read"]);
+}
+
+TEST_F(CliTest, GenerateSaysWhatThePolicyAchieved) {
+  const std::string model = std::string(STRATA_SOURCE_DIR) + "/models/nope-mla.gguf";
+  ASSERT_TRUE(fs::exists(model)) << model;
+  const std::string json = Path("generate_achieved.json");
+  Result r = Strata({"generate", "-m", model, "--policy", "vestige", "--policy-set", "recall=off",
+                     "-p", "In the beginning", "-n", "4", "--threads", "1", "--json", json});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: vestige: compressed nothing on this run (no block closed: "),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("KV read vs full, decode steps"), std::string::npos) << r.err;
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["compressed"], false);
+  ASSERT_EQ(j["warnings"].size(), 1u);
+  EXPECT_EQ(j["achieved"]["reads"], 3 * 2);  // 3 decode steps x 2 layers
+  EXPECT_EQ(j["achieved"]["bytes_read"], j["achieved"]["full_bytes_read"]);
+
+  Result full = Strata({"generate", "-m", model, "-p", "In the beginning", "-n", "4",
+                        "--threads", "1", "--json", json});
+  ASSERT_EQ(full.code, 0) << full.err;
+  EXPECT_EQ(full.err.find("warning:"), std::string::npos) << full.err;
+  std::ifstream f2(json);
+  const nlohmann::json j2 = nlohmann::json::parse(f2);
+  EXPECT_TRUE(j2["warnings"].empty());
+  EXPECT_TRUE(j2["achieved"]["reference"].get<bool>());
+}
+
+// bench attention says when the VestigeKV plan closes no block (ctx < block 4096: the "vestige"
+// figures are then full's) and does not say so when it does.
+TEST_F(CliTest, BenchAttentionWarnsWhenNoBlockCloses) {
+  const std::string json = Path("bench_attention.json");
+  Result r = Strata({"bench", "attention", "--ctx", "2048,4160", "--policy", "full,vestige",
+                     "--steps", "1", "--threads", "1", "--json", json});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string want =
+      "compressed nothing on this run (no block closed: 2048 rows < block 4096)";
+  EXPECT_NE(r.out.find(want), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("no block closed: 4160"), std::string::npos) << r.out;
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  ASSERT_EQ(j["warnings"].size(), 1u) << j["warnings"];
+  EXPECT_NE(j["warnings"][0].get<std::string>().find(want), std::string::npos);
 }
 
 TEST_F(CliTest, DemoErrorsNameTheProblem) {

@@ -14,6 +14,7 @@
 #include "eval/corpus.h"
 #include "eval/needle.h"
 #include "eval/runner.h"
+#include "kv/achieved.h"
 #include "model/model.h"
 
 namespace strata::cli {
@@ -92,6 +93,9 @@ struct DemoRow {
   bool read_derived = false;  // the policy reported no bytes: rows attended x row bytes
   double prefill_s = 0;
   double decode_s = 0;
+  // What the policy achieved over the decode steps (kv/achieved.h) and the verdict on its label.
+  AchievedCompression achieved;
+  CompressionCheck check;
 };
 
 double KiB(double bytes) { return bytes / 1024.0; }
@@ -263,6 +267,7 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
     row.prefill_s = Seconds(t0, Clock::now());
     row.resident_after_prefill = cache.ResidentBytes();
     row.describe = cache.policy().describe();
+    const CacheCounters counters0 = cache.counters();  // the decode steps are measured
 
     // Greedy decode through the compressed cache: the question token(s), then the answer.
     int64_t row_bytes = 0;  // per layer per KV head, averaged over layers (the fallback only)
@@ -302,9 +307,12 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
     row.correct = row.answer == trial.answer;
     row.resident = cache.ResidentBytes();
     row.read_bytes_per_step = row.decode_steps ? read_bytes / row.decode_steps : 0;
+    row.achieved = MeasureAchieved(cache, counters0);
+    row.check = CheckAchieved(label, row.achieved);
     err << "demo: " << label << ": prefill " << trial.prefix.size() << " tokens in "
         << FormatFixed(row.prefill_s, 2) << " s; answer " << TokenNames(tok, no.kv, row.answer)
         << (row.correct ? " (right)" : " (wrong)") << "\n";
+    if (!row.check.warning.empty()) err << "warning: " << row.check.warning << "\n";
     rows.push_back(std::move(row));
   }
 
@@ -319,16 +327,24 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
       << "\n";
   out << "budget:   --ratio " << o.ratio << ": the policies with a row budget keep 1/" << o.ratio
       << " of the prefix rows\n\n";
-  Table t({"policy", "answer", "correct?", "resident KiB", "read KiB/step", "decode tok/s"});
+  Table t({"policy", "answer", "correct?", "resident KiB", "x full", "read KiB/step", "x full",
+           "rows kept", "decode tok/s"});
   std::vector<std::string> derived;
   for (const DemoRow& r : rows) {
     t.AddRow({r.config.Label(), TokenNames(tok, no.kv, r.answer), r.correct ? "yes" : "no",
               FormatFixed(KiB(static_cast<double>(r.resident)), 1),
+              eval::VsFullText(r.achieved.resident_vs_full()),
               FormatFixed(KiB(r.read_bytes_per_step), 1) + (r.read_derived ? " *" : ""),
+              eval::VsFullText(r.achieved.read_vs_full()), eval::KeptText(r.achieved),
               r.decode_s > 0 ? FormatFixed(r.decode_steps / r.decode_s, 1) : "-"});
     if (r.read_derived) derived.push_back(r.config.Label());
   }
   t.Print(out);
+  std::vector<std::string> warnings;
+  for (const DemoRow& r : rows) {
+    if (!r.check.warning.empty()) warnings.push_back(r.check.warning);
+  }
+  for (const std::string& w : warnings) out << "warning: " << w << "\n";
   const int64_t n_steps = rows.empty() ? 0 : rows[0].decode_steps;
   out << "\nresident KiB: KV cache bytes held in RAM after the answer, all layers, as the policy "
          "accounts them\n  (rows a policy no longer reads but keeps, such as vestige's RAM archive "
@@ -336,7 +352,10 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
          "read KiB/step: KV bytes the attention read per decode step (rows, plus vestige's recall "
          "index scan),\n  mean of "
       << n_steps << " steps; decode tok/s: over those steps, " << o.threads << " thread"
-      << (o.threads == 1 ? "" : "s") << "\n";
+      << (o.threads == 1 ? "" : "s") << "\n"
+      << "x full: the same figure over what the full cache holds / reads for the same rows and "
+         "steps;\n  rows kept: rows the policy still reads without a recall, of the rows visible "
+         "(all layers)\n";
   for (const DemoRow& r : rows) {
     if (r.describe != r.config.policy) out << r.config.Label() << ": " << r.describe << "\n";
   }
@@ -363,6 +382,7 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
                          {"decode_steps", r.decode_steps},
                          {"decode_seconds", r.decode_s},
                          {"prefill_seconds", r.prefill_s}});
+      eval::AddAchievedFields(r.achieved, r.check, &results.back());
     }
     nlohmann::json j = {{"model", path},
                         {"len", o.len},
@@ -375,7 +395,8 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
                         {"query", trial.query},
                         {"expected", trial.answer},
                         {"expected_text", expected},
-                        {"results", results}};
+                        {"results", results},
+                        {"warnings", warnings}};
     if (Status st = WriteTextFile(o.json_path, DumpJson(j)); !st.ok()) {
       return fail("--json: " + st.ToString());
     }

@@ -297,6 +297,16 @@ Status WriteOutputs(const EvalCliOptions& o, const nlohmann::json& report,
   return OkStatus();
 }
 
+// The achieved-compression warnings (kv/achieved.h) under the table and on stderr, so a run whose
+// stdout goes to a file still says on the terminal that a label promised more than it did.
+void PrintWarnings(const std::vector<std::string>& warnings, std::ostream& out,
+                   std::ostream& err) {
+  for (const std::string& w : warnings) {
+    out << "warning: " << w << "\n";
+    err << "warning: " << w << "\n";
+  }
+}
+
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -382,7 +392,8 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
       << n.reference << ") < " << Fixed(n.intact_nats, 2)
       << " nat, answered = greedy answer exact, after compression before the query\n";
   Table t({"policy", "ratio", "T", "kept", "intact", "rate", "95% CI (Wilson)", "mean dNLL",
-           "answered", "rate", "95% CI (Wilson)", "token acc", "res b/v", "read b/v"});
+           "answered", "rate", "95% CI (Wilson)", "token acc", "res b/v", "read b/v",
+           "rows kept", "compressed"});
   for (const auto& c : r.cells) {
     const auto& pc = r.configs[c.config];
     t.AddRow({pc.Name(), pc.RatioText(), std::to_string(c.length), std::to_string(c.n),
@@ -392,9 +403,11 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
               c.n ? Fixed(c.answer_rate.point, 2) : "-",
               "[" + Fixed(c.answer_rate.lo, 2) + ", " + Fixed(c.answer_rate.hi, 2) + "]",
               c.n ? Fixed(c.token_accuracy, 2) : "-", c.n ? Fixed(c.resident_bits, 2) : "-",
-              c.n ? Fixed(c.read_bits, 2) : "-"});
+              c.n ? Fixed(c.read_bits, 2) : "-", c.n ? eval::KeptText(c.achieved) : "-",
+              c.n ? eval::CompressedText(c.achieved, c.check) : "-"});
   }
   t.Print(out);
+  PrintWarnings(r.warnings, out, err);
   for (const auto& l : r.lengths) {
     out << "T=" << l.length << ": " << l.dropped << " of " << l.trials
         << " trials dropped (uncompressed answer NLL >= " << n.baseline_gate_nats << " nat)\n";
@@ -422,7 +435,7 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
   }
   const nlohmann::json report =
       eval::MakeReport("needle", loaded->path, *loaded->model, Since(t0), notes,
-                       eval::SkippedJson(r.skipped), eval::NeedleJson(r));
+                       eval::SkippedJson(r.skipped), eval::NeedleJson(r), r.warnings);
   if (Status st = WriteOutputs(o, report, svgs, out); !st.ok()) return Fail(err, st.message());
   return kExitOk;
 }
@@ -491,13 +504,16 @@ int RunPplCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
     notes.push_back("chunked mode is SCREENING-ONLY: the scored chunk is exact current context");
     out << "NOTE: " << notes.back() << "\n";
   }
-  Table t({"policy", "ratio", "PPL", "mean NLL", "targets", "resident b/v", "read b/v"});
+  Table t({"policy", "ratio", "PPL", "mean NLL", "targets", "resident b/v", "read b/v",
+           "rows kept", "compressed"});
   for (const auto& c : r.configs) {
     t.AddRow({c.config.Name(), c.config.RatioText(), Fixed(c.ppl, 4), Fixed(c.mean_nll, 4),
               std::to_string(c.n_targets), Fixed(c.resident_bits_per_value, 3),
-              Fixed(c.read_bits_per_value, 3)});
+              Fixed(c.read_bits_per_value, 3), eval::KeptText(c.achieved),
+              eval::CompressedText(c.achieved, c.check)});
   }
   t.Print(out);
+  PrintWarnings(r.warnings, out, err);
   if (!r.comparisons.empty()) {
     out << "paired cluster bootstrap (" << p.draws << " draws, seed " << p.bootstrap_seed
         << "); ratio = PPL(A) / PPL(B); wins = windows where that side has the lower NLL\n";
@@ -514,7 +530,7 @@ int RunPplCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
   for (const auto& s : r.skipped) out << "skipped " << s.config.Label() << ": " << s.reason << "\n";
   const nlohmann::json report =
       eval::MakeReport("ppl", loaded->path, *loaded->model, Since(t0), notes,
-                       eval::SkippedJson(r.skipped), eval::PplJson(r));
+                       eval::SkippedJson(r.skipped), eval::PplJson(r), r.warnings);
   if (Status st = WriteOutputs(o, report, {{"ppl_pareto.svg", eval::PplParetoSvg(r)}}, out);
       !st.ok()) {
     return Fail(err, st.message());
@@ -550,16 +566,18 @@ int RunKlCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
     notes.push_back("chunked mode is SCREENING-ONLY: the scored chunk is exact current context");
     out << "NOTE: " << notes.back() << "\n";
   }
-  Table t({"policy", "ratio", "mean KL", "max KL", "positions"});
+  Table t({"policy", "ratio", "mean KL", "max KL", "positions", "rows kept", "compressed"});
   for (const auto& c : r.configs) {
     t.AddRow({c.config.Name(), c.config.RatioText(), Fixed(c.mean_kl, 6), Fixed(c.max_kl, 6),
-              std::to_string(c.n_positions)});
+              std::to_string(c.n_positions), eval::KeptText(c.achieved),
+              eval::CompressedText(c.achieved, c.check)});
   }
   t.Print(out);
+  PrintWarnings(r.warnings, out, err);
   for (const auto& s : r.skipped) out << "skipped " << s.config.Label() << ": " << s.reason << "\n";
   const nlohmann::json report =
       eval::MakeReport("kl", loaded->path, *loaded->model, Since(t0), notes,
-                       eval::SkippedJson(r.skipped), eval::KlJson(r));
+                       eval::SkippedJson(r.skipped), eval::KlJson(r), r.warnings);
   if (Status st = WriteOutputs(o, report, {}, out); !st.ok()) return Fail(err, st.message());
   return kExitOk;
 }

@@ -7,6 +7,8 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "eval/runner.h"
+#include "kv/achieved.h"
 #include "model/model.h"
 #include "model/sampler.h"
 
@@ -104,6 +106,7 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
     return fail("prefill: " + st.ToString());
   }
   const auto t1 = Clock::now();
+  const CacheCounters counters0 = cache.counters();  // the decode steps are measured
   out << o.prompt << std::flush;
 
   std::string text;
@@ -144,8 +147,16 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   t.AddRow({"KV bytes resident", std::to_string(resident) + " (" + FormatBytes(resident) + ")"});
   t.AddRow({"KV bytes read, last step",
             std::to_string(last_read) + " (" + FormatBytes(last_read) + ")"});
+  // What the policy achieved, beside the full cache for the same rows and decode steps.
+  const AchievedCompression achieved = MeasureAchieved(cache, counters0);
+  const CompressionCheck check = CheckAchieved(cache.policy().name(), achieved);
+  t.AddRow({"KV resident vs full", eval::VsFullText(achieved.resident_vs_full())});
+  t.AddRow({"KV read vs full, decode steps", eval::VsFullText(achieved.read_vs_full())});
+  t.AddRow({"rows kept (of visible)", eval::KeptText(achieved)});
+  t.AddRow({"compressed", eval::CompressedText(achieved, check)});
   err << "\n";
   t.Print(err);
+  if (!check.warning.empty()) err << "warning: " << check.warning << "\n";
 
   if (!o.json_path.empty()) {
     nlohmann::json j = {{"model", path},
@@ -161,6 +172,7 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
                         {"threads", o.threads},
                         {"kv_bytes_resident", resident},
                         {"kv_bytes_read_last_step", last_read}};
+    eval::AddAchievedFields(achieved, check, &j);
     if (Status st = WriteTextFile(o.json_path, DumpJson(j)); !st.ok()) {
       return fail("--json: " + st.ToString());
     }

@@ -262,6 +262,7 @@ StatusOr<NeedleScore> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
   tail.insert(tail.end(), trial.answer.begin(), trial.answer.end() - 1);
   std::vector<float> logits;
   const int64_t read0 = cache->counters().bytes_read_total;
+  const CacheCounters counters0 = cache->counters();
   const int64_t n0 = cache->n_tokens();
   RETURN_IF_ERROR(model.Prefill(tail.data(), static_cast<int64_t>(tail.size()), chunk, cache.get(),
                                 pool, nullptr, &logits));
@@ -282,6 +283,7 @@ StatusOr<NeedleScore> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
   const int64_t read = cache->counters().bytes_read_total - read0;
   s.read_bits = visible > 0 ? static_cast<double>(read) * 8.0 / visible : 0;
   s.resident_bits = ResidentBitsPerValue(*cache);
+  s.achieved = MeasureAchieved(*cache, counters0);
   return s;
 }
 
@@ -341,7 +343,7 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
                            ScoreNeedleTrial(model, trial, factory, c, o.chunk, &pool));
           const double delta = sc.nll - rec.reference_nll;
           rec.results.push_back({sc.nll, delta, delta < o.intact_nats, sc.answered, sc.tokens_right,
-                                 sc.resident_bits, sc.read_bits});
+                                 sc.resident_bits, sc.read_bits, sc.achieved});
         }
       }
       const double el =
@@ -390,6 +392,7 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
         tokens_right += x.tokens_right;
         cell.resident_bits += x.resident_bits;
         cell.read_bits += x.read_bits;
+        cell.achieved.Add(x.achieved);
         tokens += static_cast<int64_t>(t.answer_tokens);
         delta_sum += x.delta;
         bk[t.bucket].n++;
@@ -403,6 +406,11 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
         cell.read_bits /= static_cast<double>(cell.n);
       }
       cell.mean_delta = cell.n ? delta_sum / cell.n : 0;
+      if (cell.n > 0) {
+        cell.check = CheckAchieved(r.configs[c].Label() + " T=" + std::to_string(len),
+                                   cell.achieved);
+        if (!cell.check.warning.empty()) r.warnings.push_back(cell.check.warning);
+      }
       r.cells.push_back(cell);
       for (auto& b : bk) r.buckets.push_back(b);
     }
@@ -439,23 +447,25 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
   j["cells"] = nlohmann::json::array();
   for (const auto& c : r.cells) {
     const PolicyConfig& pc = r.configs[c.config];
-    j["cells"].push_back({{"policy", pc.policy},
-                          {"variant", pc.variant},
-                          {"ratio", RatioJson(pc)},
-                          {"length", c.length},
-                          {"n", c.n},
-                          {"intact", c.intact},
-                          {"rate", c.rate.point},
-                          {"wilson_lo", c.rate.lo},
-                          {"wilson_hi", c.rate.hi},
-                          {"mean_delta_nll", c.mean_delta},
-                          {"answered", c.answered},
-                          {"answer_rate", c.answer_rate.point},
-                          {"answer_wilson_lo", c.answer_rate.lo},
-                          {"answer_wilson_hi", c.answer_rate.hi},
-                          {"token_accuracy", c.token_accuracy},
-                          {"resident_bits_per_value", c.resident_bits},
-                          {"read_bits_per_value", c.read_bits}});
+    nlohmann::json cell = {{"policy", pc.policy},
+                           {"variant", pc.variant},
+                           {"ratio", RatioJson(pc)},
+                           {"length", c.length},
+                           {"n", c.n},
+                           {"intact", c.intact},
+                           {"rate", c.rate.point},
+                           {"wilson_lo", c.rate.lo},
+                           {"wilson_hi", c.rate.hi},
+                           {"mean_delta_nll", c.mean_delta},
+                           {"answered", c.answered},
+                           {"answer_rate", c.answer_rate.point},
+                           {"answer_wilson_lo", c.answer_rate.lo},
+                           {"answer_wilson_hi", c.answer_rate.hi},
+                           {"token_accuracy", c.token_accuracy},
+                           {"resident_bits_per_value", c.resident_bits},
+                           {"read_bits_per_value", c.read_bits}};
+    AddAchievedFields(c.achieved, c.check, &cell);
+    j["cells"].push_back(std::move(cell));
   }
   j["buckets"] = nlohmann::json::array();
   for (const auto& b : r.buckets) {
@@ -470,6 +480,7 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
                             {"n", b.n},
                             {"intact", b.intact}});
   }
+  j["warnings"] = r.warnings;
   j["trials"] = nlohmann::json::array();
   for (const auto& t : r.trials) {
     nlohmann::json res = nlohmann::json::array();

@@ -118,6 +118,8 @@ struct NeedleScore {
   // visible value over the question's query steps (counters().bytes_read_total).
   double resident_bits = 0;
   double read_bits = 0;
+  // The same counters beside the full cache's (reads: the question's query steps).
+  AchievedCompression achieved;
 };
 
 struct NeedleConfigResult {
@@ -128,6 +130,7 @@ struct NeedleConfigResult {
   int tokens_right = 0;
   double resident_bits = 0;
   double read_bits = 0;
+  AchievedCompression achieved;
 };
 
 struct NeedleTrialRecord {
@@ -156,6 +159,8 @@ struct NeedleCell {  // one (config, length)
   double token_accuracy = 0; // answer tokens right / answer tokens
   double resident_bits = 0;  // mean over the cell's trials
   double read_bits = 0;
+  AchievedCompression achieved;  // summed over the cell's trials
+  CompressionCheck check;        // of `achieved`, labelled "<config label> T=<length>"
 };
 
 struct NeedleBucketCell {  // one (config, length, depth bucket)
@@ -180,6 +185,7 @@ struct NeedleReport {
   std::vector<NeedleTrialRecord> trials;
   std::vector<NeedleCell> cells;
   std::vector<NeedleBucketCell> buckets;
+  std::vector<std::string> warnings;  // the cells' CompressionCheck warnings, in cell order
 };
 
 // Teacher-forced NLL (nats, summed over the answer tokens) and argmax hits of one trial under one

@@ -214,6 +214,49 @@ TEST_F(NeedleTest, GateTrialsTheReferenceMissesAreDroppedAndCounted) {
 }
 
 // A policy item's own settings (name:k=v:k=v) reach only that config; the label shows them.
+// Each cell carries what its policy achieved, from the cache counters beside the full cache's,
+// and a warning exactly when the label promises more than that.
+TEST_F(NeedleTest, CellsReportAchievedCompressionAndWarn) {
+  NeedleOptions o = KvOptions();
+  // quest with a page budget above the page count reads every page: nothing compressed. (A
+  // per-item setting: the other policies do not take it.)
+  o.policies = {"full", "h2o", "quest:quest-pages=1000"};
+  o.ratios = {"4"};
+  o.trials = 3;
+  auto r = RunNeedle(*retrieval_model_, o, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->cells.size(), 3u);
+  const NeedleCell& full = r->cells[0];
+  EXPECT_TRUE(full.achieved.policy.reference);
+  EXPECT_EQ(full.achieved.bytes_read, full.achieved.full_bytes_read);
+  EXPECT_EQ(full.achieved.resident_bytes, full.achieved.full_resident_bytes);
+  EXPECT_FALSE(full.check.compressed);
+  EXPECT_EQ(full.check.warning, "");
+  const NeedleCell& h2o = r->cells[1];
+  EXPECT_TRUE(h2o.check.compressed);
+  EXPECT_GT(h2o.achieved.reads, 0);
+  EXPECT_LT(h2o.achieved.bytes_read, h2o.achieved.full_bytes_read);
+  EXPECT_LT(h2o.achieved.kept_fraction(), 0.5);
+  const NeedleCell& quest = r->cells[2];
+  EXPECT_FALSE(quest.check.compressed);
+  EXPECT_EQ(quest.check.warning.rfind(
+                "quest:quest-pages=1000@4 T=96: compressed nothing on this run (every page read", 0),
+            0u)
+      << quest.check.warning;
+  // The report's list holds exactly the cells' warnings, and the JSON carries them.
+  std::vector<std::string> want;
+  for (const NeedleCell& c : r->cells) {
+    if (!c.check.warning.empty()) want.push_back(c.check.warning);
+  }
+  EXPECT_EQ(r->warnings, want);
+  const nlohmann::json j = NeedleJson(*r);
+  EXPECT_EQ(j["cells"][2]["compressed"], false);
+  EXPECT_EQ(j["cells"][2]["warnings"][0], quest.check.warning);
+  EXPECT_EQ(j["cells"][1]["achieved"]["rows_kept"], h2o.achieved.policy.rows_kept);
+  EXPECT_TRUE(j["cells"][2]["achieved"]["rows_kept"].is_null());
+  EXPECT_EQ(j["warnings"].size(), want.size());
+}
+
 TEST(PolicyGridTest, ItemSettingsOverrideSharedOnesForThatItemOnly) {
   auto g = ExpandGrid({"vestige:recall=off:block=1024", "vestige", "h2o"}, {"8", "32"},
                       {{"block", "2048"}, {"kappa", "4"}, {"ratio", "99"}});

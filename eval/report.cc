@@ -10,7 +10,7 @@ namespace strata::eval {
 nlohmann::json MakeReport(const std::string& command, const std::string& model_path,
                           const Model& model, double elapsed_s,
                           const std::vector<std::string>& notes, nlohmann::json skipped,
-                          nlohmann::json section) {
+                          nlohmann::json section, const std::vector<std::string>& warnings) {
   const ModelConfig& c = model.config();
   int64_t full_bpt = 0;
   int n_mla = 0;
@@ -31,6 +31,7 @@ nlohmann::json MakeReport(const std::string& command, const std::string& model_p
                 {"values_per_token", full_bpt / 2}};
   j["elapsed_s"] = elapsed_s;
   j["notes"] = notes;
+  j["warnings"] = warnings;
   j["skipped"] = skipped.is_null() ? nlohmann::json::array() : std::move(skipped);
   j[command] = std::move(section);
   return j;

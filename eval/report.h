@@ -13,12 +13,13 @@ namespace strata::eval {
 
 inline constexpr int kReportSchemaVersion = 1;
 
-// {"schema_version", "command", "model": {...}, "elapsed_s", "notes": [], "skipped": [], COMMAND:
-// section}. `section` goes under the key named by `command` ("needle", "ppl" or "kl").
+// {"schema_version", "command", "model": {...}, "elapsed_s", "notes": [], "warnings": [],
+// "skipped": [], COMMAND: section}. `section` goes under the key named by `command` ("needle",
+// "ppl" or "kl"); `warnings` are the achieved-compression warnings (kv/achieved.h) of its configs.
 nlohmann::json MakeReport(const std::string& command, const std::string& model_path,
                           const Model& model, double elapsed_s,
                           const std::vector<std::string>& notes, nlohmann::json skipped,
-                          nlohmann::json section);
+                          nlohmann::json section, const std::vector<std::string>& warnings = {});
 
 // Validates `doc` against `schema`, supporting: type (a name or a list of names: object, array,
 // string, number, integer, boolean, null), required, properties, additionalProperties (false or

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "core/check.h"
 
@@ -166,6 +167,56 @@ double ResidentBitsPerValue(const KvCache& cache) {
   if (n == 0) return 0;
   return static_cast<double>(cache.ResidentBytes()) * 8.0 /
          (static_cast<double>(n) * static_cast<double>(ValuesPerToken(cache)));
+}
+
+nlohmann::json AchievedJson(const AchievedCompression& a) {
+  const PolicySummary& p = a.policy;
+  auto or_null = [](int64_t v) { return v >= 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
+  const double kept = a.kept_fraction();
+  return {{"resident_bytes", a.resident_bytes},
+          {"full_resident_bytes", a.full_resident_bytes},
+          {"resident_vs_full", a.resident_vs_full()},
+          {"bytes_read", a.bytes_read},
+          {"full_bytes_read", a.full_bytes_read},
+          {"read_vs_full", a.read_vs_full()},
+          {"reads", a.reads},
+          {"rows_read", a.rows_read},
+          {"rows_visible_read", a.rows_visible_read},
+          {"rows_visible", p.rows_visible},
+          {"rows_kept", or_null(p.rows_kept)},
+          {"kept_fraction", kept >= 0 ? nlohmann::json(kept) : nlohmann::json(nullptr)},
+          {"blocks_closed", or_null(p.blocks_closed)},
+          {"reference", p.reference},
+          {"policy_compressed", p.compressed},
+          {"note", p.note}};
+}
+
+void AddAchievedFields(const AchievedCompression& a, const CompressionCheck& check,
+                       nlohmann::json* j) {
+  (*j)["compressed"] = check.compressed;
+  (*j)["warnings"] = check.warning.empty() ? nlohmann::json::array()
+                                           : nlohmann::json::array({check.warning});
+  (*j)["achieved"] = AchievedJson(a);
+}
+
+std::string KeptText(const AchievedCompression& a) {
+  const double f = a.kept_fraction();
+  if (f < 0) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), f < 0.1 ? "%.1f%%" : "%.0f%%", 100 * f);
+  return buf;
+}
+
+std::string VsFullText(double ratio) {
+  if (!(ratio > 0)) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2fx", ratio);
+  return buf;
+}
+
+std::string CompressedText(const AchievedCompression& a, const CompressionCheck& check) {
+  if (a.policy.reference) return "-";
+  return check.compressed ? "yes" : "NO";
 }
 
 void Progress::Line(const std::string& text) const {

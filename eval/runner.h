@@ -15,6 +15,7 @@
 
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "kv/achieved.h"
 #include "kv/cache.h"
 #include "kv/registry.h"
 #include "model/model.h"
@@ -81,6 +82,21 @@ double KlDivergence(const float* p_logits, const float* q_logits, int64_t n_voca
 int64_t ValuesPerToken(const KvCache& cache);
 // Resident bits per cached value: ResidentBytes() * 8 / (n_tokens * ValuesPerToken).
 double ResidentBitsPerValue(const KvCache& cache);
+
+// The achieved-compression block of a report (docs/eval.md, "achieved"): the measured bytes beside
+// the full cache's, the policy's rows kept / visible and blocks closed (null where it does not
+// select rows or has no blocks) and its note.
+nlohmann::json AchievedJson(const AchievedCompression& a);
+// Sets (*j)["achieved"] = AchievedJson(a), (*j)["compressed"] = check.compressed and
+// (*j)["warnings"] = [check.warning] ([] when none): every report's per-config fields.
+void AddAchievedFields(const AchievedCompression& a, const CompressionCheck& check,
+                       nlohmann::json* j);
+// Table cells: rows kept as a percentage of the visible rows ("3.3%", "-" when the policy does
+// not select rows); a ratio to full ("1.07x", "-" when the full figure is 0); the verdict ("yes",
+// "NO" with a warning, "-" for the reference).
+std::string KeptText(const AchievedCompression& a);
+std::string VsFullText(double ratio);
+std::string CompressedText(const AchievedCompression& a, const CompressionCheck& check);
 
 // Writes "label: i/n ..." progress lines to a stream (may be null: silent).
 class Progress {

@@ -68,6 +68,7 @@ StatusOr<WindowResult> RunPplWindow(Model& model, const std::vector<int32_t>& to
   WindowResult r;
   r.offset = offset;
   const int64_t read0 = cache->counters().bytes_read_total;
+  const CacheCounters counters0 = cache->counters();
   double visible_values = 0;
   if (w.chunked) {
     std::vector<float> logits;
@@ -89,6 +90,7 @@ StatusOr<WindowResult> RunPplWindow(Model& model, const std::vector<int32_t>& to
   r.read_bits_per_value = visible_values > 0 ? r.bytes_read * 8.0 / visible_values : 0;
   r.resident_bytes = cache->ResidentBytes();
   r.resident_bits_per_value = ResidentBitsPerValue(*cache);
+  r.achieved = MeasureAchieved(*cache, counters0);
   double s = 0;
   for (double x : r.nll) s += x;
   r.mean_nll = s / static_cast<double>(r.nll.size());
@@ -147,6 +149,7 @@ StatusOr<PplReport> RunPpl(Model& model, const std::vector<int32_t>& tokens, con
       cr.n_targets += static_cast<int64_t>(w.nll.size());
       res += w.resident_bits_per_value;
       rd += w.read_bits_per_value;
+      cr.achieved.Add(w.achieved);
       prog.Line("ppl: " + c.Label() + " window " + std::to_string(wi + 1) + "/" +
                 std::to_string(r.offsets.size()) + " @" + std::to_string(w.offset) + ": PPL " +
                 FormatNum(std::exp(w.mean_nll), 3) + " [" + FormatNum(Elapsed(t0), 1) + " s]");
@@ -156,6 +159,8 @@ StatusOr<PplReport> RunPpl(Model& model, const std::vector<int32_t>& tokens, con
     cr.ppl = std::exp(cr.mean_nll);
     cr.resident_bits_per_value = res / r.offsets.size();
     cr.read_bits_per_value = rd / r.offsets.size();
+    cr.check = CheckAchieved(c.Label(), cr.achieved);
+    if (!cr.check.warning.empty()) r.warnings.push_back(cr.check.warning);
     r.configs.push_back(std::move(cr));
   }
   if (!o.policy2.empty()) {
@@ -190,6 +195,7 @@ nlohmann::json PplJson(const PplReport& r) {
     cj["n_targets"] = c.n_targets;
     cj["resident_bits_per_value"] = c.resident_bits_per_value;
     cj["read_bits_per_value"] = c.read_bits_per_value;
+    AddAchievedFields(c.achieved, c.check, &cj);
     cj["windows"] = nlohmann::json::array();
     for (const auto& w : c.windows) {
       cj["windows"].push_back({{"offset", w.offset},
@@ -204,6 +210,7 @@ nlohmann::json PplJson(const PplReport& r) {
     }
     j["configs"].push_back(cj);
   }
+  j["warnings"] = r.warnings;
   j["comparisons"] = nlohmann::json::array();
   for (const auto& c : r.comparisons) {
     const BootstrapResult& b = c.boot;
@@ -320,25 +327,31 @@ StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const
   const int64_t v = model.config().n_vocab;
   const int64_t n_prefix = o.w.length - o.w.eval_tokens;
   const int64_t n_scored = o.w.eval_tokens - 1;
-  // Logits after each scored step, [n_scored, n_vocab], for one cache.
-  auto run = [&](const PolicyConfig& c, int64_t offset, std::vector<float>* out) -> Status {
+  // Logits after each scored step, [n_scored, n_vocab], for one cache, and what the policy
+  // achieved over those steps (when `achieved` is given).
+  auto run = [&](const PolicyConfig& c, int64_t offset, std::vector<float>* out,
+                 AchievedCompression* achieved) -> Status {
     ASSIGN_OR_RETURN(auto cache, NewConfigCache(model, factory, c));
     const int32_t* win = tokens.data() + offset;
     RETURN_IF_ERROR(model.Prefill(win, n_prefix, o.w.chunk, cache.get(), &pool, nullptr));
+    const CacheCounters counters0 = cache->counters();
     const int32_t* targets = win + n_prefix;
     if (o.w.chunked) {
-      return model.Prefill(targets, n_scored, o.w.chunk, cache.get(), &pool, nullptr, out);
+      RETURN_IF_ERROR(
+          model.Prefill(targets, n_scored, o.w.chunk, cache.get(), &pool, nullptr, out));
+    } else {
+      out->assign(static_cast<size_t>(n_scored) * v, 0.f);
+      for (int64_t i = 0; i < n_scored; ++i) {
+        RETURN_IF_ERROR(model.Decode(targets[i], cache.get(), &pool, out->data() + i * v));
+      }
     }
-    out->assign(static_cast<size_t>(n_scored) * v, 0.f);
-    for (int64_t i = 0; i < n_scored; ++i) {
-      RETURN_IF_ERROR(model.Decode(targets[i], cache.get(), &pool, out->data() + i * v));
-    }
+    if (achieved) achieved->Add(MeasureAchieved(*cache, counters0));
     return OkStatus();
   };
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::vector<float>> ref(r.offsets.size());
   for (size_t wi = 0; wi < r.offsets.size(); ++wi) {
-    RETURN_IF_ERROR(run(reference, r.offsets[wi], &ref[wi]));
+    RETURN_IF_ERROR(run(reference, r.offsets[wi], &ref[wi], nullptr));
   }
   for (const auto& c : configs) {
     KlConfigResult cr;
@@ -346,7 +359,7 @@ StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const
     double sum = 0;
     std::vector<float> pol;
     for (size_t wi = 0; wi < r.offsets.size(); ++wi) {
-      RETURN_IF_ERROR(run(c, r.offsets[wi], &pol));
+      RETURN_IF_ERROR(run(c, r.offsets[wi], &pol, &cr.achieved));
       KlWindow kw;
       kw.offset = r.offsets[wi];
       double ws = 0;
@@ -366,6 +379,8 @@ StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const
       cr.windows.push_back(std::move(kw));
     }
     cr.mean_kl = sum / static_cast<double>(cr.n_positions);
+    cr.check = CheckAchieved(c.Label(), cr.achieved);
+    if (!cr.check.warning.empty()) r.warnings.push_back(cr.check.warning);
     r.configs.push_back(std::move(cr));
   }
   return r;
@@ -376,12 +391,14 @@ nlohmann::json KlJson(const KlReport& r) {
   j["text"] = r.options.text_name;
   j["corpus_tokens"] = r.corpus_tokens;
   j["reference"] = r.options.reference;
+  j["warnings"] = r.warnings;
   j["configs"] = nlohmann::json::array();
   for (const auto& c : r.configs) {
     nlohmann::json cj = ConfigJson(c.config);
     cj["mean_kl"] = c.mean_kl;
     cj["max_kl"] = c.max_kl;
     cj["n_positions"] = c.n_positions;
+    AddAchievedFields(c.achieved, c.check, &cj);
     cj["windows"] = nlohmann::json::array();
     for (const auto& w : c.windows) {
       cj["windows"].push_back(

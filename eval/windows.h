@@ -46,6 +46,7 @@ struct WindowResult {
   double read_bits_per_value = 0;      // over the scored steps (0 in chunked mode: not a decode)
   int64_t resident_bytes = 0;
   int64_t bytes_read = 0;
+  AchievedCompression achieved;  // the same counters beside the full cache's (scored steps)
 };
 
 struct PplConfigResult {
@@ -56,6 +57,8 @@ struct PplConfigResult {
   int64_t n_targets = 0;
   double resident_bits_per_value = 0;  // mean over windows
   double read_bits_per_value = 0;
+  AchievedCompression achieved;  // summed over windows
+  CompressionCheck check;        // of `achieved`, labelled with the config's label
 };
 
 struct PplComparison {
@@ -84,6 +87,7 @@ struct PplReport {
   std::vector<SkippedConfig> skipped;
   std::vector<PplConfigResult> configs;  // the policy2 config last when given
   std::vector<PplComparison> comparisons;
+  std::vector<std::string> warnings;  // the configs' CompressionCheck warnings
 };
 
 // One window under one config: Prefill(T - E tokens) = compression point, then the E - 1 targets
@@ -123,6 +127,8 @@ struct KlConfigResult {
   double mean_kl = 0;
   double max_kl = 0;
   int64_t n_positions = 0;
+  AchievedCompression achieved;  // summed over windows (reads: the scored steps)
+  CompressionCheck check;        // of `achieved`, labelled with the config's label
 };
 
 struct KlReport {
@@ -131,6 +137,7 @@ struct KlReport {
   int64_t corpus_tokens = 0;
   std::vector<SkippedConfig> skipped;
   std::vector<KlConfigResult> configs;
+  std::vector<std::string> warnings;  // the configs' CompressionCheck warnings
 };
 
 // KL(p_reference || p_policy) at each scored position of each window; the reference and the

@@ -142,6 +142,48 @@ TEST_F(WindowsTest, DestroyedCacheShowsUpInKlAndReadBits) {
   EXPECT_DOUBLE_EQ(r->configs[1].read_bits_per_value, 16.0);
 }
 
+// PPL and KL configs carry the achieved compression over the scored steps and warn where the
+// label promises more: kivi2 holds fewer bytes than full (no warning); quest with a page budget
+// covering every page reads all of them (compressed nothing).
+TEST_F(WindowsTest, ConfigsReportAchievedCompressionAndWarn) {
+  PplOptions p;
+  p.w = SmallWindows();
+  p.w.length = 400;  // KIVI releases the pages of whole quantized groups: a few pages needed
+  p.policies = {"full", "kivi2", "quest:quest-pages=1000"};
+  auto pr = RunPpl(*model_, *tokens_, p, nullptr);
+  ASSERT_TRUE(pr.ok()) << pr.status().ToString();
+  ASSERT_EQ(pr->configs.size(), 3u);
+  const auto& full = pr->configs[0];
+  EXPECT_TRUE(full.achieved.policy.reference);
+  EXPECT_EQ(full.achieved.bytes_read, full.achieved.full_bytes_read);
+  EXPECT_EQ(full.achieved.reads, 3 * 8 * model_->config().n_layers);  // windows x steps x layers
+  EXPECT_EQ(full.check.warning, "");
+  const auto& kivi = pr->configs[1];
+  EXPECT_TRUE(kivi.check.compressed);
+  EXPECT_LT(kivi.achieved.resident_bytes, kivi.achieved.full_resident_bytes);
+  EXPECT_GT(kivi.achieved.policy.blocks_closed, 0);
+  const auto& quest = pr->configs[2];
+  EXPECT_FALSE(quest.check.compressed);
+  EXPECT_EQ(quest.check.warning.rfind(
+                "quest:quest-pages=1000: compressed nothing on this run (every page read", 0),
+            0u)
+      << quest.check.warning;
+  EXPECT_EQ(pr->warnings, std::vector<std::string>{quest.check.warning});
+  const nlohmann::json pj = PplJson(*pr);
+  EXPECT_EQ(pj["warnings"].size(), 1u);
+  EXPECT_EQ(pj["configs"][2]["compressed"], false);
+  EXPECT_EQ(pj["configs"][1]["achieved"]["blocks_closed"], kivi.achieved.policy.blocks_closed);
+
+  KlOptions k;
+  k.w = p.w;
+  k.policies = {"kivi2", "quest:quest-pages=1000"};
+  auto kr = RunKl(*model_, *tokens_, k, nullptr);
+  ASSERT_TRUE(kr.ok()) << kr.status().ToString();
+  EXPECT_TRUE(kr->configs[0].check.compressed);
+  EXPECT_EQ(kr->configs[1].check.warning, quest.check.warning);
+  EXPECT_EQ(kr->warnings.size(), 1u);
+}
+
 TEST_F(WindowsTest, ChunkedModeScoresTheSameTargets) {
   PplOptions p;
   p.w = SmallWindows();

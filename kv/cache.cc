@@ -137,6 +137,8 @@ Status KvCache::Attend(int layer, const float* q, int64_t pos, ThreadPool* pool,
   counters_.rows_attended_total += stats.rows_attended;
   counters_.rows_fetched_total += stats.rows_fetched;
   counters_.fallbacks_total += stats.fallbacks;
+  counters_.rows_visible_total += (pos + 1) * g.n_kv_heads;
+  counters_.full_bytes_read_total += (pos + 1) * g.bytes_per_token();
   counters_.last_step.bytes_read += stats.bytes_read;
   counters_.last_step.rows_attended += stats.rows_attended;
   counters_.last_step.rows_fetched += stats.rows_fetched;
@@ -256,6 +258,18 @@ int64_t KvCache::FullBytesPerToken() const {
   int64_t b = 0;
   for (const auto& s : stores_) b += s.geometry().bytes_per_token();
   return b;
+}
+
+int64_t KvCache::FullResidentBytes() const {
+  int64_t b = 0;
+  for (const auto& s : stores_) b += s.full_resident_bytes();
+  return b;
+}
+
+PolicySummary KvCache::Summary() const {
+  PolicySummary sum = PolicySummary::Identity();
+  for (int l = 0; l < n_layers(); ++l) sum.Add(policy_->Summary(l, stores_[l]));
+  return sum;
 }
 
 }  // namespace strata

@@ -22,6 +22,10 @@ struct CacheCounters {
   int64_t rows_fetched_total = 0;
   int64_t fallbacks_total = 0;     // reads that took an exact fallback
   int64_t calls = 0;               // forward calls
+  // What the full cache's read of the same queries touches (every visible row of every KV head):
+  // the reference the reports compare bytes_read_total and rows_attended_total with.
+  int64_t rows_visible_total = 0;
+  int64_t full_bytes_read_total = 0;
   ReadStats last_step;             // summed over layers for the most recent call
 };
 
@@ -76,6 +80,10 @@ class KvCache {
   int64_t ResidentBytes() const;
   // Bytes per token of the full (uncompressed) cache, summed over layers.
   int64_t FullBytesPerToken() const;
+  // Resident bytes the full cache would hold for the same rows (LayerStore::full_resident_bytes).
+  int64_t FullResidentBytes() const;
+  // The policy's summaries of every layer, summed (PolicySummary::Add).
+  PolicySummary Summary() const;
 
  private:
   KvCache(std::vector<LayerGeometry> layers, std::unique_ptr<Policy> policy);

@@ -140,6 +140,43 @@ void ReadRows(const LayerStore& store, const float* q, const int64_t* rows, int6
   }
 }
 
+PolicySummary PolicySummary::Identity() {
+  PolicySummary s;
+  s.compressed = false;
+  s.reference = true;
+  return s;
+}
+
+void PolicySummary::Add(const PolicySummary& o) {
+  if (rows_kept >= 0 || o.rows_kept >= 0) {
+    rows_kept = (rows_kept >= 0 ? rows_kept : rows_visible) +
+                (o.rows_kept >= 0 ? o.rows_kept : o.rows_visible);
+  }
+  if (blocks_closed >= 0 || o.blocks_closed >= 0) {
+    blocks_closed = std::max<int64_t>(0, blocks_closed) + std::max<int64_t>(0, o.blocks_closed);
+  }
+  rows_visible += o.rows_visible;
+  compressed = compressed || o.compressed;
+  reference = reference && o.reference;
+  // Distinct notes only: the same reason from every layer (or trial) is said once.
+  if (!o.note.empty() && ("; " + note + "; ").find("; " + o.note + "; ") == std::string::npos) {
+    note = note.empty() ? o.note : note + "; " + o.note;
+  }
+}
+
+PolicySummary Policy::Summary(int layer, const LayerStore& store) const {
+  PolicySummary s;
+  s.rows_visible = store.n_rows() * store.geometry().n_kv_heads;
+  return s;
+}
+
+PolicySummary FullPolicy::Summary(int layer, const LayerStore& store) const {
+  PolicySummary s = Policy::Summary(layer, store);
+  s.compressed = false;
+  s.reference = true;
+  return s;
+}
+
 Status FullPolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
                         ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
   ReadPrefix(store, q, limit, pool, st, stats);

@@ -82,6 +82,28 @@ struct CachePlan {
   bool empty() const { return release.empty(); }
 };
 
+// What a policy did to the cache on this run, read from the state its reads use (never restated
+// from its settings): the reports' "rows kept / visible" and the reason behind a "compressed
+// nothing" warning (kv/achieved.h). One layer's summary, or a sum over layers, trials or windows
+// (Add). Rows count once per KV head (an MLA layer has one).
+struct PolicySummary {
+  int64_t rows_visible = 0;    // rows a query at the end of the cache would see
+  int64_t rows_kept = -1;      // of them, rows the policy reads without a recall (sinks, kept
+                               // rows, the unclosed tail); -1: the policy does not select rows
+  int64_t blocks_closed = -1;  // compression blocks closed so far; -1: the policy has no blocks
+  // False: the policy changed nothing it holds or reads on this run (no block closed, every row
+  // kept, no compression point yet...); `note` says why. True is also the default of a policy
+  // that does not say: the measured bytes then decide alone.
+  bool compressed = true;
+  bool reference = false;  // the uncompressed cache itself (`full`): nothing to warn about
+  std::string note;        // one line; several distinct notes are joined with "; "
+  // Sums rows and blocks (when only one side selects rows, the other side's rows count as all
+  // kept; blocks likewise as none), ORs `compressed`, ANDs `reference`, joins distinct notes.
+  void Add(const PolicySummary& other);
+  // The start of a sum (nothing counted, not compressed, reference): Identity().Add(s) == s.
+  static PolicySummary Identity();
+};
+
 class Policy {
  public:
   virtual ~Policy() = default;
@@ -133,6 +155,9 @@ class Policy {
   // write (the rows stay in RAM) or a failed recall index (dense steps from then on). Results
   // are still exact; reports print it so that a run that did not do what was asked says so.
   virtual Status recovered_error() const { return OkStatus(); }
+  // What the policy did to the layer so far (see PolicySummary). The default: rows_visible =
+  // store rows x KV heads, no row selection, no blocks, compressed = true (no claim).
+  virtual PolicySummary Summary(int layer, const LayerStore& store) const;
 };
 
 // The classic cache: every visible row, exactly. The reference every other policy is tested
@@ -143,6 +168,7 @@ class FullPolicy final : public Policy {
   Status Bind(const std::vector<LayerGeometry>& layers) override { return OkStatus(); }
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
+  PolicySummary Summary(int layer, const LayerStore& store) const override;
 };
 
 // Exact reads shared by all row-selecting policies.

@@ -95,4 +95,13 @@ int64_t LayerStore::resident_bytes() const {
   return b;
 }
 
+int64_t LayerStore::full_resident_bytes() const {
+  const int64_t row_values = g_.k_dim + (g_.kind == AttnKind::kGqa ? g_.v_dim : 0);
+  int64_t b = 0;
+  for (const auto& head : pages_) {
+    b += static_cast<int64_t>(head.size()) * kPageRows * row_values * sizeof(uint16_t);
+  }
+  return b;
+}
+
 }  // namespace strata

@@ -46,6 +46,9 @@ class LayerStore {
   void ReleasePage(int h, int64_t p);
   // Bytes of row storage currently allocated (pages x page bytes).
   int64_t resident_bytes() const;
+  // What resident_bytes() would be had no page been released: the full cache's resident bytes
+  // for these rows, the figure a policy's resident bytes are compared with.
+  int64_t full_resident_bytes() const;
 
  private:
   struct Page {

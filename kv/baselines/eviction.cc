@@ -244,6 +244,38 @@ int64_t EvictionPolicy::ResidentBytes(int layer, const LayerStore& store) const 
   return b;
 }
 
+PolicySummary EvictionPolicy::Summary(int layer, const LayerStore& store) const {
+  const Layer& L = layers_[layer];
+  PolicySummary s = Policy::Summary(layer, store);
+  const int64_t n = store.n_rows();
+  const int64_t heads = L.g.n_kv_heads;
+  s.rows_kept = s.rows_visible;
+  s.compressed = false;
+  if (!L.compressed) {
+    s.note = "no compression point yet (the prefill is exact)";
+  } else if (cfg_.kind == EvictionKind::kStreaming) {
+    s.rows_kept = std::min(n, cfg_.sinks + L.window) * heads;
+    s.compressed = s.rows_kept < s.rows_visible;
+    if (!s.compressed) {
+      s.note = "every row kept: " + std::to_string(n) + " rows <= sinks " +
+               std::to_string(cfg_.sinks) + " + window " + std::to_string(L.window);
+    }
+  } else {
+    // One set shared by every KV head counts once per head, as ReadHeadSets reads it.
+    const int64_t per_set = L.kept.size() == 1 ? heads : 1;
+    s.rows_kept = 0;
+    for (const auto& k : L.kept) {
+      s.rows_kept += (static_cast<int64_t>(k.size()) + (n - L.boundary)) * per_set;
+    }
+    s.compressed = s.rows_kept < s.rows_visible;
+    if (!s.compressed) {
+      s.note = "every row kept: the budget covers all " + std::to_string(L.boundary) +
+               " rows at the compression point";
+    }
+  }
+  return s;
+}
+
 StatusOr<std::unique_ptr<Policy>> MakeEvictionPolicy(const PolicySpec& spec, EvictionKind kind) {
   ASSIGN_OR_RETURN(EvictionConfig c, EvictionConfig::FromSpec(spec, kind));
   return std::unique_ptr<Policy>(new EvictionPolicy(c));

@@ -67,6 +67,9 @@ class EvictionPolicy final : public Policy {
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
+  // Rows kept = the rows a query at the end reads (kept rows + rows since the compression point;
+  // streaming: sinks + window), per KV head; compressed = some visible row is not read.
+  PolicySummary Summary(int layer, const LayerStore& store) const override;
 
   const EvictionConfig& config() const { return cfg_; }
   // State after the last compression point (for tests and reports).

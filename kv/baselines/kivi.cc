@@ -262,6 +262,18 @@ int64_t KiviPolicy::ResidentBytes(int layer, const LayerStore& store) const {
   return store.resident_bytes() + QuantizedBytes(layer);
 }
 
+PolicySummary KiviPolicy::Summary(int layer, const LayerStore& store) const {
+  PolicySummary s = Policy::Summary(layer, store);
+  s.blocks_closed = layers_[layer].n_groups;
+  s.compressed = s.blocks_closed > 0;
+  if (!s.compressed) {
+    s.note = "no group quantized: " + std::to_string(store.n_rows()) + " rows < " +
+             std::to_string(kResidual + kGroup) + " (the newest " + std::to_string(kResidual) +
+             " or more stay exact)";
+  }
+  return s;
+}
+
 StatusOr<std::unique_ptr<Policy>> MakeKiviPolicy(const PolicySpec& spec, int bits) {
   // --ratio is accepted (grids pass it to every policy) but KIVI's rate is fixed by its bits.
   if (spec.settings.count("ratio")) RETURN_IF_ERROR(ParseRatio(spec, 32).status());

@@ -63,6 +63,8 @@ class KiviPolicy final : public Policy {
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
+  // No row selection; blocks = quantized groups (per layer), compressed = at least one.
+  PolicySummary Summary(int layer, const LayerStore& store) const override;
 
   int bits() const { return bits_; }
   // Groups quantized so far (rows [0, 32 * groups) are held quantized).

@@ -189,6 +189,21 @@ int64_t QuestPolicy::ResidentBytes(int layer, const LayerStore& store) const {
   return store.resident_bytes() + L.n_boxes * L.g.n_kv_heads * 2 * L.g.k_dim * 2;
 }
 
+PolicySummary QuestPolicy::Summary(int layer, const LayerStore& store) const {
+  const Layer& L = layers_[layer];
+  PolicySummary s = Policy::Summary(layer, store);
+  const int64_t n_cand = store.n_rows() > 0 ? (store.n_rows() - 1) / LayerStore::kPageRows : 0;
+  const int64_t k = cfg_.KeepPages(n_cand);
+  s.compressed = L.active && k < n_cand;
+  if (!L.active) {
+    s.note = "no compression point yet (the prefill is exact)";
+  } else if (!s.compressed) {
+    s.note = "every page read: " + std::to_string(n_cand) + " candidate pages, " +
+             std::to_string(k) + " kept";
+  }
+  return s;
+}
+
 StatusOr<std::unique_ptr<Policy>> MakeQuestPolicy(const PolicySpec& spec) {
   ASSIGN_OR_RETURN(QuestConfig c, QuestConfig::FromSpec(spec));
   return std::unique_ptr<Policy>(new QuestPolicy(c));

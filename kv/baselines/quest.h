@@ -58,6 +58,9 @@ class QuestPolicy final : public Policy {
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
+  // Pages are chosen per query (no kept row set): compressed = a query at the end of the cache
+  // would read fewer candidate pages than there are (KeepPages, the plan Read follows).
+  PolicySummary Summary(int layer, const LayerStore& store) const override;
 
   const QuestConfig& config() const { return cfg_; }
   // Box of closed page p of KV head h: [k_dim] f16 min and max.

@@ -610,6 +610,32 @@ int64_t GeodesiaPolicy::ResidentBytes(int layer, const LayerStore& store) const 
   return store.resident_bytes() + layers_[layer]->graded->resident_bytes().total();
 }
 
+PolicySummary GeodesiaPolicy::Summary(int layer, const LayerStore& store) const {
+  const Layer& L = *layers_[layer];
+  const GradedLayer& gl = *L.graded;
+  PolicySummary s = Policy::Summary(layer, store);
+  s.blocks_closed = gl.n_closed_blocks() * L.n_kv;
+  int64_t demoted = 0;
+  for (int h = 0; h < L.n_kv; ++h) {
+    const auto hist = gl.level_histogram(h);
+    for (int i = 1; i < geodesia::kNumLevels; ++i) demoted += hist[i];
+  }
+  bool skipped = false;  // the Quest gate left out a closed block at the last read
+  if (c_.quest()) {
+    for (const auto& blocks : L.last_blocks) {
+      skipped = skipped || static_cast<int64_t>(blocks.size()) < gl.n_closed_blocks();
+    }
+  }
+  s.compressed = L.active && (demoted > 0 || skipped);
+  if (!L.active) {
+    s.note = "no compression point yet (the prefill is exact)";
+  } else if (!s.compressed) {
+    s.note = std::string("no block below 16 bits") +
+             (c_.quest() ? " and the Quest gate read every block" : "");
+  }
+  return s;
+}
+
 bool GeodesiaPolicy::active(int layer) const { return layers_[layer]->active; }
 const GradedLayer& GeodesiaPolicy::graded(int layer) const { return *layers_[layer]->graded; }
 const std::vector<double>& GeodesiaPolicy::mass(int layer, int h) const {

@@ -110,6 +110,9 @@ class GeodesiaPolicy final : public Policy {
   // LayerStore pages still held + the graded layer's live bytes (payload, scales, boxes, residual
   // rows). The slabs' free capacity between compactions is GradedLayer::allocated_bytes().
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
+  // No row selection; blocks = closed 64-token blocks x KV heads; compressed = some block is
+  // below 16 bits, or (Quest gate) the last read of the layer skipped a closed block.
+  PolicySummary Summary(int layer, const LayerStore& store) const override;
 
   // For benchmarks that fill a cache synthetically (no prefill, no queries), between calls: runs
   // the allocator on the current EMA (no mass update) as a call whose first query sits at

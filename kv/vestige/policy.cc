@@ -699,6 +699,27 @@ int64_t VestigePolicy::ResidentBytes(int layer, const LayerStore& store) const {
   return r.store_bytes + r.restored_bytes + r.staged_bytes + r.metadata_bytes + r.index_bytes;
 }
 
+PolicySummary VestigePolicy::Summary(int layer, const LayerStore& store) const {
+  const Layer& L = layers_[layer];
+  PolicySummary s = Policy::Summary(layer, store);
+  s.rows_kept = s.rows_visible;
+  s.blocks_closed = 0;
+  s.compressed = false;
+  if (!L.mla) return s;  // not a row layer: read like `full`
+  const int64_t n_closed = L.sel.n_closed();
+  s.rows_kept = static_cast<int64_t>(L.sel.kept().size()) + (store.n_rows() - n_closed);
+  s.blocks_closed = n_closed / cfg_.selector.block;
+  s.compressed = !L.sel.archived().empty();
+  if (n_closed == 0) {
+    s.note = "no block closed: " + std::to_string(store.n_rows()) + " rows < block " +
+             std::to_string(cfg_.selector.block);
+  } else if (!s.compressed) {
+    s.note = "every closed row kept (" + std::to_string(L.sel.kept().size()) + " of " +
+             std::to_string(n_closed) + ")";
+  }
+  return s;
+}
+
 StatusOr<std::unique_ptr<Policy>> MakeVestigePolicy(const PolicySpec& spec, bool full_row) {
   ASSIGN_OR_RETURN(VestigeConfig cfg, VestigeConfig::FromSpec(spec, full_row));
   return std::unique_ptr<Policy>(new VestigePolicy(std::move(cfg)));

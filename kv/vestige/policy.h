@@ -152,6 +152,9 @@ class VestigePolicy final : public Policy {
   // A failed archive write (the rows stay in RAM) or the recall tier's first error (dense steps
   // from then on): both exact.
   Status recovered_error() const override;
+  // MLA layers: rows kept = kept closed rows + the unclosed tail, blocks = closed blocks,
+  // compressed = some closed row is archived. Other layers are read in full (not compressed).
+  PolicySummary Summary(int layer, const LayerStore& store) const override;
 
   const VestigeConfig& config() const { return cfg_; }
   // Installs the tier-2 implementation (null: none). Call before the first append.

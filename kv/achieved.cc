@@ -1,0 +1,87 @@
+#include "kv/achieved.h"
+
+#include <cstdio>
+#include <vector>
+
+namespace strata {
+
+void AchievedCompression::Add(const AchievedCompression& o) {
+  resident_bytes += o.resident_bytes;
+  full_resident_bytes += o.full_resident_bytes;
+  bytes_read += o.bytes_read;
+  full_bytes_read += o.full_bytes_read;
+  rows_read += o.rows_read;
+  rows_visible_read += o.rows_visible_read;
+  reads += o.reads;
+  policy.Add(o.policy);
+}
+
+double AchievedCompression::resident_vs_full() const {
+  return full_resident_bytes > 0
+             ? static_cast<double>(resident_bytes) / static_cast<double>(full_resident_bytes)
+             : 0;
+}
+
+double AchievedCompression::read_vs_full() const {
+  return full_bytes_read > 0
+             ? static_cast<double>(bytes_read) / static_cast<double>(full_bytes_read)
+             : 0;
+}
+
+double AchievedCompression::kept_fraction() const {
+  if (policy.rows_kept < 0 || policy.rows_visible <= 0) return -1;
+  return static_cast<double>(policy.rows_kept) / static_cast<double>(policy.rows_visible);
+}
+
+AchievedCompression MeasureAchieved(const KvCache& cache, const CacheCounters& since) {
+  const CacheCounters& c = cache.counters();
+  AchievedCompression a;
+  a.resident_bytes = cache.ResidentBytes();
+  a.full_resident_bytes = cache.FullResidentBytes();
+  a.bytes_read = c.bytes_read_total - since.bytes_read_total;
+  a.full_bytes_read = c.full_bytes_read_total - since.full_bytes_read_total;
+  a.rows_read = c.rows_attended_total - since.rows_attended_total;
+  a.rows_visible_read = c.rows_visible_total - since.rows_visible_total;
+  a.reads = c.reads - since.reads;
+  a.policy = cache.Summary();
+  return a;
+}
+
+namespace {
+std::string Times(double r) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2fx", r);
+  return buf;
+}
+}  // namespace
+
+CompressionCheck CheckAchieved(const std::string& label, const AchievedCompression& a) {
+  CompressionCheck c;
+  const PolicySummary& p = a.policy;
+  if (p.reference) return c;  // full is what the others are measured against
+  const bool reads = a.reads > 0 && a.full_bytes_read > 0;
+  const bool holds_less = a.resident_bytes < a.full_resident_bytes;
+  const bool reads_less = reads && a.bytes_read < a.full_bytes_read;
+  const bool holds_more = a.resident_bytes > a.full_resident_bytes;
+  const bool reads_more = reads && a.bytes_read > a.full_bytes_read;
+  c.compressed = p.compressed && (holds_less || reads_less);
+  std::vector<std::string> parts;
+  if (!p.compressed) {
+    parts.push_back("compressed nothing on this run" + (p.note.empty() ? "" : " (" + p.note + ")"));
+  }
+  if (holds_more || reads_more) {
+    std::string more = holds_more ? "holds " + Times(a.resident_vs_full()) : "";
+    if (reads_more) more += (more.empty() ? "reads " : " and reads ") + Times(a.read_vs_full());
+    more += " the bytes of the full cache";
+    // What it still saves on the other axis, so the line is not read as "useless".
+    if (holds_more && reads_less) more += " (it reads " + Times(a.read_vs_full()) + ")";
+    if (reads_more && holds_less) more += " (it holds " + Times(a.resident_vs_full()) + ")";
+    parts.push_back(more);
+  } else if (p.compressed && !c.compressed) {
+    parts.push_back("saved nothing on this run: it holds and reads what the full cache does");
+  }
+  for (size_t i = 0; i < parts.size(); ++i) c.warning += (i ? "; " : label + ": ") + parts[i];
+  return c;
+}
+
+}  // namespace strata

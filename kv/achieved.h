@@ -1,0 +1,50 @@
+// The compression a policy actually achieved on a run, measured by the cache's own counters
+// beside what the full cache holds and reads for the same rows and queries, and the one check
+// every report (eval, demo, generate, bench) uses to warn when a label promises more than that.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kv/cache.h"
+#include "kv/policy.h"
+
+namespace strata {
+
+// Measured figures of one run, or a sum of runs (trials, windows: Add). Bytes are summed over
+// layers; reads cover the measured queries only (e.g. the needle's question, a window's scored
+// steps), resident bytes are taken at the end of the run.
+struct AchievedCompression {
+  int64_t resident_bytes = 0;       // KvCache::ResidentBytes()
+  int64_t full_resident_bytes = 0;  // KvCache::FullResidentBytes()
+  int64_t bytes_read = 0;           // CacheCounters::bytes_read_total over the measured queries
+  int64_t full_bytes_read = 0;      // CacheCounters::full_bytes_read_total over them
+  int64_t rows_read = 0;            // CacheCounters::rows_attended_total over them
+  int64_t rows_visible_read = 0;    // CacheCounters::rows_visible_total over them
+  int64_t reads = 0;                // CacheCounters::reads over them (0: no read measured)
+  PolicySummary policy = PolicySummary::Identity();  // KvCache::Summary() at the end
+
+  void Add(const AchievedCompression& other);
+  // resident / full resident, read / full read; 0 when the full figure is 0.
+  double resident_vs_full() const;
+  double read_vs_full() const;
+  // rows_kept / rows_visible of the policy's state, or -1 when it does not select rows.
+  double kept_fraction() const;
+};
+
+// The cache's figures now, with the reads counted since `since` (the counters at the start of
+// the measured queries; a default CacheCounters: every read of the run).
+AchievedCompression MeasureAchieved(const KvCache& cache, const CacheCounters& since = {});
+
+// The verdict on one configuration's achieved figures.
+struct CompressionCheck {
+  // The policy changed something on this run and holds or reads fewer bytes than full (false for
+  // the reference itself).
+  bool compressed = false;
+  // Empty, or one line naming `label` and everything wrong: it compressed nothing (and why), or
+  // it holds / reads more bytes than full (with the ratios). Printed after "warning: ".
+  std::string warning;
+};
+CompressionCheck CheckAchieved(const std::string& label, const AchievedCompression& a);
+
+}  // namespace strata
