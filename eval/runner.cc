@@ -180,6 +180,9 @@ nlohmann::json AchievedJson(const AchievedCompression& a) {
           {"full_bytes_read", a.full_bytes_read},
           {"read_vs_full", a.read_vs_full()},
           {"reads", a.reads},
+          {"fallbacks", a.fallbacks},
+          {"recovered_error", a.recovered.empty() ? nlohmann::json(nullptr)
+                                                  : nlohmann::json(a.recovered)},
           {"rows_read", a.rows_read},
           {"rows_visible_read", a.rows_visible_read},
           {"rows_visible", p.rows_visible},

@@ -13,7 +13,9 @@ void AchievedCompression::Add(const AchievedCompression& o) {
   rows_read += o.rows_read;
   rows_visible_read += o.rows_visible_read;
   reads += o.reads;
+  fallbacks += o.fallbacks;
   policy.Add(o.policy);
+  if (recovered.empty()) recovered = o.recovered;
 }
 
 double AchievedCompression::resident_vs_full() const {
@@ -43,7 +45,10 @@ AchievedCompression MeasureAchieved(const KvCache& cache, const CacheCounters& s
   a.rows_read = c.rows_attended_total - since.rows_attended_total;
   a.rows_visible_read = c.rows_visible_total - since.rows_visible_total;
   a.reads = c.reads - since.reads;
+  a.fallbacks = c.fallbacks_total - since.fallbacks_total;
   a.policy = cache.Summary();
+  const Status rec = cache.policy().recovered_error();
+  if (!rec.ok()) a.recovered = rec.message();
   return a;
 }
 
@@ -79,6 +84,9 @@ CompressionCheck CheckAchieved(const std::string& label, const AchievedCompressi
     parts.push_back(more);
   } else if (p.compressed && !c.compressed) {
     parts.push_back("saved nothing on this run: it holds and reads what the full cache does");
+  }
+  if (!a.recovered.empty()) {
+    parts.push_back("recovered from an error with an exact fallback: " + a.recovered);
   }
   for (size_t i = 0; i < parts.size(); ++i) c.warning += (i ? "; " : label + ": ") + parts[i];
   return c;

@@ -22,7 +22,11 @@ struct AchievedCompression {
   int64_t rows_read = 0;            // CacheCounters::rows_attended_total over them
   int64_t rows_visible_read = 0;    // CacheCounters::rows_visible_total over them
   int64_t reads = 0;                // CacheCounters::reads over them (0: no read measured)
+  int64_t fallbacks = 0;            // CacheCounters::fallbacks_total over them (exact dense steps)
   PolicySummary policy = PolicySummary::Identity();  // KvCache::Summary() at the end
+  // Policy::recovered_error() at the end ("" when none; a sum keeps the first): an error the
+  // policy recovered from exactly, e.g. a failed archive write that left the rows in RAM.
+  std::string recovered;
 
   void Add(const AchievedCompression& other);
   // resident / full resident, read / full read; 0 when the full figure is 0.
@@ -41,8 +45,9 @@ struct CompressionCheck {
   // The policy changed something on this run and holds or reads fewer bytes than full (false for
   // the reference itself).
   bool compressed = false;
-  // Empty, or one line naming `label` and everything wrong: it compressed nothing (and why), or
-  // it holds / reads more bytes than full (with the ratios). Printed after "warning: ".
+  // Empty, or one line naming `label` and everything wrong: it compressed nothing (and why), it
+  // holds / reads more bytes than full (with the ratios), or it recovered from an error with an
+  // exact fallback (and which). Printed after "warning: ".
   std::string warning;
 };
 CompressionCheck CheckAchieved(const std::string& label, const AchievedCompression& a);

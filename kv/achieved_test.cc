@@ -339,3 +339,31 @@ TEST(MeasureAchieved, VestigeRecallIndexAsWideAsTheRowReadsMoreThanFull) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// A policy that recovered from an error with an exact fallback is named in the warning, even when
+// it compressed as asked.
+TEST(CheckAchieved, RecoveredErrorIsReported) {
+  AchievedCompression a;
+  a.resident_bytes = 10;
+  a.full_resident_bytes = 100;
+  a.bytes_read = 5;
+  a.full_bytes_read = 50;
+  a.reads = 1;
+  a.policy = PolicySummary();
+  a.recovered = "layer 0: archive write failed, archived rows stay in RAM: disk full";
+  const CompressionCheck c = CheckAchieved("vestige@32", a);
+  EXPECT_TRUE(c.compressed);
+  EXPECT_EQ(c.warning,
+            "vestige@32: recovered from an error with an exact fallback: layer 0: archive write "
+            "failed, archived rows stay in RAM: disk full");
+  AchievedCompression sum;
+  sum.Add(a);
+  sum.Add(AchievedCompression());
+  EXPECT_EQ(sum.recovered, a.recovered);
+}
+
+}  // namespace
+}  // namespace strata

@@ -41,6 +41,7 @@ class KvCache {
   const LayerGeometry& geometry(int layer) const { return stores_[layer].geometry(); }
   const LayerStore& store(int layer) const { return stores_[layer]; }
   Policy& policy() { return *policy_; }
+  const Policy& policy() const { return *policy_; }
   // Rows appended to layer 0 (every layer holds the same tokens).
   int64_t n_tokens() const { return stores_.empty() ? 0 : stores_[0].n_rows(); }
 
