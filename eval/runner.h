@@ -44,12 +44,22 @@ struct PolicyConfig {
 };
 
 // The grid policies x ratios (policy-major). An empty `ratios` gives one config per policy with
-// no ratio setting. "all" in `policies` expands to every registered policy. A policy item may
-// carry its own settings after colons, "vestige:recall=off:block=1024"; they override `settings`
-// for that item only ("ratio" cannot be set this way: it is the grid's other axis).
+// no ratio setting. "all" in `policies` expands to every registered policy. Items are parsed by
+// kv/registry.h ParsePolicySpec: an item may carry its own settings after colons,
+// "vestige:recall=off:block=1024", which override `settings` for that item only ("ratio" cannot
+// be set this way: it is the grid's other axis). `settings` (the list's) reach each policy that
+// declares them, and a ratio only the policies that declare one (PolicyConfig::Spec), so
+// "full@8" runs full; the registry validates every config's spec when it is built.
 StatusOr<std::vector<PolicyConfig>> ExpandGrid(const std::vector<std::string>& policies,
                                                const std::vector<std::string>& ratios,
                                                const std::map<std::string, std::string>& settings);
+
+// The CLI's check of settings given for a whole policy list (--bits, --set k=v, an explicit
+// --ratio): each must be declared by at least one listed policy, else InvalidArgument naming the
+// setting, the listed policies and the ones that do declare it. Each item's own settings are
+// validated too (ValidatePolicySpec), so a typo fails before any model is loaded.
+Status CheckListSettings(const std::vector<std::string>& policies,
+                         const std::map<std::string, std::string>& settings);
 
 // A fresh cache for the config; errors name the config (e.g. a row policy on a GQA model).
 StatusOr<std::unique_ptr<KvCache>> NewConfigCache(const Model& model, const PolicyFactory& factory,

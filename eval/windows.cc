@@ -128,7 +128,7 @@ StatusOr<PplReport> RunPpl(Model& model, const std::vector<int32_t>& tokens, con
                    BuildableConfigs(model, factory, grid,
                                     o.skip_unsupported, &r.skipped, progress));
   if (!o.policy2.empty()) {
-    std::map<std::string, std::string> s = o.settings;
+    std::map<std::string, std::string> s = SettingsFor(o.policy2, o.settings);
     s.erase("ratio");
     const PolicyConfig b{o.policy2, o.ratio2, s, ""};
     RETURN_IF_ERROR(NewConfigCache(model, factory, b).status().WithContext("--policy2"));
@@ -312,7 +312,7 @@ StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const
   ASSIGN_OR_RETURN(const std::vector<PolicyConfig> configs,
                    BuildableConfigs(model, factory, grid,
                                     o.skip_unsupported, &r.skipped, progress));
-  std::map<std::string, std::string> ref_settings = o.settings;
+  std::map<std::string, std::string> ref_settings = SettingsFor(o.reference, o.settings);
   ref_settings.erase("ratio");
   const PolicyConfig reference{o.reference, std::nullopt, ref_settings, ""};
   RETURN_IF_ERROR(NewConfigCache(model, factory, reference).status().WithContext("--reference"));

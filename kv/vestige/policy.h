@@ -233,6 +233,9 @@ class VestigePolicy final : public Policy {
 };
 
 // Registry entry makers ("vestige" and "fullrow").
+// The declared settings of vestige (full_row: fullrow): the selector's, the archive's and the
+// recall tier's (RecallSettingDecls); defaults are VestigeConfig's initial values.
+PolicySettings VestigeSettings(bool full_row);
 StatusOr<std::unique_ptr<Policy>> MakeVestigePolicy(const PolicySpec& spec, bool full_row);
 
 }  // namespace strata
