@@ -14,10 +14,11 @@ PolicyFactory RegistryFactory() {
 PolicySpec PolicyConfig::Spec() const {
   PolicySpec s;
   s.name = policy;
-  s.settings = settings;
-  // The grid's ratio axis reaches only the policies that declare a ratio (full@8 runs full).
-  const PolicyInfo* info = FindPolicy(policy);
-  if (ratio && (info == nullptr || info->settings.Takes("ratio"))) s.settings["ratio"] = *ratio;
+  // The list's settings and the grid's ratio reach only the policies that declare them (full@8
+  // runs full); the item's own settings are all declared (CheckListSettings, MakePolicy).
+  std::map<std::string, std::string> all = settings;
+  if (ratio) all["ratio"] = *ratio;
+  s.settings = SettingsFor(policy, all);
   return s;
 }
 
@@ -63,7 +64,7 @@ StatusOr<std::vector<PolicyConfig>> ExpandGrid(const std::vector<std::string>& p
   shared.erase("ratio");
   std::vector<PolicyConfig> out;
   for (const auto& it : items) {
-    std::map<std::string, std::string> s = SettingsFor(it.name, shared);
+    std::map<std::string, std::string> s = shared;
     const PolicyInfo* info = FindPolicy(it.name);
     for (const auto& [k, v] : it.own) {
       // The item's own value replaces the list's, also when one of them is an alias.
@@ -150,8 +151,11 @@ StatusOr<std::vector<PolicyConfig>> BuildableConfigs(
 }
 
 nlohmann::json ConfigJson(const PolicyConfig& c) {
+  // The settings as requested for this config (the list's, the item's and the ratio), as before
+  // the schema; Spec() holds the ones the policy declares and gets.
   nlohmann::json s = nlohmann::json::object();
-  for (const auto& [k, v] : c.Spec().settings) s[k] = v;
+  for (const auto& [k, v] : c.settings) s[k] = v;
+  if (c.ratio) s["ratio"] = *c.ratio;
   return {{"policy", c.policy},
           {"variant", c.variant},
           {"ratio", c.ratio ? nlohmann::json(*c.ratio) : nlohmann::json(nullptr)},

@@ -32,7 +32,9 @@ PolicyFactory RegistryFactory();
 struct PolicyConfig {
   std::string policy;
   std::optional<std::string> ratio;
-  std::map<std::string, std::string> settings;  // without "ratio"
+  // Requested for this config, without "ratio": the list's settings and the item's own; Spec()
+  // passes on the ones the policy declares.
+  std::map<std::string, std::string> settings;
   std::string variant;  // "k=v:k=v" as written in the policy list; empty: none
 
   PolicySpec Spec() const;

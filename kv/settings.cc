@@ -275,7 +275,7 @@ StatusOr<ResolvedSettings> ResolveSettings(
     const PolicySettings& decl, const std::map<std::string, std::string>& settings,
     const std::function<std::vector<std::string>(const std::string&)>& declared_by) {
   ResolvedSettings r;
-  r.decl_ = &decl;
+  r.decl_ = std::make_shared<const PolicySettings>(decl);
   std::map<std::string, std::string> via;  // declared name -> the key it was given as
   for (const auto& [key, value] : settings) {
     const SettingDecl* d = decl.Find(key);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -102,7 +103,7 @@ class ResolvedSettings {
       const PolicySettings&, const std::map<std::string, std::string>&,
       const std::function<std::vector<std::string>(const std::string&)>&);
   const SettingDecl& Decl(const std::string& name) const;
-  const PolicySettings* decl_ = nullptr;
+  std::shared_ptr<const PolicySettings> decl_;  // a copy: callers may pass a temporary
   std::map<std::string, std::string> values_;
   std::set<std::string> given_;
 };
