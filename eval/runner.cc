@@ -14,11 +14,9 @@ PolicyFactory RegistryFactory() {
 PolicySpec PolicyConfig::Spec() const {
   PolicySpec s;
   s.name = policy;
-  // The list's settings and the grid's ratio reach only the policies that declare them (full@8
-  // runs full); the item's own settings are all declared (CheckListSettings, MakePolicy).
-  std::map<std::string, std::string> all = settings;
-  if (ratio) all["ratio"] = *ratio;
-  s.settings = SettingsFor(policy, all);
+  s.settings = settings;
+  // The grid's ratio axis reaches only the policies that declare a ratio (full@8 runs full).
+  if (ratio && !SettingsFor(policy, {{"ratio", *ratio}}).empty()) s.settings["ratio"] = *ratio;
   return s;
 }
 
@@ -64,7 +62,7 @@ StatusOr<std::vector<PolicyConfig>> ExpandGrid(const std::vector<std::string>& p
   shared.erase("ratio");
   std::vector<PolicyConfig> out;
   for (const auto& it : items) {
-    std::map<std::string, std::string> s = shared;
+    std::map<std::string, std::string> s = SettingsFor(it.name, shared);
     const PolicyInfo* info = FindPolicy(it.name);
     for (const auto& [k, v] : it.own) {
       // The item's own value replaces the list's, also when one of them is an alias.
@@ -75,9 +73,9 @@ StatusOr<std::vector<PolicyConfig>> ExpandGrid(const std::vector<std::string>& p
       s[k] = v;
     }
     if (ratios.empty()) {
-      out.push_back({it.name, std::nullopt, s, it.variant});
+      out.push_back({it.name, std::nullopt, s, it.variant, shared});
     } else {
-      for (const auto& r : ratios) out.push_back({it.name, r, s, it.variant});
+      for (const auto& r : ratios) out.push_back({it.name, r, s, it.variant, shared});
     }
   }
   return out;
@@ -154,6 +152,7 @@ nlohmann::json ConfigJson(const PolicyConfig& c) {
   // The settings as requested for this config (the list's, the item's and the ratio), as before
   // the schema; Spec() holds the ones the policy declares and gets.
   nlohmann::json s = nlohmann::json::object();
+  for (const auto& [k, v] : c.list_settings) s[k] = v;
   for (const auto& [k, v] : c.settings) s[k] = v;
   if (c.ratio) s["ratio"] = *c.ratio;
   return {{"policy", c.policy},

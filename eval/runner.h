@@ -32,10 +32,13 @@ PolicyFactory RegistryFactory();
 struct PolicyConfig {
   std::string policy;
   std::optional<std::string> ratio;
-  // Requested for this config, without "ratio": the list's settings and the item's own; Spec()
-  // passes on the ones the policy declares.
+  // Without "ratio": the list's settings this policy declares, then the item's own (all of
+  // them: a key the policy does not declare is the registry's error).
   std::map<std::string, std::string> settings;
   std::string variant;  // "k=v:k=v" as written in the policy list; empty: none
+  // The list's settings as given (also those this policy does not declare), for the report's
+  // "settings" echo (ConfigJson).
+  std::map<std::string, std::string> list_settings = {};
 
   PolicySpec Spec() const;
   // "vestige", or "vestige:recall=off" with a variant.

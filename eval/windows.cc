@@ -128,9 +128,9 @@ StatusOr<PplReport> RunPpl(Model& model, const std::vector<int32_t>& tokens, con
                    BuildableConfigs(model, factory, grid,
                                     o.skip_unsupported, &r.skipped, progress));
   if (!o.policy2.empty()) {
-    std::map<std::string, std::string> s = SettingsFor(o.policy2, o.settings);
-    s.erase("ratio");
-    const PolicyConfig b{o.policy2, o.ratio2, s, ""};
+    std::map<std::string, std::string> list = o.settings;
+    list.erase("ratio");
+    const PolicyConfig b{o.policy2, o.ratio2, SettingsFor(o.policy2, list), "", list};
     RETURN_IF_ERROR(NewConfigCache(model, factory, b).status().WithContext("--policy2"));
     configs.push_back(b);
   }

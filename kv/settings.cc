@@ -115,8 +115,7 @@ SettingDecl& SettingDecl::Default(std::string text) {
 }
 
 std::string SettingDecl::DefaultText() const {
-  if (!auto_default.empty()) return "auto (" + auto_default + ")";
-  return def;
+  return auto_default.empty() ? def : auto_default;
 }
 
 namespace {

@@ -30,7 +30,9 @@ struct SettingDecl {
   // default value is the value of the same text given on the command line). Empty when the
   // default is model-dependent (`auto_default`).
   std::string def;
-  // Non-empty: the default is chosen when the model is known (at Bind); how, in a few words.
+  // Non-empty: there is no fixed default; what happens instead, in a few words, shown as the
+  // default ("auto: the largest power of two dividing 64 and the head dim": chosen at Bind;
+  // "unset: the ratio sets the pages": the setting is simply off).
   std::string auto_default;
   // int/real bounds (absent: unbounded); open bounds exclude the value itself.
   std::optional<double> min, max;
@@ -56,12 +58,12 @@ struct SettingDecl {
   SettingDecl& Min(double v, bool open = false);
   SettingDecl& Max(double v, bool open = false);
   SettingDecl& Constraint(std::string text);
-  SettingDecl& Auto(std::string how);  // the default is model-dependent (clears `def`)
+  SettingDecl& Auto(std::string how);  // no fixed default (sets auto_default, clears `def`)
   SettingDecl& Shared();
   SettingDecl& Alias(std::string key);
   SettingDecl& Default(std::string text);  // replaces the default text (a variant's own default)
 
-  // "4096", "on", or "auto (largest power of two dividing 64 and the head dim)".
+  // "4096", "on", or the auto_default text.
   std::string DefaultText() const;
   // ">= 64; a multiple of 64", "[0, 1]", "(0, 1]", "on | off", "prefix | decode", "any".
   std::string RangeText() const;
