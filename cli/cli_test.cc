@@ -357,6 +357,19 @@ TEST_F(CliTest, PolicyTablesInDocsMatchTheDeclarations) {
   }
 }
 
+// Geodesia's and Compressed-Quest's defaults run on the repository's GQA testbed (head dim 32:
+// the group defaults to 32) with no extra flag.
+TEST_F(CliTest, GeodesiaDefaultsRunOnTheGqaTestbed) {
+  const std::string gqa = std::string(STRATA_SOURCE_DIR) + "/models/gqa.gguf";
+  if (!fs::exists(gqa)) GTEST_SKIP() << gqa << " is not there";
+  Result r = Strata({"eval", "needle", "-m", gqa, "--needle-format", "kv-tokens", "--policy",
+                     "geodesia,cquest", "--trials", "1", "--len", "256", "--threads", "1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("geodesia"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cquest"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("skipped"), std::string::npos) << r.out;
+}
+
 // `bench attention` runs registered policies through the registry for both layer kinds.
 TEST_F(CliTest, BenchAttentionRunsRegisteredPolicies) {
   Result g = Strata({"bench", "attention", "--kind", "gqa", "--ctx", "512", "--q-heads", "4",

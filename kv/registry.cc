@@ -1,6 +1,5 @@
 #include "kv/registry.h"
 
-#include <cstdlib>
 #include <functional>
 
 #include "kv/geodesia/policy.h"
@@ -8,42 +7,6 @@
 #include "kv/vestige/policy.h"
 
 namespace strata {
-
-StatusOr<double> PolicySpec::GetDouble(const std::string& key, double def) const {
-  auto it = settings.find(key);
-  if (it == settings.end()) return def;
-  char* end = nullptr;
-  const double v = std::strtod(it->second.c_str(), &end);
-  if (it->second.empty() || *end != '\0') {
-    return InvalidArgument("--" + key + " = '" + it->second + "' is not a number");
-  }
-  return v;
-}
-
-StatusOr<int64_t> PolicySpec::GetInt(const std::string& key, int64_t def) const {
-  auto it = settings.find(key);
-  if (it == settings.end()) return def;
-  char* end = nullptr;
-  const long long v = std::strtoll(it->second.c_str(), &end, 10);
-  if (it->second.empty() || *end != '\0') {
-    return InvalidArgument("--" + key + " = '" + it->second + "' is not an integer");
-  }
-  return static_cast<int64_t>(v);
-}
-
-StatusOr<bool> PolicySpec::GetBool(const std::string& key, bool def) const {
-  auto it = settings.find(key);
-  if (it == settings.end()) return def;
-  const std::string& v = it->second;
-  if (v == "on" || v == "true" || v == "1") return true;
-  if (v == "off" || v == "false" || v == "0") return false;
-  return InvalidArgument("--" + key + " = '" + v + "' must be on or off");
-}
-
-std::string PolicySpec::GetString(const std::string& key, const std::string& def) const {
-  auto it = settings.find(key);
-  return it == settings.end() ? def : it->second;
-}
 
 namespace {
 

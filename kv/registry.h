@@ -15,17 +15,11 @@
 namespace strata {
 
 // A policy name and its settings as strings, e.g. {"vestige", {{"ratio","32"},{"kappa","2"}}}.
-// Keys are the long flag names without dashes ("ratio", "rd-frac", "quest-keep", ...).
+// Keys are the declared setting names (or aliases) of the policy (kv/settings.h); policies read
+// them through ResolveSettings, which fills the declared defaults, so no default is restated.
 struct PolicySpec {
   std::string name;
   std::map<std::string, std::string> settings;
-
-  // Typed accessors: the default when absent; InvalidArgument naming "--key" and the value when
-  // the text does not parse.
-  StatusOr<double> GetDouble(const std::string& key, double def) const;
-  StatusOr<int64_t> GetInt(const std::string& key, int64_t def) const;
-  StatusOr<bool> GetBool(const std::string& key, bool def) const;  // on/off, true/false, 1/0
-  std::string GetString(const std::string& key, const std::string& def) const;
 };
 
 struct PolicyInfo {

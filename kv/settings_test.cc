@@ -155,7 +155,9 @@ TEST(RegistryTest, EveryPolicysDeclaredDefaultsParseAndBuild) {
     auto explicit_defaults = MakePolicy(all);
     ASSERT_TRUE(explicit_defaults.ok()) << explicit_defaults.status().ToString();
     EXPECT_EQ((*explicit_defaults)->describe(), (*empty)->describe());
-    if (!p.settings.budget.empty()) EXPECT_TRUE(p.settings.Takes(p.settings.budget));
+    if (!p.settings.budget.empty()) {
+      EXPECT_TRUE(p.settings.Takes(p.settings.budget));
+    }
   }
 }
 
