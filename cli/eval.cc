@@ -156,6 +156,12 @@ StatusOr<std::map<std::string, std::string>> Settings(const EvalCliOptions& o, C
   std::map<std::string, std::string> check = s;
   if (cmd->count("--ratio") > 0 && !Ratios(o.ratios).empty()) check["ratio"] = o.ratios;
   RETURN_IF_ERROR(eval::CheckListSettings(SplitList(o.policies), check));
+  // --reference and --policy2 name a policy the same way; their own settings are checked now too.
+  for (const auto& [flag, item] : {std::pair<std::string, std::string>{"--reference", o.reference},
+                                   {"--policy2", o.policy2}}) {
+    if (item.empty()) continue;
+    RETURN_IF_ERROR(eval::CheckListSettings({item}, {}).WithContext(flag));
+  }
   return s;
 }
 

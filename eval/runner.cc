@@ -81,6 +81,15 @@ StatusOr<std::vector<PolicyConfig>> ExpandGrid(const std::vector<std::string>& p
   return out;
 }
 
+StatusOr<PolicyConfig> SingleConfig(const std::string& item, std::optional<std::string> ratio,
+                                    const std::map<std::string, std::string>& settings) {
+  std::vector<std::string> ratios;
+  if (ratio) ratios.push_back(*ratio);
+  ASSIGN_OR_RETURN(std::vector<PolicyConfig> one, ExpandGrid({item}, ratios, settings));
+  if (one.size() != 1) return InvalidArgument("'" + item + "' must name one policy");
+  return one[0];
+}
+
 Status CheckListSettings(const std::vector<std::string>& policies,
                          const std::map<std::string, std::string>& settings) {
   std::vector<std::string> names;

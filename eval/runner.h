@@ -59,6 +59,11 @@ StatusOr<std::vector<PolicyConfig>> ExpandGrid(const std::vector<std::string>& p
                                                const std::vector<std::string>& ratios,
                                                const std::map<std::string, std::string>& settings);
 
+// One config outside the grid (--reference, --policy2): the item NAME[@X][:key=value...] with
+// the list's settings it declares and, when given, the ratio (where it declares one).
+StatusOr<PolicyConfig> SingleConfig(const std::string& item, std::optional<std::string> ratio,
+                                    const std::map<std::string, std::string>& settings);
+
 // The CLI's check of settings given for a whole policy list (--bits, --set k=v, an explicit
 // --ratio): each must be declared by at least one listed policy, else InvalidArgument naming the
 // setting, the listed policies and the ones that do declare it. Each item's own settings are
