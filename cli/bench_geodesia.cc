@@ -99,7 +99,8 @@ void AddBenchCapacityCommand(CLI::App* bench, BenchCapacityOptions* o) {
   cmd->add_option("--q-heads", o->q_heads, "Query heads")->capture_default_str();
   cmd->add_option("--kv-heads", o->kv_heads, "KV heads")->capture_default_str();
   cmd->add_option("--head-dim", o->head_dim, "Head dim")->capture_default_str();
-  cmd->add_option("--policy", o->policy, "A geodesia or cquest policy: NAME[@X][:key=value...] (@X: bits)")
+  cmd->add_option("--policy", o->policy,
+                  "A geodesia or cquest policy: NAME[@X][:key=value...] (@X: bits)")
       ->capture_default_str();
   cmd->add_option("--every", o->every, "Tokens between allocator runs during the fill")
       ->capture_default_str();

@@ -180,7 +180,7 @@ std::string SharedSettingHelp(const std::string& key) {
   };
   std::string takers;
   for (const auto& n : PoliciesDeclaring(key)) takers += (takers.empty() ? "" : ", ") + n;
-  help[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(help[0])));
+  if (!help.empty()) help[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(help[0])));
   return help + " [" + takers + "; default " + list(defaults) + "; range " + list(ranges) + "]";
 }
 

@@ -248,10 +248,12 @@ TEST(RegistryTest, ParsePolicySpecIsTheOneSyntax) {
   auto a = ParsePolicySpec("vestige:recall=off:block=1024");
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->name, "vestige");
-  EXPECT_EQ(a->settings, (std::map<std::string, std::string>{{"recall", "off"}, {"block", "1024"}}));
+  EXPECT_EQ(a->settings,
+            (std::map<std::string, std::string>{{"recall", "off"}, {"block", "1024"}}));
   auto b = ParsePolicySpec("geodesia@2.5:rd-frac=0.03");
   ASSERT_TRUE(b.ok());
-  EXPECT_EQ(b->settings, (std::map<std::string, std::string>{{"bits", "2.5"}, {"rd-frac", "0.03"}}));
+  EXPECT_EQ(b->settings,
+            (std::map<std::string, std::string>{{"bits", "2.5"}, {"rd-frac", "0.03"}}));
   auto c = ParsePolicySpec("vestige@8");
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->settings.at("ratio"), "8");
