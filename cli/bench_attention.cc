@@ -65,7 +65,10 @@ struct Row {
   double rows = 0;           // rows attended per step (per KV head summed)
   double fetched = 0;        // rows recalled from an archive per step
   int64_t resident = 0;
-  std::string levels = "-";  // Geodesia: share of blocks at 16/8/4/2/1
+  // Geodesia: the spec's rate accounting (GeodesiaStats) and the share of blocks at 16/8/4/2/1.
+  bool geodesia = false;
+  double resident_bpv = 0, read_bpv = 0, read_bpv_union = 0;
+  std::string levels = "-";
 };
 
 }  // namespace
@@ -216,6 +219,10 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       r.fetched = static_cast<double>(sums[i].rows_fetched) / o.steps;
       r.resident = cache.ResidentBytes();
       if (auto* geo = dynamic_cast<GeodesiaPolicy*>(&cache.policy())) {
+        r.geodesia = true;
+        r.resident_bpv = geo->stats().resident_bpv();
+        r.read_bpv = geo->stats().read_bpv();
+        r.read_bpv_union = geo->stats().read_bpv_union();
         std::array<int64_t, geodesia::kNumLevels> hist{};
         int64_t n = 0;
         for (int h = 0; h < g.n_kv_heads; ++h) {
@@ -235,7 +242,8 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       << " untimed; ratios vs full in this run\n";
   for (size_t i = 0; i < items.size(); ++i) out << "  " << items[i] << ": " << describe[i] << "\n";
   Table t({"ctx", "policy", "ms/step", "speedup", "KV bytes read/step", "read ratio",
-           "rows read/step", "fetched/step", "resident", "resident ratio", "% blocks 16/8/4/2/1"});
+           "rows read/step", "fetched/step", "resident", "resident ratio", "bpv resident (1.5)",
+           "bpv read/q-head", "bpv read/kv-head", "% blocks 16/8/4/2/1"});
   nlohmann::json results = nlohmann::json::array();
   const Row* full = nullptr;
   for (const Row& r : rows) {
@@ -244,7 +252,10 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
               FormatFixed(full->ms / r.ms, 2) + "x", FormatBytes(r.bytes),
               FormatFixed(r.bytes / full->bytes, 4), FormatFixed(r.rows, 1),
               FormatFixed(r.fetched, 1), FormatBytes(static_cast<double>(r.resident)),
-              FormatFixed(static_cast<double>(r.resident) / full->resident, 4), r.levels});
+              FormatFixed(static_cast<double>(r.resident) / full->resident, 4),
+              r.geodesia ? FormatFixed(r.resident_bpv, 3) : "-",
+              r.geodesia ? FormatFixed(r.read_bpv, 3) : "-",
+              r.geodesia ? FormatFixed(r.read_bpv_union, 3) : "-", r.levels});
     results.push_back({{"ctx", r.ctx},
                        {"policy", r.label},
                        {"ms_per_step", r.ms},
@@ -256,6 +267,11 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
                        {"resident_bytes", r.resident},
                        {"resident_ratio_vs_full", static_cast<double>(r.resident) / full->resident},
                        {"level_shares_16_8_4_2_1", r.levels}});
+    if (r.geodesia) {
+      results.back()["resident_bpv_spec"] = r.resident_bpv;
+      results.back()["read_bpv_per_query_head"] = r.read_bpv;
+      results.back()["read_bpv_union_per_kv_head"] = r.read_bpv_union;
+    }
   }
   t.Print(out);
   if (!o.json_path.empty()) {
