@@ -44,6 +44,7 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
              "  strata generate -m model.gguf -p \"The quick brown fox\" -n 64\n"
              "  strata synth --preset 125m --dtype f16 -o /tmp/l125.gguf\n"
              "  strata bench decode -m /tmp/l125.gguf --ctx 0,4096,16384 --threads 1,2\n"
+             "  strata policies                  # every cache policy and its settings\n"
              "Run `strata COMMAND --help` for a command's flags.\n");
   DemoOptions demo;
   AddDemoCommand(&app, &demo);
@@ -62,13 +63,13 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
       app.add_subcommand("bench", "Benchmarks, with ratios measured in the same process");
   bench->require_subcommand(1);
   AddBenchDecodeCommand(bench, &bench_decode);
-  BenchGqaAttentionOptions bench_gqa_attention;
   BenchCapacityOptions bench_capacity;
-  AddBenchGqaAttentionCommand(bench, &bench_gqa_attention);
   AddBenchCapacityCommand(bench, &bench_capacity);
   std::shared_ptr<EvalCliOptions> eval = AddEvalCommand(&app);
   BenchAttentionOptions bench_attention;
   AddBenchAttentionCommand(bench, &bench_attention);
+  PoliciesOptions policies;
+  AddPoliciesCommand(&app, &policies);
 
   const std::vector<std::string> commands = SubcommandNames(&app);
   const std::vector<std::string> bench_commands = SubcommandNames(bench);
@@ -94,15 +95,6 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
 
   try {
     std::vector<std::string> reversed(args.rbegin(), args.rend());
-    // `bench attention --kind gqa` is the GQA benchmark of cli/bench_geodesia.cc.
-    if (args.size() >= 2 && args[0] == "bench" && args[1] == "attention") {
-      for (size_t i = 2; i < args.size(); ++i) {
-        if (args[i] == "--kind=gqa" || (args[i] == "--kind" && i + 1 < args.size() &&
-                                        args[i + 1] == "gqa")) {
-          reversed[args.size() - 2] = "attention-gqa";
-        }
-      }
-    }
     app.parse(reversed);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e, out, err);  // --help
@@ -117,11 +109,9 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
     if (app.got_subcommand("convert")) return RunConvert(convert, out, err);
     if (app.got_subcommand("logits")) return RunLogits(logits, out, err);
     if (bench->got_subcommand("decode")) return RunBenchDecode(bench_decode, out, err);
-    if (bench->got_subcommand("attention-gqa")) {
-      return RunBenchGqaAttention(bench_gqa_attention, out, err);
-    }
     if (bench->got_subcommand("capacity")) return RunBenchCapacity(bench_capacity, out, err);
     if (app.got_subcommand("eval")) return RunEval(*eval, out, err);
+    if (app.got_subcommand("policies")) return RunPolicies(policies, out, err);
     if (bench->got_subcommand("attention")) return RunBenchAttention(bench_attention, out, err);
   } catch (const std::exception& e) {
     err << "error: internal: " << e.what() << "\n";

@@ -1,11 +1,14 @@
-// `strata bench attention --kind gqa` (attention-gqa) and `strata bench capacity`: per-step attention time and bytes read of
-// cache policies against the full bf16 cache in one run, and the resident size of a long Geodesia
-// cache filled block by block.
+// `strata bench capacity`: the resident size of a long Geodesia cache filled block by block; and
+// the synthetic layers and rows it shares with `strata bench attention` (cli/bench_attention.cc).
 #pragma once
 
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "kv/geometry.h"
 
 namespace CLI {
 class App;
@@ -13,22 +16,23 @@ class App;
 
 namespace strata::cli {
 
-struct BenchGqaAttentionOptions {
-  std::string kind = "gqa";
-  int64_t ctx = 16384;
-  int q_heads = 32;
-  int kv_heads = 8;
-  int head_dim = 128;
-  // Comma-separated; NAME[@BITS][:key=value:key=value], e.g. geodesia@2.5:rd-frac=0.03.
-  std::string policy = "full,geodesia@5,geodesia@2.5,cquest";
-  int steps = 8;
-  int warmup = 2;
-  int threads = 0;  // 0: hardware concurrency
-  uint64_t seed = 1;
-  std::string json_path;
+// One GQA layer: q query heads over kv KV heads of head dim d.
+LayerGeometry GqaGeometry(int q, int kv, int d);
+
+// Synthetic rows: keys = a fixed per-(head, channel) offset + a per-block amplitude x noise, so
+// blocks differ (as real caches do) and the allocator has something to rank. Values: noise.
+// k and v are n_kv_heads x k_dim floats each (an MLA latent row: k only).
+class RowSource {
+ public:
+  RowSource(uint64_t seed, const LayerGeometry& g, int bank = 0);  // bank > 0: cycle that many
+  void Row(int64_t pos, float* k, float* v);
+  void Query(float* q, int n);
+
+ private:
+  Rng rng_;
+  LayerGeometry g_;
+  std::vector<float> offset_, bank_k_, bank_v_;
 };
-void AddBenchGqaAttentionCommand(CLI::App* bench, BenchGqaAttentionOptions* o);
-int RunBenchGqaAttention(const BenchGqaAttentionOptions& o, std::ostream& out, std::ostream& err);
 
 struct BenchCapacityOptions {
   int64_t tokens = 1000000;

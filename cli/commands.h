@@ -15,9 +15,10 @@ class App;
 
 namespace strata::cli {
 
-// Cache-policy settings as dedicated flags (--ratio, --kappa, --bits, ...), declared once in
-// cli/common.cc for every command that builds a policy. Values stay text (empty = not given);
-// the policy parses and validates them, so errors name the flag and the value.
+// Cache-policy settings as shorthand flags (--ratio, --kappa, --bits, ...): one per shared setting
+// of the policies' declarations (kv/settings.h), added by cli/common.cc for every command that
+// builds a policy. Values stay text (empty = not given); the registry validates them against the
+// named policy's declaration, so a flag that policy does not take is an error naming both.
 struct PolicyFlags {
   std::map<std::string, std::string> values;
 };
@@ -80,24 +81,39 @@ struct BenchDecodeOptions {
 void AddBenchDecodeCommand(CLI::App* bench, BenchDecodeOptions* o);
 int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream& err);
 
-// `strata bench attention` (cli/bench_attention.cc): full vs VestigeKV per-step attention.
+// `strata bench attention` (cli/bench_attention.cc): per-step decode attention of registered
+// policies vs full over one synthetic MLA or GQA layer.
+inline constexpr const char* kBenchAttentionMlaPolicies = "full,vestige:recall=off,vestige";
+inline constexpr const char* kBenchAttentionGqaPolicies = "full,geodesia@5,geodesia@2.5,cquest";
 struct BenchAttentionOptions {
   std::string kind = "mla";
-  std::string ctx = "8192,32768,131072";
-  int heads = 16;
-  std::string policy = "full,vestige";
-  double ratio = 32;
-  int rank = 64;
+  std::string ctx;     // empty: 8192,32768 (mla), 16384 (gqa)
+  std::string policy;  // empty: kBenchAttentionMlaPolicies or kBenchAttentionGqaPolicies
+  PolicyFlags policy_flags;
+  int heads = 16;  // mla
   int d_c = 512;
   int d_r = 64;
-  double fetch_frac = 0.005;
+  int q_heads = 32;  // gqa
+  int kv_heads = 8;
+  int head_dim = 128;
   int steps = 8;
-  int threads = 1;  // set to the hardware concurrency by AddBenchAttentionCommand
+  int warmup = 2;
+  int threads = 0;  // 0: hardware concurrency
   uint64_t seed = 1;
   std::string json_path;
 };
 void AddBenchAttentionCommand(CLI::App* bench, BenchAttentionOptions* o);
 int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::ostream& err);
+
+// `strata policies` (cli/policies.cc): every registered policy's declared settings.
+struct PoliciesOptions {
+  std::vector<std::string> names;  // empty: all
+  bool json = false;
+  bool markdown = false;
+  bool summary = false;  // one row per policy
+};
+void AddPoliciesCommand(CLI::App* app, PoliciesOptions* o);
+int RunPolicies(const PoliciesOptions& o, std::ostream& out, std::ostream& err);
 
 // `strata eval needle|ppl|kl` (cli/eval.cc; its options are private to that file).
 struct EvalCliOptions;

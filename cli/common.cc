@@ -132,37 +132,67 @@ std::vector<std::string> PolicyNames() {
   return names;
 }
 
-void AddPolicyFlags(CLI::App* cmd, PolicyFlags* f) {
-  static const std::pair<const char*, const char*> kFlags[] = {
-      {"ratio", "Row budget: keep 1/R of the closed rows besides sinks and the tail (R >= 1; "
-                "vestige, fullrow and the eviction baselines)"},
-      {"sinks", "Always-kept first rows (default 4)"},
-      {"kappa", "VestigeKV: low-pass bins kept per block (default 16; < block/2)"},
-      {"block", "VestigeKV: rows per closed block (default 4096; a multiple of 64)"},
-      {"rank", "VestigeKV: recall basis rank r (multiple of 8, <= d_c; default 64)"},
-      {"recall", "VestigeKV: recall tier on|off (default on)"},
-      {"recall-capacity", "VestigeKV: fetch buffer rows; overflow reads densely (default 4096)"},
-      {"archive", "VestigeKV: archive placement ram or file:DIR (default ram)"},
-      {"calibration", "VestigeKV: recall calibration prefix|decode (default prefix)"},
-      {"bits", "Geodesia-KV: budget in bits per value"},
-      {"group", "Geodesia-KV: quantization group size (divides 64 and the head dim; default 64)"},
-      {"decay", "Geodesia-KV: EMA decay of block attention mass (default 0.5)"},
-      {"window", "Geodesia-KV: recent tokens kept exact (default 128)"},
-      {"rd-frac", "Geodesia-KV: fraction of prompt tokens kept as exact residual rows"},
-      {"quest-keep", "Geodesia-KV / Compressed-Quest: fraction of closed pages read per query"},
-      {"ratchet", "Geodesia-KV: allocator ratchet reference|clean"},
-      {"requant", "Geodesia-KV: demotion re-encoding once|cascade"},
+std::vector<std::string> SharedSettingNames() {
+  std::vector<std::string> names;
+  for (const PolicyInfo& p : Policies()) {
+    for (const SettingDecl& d : p.settings.settings) {
+      if (d.shared && std::find(names.begin(), names.end(), d.name) == names.end()) {
+        names.push_back(d.name);
+      }
+    }
+  }
+  return names;
+}
+
+std::string SharedSettingHelp(const std::string& key) {
+  // The first declaring policy's help, then who takes it and each one's default and range, all
+  // read from the declarations (kv/settings.h), so no default is restated here.
+  std::string help;
+  std::vector<std::pair<std::string, std::vector<std::string>>> defaults;  // text -> policies
+  std::vector<std::pair<std::string, std::vector<std::string>>> ranges;
+  auto add = [](auto* v, const std::string& text, const std::string& policy) {
+    for (auto& [t, ps] : *v) {
+      if (t == text) {
+        ps.push_back(policy);
+        return;
+      }
+    }
+    v->push_back({text, {policy}});
   };
-  for (const auto& [key, help] : kFlags) {
-    cmd->add_option(std::string("--") + key, f->values[key], help);
+  for (const PolicyInfo& p : Policies()) {
+    const SettingDecl* d = p.settings.Find(key);
+    if (d == nullptr) continue;
+    if (help.empty()) help = d->help;
+    add(&defaults, d->DefaultText(), p.name);
+    add(&ranges, d->RangeText(), p.name);
+  }
+  auto list = [](const std::vector<std::pair<std::string, std::vector<std::string>>>& v) {
+    std::string s;
+    for (const auto& [t, ps] : v) {
+      s += (s.empty() ? "" : "; ") + t;
+      if (v.size() > 1) {
+        std::string names;
+        for (const auto& p : ps) names += (names.empty() ? "" : ", ") + p;
+        s += " (" + names + ")";
+      }
+    }
+    return s;
+  };
+  std::string takers;
+  for (const auto& n : PoliciesDeclaring(key)) takers += (takers.empty() ? "" : ", ") + n;
+  if (!help.empty()) help[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(help[0])));
+  return help + " [" + takers + "; default " + list(defaults) + "; range " + list(ranges) + "]";
+}
+
+void AddPolicyFlags(CLI::App* cmd, PolicyFlags* f) {
+  for (const std::string& key : SharedSettingNames()) {
+    cmd->add_option("--" + key, f->values[key], SharedSettingHelp(key));
   }
 }
 
-StatusOr<std::unique_ptr<Policy>> MakeCliPolicy(const std::string& name,
-                                                const std::string& settings,
-                                                const PolicyFlags* flags) {
-  PolicySpec spec;
-  spec.name = name;
+StatusOr<PolicySpec> CliPolicySpec(const std::string& policy, const std::string& settings,
+                                   const PolicyFlags* flags) {
+  ASSIGN_OR_RETURN(PolicySpec spec, ParsePolicySpec(policy));
   std::stringstream ss(settings);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -171,18 +201,24 @@ StatusOr<std::unique_ptr<Policy>> MakeCliPolicy(const std::string& name,
     if (eq == std::string::npos || eq == 0) {
       return InvalidArgument("--policy-set item '" + item + "' is not key=value");
     }
-    spec.settings[item.substr(0, eq)] = item.substr(eq + 1);
+    RETURN_IF_ERROR(
+        AddPolicySetting(&spec, item.substr(0, eq), item.substr(eq + 1), "--policy-set"));
   }
   if (flags) {
     for (const auto& [key, value] : flags->values) {
       if (value.empty()) continue;
-      if (spec.settings.count(key)) {
-        return InvalidArgument("--" + key + " is given both as a flag and in --policy-set");
-      }
-      spec.settings[key] = value;
+      RETURN_IF_ERROR(AddPolicySetting(&spec, key, value, "--" + key));
     }
   }
-  return MakeCliPolicy(spec);
+  return spec;
+}
+
+StatusOr<std::unique_ptr<Policy>> MakeCliPolicy(const std::string& name,
+                                                const std::string& settings,
+                                                const PolicyFlags* flags) {
+  auto spec = CliPolicySpec(name, settings, flags);
+  if (!spec.ok()) return spec.status();
+  return MakeCliPolicy(*spec);
 }
 
 StatusOr<std::unique_ptr<Policy>> MakeCliPolicy(const PolicySpec& spec) {

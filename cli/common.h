@@ -56,9 +56,19 @@ Status CheckNumberAtLeast(const std::string& flag, const std::string& text, doub
 
 // Names of the registered cache policies (kv/registry.h), for help texts.
 std::vector<std::string> PolicyNames();
-// A policy from the registry by `--policy NAME` and `--policy-set key=value,...`; errors name
-// the flag and list the available policies.
-// Dedicated flags (PolicyFlags) are merged over --policy-set; a key given both ways is an error.
+// The shared settings of every registered policy (SettingDecl::shared), in registry order: each
+// has a `--NAME` shorthand flag (AddPolicyFlags) whose help is SharedSettingHelp(NAME), read
+// from the declarations (which policies take it, their defaults and ranges).
+std::vector<std::string> SharedSettingNames();
+std::string SharedSettingHelp(const std::string& key);
+// The spec of `--policy NAME[:key=value...]` (kv/registry.h ParsePolicySpec), with the
+// deprecated `--policy-set key=value,...` and the shorthand flags (PolicyFlags) added; a key
+// given twice, in any two of these ways, is an error naming both. Not validated yet.
+StatusOr<PolicySpec> CliPolicySpec(const std::string& policy, const std::string& settings,
+                                   const PolicyFlags* flags);
+// A policy from the registry from the same three sources (CliPolicySpec), validated against its
+// declaration (an unknown, misspelt or inapplicable key is an error naming it); errors carry
+// the "--policy NAME" context.
 StatusOr<std::unique_ptr<Policy>> MakeCliPolicy(const std::string& name,
                                                 const std::string& settings,
                                                 const PolicyFlags* flags = nullptr);

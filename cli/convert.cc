@@ -126,7 +126,8 @@ void AddLogitsCommand(CLI::App* app, LogitsOptions* o) {
   cmd->add_option("--dump-kv", o->dump_kv_path, kLogitsDumpKvHelp)->option_text("FILE");
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size")->capture_default_str();
   cmd->add_option("--policy", o->policy, "KV cache policy")->capture_default_str();
-  cmd->add_option("--policy-set", o->policy_settings, "Policy settings as key=value,...");
+  cmd->add_option("--policy-set", o->policy_settings,
+                  "Deprecated (use NAME:key=value in --policy): policy settings key=value,...");
   AddPolicyFlags(cmd, &o->policy_flags);
 }
 

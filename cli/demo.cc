@@ -118,8 +118,8 @@ void AddDemoCommand(CLI::App* app, DemoOptions* o) {
   cmd->add_option("--seed", o->seed, "Picks the needle's two values and its depth")
       ->capture_default_str();
   cmd->add_option("--ratio", o->ratio,
-                  "Compression ratio R, given to every policy but full (the row-budget "
-                  "policies keep 1/R of the prefix rows)")
+                  "Compression ratio R, given to every policy that declares a ratio (the "
+                  "row-budget policies keep 1/R of the prefix rows)")
       ->capture_default_str();
   cmd->add_option("--threads", o->threads, "Worker threads")->capture_default_str();
   cmd->add_option("--gen", o->gen,
@@ -129,8 +129,8 @@ void AddDemoCommand(CLI::App* app, DemoOptions* o) {
   std::string names;
   for (const auto& n : PolicyNames()) names += (names.empty() ? "" : ", ") + n;
   cmd->add_option("--policy", o->policy,
-                  "Cache policies, comma-separated, one table row each; an item may carry its own "
-                  "settings, name:key=value:key=value (available: " + names +
+                  "Cache policies, comma-separated, one table row each; an item is "
+                  "NAME[:key=value...] (`strata policies` lists the settings; available: " + names +
                       "); vestige runs with block 1024 and kappa 4 (cutoff period 256 rows, the "
                       "paper's 4096/16)")
       ->capture_default_str();
@@ -148,14 +148,15 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
                            CheckAtLeast("--gen", o.gen, 0)}) {
     if (!st.ok()) return fail(st.message());
   }
-  // An item may carry its own settings, name:key=value:key=value (eval::ExpandGrid). Every policy
-  // but full gets the --ratio budget (the labels read "vestige@32", "full"); vestige and fullrow
-  // the demo's block and kappa unless the item sets them.
+  // An item may carry its own settings, NAME:key=value:key=value (eval::ExpandGrid). Every policy
+  // that declares a ratio gets the --ratio budget (the labels read "vestige@32", "full"); vestige
+  // and fullrow the demo's block and kappa unless the item sets them.
   auto grid = eval::ExpandGrid(SplitList(o.policy), {}, {});
   if (!grid.ok()) return fail(grid.status().message());
   std::vector<eval::PolicyConfig> configs = std::move(grid).value();
   for (eval::PolicyConfig& c : configs) {
-    if (c.policy == "full") continue;
+    const PolicyInfo* info = FindPolicy(c.policy);
+    if (info == nullptr || !info->settings.Takes("ratio")) continue;
     c.ratio = o.ratio;
     if (c.policy == "vestige" || c.policy == "fullrow") {
       for (const auto& [key, value] : kVestigeSettings) c.settings.emplace(key, value);

@@ -27,8 +27,8 @@ struct EvalCliOptions {
   std::string model;
   std::string policies = "all";
   std::string ratios = "8,32";
-  std::vector<std::string> set;  // key=value[,key=value]
-  std::string kappa, block, bits, sinks;
+  std::vector<std::string> set;  // key=value[,key=value] (deprecated: NAME:key=value in --policy)
+  PolicyFlags flags;             // the shared settings' shorthands but ratio (--bits, --kappa, ...)
   int threads = 1;
   int chunk = 256;
   std::string json_path;
@@ -82,8 +82,8 @@ void AddShared(CLI::App* cmd, EvalCliOptions* o, const std::string& policy_defau
   o->policies = policy_default;
   cmd->add_option("--policy", o->policies,
                   "Policies, comma-separated, or 'all' (policies that cannot run on the model are "
-                  "then skipped and listed); an item may carry its own settings, "
-                  "name:key=value:key=value (e.g. vestige:recall=off); available: " +
+                  "then skipped and listed); an item is NAME[:key=value...] (e.g. "
+                  "vestige:recall=off; `strata policies` lists the settings); available: " +
                       names)
       ->capture_default_str();
   if (with_ratio) {
@@ -93,11 +93,14 @@ void AddShared(CLI::App* cmd, EvalCliOptions* o, const std::string& policy_defau
         ->capture_default_str();
   }
   cmd->add_option("--set", o->set,
-                  "Pass-through policy settings key=value (repeatable, or comma-separated)");
-  cmd->add_option("--kappa", o->kappa, "Shorthand for --set kappa=V");
-  cmd->add_option("--block", o->block, "Shorthand for --set block=V");
-  cmd->add_option("--bits", o->bits, "Shorthand for --set bits=V");
-  cmd->add_option("--sinks", o->sinks, "Shorthand for --set sinks=V");
+                  "Deprecated (use NAME:key=value in --policy): settings key=value for every "
+                  "listed policy that declares them (repeatable, or comma-separated)");
+  // The shared settings' shorthands, from the declarations; each reaches every listed policy
+  // that declares it (--ratio is the grid axis above).
+  for (const std::string& key : SharedSettingNames()) {
+    if (key == "ratio") continue;
+    cmd->add_option("--" + key, o->flags.values[key], SharedSettingHelp(key));
+  }
   cmd->add_option("--threads", o->threads, "Worker threads")->capture_default_str();
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->capture_default_str();
   cmd->add_option("--json", o->json_path, "Write the report as JSON (docs/eval.md) to this file");
@@ -117,28 +120,49 @@ void AddWindowFlags(CLI::App* cmd, EvalCliOptions* o) {
                 "Feed the targets as one chunk (SCREENING-ONLY: the chunk is exact context)");
 }
 
-StatusOr<std::map<std::string, std::string>> Settings(const EvalCliOptions& o) {
+std::vector<std::string> Ratios(const std::string& text) {
+  if (text == "none" || text == "-" || text.empty()) return {};
+  return SplitList(text);
+}
+
+// The settings given for the whole --policy list (--set and the shorthands; a key given twice is
+// an error), checked to reach at least one listed policy, as is an explicit --ratio.
+StatusOr<std::map<std::string, std::string>> Settings(const EvalCliOptions& o, CLI::App* cmd) {
   std::map<std::string, std::string> s;
+  std::map<std::string, std::string> source;
+  auto add = [&](const std::string& key, const std::string& value,
+                 const std::string& from) -> Status {
+    if (auto it = source.find(key); it != source.end()) {
+      return InvalidArgument(from + ": '" + key + "' is given twice (" + it->second + " '" +
+                             s[key] + "' and " + from + " '" + value + "')");
+    }
+    s[key] = value;
+    source[key] = from;
+    return OkStatus();
+  };
   for (const std::string& group : o.set) {
     for (const std::string& item : SplitList(group)) {
       const size_t eq = item.find('=');
       if (eq == std::string::npos || eq == 0) {
         return InvalidArgument("--set item '" + item + "' is not key=value");
       }
-      s[item.substr(0, eq)] = item.substr(eq + 1);
+      RETURN_IF_ERROR(add(item.substr(0, eq), item.substr(eq + 1), "--set"));
     }
   }
-  if (!o.kappa.empty()) s["kappa"] = o.kappa;
-  if (!o.block.empty()) s["block"] = o.block;
-  if (!o.bits.empty()) s["bits"] = o.bits;
-  if (!o.sinks.empty()) s["sinks"] = o.sinks;
+  for (const auto& [key, value] : o.flags.values) {
+    if (!value.empty()) RETURN_IF_ERROR(add(key, value, "--" + key));
+  }
   if (s.count("ratio")) return InvalidArgument("give the budget with --ratio, not --set ratio=");
+  std::map<std::string, std::string> check = s;
+  if (cmd->count("--ratio") > 0 && !Ratios(o.ratios).empty()) check["ratio"] = o.ratios;
+  RETURN_IF_ERROR(eval::CheckListSettings(SplitList(o.policies), check));
+  // --reference and --policy2 name a policy the same way; their own settings are checked now too.
+  for (const auto& [flag, item] : {std::pair<std::string, std::string>{"--reference", o.reference},
+                                   {"--policy2", o.policy2}}) {
+    if (item.empty()) continue;
+    RETURN_IF_ERROR(eval::CheckListSettings({item}, {}).WithContext(flag));
+  }
   return s;
-}
-
-std::vector<std::string> Ratios(const std::string& text) {
-  if (text == "none" || text == "-" || text.empty()) return {};
-  return SplitList(text);
 }
 
 StatusOr<std::pair<int32_t, int32_t>> ParseSlot(const std::string& flag, const std::string& v) {
@@ -321,7 +345,7 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
   n.policies = SplitList(o.policies);
   if (n.policies.empty()) return Fail(err, "--policy needs at least one policy");
   n.skip_unsupported = o.policies == "all";
-  auto settings = Settings(o);
+  auto settings = Settings(o, o.needle_cmd);
   if (!settings.ok()) return Fail(err, settings.status().message());
   n.settings = *settings;
   n.reference = o.reference;
@@ -473,7 +497,7 @@ StatusOr<WindowSetup> SetupWindows(const EvalCliOptions& o, const Model& model) 
 
 int RunPplCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto settings = Settings(o);
+  auto settings = Settings(o, o.ppl_cmd);
   if (!settings.ok()) return Fail(err, settings.status().message());
   auto loaded = LoadModel(o, err);
   if (!loaded.ok()) return Fail(err, loaded.status().message());
@@ -540,7 +564,7 @@ int RunPplCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
 
 int RunKlCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto settings = Settings(o);
+  auto settings = Settings(o, o.kl_cmd);
   if (!settings.ok()) return Fail(err, settings.status().message());
   auto loaded = LoadModel(o, err);
   if (!loaded.ok()) return Fail(err, loaded.status().message());

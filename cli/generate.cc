@@ -44,10 +44,12 @@ void AddGenerateCommand(CLI::App* app, GenerateOptions* o) {
                 "mapping the file: faster decode, the model's size in memory");
   std::string names;
   for (const auto& n : PolicyNames()) names += (names.empty() ? "" : ", ") + n;
-  cmd->add_option("--policy", o->policy, "KV cache policy (available: " + names + ")")
+  cmd->add_option("--policy", o->policy,
+                  "KV cache policy NAME[:key=value...] (e.g. vestige:recall=off; `strata "
+                  "policies` lists the settings; available: " + names + ")")
       ->capture_default_str();
   cmd->add_option("--policy-set", o->policy_settings,
-                  "Policy settings as key=value,... (e.g. ratio=32); see kv/registry.h");
+                  "Deprecated (use NAME:key=value in --policy): policy settings key=value,...");
   AddPolicyFlags(cmd, &o->policy_flags);
   cmd->add_option("--json", o->json_path, "Also write text and statistics as JSON to this file");
 }

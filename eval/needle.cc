@@ -302,7 +302,10 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
   }
   if (o.chunk < 1) return InvalidArgument("--chunk must be >= 1, got " + std::to_string(o.chunk));
   ASSIGN_OR_RETURN(NeedleBuilder builder, NeedleBuilder::Create(model, o));
-  const PolicyConfig reference{o.reference, std::nullopt, o.settings, ""};
+  // The list's settings reach the reference only where it declares them (full declares none).
+  auto ref_or = SingleConfig(o.reference, std::nullopt, o.settings);
+  if (!ref_or.ok()) return ref_or.status().WithContext("--reference");
+  const PolicyConfig reference = std::move(ref_or).value();
   {
     auto c = NewConfigCache(model, factory, reference);
     if (!c.ok()) return c.status().WithContext("--reference");

@@ -16,7 +16,8 @@ PolicySpec PolicyConfig::Spec() const {
   PolicySpec s;
   s.name = policy;
   s.settings = settings;
-  if (ratio) s.settings["ratio"] = *ratio;
+  // The grid's ratio axis reaches only the policies that declare a ratio (full@8 runs full).
+  if (ratio && !SettingsFor(policy, {{"ratio", *ratio}}).empty()) s.settings["ratio"] = *ratio;
   return s;
 }
 
@@ -36,44 +37,90 @@ StatusOr<std::vector<PolicyConfig>> ExpandGrid(const std::vector<std::string>& p
       for (const PolicyInfo& info : Policies()) items.push_back({info.name, "", {}});
       continue;
     }
+    // One parser for every policy item (kv/registry.h): NAME[@X][:key=value...].
+    ASSIGN_OR_RETURN(PolicySpec spec, ParsePolicySpec(p));
+    if (spec.settings.count("ratio")) {
+      return InvalidArgument("--policy item '" + p +
+                             "': the ratio is set by --ratio, not per policy");
+    }
     Item it;
+    it.name = spec.name;
+    it.own = std::move(spec.settings);
+    // The variant as written ("recall=off:block=1024"); NAME@X writes its budget setting.
     const size_t colon = p.find(':');
-    it.name = p.substr(0, colon);
-    if (it.name.empty()) return InvalidArgument("--policy item '" + p + "' has no policy name");
-    if (colon != std::string::npos) {
-      it.variant = p.substr(colon + 1);
-      size_t start = colon + 1;
-      while (start <= p.size()) {
-        const size_t end = std::min(p.find(':', start), p.size());
-        const std::string kv = p.substr(start, end - start);
-        const size_t eq = kv.find('=');
-        if (eq == std::string::npos || eq == 0 || eq + 1 == kv.size()) {
-          return InvalidArgument("--policy item '" + p + "': setting '" + kv +
-                                 "' must be key=value (items are name:key=value:key=value)");
-        }
-        const std::string key = kv.substr(0, eq);
-        if (key == "ratio") {
-          return InvalidArgument("--policy item '" + p +
-                                 "': the ratio is set by --ratio, not per policy");
-        }
-        it.own[key] = kv.substr(eq + 1);
-        start = end + 1;
-      }
+    if (colon != std::string::npos) it.variant = p.substr(colon + 1);
+    const size_t at = p.substr(0, colon).find('@');
+    if (at != std::string::npos) {
+      const std::string budget = FindPolicy(spec.name)->settings.budget;
+      const std::string kv = budget + "=" + it.own.at(budget);
+      it.variant = it.variant.empty() ? kv : kv + ":" + it.variant;
     }
     items.push_back(std::move(it));
   }
+  // A setting given for the whole list goes to the policies that declare it (CheckListSettings
+  // is the CLI's check that each reaches at least one).
+  std::map<std::string, std::string> shared = settings;
+  shared.erase("ratio");
   std::vector<PolicyConfig> out;
   for (const auto& it : items) {
-    std::map<std::string, std::string> s = settings;
-    s.erase("ratio");
-    for (const auto& [k, v] : it.own) s[k] = v;
+    std::map<std::string, std::string> s = SettingsFor(it.name, shared);
+    const PolicyInfo* info = FindPolicy(it.name);
+    for (const auto& [k, v] : it.own) {
+      // The item's own value replaces the list's, also when one of them is an alias.
+      const SettingDecl* d = info ? info->settings.Find(k) : nullptr;
+      for (auto i = s.begin(); i != s.end();) {
+        i = (d != nullptr && info->settings.Find(i->first) == d) ? s.erase(i) : std::next(i);
+      }
+      s[k] = v;
+    }
     if (ratios.empty()) {
-      out.push_back({it.name, std::nullopt, s, it.variant});
+      out.push_back({it.name, std::nullopt, s, it.variant, shared});
     } else {
-      for (const auto& r : ratios) out.push_back({it.name, r, s, it.variant});
+      for (const auto& r : ratios) out.push_back({it.name, r, s, it.variant, shared});
     }
   }
   return out;
+}
+
+StatusOr<PolicyConfig> SingleConfig(const std::string& item, std::optional<std::string> ratio,
+                                    const std::map<std::string, std::string>& settings) {
+  std::vector<std::string> ratios;
+  if (ratio) ratios.push_back(*ratio);
+  ASSIGN_OR_RETURN(std::vector<PolicyConfig> one, ExpandGrid({item}, ratios, settings));
+  if (one.size() != 1) return InvalidArgument("'" + item + "' must name one policy");
+  return one[0];
+}
+
+Status CheckListSettings(const std::vector<std::string>& policies,
+                         const std::map<std::string, std::string>& settings) {
+  std::vector<std::string> names;
+  for (const auto& p : policies) {
+    if (p == "all") {
+      for (const PolicyInfo& info : Policies()) names.push_back(info.name);
+      continue;
+    }
+    ASSIGN_OR_RETURN(const PolicySpec spec, ParsePolicySpec(p));
+    // The item's own settings, checked now (before any model is loaded); registered names only,
+    // a test factory may add others.
+    if (FindPolicy(spec.name) != nullptr) {
+      RETURN_IF_ERROR(ValidatePolicySpec(spec).WithContext("--policy item '" + p + "'"));
+    }
+    if (std::find(names.begin(), names.end(), spec.name) == names.end()) {
+      names.push_back(spec.name);
+    }
+  }
+  for (const auto& [k, v] : settings) {
+    bool taken = false;
+    for (const std::string& n : names) taken = taken || SettingsFor(n, {{k, v}}).count(k) != 0;
+    if (taken) continue;
+    std::string listed, owners;
+    for (const auto& n : names) listed += (listed.empty() ? "" : ", ") + n;
+    for (const auto& o : PoliciesDeclaring(k)) owners += (owners.empty() ? "" : ", ") + o;
+    return InvalidArgument("--" + k + " " + v + " applies to none of the policies (" + listed +
+                           (owners.empty() ? "); no policy declares '" + k + "'"
+                                           : "); it is a setting of " + owners));
+  }
+  return OkStatus();
 }
 
 StatusOr<std::unique_ptr<KvCache>> NewConfigCache(const Model& model, const PolicyFactory& factory,
@@ -112,8 +159,12 @@ StatusOr<std::vector<PolicyConfig>> BuildableConfigs(
 }
 
 nlohmann::json ConfigJson(const PolicyConfig& c) {
+  // The settings as requested for this config (the list's, the item's and the ratio), as before
+  // the schema; Spec() holds the ones the policy declares and gets.
   nlohmann::json s = nlohmann::json::object();
-  for (const auto& [k, v] : c.Spec().settings) s[k] = v;
+  for (const auto& [k, v] : c.list_settings) s[k] = v;
+  for (const auto& [k, v] : c.settings) s[k] = v;
+  if (c.ratio) s["ratio"] = *c.ratio;
   return {{"policy", c.policy},
           {"variant", c.variant},
           {"ratio", c.ratio ? nlohmann::json(*c.ratio) : nlohmann::json(nullptr)},

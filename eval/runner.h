@@ -33,8 +33,13 @@ PolicyFactory RegistryFactory();
 struct PolicyConfig {
   std::string policy;
   std::optional<std::string> ratio;
-  std::map<std::string, std::string> settings;  // without "ratio"
+  // Without "ratio": the list's settings this policy declares, then the item's own (all of
+  // them: a key the policy does not declare is the registry's error).
+  std::map<std::string, std::string> settings;
   std::string variant;  // "k=v:k=v" as written in the policy list; empty: none
+  // The list's settings as given (also those this policy does not declare), for the report's
+  // "settings" echo (ConfigJson).
+  std::map<std::string, std::string> list_settings = {};
 
   PolicySpec Spec() const;
   // "vestige", or "vestige:recall=off" with a variant.
@@ -45,12 +50,27 @@ struct PolicyConfig {
 };
 
 // The grid policies x ratios (policy-major). An empty `ratios` gives one config per policy with
-// no ratio setting. "all" in `policies` expands to every registered policy. A policy item may
-// carry its own settings after colons, "vestige:recall=off:block=1024"; they override `settings`
-// for that item only ("ratio" cannot be set this way: it is the grid's other axis).
+// no ratio setting. "all" in `policies` expands to every registered policy. Items are parsed by
+// kv/registry.h ParsePolicySpec: an item may carry its own settings after colons,
+// "vestige:recall=off:block=1024", which override `settings` for that item only ("ratio" cannot
+// be set this way: it is the grid's other axis). `settings` (the list's) reach each policy that
+// declares them, and a ratio only the policies that declare one (PolicyConfig::Spec), so
+// "full@8" runs full; the registry validates every config's spec when it is built.
 StatusOr<std::vector<PolicyConfig>> ExpandGrid(const std::vector<std::string>& policies,
                                                const std::vector<std::string>& ratios,
                                                const std::map<std::string, std::string>& settings);
+
+// One config outside the grid (--reference, --policy2): the item NAME[@X][:key=value...] with
+// the list's settings it declares and, when given, the ratio (where it declares one).
+StatusOr<PolicyConfig> SingleConfig(const std::string& item, std::optional<std::string> ratio,
+                                    const std::map<std::string, std::string>& settings);
+
+// The CLI's check of settings given for a whole policy list (--bits, --set k=v, an explicit
+// --ratio): each must be declared by at least one listed policy, else InvalidArgument naming the
+// setting, the listed policies and the ones that do declare it. Each item's own settings are
+// validated too (ValidatePolicySpec), so a typo fails before any model is loaded.
+Status CheckListSettings(const std::vector<std::string>& policies,
+                         const std::map<std::string, std::string>& settings);
 
 // A fresh cache for the config; errors name the config (e.g. a row policy on a GQA model).
 StatusOr<std::unique_ptr<KvCache>> NewConfigCache(const Model& model, const PolicyFactory& factory,

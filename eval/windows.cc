@@ -130,9 +130,9 @@ StatusOr<PplReport> RunPpl(Model& model, const std::vector<int32_t>& tokens, con
                    BuildableConfigs(model, factory, grid,
                                     o.skip_unsupported, &r.skipped, progress));
   if (!o.policy2.empty()) {
-    std::map<std::string, std::string> s = o.settings;
-    s.erase("ratio");
-    const PolicyConfig b{o.policy2, o.ratio2, s, ""};
+    auto b_or = SingleConfig(o.policy2, o.ratio2, o.settings);
+    if (!b_or.ok()) return b_or.status().WithContext("--policy2");
+    const PolicyConfig b = std::move(b_or).value();
     RETURN_IF_ERROR(NewConfigCache(model, factory, b).status().WithContext("--policy2"));
     configs.push_back(b);
   }
@@ -319,9 +319,9 @@ StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const
   ASSIGN_OR_RETURN(const std::vector<PolicyConfig> configs,
                    BuildableConfigs(model, factory, grid,
                                     o.skip_unsupported, &r.skipped, progress));
-  std::map<std::string, std::string> ref_settings = o.settings;
-  ref_settings.erase("ratio");
-  const PolicyConfig reference{o.reference, std::nullopt, ref_settings, ""};
+  auto ref_or = SingleConfig(o.reference, std::nullopt, o.settings);
+  if (!ref_or.ok()) return ref_or.status().WithContext("--reference");
+  const PolicyConfig reference = std::move(ref_or).value();
   RETURN_IF_ERROR(NewConfigCache(model, factory, reference).status().WithContext("--reference"));
   ThreadPool pool(std::max(1, o.w.threads));
   const int64_t v = model.config().n_vocab;

@@ -1,6 +1,5 @@
 #include "kv/registry.h"
 
-#include <cstdlib>
 #include <functional>
 
 #include "kv/geodesia/policy.h"
@@ -9,109 +8,101 @@
 
 namespace strata {
 
-StatusOr<double> PolicySpec::GetDouble(const std::string& key, double def) const {
-  auto it = settings.find(key);
-  if (it == settings.end()) return def;
-  char* end = nullptr;
-  const double v = std::strtod(it->second.c_str(), &end);
-  if (it->second.empty() || *end != '\0') {
-    return InvalidArgument("--" + key + " = '" + it->second + "' is not a number");
-  }
-  return v;
-}
-
-StatusOr<int64_t> PolicySpec::GetInt(const std::string& key, int64_t def) const {
-  auto it = settings.find(key);
-  if (it == settings.end()) return def;
-  char* end = nullptr;
-  const long long v = std::strtoll(it->second.c_str(), &end, 10);
-  if (it->second.empty() || *end != '\0') {
-    return InvalidArgument("--" + key + " = '" + it->second + "' is not an integer");
-  }
-  return static_cast<int64_t>(v);
-}
-
-StatusOr<bool> PolicySpec::GetBool(const std::string& key, bool def) const {
-  auto it = settings.find(key);
-  if (it == settings.end()) return def;
-  const std::string& v = it->second;
-  if (v == "on" || v == "true" || v == "1") return true;
-  if (v == "off" || v == "false" || v == "0") return false;
-  return InvalidArgument("--" + key + " = '" + v + "' must be on or off");
-}
-
-std::string PolicySpec::GetString(const std::string& key, const std::string& def) const {
-  auto it = settings.find(key);
-  return it == settings.end() ? def : it->second;
-}
-
 namespace {
 
+// One registered policy: its name, help and declared settings, and its maker.
 struct Entry {
   PolicyInfo info;
   std::function<StatusOr<std::unique_ptr<Policy>>(const PolicySpec&)> make;
 };
 
+PolicySettings NoSettings(const std::string& policy) {
+  PolicySettings p;
+  p.policy = policy;
+  return p;
+}
+
 // Policies are listed here explicitly (static self-registration is dropped by the linker from
-// static libraries). Add one entry per policy.
+// static libraries). Add one entry per policy; its settings are declared beside its parser.
 const std::vector<Entry>& Entries() {
   static const std::vector<Entry> entries = {
-      {{"full", "every row, exact (the classic cache; the reference for every other policy)"},
+      {{"full", "every row, exact (the classic cache; the reference for every other policy)",
+        NoSettings("full")},
        [](const PolicySpec&) -> StatusOr<std::unique_ptr<Policy>> {
          return std::unique_ptr<Policy>(new FullPolicy());
        }},
       {{"vestige",
         "VestigeKV: sinks + global top-m of the blockwise low-pass residual of the MLA branch "
-        "+ the unclosed tail (ratio, kappa, block, sinks, archive ram|file:DIR, recall, rank, "
-        "calibration, recall-capacity)"},
+        "+ the unclosed tail, and a recall tier that fetches archived rows per query",
+        VestigeSettings(/*full_row=*/false)},
        [](const PolicySpec& s) { return MakeVestigePolicy(s, /*full_row=*/false); }},
       {{"fullrow",
-        "VestigeKV tier-1 ablation: the same selector with the residual over the full latent row "
-        "(same settings as vestige)"},
+        "VestigeKV tier-1 ablation: the same selector with the residual over the full latent row",
+        VestigeSettings(/*full_row=*/true)},
        [](const PolicySpec& s) { return MakeVestigePolicy(s, /*full_row=*/true); }},
       {{"geodesia",
         "Geodesia-KV: 64-token blocks graded 16/8/4/2/1 bits by observed attention mass under a "
-        "per-layer budget, hot sink/recent blocks exact (bits, group, decay, window, rd-frac, "
-        "quest-keep, ratchet reference|clean, requant once|cascade, budget levels|all)"},
+        "per-layer budget, hot sink/recent blocks exact",
+        GeodesiaSettings(/*cquest=*/false)},
        [](const PolicySpec& s) { return MakeGeodesiaPolicy(s, /*cquest=*/false); }},
       {{"cquest",
-        "Compressed-Quest: per query head the top quest-keep (0.125) closed pages by an f16 key-box "
-        "bound plus the current page, over an exact cache (bits 16; other bits: over Geodesia)"},
+        "Compressed-Quest: per query head the top quest-keep closed pages by an f16 key-box "
+        "bound plus the current page, over an exact cache (bits below 16: over Geodesia)",
+        GeodesiaSettings(/*cquest=*/true)},
        [](const PolicySpec& s) { return MakeGeodesiaPolicy(s, /*cquest=*/true); }},
       // Baselines (kv/baselines/, docs/baselines.md).
-      {{"streaming",
-        "StreamingLLM: 4 sinks + a sliding window of m = prefix/ratio rows (ratio, sinks)"},
+      {{"streaming", "StreamingLLM: sinks + a sliding window of m = prefix/ratio rows",
+        baselines::EvictionSettings(baselines::EvictionKind::kStreaming)},
        [](const PolicySpec& s) {
          return baselines::MakeEvictionPolicy(s, baselines::EvictionKind::kStreaming);
        }},
       {{"h2o", "H2O: top m = prefix/ratio rows by attention accumulated over the prompt queries "
-               "+ rows after the compression point (ratio, h2o-queries)"},
+               "+ rows after the compression point",
+        baselines::EvictionSettings(baselines::EvictionKind::kH2o)},
        [](const PolicySpec& s) {
          return baselines::MakeEvictionPolicy(s, baselines::EvictionKind::kH2o);
        }},
-      {{"h2o-recent", "H2O with half of the m rows the most recent (ratio, h2o-queries)"},
+      {{"h2o-recent", "H2O with half of the m rows the most recent",
+        baselines::EvictionSettings(baselines::EvictionKind::kH2oRecent)},
        [](const PolicySpec& s) {
          return baselines::MakeEvictionPolicy(s, baselines::EvictionKind::kH2oRecent);
        }},
-      {{"snapkv", "SnapKV: last 32 prompt rows + top m = prefix/ratio by pooled attention of "
-                  "those 32 queries (ratio, snap-window, snap-kernel)"},
+      {{"snapkv", "SnapKV: the last snap-window prompt rows + top m = prefix/ratio by pooled "
+                  "attention of those queries",
+        baselines::EvictionSettings(baselines::EvictionKind::kSnapKv)},
        [](const PolicySpec& s) {
          return baselines::MakeEvictionPolicy(s, baselines::EvictionKind::kSnapKv);
        }},
       {{"quest", "Quest: top pages by min/max key bound per query + the current page; exact "
-                 "cache resident (ratio, quest-pages, quest-keep, quest-heads shared|each)"},
+                 "cache resident",
+        baselines::QuestSettings()},
        [](const PolicySpec& s) { return baselines::MakeQuestPolicy(s); }},
-      {{"kivi2", "KIVI 2-bit: keys per channel, values per token, group 32, 32+ exact recent"},
+      {{"kivi2", "KIVI 2-bit: keys per channel, values per token, group 32, 32+ exact recent",
+        baselines::KiviSettings(2)},
        [](const PolicySpec& s) { return baselines::MakeKiviPolicy(s, 2); }},
-      {{"kivi4", "KIVI 4-bit: keys per channel, values per token, group 32, 32+ exact recent"},
+      {{"kivi4", "KIVI 4-bit: keys per channel, values per token, group 32, 32+ exact recent",
+        baselines::KiviSettings(4)},
        [](const PolicySpec& s) { return baselines::MakeKiviPolicy(s, 4); }},
-      {{"random", "uniform random m = prefix/ratio rows + rows after the compression point "
-                  "(ratio, seed)"},
+      {{"random", "uniform random m = prefix/ratio rows + rows after the compression point",
+        baselines::EvictionSettings(baselines::EvictionKind::kRandom)},
        [](const PolicySpec& s) {
          return baselines::MakeEvictionPolicy(s, baselines::EvictionKind::kRandom);
        }},
   };
   return entries;
+}
+
+const Entry* FindEntry(const std::string& name) {
+  for (const auto& e : Entries()) {
+    if (e.info.name == name) return &e;
+  }
+  return nullptr;
+}
+
+Status UnknownPolicy(const std::string& name) {
+  std::string names;
+  for (const auto& e : Entries()) names += (names.empty() ? "" : ", ") + e.info.name;
+  return InvalidArgument("unknown policy '" + name + "' (available: " + names + ")");
 }
 
 }  // namespace
@@ -125,13 +116,106 @@ const std::vector<PolicyInfo>& Policies() {
   return infos;
 }
 
-StatusOr<std::unique_ptr<Policy>> MakePolicy(const PolicySpec& spec) {
+const PolicyInfo* FindPolicy(const std::string& name) {
+  const Entry* e = FindEntry(name);
+  return e ? &e->info : nullptr;
+}
+
+std::vector<std::string> PoliciesDeclaring(const std::string& key) {
+  std::vector<std::string> out;
   for (const auto& e : Entries()) {
-    if (e.info.name == spec.name) return e.make(spec);
+    if (e.info.settings.Takes(key)) out.push_back(e.info.name);
   }
-  std::string names;
-  for (const auto& e : Entries()) names += (names.empty() ? "" : ", ") + e.info.name;
-  return InvalidArgument("unknown policy '" + spec.name + "' (available: " + names + ")");
+  return out;
+}
+
+Status ValidatePolicySpec(const PolicySpec& spec) {
+  const Entry* e = FindEntry(spec.name);
+  if (e == nullptr) return UnknownPolicy(spec.name);
+  return ResolveSettings(e->info.settings, spec.settings, PoliciesDeclaring).status();
+}
+
+StatusOr<std::unique_ptr<Policy>> MakePolicy(const PolicySpec& spec) {
+  const Entry* e = FindEntry(spec.name);
+  if (e == nullptr) return UnknownPolicy(spec.name);
+  // Before the maker: no policy ever sees a key it does not declare.
+  RETURN_IF_ERROR(ResolveSettings(e->info.settings, spec.settings, PoliciesDeclaring).status());
+  return e->make(spec);
+}
+
+Status AddPolicySetting(PolicySpec* spec, const std::string& key, const std::string& value,
+                        const std::string& source) {
+  const PolicyInfo* info = FindPolicy(spec->name);
+  const SettingDecl* d = info ? info->settings.Find(key) : nullptr;
+  for (const auto& [k, v] : spec->settings) {
+    const bool same = k == key || (d != nullptr && info->settings.Find(k) == d);
+    if (same) {
+      return InvalidArgument(source + ": '" + key + "' is given twice for " + spec->name + " ('" +
+                             k + "=" + v + "' and '" + key + "=" + value + "')");
+    }
+  }
+  spec->settings[key] = value;
+  return OkStatus();
+}
+
+StatusOr<PolicySpec> ParsePolicySpec(const std::string& text) {
+  PolicySpec spec;
+  const size_t colon = text.find(':');
+  const std::string head = text.substr(0, colon);
+  const size_t at = head.find('@');
+  spec.name = head.substr(0, at);
+  if (spec.name.empty()) return InvalidArgument("--policy item '" + text + "' has no policy name");
+  const std::string where = "--policy item '" + text + "'";
+  if (at != std::string::npos) {
+    const std::string x = head.substr(at + 1);
+    const PolicyInfo* info = FindPolicy(spec.name);
+    if (info == nullptr) return UnknownPolicy(spec.name);
+    if (info->settings.budget.empty()) {
+      return InvalidArgument(where + ": " + spec.name +
+                             " has no budget setting for '@' (it takes: " +
+                             info->settings.NamesText() + ")");
+    }
+    if (x.empty()) return InvalidArgument(where + ": '@' needs a value");
+    RETURN_IF_ERROR(AddPolicySetting(&spec, info->settings.budget, x, where));
+  }
+  if (colon == std::string::npos) return spec;
+  // Segments between ':' are key=value; one without '=' belongs to the previous value.
+  std::vector<std::string> items;
+  size_t start = colon + 1;
+  while (true) {
+    const size_t end = std::min(text.find(':', start), text.size());
+    const std::string seg = text.substr(start, end - start);
+    if (seg.empty()) {
+      return InvalidArgument(where + ": an empty setting (items are NAME:key=value:key=value)");
+    }
+    if (seg.find('=') == std::string::npos && !items.empty()) {
+      items.back() += ":" + seg;
+    } else {
+      items.push_back(seg);
+    }
+    if (end == text.size()) break;
+    start = end + 1;
+  }
+  for (const std::string& kv : items) {
+    const size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == kv.size()) {
+      return InvalidArgument(where + ": setting '" + kv +
+                             "' must be key=value (items are NAME:key=value:key=value)");
+    }
+    RETURN_IF_ERROR(AddPolicySetting(&spec, kv.substr(0, eq), kv.substr(eq + 1), where));
+  }
+  return spec;
+}
+
+std::map<std::string, std::string> SettingsFor(const std::string& name,
+                                               const std::map<std::string, std::string>& settings) {
+  const PolicyInfo* info = FindPolicy(name);
+  if (info == nullptr) return settings;
+  std::map<std::string, std::string> out;
+  for (const auto& [k, v] : settings) {
+    if (info->settings.Takes(k)) out[k] = v;
+  }
+  return out;
 }
 
 }  // namespace strata

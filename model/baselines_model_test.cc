@@ -47,7 +47,7 @@ TEST(BaselineModelTest, EveryPolicyRunsAndReadsLessThanFull) {
     for (const auto& n : testing::AllBaselines()) names.push_back(n);
     for (const std::string& name : names) {
       SCOPED_TRACE(name + (arch == Arch::kLlama ? " llama" : " deepseek2"));
-      auto policy = MakePolicy(PolicySpec{name, {{"ratio", "4"}}});
+      auto policy = MakePolicy(PolicySpec{name, SettingsFor(name, {{"ratio", "4"}})});
       ASSERT_TRUE(policy.ok()) << policy.status().ToString();
       auto cache = model->NewCache(std::move(policy).value());
       ASSERT_TRUE(cache.ok()) << cache.status().ToString();

@@ -34,8 +34,9 @@ TEST(BaselineTest, CausalityEveryPolicy) {
     for (const std::string& name : AllBaselines()) {
       SCOPED_TRACE(name + (g.kind == AttnKind::kMla ? " mla" : " gqa"));
       for (int64_t p : {n0, n0 + 37, n0 + 63, n - 2}) {
-        auto a = NewCache(g, Spec(name, {{"ratio", "4"}}));
-        auto b = NewCache(g, Spec(name, {{"ratio", "4"}}));
+        // The ratio reaches the policies that declare one (KIVI's rate is set by its bits).
+        auto a = NewCache(g, Spec(name, SettingsFor(name, {{"ratio", "4"}})));
+        auto b = NewCache(g, Spec(name, SettingsFor(name, {{"ratio", "4"}})));
         Build(a.get(), seed, n0, n);
         Build(b.get(), seed, n0, n, /*perturb_after=*/p);
         Rng rng(seed + p);
@@ -127,9 +128,17 @@ TEST(BaselineTest, InvalidSettingsAreClearErrors) {
     EXPECT_NE(p.status().ToString().find(needle), std::string::npos) << p.status().ToString();
   };
   for (const std::string& name : AllBaselines()) {
+    if (!FindPolicy(name)->settings.Takes("ratio")) {
+      // A setting the policy does not declare is an error, not a silent no-op.
+      expect_error(Spec(name, {{"ratio", "8"}}), name + " does not take 'ratio'");
+      continue;
+    }
     expect_error(Spec(name, {{"ratio", "0.5"}}), "--ratio = 0.5");
     expect_error(Spec(name, {{"ratio", "abc"}}), "--ratio = 'abc'");
   }
+  expect_error(Spec("streaming", {{"bits", "5"}}), "streaming does not take 'bits'");
+  expect_error(Spec("h2o", {{"sinks", "2"}}), "h2o does not take 'sinks'");
+  expect_error(Spec("snapkv", {{"snap-windw", "8"}}), "did you mean 'snap-window'?");
   expect_error(Spec("quest", {{"quest-keep", "1.5"}}), "--quest-keep = 1.5");
   expect_error(Spec("quest", {{"quest-keep", "0"}}), "--quest-keep = 0");
   expect_error(Spec("quest", {{"quest-pages", "-2"}}), "--quest-pages = -2");

@@ -8,15 +8,6 @@
 
 namespace strata::baselines {
 
-StatusOr<double> ParseRatio(const PolicySpec& spec, double def) {
-  ASSIGN_OR_RETURN(const double r, spec.GetDouble("ratio", def));
-  if (!(r >= 1.0) || !std::isfinite(r)) {
-    return InvalidArgument("--ratio = " + spec.GetString("ratio", "") +
-                           " must be a finite number >= 1 (keep 1/ratio of the prefix rows)");
-  }
-  return r;
-}
-
 int64_t BudgetRows(int64_t n, double ratio) {
   if (n <= 0) return 0;
   return std::max<int64_t>(1, std::llround(static_cast<double>(n) / ratio));

@@ -19,9 +19,6 @@
 
 namespace strata::baselines {
 
-// --ratio (default `def`): a number >= 1; errors name the flag and the value.
-StatusOr<double> ParseRatio(const PolicySpec& spec, double def);
-
 // m = max(1, round(n / ratio)), or 0 when n == 0.
 int64_t BudgetRows(int64_t n, double ratio);
 

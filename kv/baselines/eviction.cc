@@ -25,32 +25,62 @@ const char* EvictionName(EvictionKind kind) {
   return "?";
 }
 
+PolicySettings EvictionSettings(EvictionKind kind) {
+  const EvictionConfig c;
+  PolicySettings p;
+  p.policy = EvictionName(kind);
+  p.budget = "ratio";
+  p.settings.push_back(
+      SettingDecl::Real("ratio", c.ratio, "row budget R: keep m = prefix/R rows").Min(1).Shared());
+  switch (kind) {
+    case EvictionKind::kStreaming:
+      p.settings.push_back(
+          SettingDecl::Int("sinks", c.sinks, "always-kept first rows").Min(0).Max(1024).Shared());
+      break;
+    case EvictionKind::kH2o:
+    case EvictionKind::kH2oRecent:
+      p.settings.push_back(SettingDecl::Int("h2o-queries", c.h2o_queries,
+                                            "observe the last N prompt queries (0: all of them)")
+                               .Min(0));
+      break;
+    case EvictionKind::kSnapKv:
+      p.settings.push_back(
+          SettingDecl::Int("snap-window", c.snap_window, "observation window: last prompt rows")
+              .Min(1));
+      p.settings.push_back(
+          SettingDecl::Int("snap-kernel", c.snap_kernel, "pooling kernel width over the scores")
+              .Min(1)
+              .Max(1025)
+              .Constraint("odd"));
+      break;
+    case EvictionKind::kRandom:
+      p.settings.push_back(SettingDecl::Int("seed", static_cast<int64_t>(c.seed),
+                                            "seed of the random row choice"));
+      break;
+  }
+  return p;
+}
+
 StatusOr<EvictionConfig> EvictionConfig::FromSpec(const PolicySpec& spec, EvictionKind kind) {
+  const PolicySettings decl = EvictionSettings(kind);
+  ASSIGN_OR_RETURN(const ResolvedSettings s, ResolveSettings(decl, spec.settings));
   EvictionConfig c;
   c.kind = kind;
-  ASSIGN_OR_RETURN(c.ratio, ParseRatio(spec, 32));
-  ASSIGN_OR_RETURN(const int64_t sinks, spec.GetInt("sinks", 4));
-  if (sinks < 0 || sinks > 1024) {
-    return InvalidArgument("--sinks = " + std::to_string(sinks) + " must be in [0, 1024]");
+  c.ratio = s.Real("ratio");  // declared >= 1 and finite
+  // Each kind reads its own settings; the others keep EvictionConfig's initial values (their
+  // declared defaults), as before.
+  if (decl.Takes("sinks")) c.sinks = static_cast<int>(s.Int("sinks"));
+  if (decl.Takes("h2o-queries")) c.h2o_queries = s.Int("h2o-queries");
+  if (decl.Takes("snap-window")) c.snap_window = s.Int("snap-window");
+  if (decl.Takes("snap-kernel")) {
+    const int64_t kernel = s.Int("snap-kernel");
+    if (kernel % 2 == 0) {
+      return InvalidArgument("--snap-kernel = " + std::to_string(kernel) +
+                             " must be an odd number in [1, 1025]");
+    }
+    c.snap_kernel = static_cast<int>(kernel);
   }
-  c.sinks = static_cast<int>(sinks);
-  ASSIGN_OR_RETURN(c.h2o_queries, spec.GetInt("h2o-queries", 0));
-  if (c.h2o_queries < 0) {
-    return InvalidArgument("--h2o-queries = " + std::to_string(c.h2o_queries) +
-                           " must be >= 0 (0: every prompt query)");
-  }
-  ASSIGN_OR_RETURN(c.snap_window, spec.GetInt("snap-window", 32));
-  if (c.snap_window < 1) {
-    return InvalidArgument("--snap-window = " + std::to_string(c.snap_window) + " must be >= 1");
-  }
-  ASSIGN_OR_RETURN(const int64_t kernel, spec.GetInt("snap-kernel", 7));
-  if (kernel < 1 || kernel % 2 == 0 || kernel > 1025) {
-    return InvalidArgument("--snap-kernel = " + std::to_string(kernel) +
-                           " must be an odd number in [1, 1025]");
-  }
-  c.snap_kernel = static_cast<int>(kernel);
-  ASSIGN_OR_RETURN(const int64_t seed, spec.GetInt("seed", 1));
-  c.seed = static_cast<uint64_t>(seed);
+  if (decl.Takes("seed")) c.seed = static_cast<uint64_t>(s.Int("seed"));
   return c;
 }
 

@@ -107,6 +107,9 @@ class EvictionPolicy final : public Policy {
   std::vector<Layer> layers_;
 };
 
+// The declared settings of one eviction baseline (each kind declares only the settings it
+// reads); defaults are EvictionConfig's initial values.
+PolicySettings EvictionSettings(EvictionKind kind);
 StatusOr<std::unique_ptr<Policy>> MakeEvictionPolicy(const PolicySpec& spec, EvictionKind kind);
 
 }  // namespace strata::baselines

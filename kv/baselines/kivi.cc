@@ -274,9 +274,16 @@ PolicySummary KiviPolicy::Summary(int layer, const LayerStore& store) const {
   return s;
 }
 
+PolicySettings KiviSettings(int bits) {
+  PolicySettings p;
+  p.policy = "kivi" + std::to_string(bits);
+  return p;
+}
+
 StatusOr<std::unique_ptr<Policy>> MakeKiviPolicy(const PolicySpec& spec, int bits) {
-  // --ratio is accepted (grids pass it to every policy) but KIVI's rate is fixed by its bits.
-  if (spec.settings.count("ratio")) RETURN_IF_ERROR(ParseRatio(spec, 32).status());
+  // No settings: the rate is fixed by the bits (an eval grid passes its --ratio only to the
+  // policies that declare it).
+  RETURN_IF_ERROR(ResolveSettings(KiviSettings(bits), spec.settings).status());
   return std::unique_ptr<Policy>(new KiviPolicy(bits));
 }
 

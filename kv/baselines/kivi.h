@@ -103,6 +103,8 @@ class KiviPolicy final : public Policy {
   std::vector<Layer> layers_;
 };
 
+// kivi2 / kivi4 take no settings: the rate is fixed by the bits.
+PolicySettings KiviSettings(int bits);
 StatusOr<std::unique_ptr<Policy>> MakeKiviPolicy(const PolicySpec& spec, int bits);
 
 }  // namespace strata::baselines

@@ -10,27 +10,40 @@
 
 namespace strata::baselines {
 
+PolicySettings QuestSettings() {
+  const QuestConfig c;
+  PolicySettings p;
+  p.policy = "quest";
+  p.budget = "ratio";
+  p.settings = {
+      SettingDecl::Real("ratio", c.ratio, "page budget R: read round(candidates/R) pages")
+          .Min(1)
+          .Shared(),
+      SettingDecl::Int("quest-pages", c.pages, "a fixed page count instead of the ratio (0: off)")
+          .Min(0),
+      SettingDecl::Real("quest-keep", c.keep,
+                        "fraction of closed pages read per query instead of the ratio")
+          .Min(0, /*open=*/true)
+          .Max(1)
+          .Auto("unset: the ratio sets the pages")
+          .Shared(),
+      SettingDecl::Enum("quest-heads", c.each ? "each" : "shared", {"shared", "each"},
+                        "one page set per KV head (shared) or per query head (each)"),
+  };
+  return p;
+}
+
 StatusOr<QuestConfig> QuestConfig::FromSpec(const PolicySpec& spec) {
+  ASSIGN_OR_RETURN(const ResolvedSettings s, ResolveSettings(QuestSettings(), spec.settings));
   QuestConfig c;
-  ASSIGN_OR_RETURN(c.ratio, ParseRatio(spec, 32));
-  ASSIGN_OR_RETURN(c.pages, spec.GetInt("quest-pages", 0));
-  if (c.pages < 0) {
-    return InvalidArgument("--quest-pages = " + std::to_string(c.pages) + " must be >= 1");
-  }
-  ASSIGN_OR_RETURN(c.keep, spec.GetDouble("quest-keep", 0));
-  if (spec.settings.count("quest-keep") && !(c.keep > 0 && c.keep <= 1)) {
-    return InvalidArgument("--quest-keep = " + spec.GetString("quest-keep", "") +
-                           " must be a fraction in (0, 1]");
-  }
+  c.ratio = s.Real("ratio");  // declared >= 1 and finite
+  c.pages = s.Int("quest-pages");
+  if (s.given("quest-keep")) c.keep = s.Real("quest-keep");
   if (c.pages > 0 && c.keep > 0) {
     return InvalidArgument("--quest-pages = " + std::to_string(c.pages) + " and --quest-keep = " +
-                           spec.GetString("quest-keep", "") + ": give one budget, not both");
+                           s.text("quest-keep") + ": give one budget, not both");
   }
-  const std::string heads = spec.GetString("quest-heads", "shared");
-  if (heads != "shared" && heads != "each") {
-    return InvalidArgument("--quest-heads = '" + heads + "' must be shared or each");
-  }
-  c.each = heads == "each";
+  c.each = s.text("quest-heads") == "each";
   return c;
 }
 

@@ -87,6 +87,8 @@ class QuestPolicy final : public Policy {
   std::vector<Layer> layers_;
 };
 
+// quest's declared settings; defaults are QuestConfig's initial values.
+PolicySettings QuestSettings();
 StatusOr<std::unique_ptr<Policy>> MakeQuestPolicy(const PolicySpec& spec);
 
 }  // namespace strata::baselines

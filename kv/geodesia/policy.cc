@@ -55,7 +55,15 @@ struct StateArray {
 
 std::string GeodesiaConfig::ToString() const {
   std::ostringstream s;
-  s << "bits " << bits << ", group " << group << ", decay " << decay << ", window " << window
+  s << "bits " << bits << ", group ";
+  if (!group_auto) {
+    s << group;
+  } else if (auto_head_dim > 0) {
+    s << group << " (auto: head dim " << auto_head_dim << ")";
+  } else {
+    s << "auto (the largest power of two dividing 64 and the head dim)";
+  }
+  s << ", decay " << decay << ", window " << window
     << ", sinks " << sinks << ", rd-frac " << rd_frac << ", quest-keep " << quest_keep
     << ", ratchet " << (ratchet == geodesia::Ratchet::kReference ? "reference" : "clean")
     << ", requant " << (requant == geodesia::DemotionMode::kOnce ? "once" : "cascade")
@@ -65,10 +73,65 @@ std::string GeodesiaConfig::ToString() const {
   return s.str();
 }
 
+PolicySettings GeodesiaSettings(bool cquest) {
+  const GeodesiaConfig c;
+  using geodesia::DemotionMode;
+  using geodesia::Ratchet;
+  PolicySettings p;
+  p.policy = cquest ? "cquest" : "geodesia";
+  p.budget = "bits";
+  p.settings = {
+      // Compressed-Quest's own defaults: an exact cache (16 bits) read through the Quest gate.
+      SettingDecl::Real("bits", cquest ? 16.0 : c.bits,
+                        "budget in bits per value per layer (>= 16: every block exact)")
+          .Min(0.25)
+          .Shared(),
+      SettingDecl::Int("group", c.group, "quantization group size")
+          .Min(1)
+          .Max(kBlockTokens)
+          .Constraint("a power of two dividing 64 and the head dim")
+          .Auto("auto: the largest power of two dividing 64 and the head dim")
+          .Shared(),
+      SettingDecl::Real("decay", c.decay, "EMA decay of the block attention mass")
+          .Min(0)
+          .Max(1)
+          .Shared(),
+      SettingDecl::Int("window", c.window, "recent tokens kept exact").Min(0).Shared(),
+      SettingDecl::Int("sinks", c.sinks, "first tokens kept exact (whole 64-token blocks)")
+          .Min(0)
+          .Shared(),
+      SettingDecl::Real("rd-frac", c.rd_frac,
+                        "fraction of prompt tokens kept as exact residual rows (0: off)")
+          .Min(0)
+          .Max(1)
+          .Shared(),
+      SettingDecl::Real("quest-keep", cquest ? 0.125 : c.quest_keep,
+                        "fraction of closed pages read per query (1: the Quest gate off)")
+          .Min(0, /*open=*/true)
+          .Max(1)
+          .Shared(),
+      SettingDecl::Enum("ratchet", c.ratchet == Ratchet::kReference ? "reference" : "clean",
+                        {"reference", "clean"}, "allocator ratchet")
+          .Shared(),
+      SettingDecl::Enum("requant", c.requant == DemotionMode::kOnce ? "once" : "cascade",
+                        {"once", "cascade"}, "demotion re-encoding: from the exact row or level by "
+                                             "level")
+          .Shared(),
+      SettingDecl::Real("mass-power", c.mass_power, "exponent p of the block mass").Min(0, true),
+      SettingDecl::Real("value-weight", c.value_weight, "weight w_v of the value error").Min(0),
+      SettingDecl::Enum("budget", c.budget_all ? "all" : "levels", {"levels", "all"},
+                        "levels: the budget covers the block levels; all: residual rows and "
+                        "boxes too"),
+  };
+  return p;
+}
+
 StatusOr<GeodesiaConfig> GeodesiaConfig::FromSpec(const PolicySpec& spec, bool cquest) {
+  const PolicySettings decl = GeodesiaSettings(cquest);
+  ASSIGN_OR_RETURN(const ResolvedSettings s, ResolveSettings(decl, spec.settings));
   GeodesiaConfig c;
   auto num = [](double v) { std::ostringstream s; s << v; return s.str(); };
-  ASSIGN_OR_RETURN(c.bits, spec.GetDouble("bits", cquest ? 16.0 : 5.0));
+  c.bits = s.Real("bits");
   // The cheapest representation is every block a centroid: 2 D 16 bits per 2 * 64 * D values.
   const double centroid_bpv = 0.25;
   if (!std::isfinite(c.bits) || c.bits < centroid_bpv) {
@@ -77,60 +140,28 @@ StatusOr<GeodesiaConfig> GeodesiaConfig::FromSpec(const PolicySpec& spec, bool c
                            "meet it (the exact residual rows of --rd-frac are charged above the "
                            "budget, never instead of it)");
   }
-  ASSIGN_OR_RETURN(int64_t group, spec.GetInt("group", 64));
-  if (group < 1 || group > 64 || 64 % group != 0) {
-    return InvalidArgument("--group = " + std::to_string(group) +
-                           " must divide the 64-token block (1, 2, 4, ..., 64)");
-  }
-  c.group = static_cast<int>(group);
-  ASSIGN_OR_RETURN(c.decay, spec.GetDouble("decay", 0.5));
-  if (!(c.decay >= 0 && c.decay <= 1)) {
-    return InvalidArgument("--decay = " + num(c.decay) + " must be in [0, 1]");
-  }
-  ASSIGN_OR_RETURN(c.window, spec.GetInt("window", 128));
-  if (c.window < 0) return InvalidArgument("--window = " + std::to_string(c.window) + " < 0");
-  ASSIGN_OR_RETURN(c.sinks, spec.GetInt("sinks", 4));
-  if (c.sinks < 0) return InvalidArgument("--sinks = " + std::to_string(c.sinks) + " < 0");
-  ASSIGN_OR_RETURN(c.rd_frac, spec.GetDouble("rd-frac", 0.0));
-  if (!(c.rd_frac >= 0 && c.rd_frac <= 1)) {
-    return InvalidArgument("--rd-frac = " + num(c.rd_frac) + " must be in [0, 1]");
-  }
-  ASSIGN_OR_RETURN(c.quest_keep, spec.GetDouble("quest-keep", cquest ? 0.125 : 1.0));
-  if (!(c.quest_keep > 0 && c.quest_keep <= 1)) {
-    return InvalidArgument("--quest-keep = " + num(c.quest_keep) + " must be in (0, 1]");
-  }
-  const std::string ratchet = spec.GetString("ratchet", "reference");
-  if (ratchet == "reference") {
-    c.ratchet = geodesia::Ratchet::kReference;
-  } else if (ratchet == "clean") {
-    c.ratchet = geodesia::Ratchet::kClean;
+  if (s.given("group")) {
+    const int64_t group = s.Int("group");
+    if (group < 1 || group > 64 || 64 % group != 0) {
+      return InvalidArgument("--group = " + std::to_string(group) +
+                             " must divide the 64-token block (1, 2, 4, ..., 64)");
+    }
+    c.group = static_cast<int>(group);
   } else {
-    return InvalidArgument("--ratchet = '" + ratchet + "' must be reference or clean");
+    c.group_auto = true;  // Bind picks it from the head dim
   }
-  const std::string requant = spec.GetString("requant", "once");
-  if (requant == "once") {
-    c.requant = geodesia::DemotionMode::kOnce;
-  } else if (requant == "cascade") {
-    c.requant = geodesia::DemotionMode::kCascade;
-  } else {
-    return InvalidArgument("--requant = '" + requant + "' must be once or cascade");
-  }
-  ASSIGN_OR_RETURN(c.mass_power, spec.GetDouble("mass-power", 1.0));
-  if (!(c.mass_power > 0 && std::isfinite(c.mass_power))) {
-    return InvalidArgument("--mass-power = " + num(c.mass_power) + " must be > 0");
-  }
-  ASSIGN_OR_RETURN(c.value_weight, spec.GetDouble("value-weight", 0.0));
-  if (!(c.value_weight >= 0 && std::isfinite(c.value_weight))) {
-    return InvalidArgument("--value-weight = " + num(c.value_weight) + " must be >= 0");
-  }
-  const std::string budget = spec.GetString("budget", "levels");
-  if (budget == "levels") {
-    c.budget_all = false;
-  } else if (budget == "all") {
-    c.budget_all = true;
-  } else {
-    return InvalidArgument("--budget = '" + budget + "' must be levels or all");
-  }
+  c.decay = s.Real("decay");
+  c.window = s.Int("window");
+  c.sinks = s.Int("sinks");
+  c.rd_frac = s.Real("rd-frac");
+  c.quest_keep = s.Real("quest-keep");
+  c.ratchet = s.text("ratchet") == "clean" ? geodesia::Ratchet::kClean
+                                           : geodesia::Ratchet::kReference;
+  c.requant = s.text("requant") == "cascade" ? geodesia::DemotionMode::kCascade
+                                             : geodesia::DemotionMode::kOnce;
+  c.mass_power = s.Real("mass-power");
+  c.value_weight = s.Real("value-weight");
+  c.budget_all = s.text("budget") == "all";
   return c;
 }
 
@@ -173,6 +204,14 @@ GeodesiaPolicy::~GeodesiaPolicy() = default;
 
 Status GeodesiaPolicy::Bind(const std::vector<LayerGeometry>& layers) {
   if (layers.empty()) return InvalidArgument(name_ + ": the model has no attention layers");
+  if (c_.group_auto) {
+    // The default group: the largest power of two dividing 64 and every layer's head dim.
+    c_.group = kBlockTokens;
+    for (const LayerGeometry& g : layers) {
+      while (g.k_dim % c_.group != 0 && c_.group > 1) c_.group /= 2, c_.auto_head_dim = g.k_dim;
+    }
+    if (c_.auto_head_dim == 0) c_.auto_head_dim = layers[0].k_dim;
+  }
   layers_.clear();
   for (size_t l = 0; l < layers.size(); ++l) {
     const LayerGeometry& g = layers[l];

@@ -52,6 +52,10 @@ namespace strata {
 struct GeodesiaConfig {
   double bits = 5;             // B, bits per value per layer (`bits`); >= 16: everything exact
   int group = 64;              // g (`group`)
+  // `group` not given: Bind sets it to the largest power of two dividing 64 and the head dim
+  // (auto_head_dim: the head dim that chose it, for describe()).
+  bool group_auto = false;
+  int auto_head_dim = 0;
   double decay = 0.5;          // EMA decay d (`decay`)
   int64_t window = 128;        // exact recent window in tokens (`window`)
   int64_t sinks = 4;           // sink tokens: ceil(sinks / 64) >= 1 blocks stay exact (`sinks`)
@@ -90,6 +94,10 @@ struct GeodesiaStats {
   double read_bpv() const { return values > 0 ? read_bits / values : 0; }
   double read_bpv_union() const { return values > 0 ? read_bits_union / values : 0; }
 };
+
+// The declared settings of geodesia (cquest: Compressed-Quest, whose bits and quest-keep
+// defaults differ); the other defaults are GeodesiaConfig's initial values.
+PolicySettings GeodesiaSettings(bool cquest);
 
 class GeodesiaPolicy final : public Policy {
  public:

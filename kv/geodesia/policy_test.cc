@@ -794,6 +794,34 @@ TEST(GeodesiaPolicyTest, GqaOneAllocationPerKvHeadSharedReconstructionHeadOrderF
   }
 }
 
+// Without `group` the group is the largest power of two dividing 64 and the head dim, chosen at
+// Bind and named by describe(); the same as giving that group explicitly.
+TEST(GeodesiaPolicyTest, GroupDefaultFollowsTheHeadDim) {
+  for (const auto& [dim, want] : std::vector<std::pair<int, int>>{{128, 64}, {64, 64}, {48, 16},
+                                                                  {32, 32}, {40, 8}}) {
+    SCOPED_TRACE("head dim " + std::to_string(dim));
+    for (const char* name : {"geodesia", "cquest"}) {
+      auto p = MakePolicy(Spec(name, {}));
+      ASSERT_TRUE(p.ok()) << p.status().ToString();
+      EXPECT_NE((*p)->describe().find("group auto"), std::string::npos) << (*p)->describe();
+      auto c = KvCache::Create({Gqa(4, 2, dim)}, std::move(p).value());
+      ASSERT_TRUE(c.ok()) << c.status().ToString();
+      auto* geo = dynamic_cast<GeodesiaPolicy*>(&(*c)->policy());
+      ASSERT_NE(geo, nullptr);
+      EXPECT_EQ(geo->config().group, want);
+      const std::string text = "group " + std::to_string(want) + " (auto: head dim " +
+                               std::to_string(dim) + ")";
+      EXPECT_NE(geo->describe().find(text), std::string::npos) << geo->describe();
+    }
+  }
+  // Layers of different head dims: a group that divides all of them.
+  auto p = MakePolicy(Spec("geodesia", {}));
+  ASSERT_TRUE(p.ok());
+  auto c = KvCache::Create({Gqa(4, 2, 128), Gqa(4, 2, 32)}, std::move(p).value());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(dynamic_cast<GeodesiaPolicy*>(&(*c)->policy())->config().group, 32);
+}
+
 // Impossible settings are errors from MakePolicy / Bind that name the value.
 // A demotion that fails (GradedLayer::Demote's Status) reaches the caller of the read with the
 // layer, the block and the KV head, instead of aborting the process; the cache then refuses
@@ -840,12 +868,14 @@ TEST(GeodesiaPolicyTest, SettingErrors) {
   ASSERT_FALSE(bad.ok());
   bad = make({{"quest-keep", "0"}});
   ASSERT_FALSE(bad.ok());
-  // Bind: group 64 does not divide head dim 48.
-  auto p = make({});
+  // Bind: an explicit group 64 does not divide head dim 48; the error names both.
+  auto p = make({{"group", "64"}});
   ASSERT_TRUE(p.ok());
   auto c = KvCache::Create({Gqa(4, 2, 48)}, std::move(p).value());
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().message().find("48"), std::string::npos) << c.status().ToString();
+  EXPECT_NE(c.status().message().find("--group = 64 does not divide the head dim 48"),
+            std::string::npos)
+      << c.status().ToString();
   // Bind: an MLA model.
   LayerGeometry mla;
   mla.kind = AttnKind::kMla;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -163,13 +164,45 @@ std::string VestigeConfig::ToString() const {
   return buf;
 }
 
+PolicySettings VestigeSettings(bool full_row) {
+  const VestigeConfig c;
+  PolicySettings p;
+  p.policy = full_row ? "fullrow" : "vestige";
+  p.budget = "ratio";
+  p.settings = {
+      SettingDecl::Real("ratio", 32,
+                        "row budget R: keep 1/R of the closed rows besides sinks and the tail")
+          .Min(1)
+          .Shared(),
+      SettingDecl::Int("block", c.selector.block, "rows per closed block (the compression unit)")
+          .Min(LayerStore::kPageRows)
+          .Constraint("a multiple of 64")
+          .Shared(),
+      SettingDecl::Int("kappa", c.selector.kappa, "low-pass bins kept per block")
+          .Min(1)
+          .Constraint("< block/2")
+          .Shared(),
+      SettingDecl::Int("sinks", c.selector.sinks, "always-kept first rows").Min(0).Constraint(
+          "<= block").Shared(),
+      SettingDecl::String("archive", "ram", "ram | file:DIR",
+                          "where archived rows live: in RAM, or in a file in DIR")
+          .Shared(),
+      SettingDecl::Bool("recall", c.recall, "the recall tier (tier 2) that fetches archived rows")
+          .Shared(),
+  };
+  for (SettingDecl& d : RecallSettingDecls()) p.settings.push_back(std::move(d));
+  return p;
+}
+
 StatusOr<VestigeConfig> VestigeConfig::FromSpec(const PolicySpec& spec, bool full_row) {
+  const PolicySettings decl = VestigeSettings(full_row);
+  ASSIGN_OR_RETURN(const ResolvedSettings s, ResolveSettings(decl, spec.settings));
   VestigeConfig c;
   c.selector.full_row = full_row;
-  ASSIGN_OR_RETURN(c.selector.ratio, VestigeRatio::Parse(spec.GetString("ratio", "32")));
-  ASSIGN_OR_RETURN(const int64_t block, spec.GetInt("block", 4096));
-  ASSIGN_OR_RETURN(const int64_t kappa, spec.GetInt("kappa", 16));
-  ASSIGN_OR_RETURN(const int64_t sinks, spec.GetInt("sinks", 4));
+  ASSIGN_OR_RETURN(c.selector.ratio, VestigeRatio::Parse(s.text("ratio")));
+  const int64_t block = s.Int("block");
+  const int64_t kappa = s.Int("kappa");
+  const int64_t sinks = s.Int("sinks");
   if (block < LayerStore::kPageRows || block % LayerStore::kPageRows != 0) {
     return InvalidArgument("--block = " + std::to_string(block) +
                            " must be a positive multiple of the 64-row page");
@@ -186,7 +219,7 @@ StatusOr<VestigeConfig> VestigeConfig::FromSpec(const PolicySpec& spec, bool ful
   c.selector.kappa = static_cast<int>(kappa);
   c.selector.sinks = static_cast<int>(sinks);
 
-  const std::string archive = spec.GetString("archive", "ram");
+  const std::string archive = s.text("archive");
   if (archive == "ram") {
     c.archive = VestigeArchivePlacement::kRam;
   } else if (archive.rfind("file:", 0) == 0 && archive.size() > 5) {
@@ -205,13 +238,9 @@ StatusOr<VestigeConfig> VestigeConfig::FromSpec(const PolicySpec& spec, bool ful
     return InvalidArgument("--archive = '" + archive + "' must be ram or file:DIR");
   }
 
-  ASSIGN_OR_RETURN(c.recall, spec.GetBool("recall", true));
-  PolicySpec rs = spec;
-  if (rs.settings.count("rank") && !rs.settings.count("recall-rank")) {
-    rs.settings["recall-rank"] = rs.settings["rank"];  // --rank is the brief's name for it
-  }
-  ASSIGN_OR_RETURN(c.recall_options, RecallOptions::FromSpec(rs));
-  c.rank_explicit = rs.settings.count("recall-rank") != 0;
+  c.recall = s.Bool("recall");
+  ASSIGN_OR_RETURN(c.recall_options, RecallOptions::FromSettings(s));
+  c.rank_explicit = s.given("rank");
   if (c.recall && c.archive == VestigeArchivePlacement::kFile) {
     // Archived pages leave RAM, so the scan keeps its own bf16 copy of each closed row's branch
     // r_u (d_r x 2 B per row, counted in the tier's resident bytes) and the index build and the
@@ -346,7 +375,10 @@ Status VestigePolicy::CloseReady(int layer, const LayerStore& store) {
   L.before.valid = true;
   bool closed = false;
   while (store.n_rows() - L.sel.n_closed() >= cfg_.selector.block) {
+    const auto t0 = std::chrono::steady_clock::now();
     L.sel.CloseBlock(store);
+    close_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     closed = true;
     ++closes_;
   }

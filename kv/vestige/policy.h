@@ -169,6 +169,8 @@ class VestigePolicy final : public Policy {
   VestigeResidency Residency(int layer, const LayerStore& store) const;
   // Totals over the policy's life.
   int64_t closes() const { return closes_; }
+  // Wall time of the selector's block closes (sigma of each closing block), for benchmarks.
+  double close_seconds() const { return close_seconds_; }
   int64_t reads() const { return reads_; }
   int64_t fallbacks() const { return fallbacks_; }
   double fallback_rate() const { return reads_ ? static_cast<double>(fallbacks_) / reads_ : 0.0; }
@@ -247,10 +249,14 @@ class VestigePolicy final : public Policy {
   std::unique_ptr<VestigeRecallHook> recall_;
   Status recovered_;  // the first archive write error
   int64_t closes_ = 0, reads_ = 0, fallbacks_ = 0;
+  double close_seconds_ = 0;
   int64_t instance_ = 0;
 };
 
 // Registry entry makers ("vestige" and "fullrow").
+// The declared settings of vestige (full_row: fullrow): the selector's, the archive's and the
+// recall tier's (RecallSettingDecls); defaults are VestigeConfig's initial values.
+PolicySettings VestigeSettings(bool full_row);
 StatusOr<std::unique_ptr<Policy>> MakeVestigePolicy(const PolicySpec& spec, bool full_row);
 
 }  // namespace strata

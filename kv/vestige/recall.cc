@@ -84,40 +84,59 @@ std::string_view RecallCalibrationName(RecallCalibration c) {
 }
 std::string_view RecallZFloorName(RecallZFloor f) { return f == RecallZFloor::kNone ? "none" : "0"; }
 
+std::vector<SettingDecl> RecallSettingDecls() {
+  const RecallOptions o;
+  return {
+      SettingDecl::Int("rank", o.rank,
+                       "recall: basis rank r; when not given, lowered to fit d_c (small models)")
+          .Min(8)
+          .Constraint("a multiple of 8, <= d_c")
+          .Alias("recall-rank")
+          .Shared(),
+      SettingDecl::Int("recall-capacity", o.capacity,
+                       "recall: fetch buffer rows; an overflow reads densely (or truncates)")
+          .Min(1)
+          .Shared(),
+      SettingDecl::Real("recall-margin", o.margin, "recall: a row fires iff score > max1 - margin")
+          .Min(0),
+      SettingDecl::Enum("recall-overflow", o.truncate ? "truncate" : "fallback",
+                        {"fallback", "truncate"},
+                        "recall: more fired rows than the buffer: dense fallback or truncate"),
+      SettingDecl::Enum("calibration", std::string(RecallCalibrationName(o.calibration)),
+                        {"prefix", "decode"},
+                        "recall: the threshold is calibrated on prompt or on decode queries")
+          .Shared(),
+      SettingDecl::Enum("z-floor", std::string(RecallZFloorName(o.z_floor)), {"none", "0"},
+                        "recall: floor of the calibrated threshold z (0: never below 0)"),
+      SettingDecl::Int("calib-queries", o.prefix_max_queries,
+                       "recall: prompt queries labelled for calibration (0: all)")
+          .Min(0),
+      SettingDecl::Bool("recall-sidecar", o.branch_sidecar,
+                        "recall: the scan keeps its own bf16 copy of the branch (always on with "
+                        "archive=file:DIR)"),
+  };
+}
+
 StatusOr<RecallOptions> RecallOptions::FromSpec(const PolicySpec& spec) {
+  PolicySettings decl;
+  decl.policy = spec.name.empty() ? "recall" : spec.name;
+  decl.settings = RecallSettingDecls();
+  ASSIGN_OR_RETURN(const ResolvedSettings s, ResolveSettings(decl, spec.settings));
+  return FromSettings(s);
+}
+
+StatusOr<RecallOptions> RecallOptions::FromSettings(const ResolvedSettings& s) {
   RecallOptions o;
-  ASSIGN_OR_RETURN(int64_t rank, spec.GetInt("recall-rank", o.rank));
-  ASSIGN_OR_RETURN(o.capacity, spec.GetInt("recall-capacity", o.capacity));
-  ASSIGN_OR_RETURN(double margin, spec.GetDouble("recall-margin", o.margin));
-  ASSIGN_OR_RETURN(int64_t calib_q, spec.GetInt("calib-queries", o.prefix_max_queries));
-  ASSIGN_OR_RETURN(o.branch_sidecar, spec.GetBool("recall-sidecar", o.branch_sidecar));
+  const int64_t rank = s.Int("rank");
+  o.capacity = s.Int("recall-capacity");
+  o.margin = static_cast<float>(s.Real("recall-margin"));
+  o.prefix_max_queries = static_cast<int>(s.Int("calib-queries"));
+  o.branch_sidecar = s.Bool("recall-sidecar");
   o.rank = static_cast<int>(rank);
-  o.margin = static_cast<float>(margin);
-  o.prefix_max_queries = static_cast<int>(calib_q);
-  const std::string overflow = spec.GetString("recall-overflow", "fallback");
-  if (overflow == "fallback") {
-    o.truncate = false;
-  } else if (overflow == "truncate") {
-    o.truncate = true;
-  } else {
-    return InvalidArgument("--recall-overflow must be fallback or truncate, got '" + overflow + "'");
-  }
-  const std::string cal = spec.GetString("calibration", std::string(RecallCalibrationName(o.calibration)));
-  if (cal == "prefix") {
-    o.calibration = RecallCalibration::kPrefix;
-  } else if (cal == "decode") {
-    o.calibration = RecallCalibration::kDecode;
-  } else {
-    return InvalidArgument("--calibration must be prefix or decode, got '" + cal + "'");
-  }
-  const std::string zf = spec.GetString("z-floor", std::string(RecallZFloorName(o.z_floor)));
-  if (zf == "none") {
-    o.z_floor = RecallZFloor::kNone;
-  } else if (zf == "0") {
-    o.z_floor = RecallZFloor::kZero;
-  } else {
-    return InvalidArgument("--z-floor must be none or 0, got '" + zf + "'");
-  }
+  o.truncate = s.text("recall-overflow") == "truncate";
+  o.calibration =
+      s.text("calibration") == "decode" ? RecallCalibration::kDecode : RecallCalibration::kPrefix;
+  o.z_floor = s.text("z-floor") == "none" ? RecallZFloor::kNone : RecallZFloor::kZero;
   if (rank < 8 || rank % 8 != 0 || rank > (1 << 20)) {
     return InvalidArgument("--recall-rank must be a positive multiple of 8, got " +
                            std::to_string(rank));

@@ -100,10 +100,17 @@ struct RecallOptions {
   // branch from the row's own tail).                                         (recall-sidecar)
   bool branch_sidecar = false;
 
-  // Reads the keys above from a policy spec (defaults when absent); errors name flag and value.
+  // Reads the keys above from validated settings (RecallSettingDecls: their defaults are the
+  // members' initial values above); errors name flag and value.
+  static StatusOr<RecallOptions> FromSettings(const ResolvedSettings& s);
+  // The same from a spec holding recall keys only (validated against RecallSettingDecls).
   static StatusOr<RecallOptions> FromSpec(const PolicySpec& spec);
   Status Validate(int d_c) const;
 };
+
+// The recall tier's declared settings (kv/settings.h), part of vestige's and fullrow's
+// declaration; each default is the text of RecallOptions' initial value.
+std::vector<SettingDecl> RecallSettingDecls();
 
 struct RecallCounters {
   int64_t scans = 0;             // Scan calls with a non-empty archive
