@@ -135,12 +135,23 @@ Status ValidatePolicySpec(const PolicySpec& spec) {
   return ResolveSettings(e->info.settings, spec.settings, PoliciesDeclaring).status();
 }
 
+namespace {
+PolicyWrapper& TestWrapper() {
+  static PolicyWrapper w;
+  return w;
+}
+}  // namespace
+
+void SetPolicyWrapperForTesting(PolicyWrapper wrap) { TestWrapper() = std::move(wrap); }
+
 StatusOr<std::unique_ptr<Policy>> MakePolicy(const PolicySpec& spec) {
   const Entry* e = FindEntry(spec.name);
   if (e == nullptr) return UnknownPolicy(spec.name);
   // Before the maker: no policy ever sees a key it does not declare.
   RETURN_IF_ERROR(ResolveSettings(e->info.settings, spec.settings, PoliciesDeclaring).status());
-  return e->make(spec);
+  ASSIGN_OR_RETURN(std::unique_ptr<Policy> p, e->make(spec));
+  if (TestWrapper()) return TestWrapper()(std::move(p));
+  return p;
 }
 
 Status AddPolicySetting(PolicySpec* spec, const std::string& key, const std::string& value,

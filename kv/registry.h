@@ -3,6 +3,7 @@
 // construct policies the same way and never special-case one.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -42,6 +43,12 @@ std::vector<std::string> PoliciesDeclaring(const std::string& key);
 Status ValidatePolicySpec(const PolicySpec& spec);
 // Validates (ValidatePolicySpec), then builds the policy.
 StatusOr<std::unique_ptr<Policy>> MakePolicy(const PolicySpec& spec);
+
+// Tests only: every policy MakePolicy builds is passed through `wrap` (none when empty), so that
+// a test can inject a fault into a real run of a command (e.g. a decorator that damages the
+// archive file mid-run). Not thread-safe; reset it at the end of the test.
+using PolicyWrapper = std::function<std::unique_ptr<Policy>(std::unique_ptr<Policy>)>;
+void SetPolicyWrapperForTesting(PolicyWrapper wrap);
 
 // The one syntax that names a policy: NAME[@X][:key=value...]. `@X` fills the policy's budget
 // setting (ratio or bits; PolicySettings::budget), e.g. geodesia@2.5:rd-frac=0.03. A value may

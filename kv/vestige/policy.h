@@ -161,6 +161,7 @@ class VestigePolicy final : public Policy {
   void SetRecallHook(std::unique_ptr<VestigeRecallHook> hook) { recall_ = std::move(hook); }
   VestigeRecallHook* recall_hook() const { return recall_.get(); }
 
+  int n_layers() const { return static_cast<int>(layers_.size()); }
   bool is_mla(int layer) const { return layers_[layer].mla; }
   // Selection state of an MLA layer (CHECK: layer is MLA).
   const VestigeSelector& selector(int layer) const;
