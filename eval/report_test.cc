@@ -68,9 +68,10 @@ TEST_F(ReportTest, EveryCommandValidatesAgainstTheSchema) {
                                            SkippedJson(nr.skipped), NeedleJson(nr));
   Status st = ValidateJsonSchema(schema, needle);
   EXPECT_TRUE(st.ok()) << st.ToString();
-  EXPECT_EQ(needle["needle"]["cells"].size(), 8u);  // 2 policies x 2 ratios x 2 lengths
+  // (destroy x 2 ratios + full, which takes no ratio) x 2 lengths.
+  EXPECT_EQ(needle["needle"]["cells"].size(), 6u);
   EXPECT_EQ(needle["needle"]["trials"].size(), 8u);
-  EXPECT_EQ(needle["needle"]["trials"][0]["results"].size(), 4u);
+  EXPECT_EQ(needle["needle"]["trials"][0]["results"].size(), 3u);
 
   auto tokens = TokenizeCorpus(*model_, std::string(BuiltinHaystack()));
   ASSERT_TRUE(tokens.ok());
@@ -78,9 +79,9 @@ TEST_F(ReportTest, EveryCommandValidatesAgainstTheSchema) {
   p.w.length = 48;
   p.w.eval_tokens = 5;
   p.w.windows = 2;
-  p.policies = {"full"};
+  p.policies = {"streaming"};
   p.ratios = {"8"};
-  p.settings = {{"kappa", "2"}};
+  p.settings = {{"sinks", "2"}};
   p.policy2 = "full";
   p.draws = 500;
   auto pr = RunPpl(*model_, *tokens, p, nullptr);
@@ -89,8 +90,9 @@ TEST_F(ReportTest, EveryCommandValidatesAgainstTheSchema) {
       MakeReport("ppl", "tiny", *model_, 0.1, {}, SkippedJson(pr->skipped), PplJson(*pr));
   st = ValidateJsonSchema(schema, ppl);
   EXPECT_TRUE(st.ok()) << st.ToString();
-  EXPECT_EQ(ppl["ppl"]["configs"][0]["settings"]["ratio"], "8");
-  EXPECT_EQ(ppl["ppl"]["configs"][0]["settings"]["kappa"], "2");
+  // The settings the policy received.
+  EXPECT_EQ(ppl["ppl"]["configs"][0]["settings"],
+            nlohmann::json({{"ratio", "8"}, {"sinks", "2"}}));
   EXPECT_TRUE(ppl["ppl"]["configs"][1]["ratio"].is_null());
 
   KlOptions k;
@@ -151,7 +153,8 @@ TEST_F(ReportTest, ChartsAreWellFormedSvg) {
     EXPECT_NE(s.find("viewBox="), std::string::npos);
     EXPECT_NE(s.find("<svg xmlns=\"http://www.w3.org/2000/svg\""), std::string::npos);
     EXPECT_NE(s.find("T = 64"), std::string::npos);
-    EXPECT_NE(s.find("r=16"), std::string::npos);
+    // full takes no ratio: one column, not one per ratio of the grid.
+    EXPECT_EQ(s.find("r=16") != std::string::npos, policy == "destroy") << s;
   }
   auto tokens = TokenizeCorpus(*model_, std::string(BuiltinHaystack()));
   ASSERT_TRUE(tokens.ok());

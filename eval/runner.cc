@@ -73,10 +73,12 @@ StatusOr<std::vector<PolicyConfig>> ExpandGrid(const std::vector<std::string>& p
       }
       s[k] = v;
     }
-    if (ratios.empty()) {
-      out.push_back({it.name, std::nullopt, s, it.variant, shared});
+    // A policy that takes no ratio (full, geodesia, kivi2...) is one config, labelled without
+    // one: "geodesia@8" and "geodesia@32" would be the same run under two names.
+    if (ratios.empty() || SettingsFor(it.name, {{"ratio", ratios.front()}}).empty()) {
+      out.push_back({it.name, std::nullopt, s, it.variant});
     } else {
-      for (const auto& r : ratios) out.push_back({it.name, r, s, it.variant, shared});
+      for (const auto& r : ratios) out.push_back({it.name, r, s, it.variant});
     }
   }
   return out;
@@ -159,12 +161,10 @@ StatusOr<std::vector<PolicyConfig>> BuildableConfigs(
 }
 
 nlohmann::json ConfigJson(const PolicyConfig& c) {
-  // The settings as requested for this config (the list's, the item's and the ratio), as before
-  // the schema; Spec() holds the ones the policy declares and gets.
+  // The settings the policy received (Spec(): the list's settings it declares, the item's own and
+  // the ratio when it takes one), never one it ignored.
   nlohmann::json s = nlohmann::json::object();
-  for (const auto& [k, v] : c.list_settings) s[k] = v;
-  for (const auto& [k, v] : c.settings) s[k] = v;
-  if (c.ratio) s["ratio"] = *c.ratio;
+  for (const auto& [k, v] : c.Spec().settings) s[k] = v;
   return {{"policy", c.policy},
           {"variant", c.variant},
           {"ratio", c.ratio ? nlohmann::json(*c.ratio) : nlohmann::json(nullptr)},

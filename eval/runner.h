@@ -37,9 +37,6 @@ struct PolicyConfig {
   // them: a key the policy does not declare is the registry's error).
   std::map<std::string, std::string> settings;
   std::string variant;  // "k=v:k=v" as written in the policy list; empty: none
-  // The list's settings as given (also those this policy does not declare), for the report's
-  // "settings" echo (ConfigJson).
-  std::map<std::string, std::string> list_settings = {};
 
   PolicySpec Spec() const;
   // "vestige", or "vestige:recall=off" with a variant.
@@ -54,8 +51,8 @@ struct PolicyConfig {
 // kv/registry.h ParsePolicySpec: an item may carry its own settings after colons,
 // "vestige:recall=off:block=1024", which override `settings` for that item only ("ratio" cannot
 // be set this way: it is the grid's other axis). `settings` (the list's) reach each policy that
-// declares them, and a ratio only the policies that declare one (PolicyConfig::Spec), so
-// "full@8" runs full; the registry validates every config's spec when it is built.
+// declares them; a policy that declares no ratio gives one config without one ("full", not
+// "full@8" and "full@32"); the registry validates every config's spec when it is built.
 StatusOr<std::vector<PolicyConfig>> ExpandGrid(const std::vector<std::string>& policies,
                                                const std::vector<std::string>& ratios,
                                                const std::map<std::string, std::string>& settings);

@@ -189,7 +189,17 @@ TEST(TestbedTest, GoldenTablesHold) {
     for (size_t i = 0; i < gr.cells.size(); ++i) {
       const nlohmann::json& c = *gr.cells[i];
       const NeedleCell& cell = r->cells[i];
-      ASSERT_EQ(r->configs[cell.config].Label(), c.at("label").get<std::string>());
+      // The golden record labels a policy without a ratio by its group's ratio too ("full@8"):
+      // the engine's grid runs it once, without one ("full").
+      std::string want_label = c.at("label").get<std::string>();
+      if (gr.ratio && SettingsFor(c.at("policy").get<std::string>(), {{"ratio", "1"}}).empty()) {
+        const std::string suffix = "@" + *gr.ratio;
+        if (want_label.size() > suffix.size() &&
+            want_label.compare(want_label.size() - suffix.size(), suffix.size(), suffix) == 0) {
+          want_label.resize(want_label.size() - suffix.size());
+        }
+      }
+      ASSERT_EQ(r->configs[cell.config].Label(), want_label);
       ASSERT_EQ(cell.n, trials);
       // The golden cell's Wilson 95% interval and the engine's must overlap. With the golden
       // trial count the trials are the same, so an unchanged engine reproduces the count; a
