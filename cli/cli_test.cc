@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_testing.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "kv/cache.h"
@@ -24,19 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-Result Strata(const std::vector<std::string>& args) {
-  std::ostringstream out, err;
-  Result r;
-  r.code = RunStrata(args, out, err);
-  r.out = out.str();
-  r.err = err.str();
-  return r;
-}
+using Result = CliResult;
 
 // A command line that must fail: exit code 2 with `expect` in its stderr.
 struct UsageCase {

@@ -169,11 +169,13 @@ StatusOr<std::pair<int32_t, int32_t>> ParseSlot(const std::string& flag, const s
   const size_t c = v.find(':');
   auto bad = [&] { return InvalidArgument(flag + " '" + v + "' must be FIRST:COUNT"); };
   if (c == std::string::npos) return bad();
+  // Named strings: strtol's end pointer must point into storage that outlives the check.
+  const std::string first = v.substr(0, c), count = v.substr(c + 1);
   char* end = nullptr;
-  const long a = std::strtol(v.substr(0, c).c_str(), &end, 10);
-  if (*end != '\0' || c == 0) return bad();
-  const long b = std::strtol(v.substr(c + 1).c_str(), &end, 10);
-  if (*end != '\0' || c + 1 == v.size()) return bad();
+  const long a = std::strtol(first.c_str(), &end, 10);
+  if (*end != '\0' || first.empty()) return bad();
+  const long b = std::strtol(count.c_str(), &end, 10);
+  if (*end != '\0' || count.empty()) return bad();
   return std::make_pair(static_cast<int32_t>(a), static_cast<int32_t>(b));
 }
 

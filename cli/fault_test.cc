@@ -9,11 +9,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "cli/commands.h"
+#include "cli/cli_testing.h"
 #include "kv/geodesia/policy.h"
 #include "kv/registry.h"
 #include "kv/vestige/policy.h"
@@ -78,19 +77,6 @@ class Decorator final : public Policy {
   std::function<void(Policy&)> at_compress_, at_decode_;
 };
 
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-Result Strata(const std::vector<std::string>& args) {
-  std::ostringstream out, err;
-  Result r;
-  r.code = RunStrata(args, out, err);
-  r.out = out.str();
-  r.err = err.str();
-  return r;
-}
 
 // Installs a decorator around every policy the registry builds, for one scope.
 class ScopedWrapper {
@@ -140,12 +126,12 @@ TEST(CliFaultTest, UnreadableArchiveStopsGenerateWithTheCause) {
   // labels (it falls back to dense steps, exactly), and the dense decode step cannot read the
   // archived rows either: the run must stop, not answer from the rows it could read.
   ScopedWrapper wrap(DamageArchives, nullptr);
-  const Result r = Strata({"generate", "-m", Model("nope-mla.gguf"), "--policy",
+  const CliResult r = Strata({"generate", "-m", Model("nope-mla.gguf"), "--policy",
                            "vestige@256:block=256:kappa=4:archive=file:" + dir, "-p", Prompt(700),
                            "-n", "4", "--threads", "1"});
   EXPECT_NE(r.code, 0) << r.out << r.err;
   for (const char* part : {"error: decode: DATA_LOSS: policy 'vestige': layer ", "read: query at",
-                           "archived row", "cannot be read back from", "checksum mismatch"}) {
+                           "archived row", "cannot be read back: archive '", "checksum mismatch"}) {
     EXPECT_NE(r.err.find(part), std::string::npos) << part << " in\n" << r.err;
   }
   fs::remove_all(dir);
@@ -156,7 +142,7 @@ TEST(CliFaultTest, FailedDemotionStopsEvalWithTheCause) {
     dynamic_cast<GeodesiaPolicy&>(p).FailNextDemotionForTesting(
         Internal("block payload could not be re-encoded"));
   });
-  const Result r = Strata({"generate", "-m", Model("gqa.gguf"), "--policy", "geodesia@2", "-p",
+  const CliResult r = Strata({"generate", "-m", Model("gqa.gguf"), "--policy", "geodesia@2", "-p",
                            Prompt(700), "-n", "4", "--threads", "1"});
   EXPECT_NE(r.code, 0) << r.out << r.err;
   for (const char* part : {"error: decode: INTERNAL: policy 'geodesia': layer 0, read: query at",

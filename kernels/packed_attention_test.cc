@@ -16,6 +16,7 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "kernels/packed_attention_testing.h"
 #include "kernels/test_util.h"
 
 namespace strata::geodesia {
@@ -110,20 +111,8 @@ void MakeRandomHead(Rng& rng, int D, int g, int64_t n, RandomHead* x) {
   w.res_v = x->res_v.data();
 }
 
-double RelErr(const std::vector<float>& got, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num = std::max(num, std::fabs(got[i] - ref[i]));
-    den = std::max(den, std::fabs(ref[i]));
-  }
-  return den > 0 ? num / den : num;
-}
-
-std::vector<float> Finalize(const SoftmaxStateBuffer& b) {
-  std::vector<float> out(static_cast<size_t>(b.states().n_heads) * b.states().dv);
-  FinalizeStates(b.states(), out.data());
-  return out;
-}
+using packed_testing::Finalize;
+using packed_testing::RelErr;
 
 TEST(PackedAttentionKernel, MatchesFloat64OnRandomSlots) {
   const uint64_t seed = TestSeed();
@@ -189,43 +178,7 @@ TEST(PackedAttentionKernel, PerBlockStatesAndHeadSelection) {
     const int D = 64, g = 16, G = 3;
     RandomHead head;
     MakeRandomHead(rng, D, g, 11, &head);
-    const PackedHeadView& view = head.view;
-    const int64_t n = view.n_blocks;
-    std::vector<int64_t> list(n);
-    std::iota(list.begin(), list.end(), 0);
-    std::vector<float> q(G * D);
-    for (auto& x : q) x = static_cast<float>(1.5 * rng.Normal());
-    std::vector<uint8_t> sel(n * G);
-    for (auto& x : sel) x = rng.Below(3) != 0;
-    std::vector<float> bm(n * G), bd(n * G);
-    PackedBlockIO io;
-    io.head_sel = sel.data();
-    io.block_m = bm.data();
-    io.block_d = bd.data();
-    SoftmaxStateBuffer st(G, D);
-    PackedAttend(view, q.data(), G, 0.125f, list.data(), n, &st.states(), &io);
-    const std::vector<float> out = Finalize(st);
-    for (int r = 0; r < G; ++r) {
-      std::vector<int64_t> mine;
-      for (int64_t i = 0; i < n; ++i) {
-        if (sel[i * G + r]) mine.push_back(i);
-      }
-      std::vector<double> ref(D);
-      PackedAttendRef(view, q.data() + r * D, 1, 0.125f, mine.data(),
-                      static_cast<int64_t>(mine.size()), ref.data());
-      const std::vector<float> got(out.begin() + r * D, out.begin() + (r + 1) * D);
-      EXPECT_LE(RelErr(got, ref), 1e-4) << "head " << r;
-    }
-    for (int64_t i = 0; i < n; ++i) {
-      SoftmaxStateBuffer one(G, D);
-      PackedAttend(view, q.data(), G, 0.125f, &list[i], 1, &one.states());
-      for (int r = 0; r < G; ++r) {
-        EXPECT_EQ(bm[i * G + r], one.states().m[r]) << "block " << i << " head " << r;
-        // 1e-5 relative: the same sum, rescaled in a different order.
-        EXPECT_NEAR(bd[i * G + r], one.states().d[r], 1e-5 * one.states().d[r])
-            << "block " << i << " head " << r;
-      }
-    }
+    packed_testing::ExpectHeadSelectionAndBlockStates(head.view, G, rng, "random head");
   });
 }
 

@@ -1,5 +1,4 @@
 // Tests of the Geodesia-KV rate accounting against the storage.
-#include "core/status_testing.h"
 #include "kv/geodesia/accounting.h"
 
 #include <gtest/gtest.h>

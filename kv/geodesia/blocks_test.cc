@@ -1,5 +1,4 @@
 // Tests of the Geodesia-KV graded block storage.
-#include "core/status_testing.h"
 #include "kv/geodesia/blocks.h"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,4 @@
 // Tests of the Geodesia-KV attention error certificate: never violated.
-#include "core/status_testing.h"
 #include "kv/geodesia/certificate.h"
 
 #include <gtest/gtest.h>

@@ -1,5 +1,4 @@
 // Tests of the Geodesia-KV packed attention kernel against a float64 reference.
-#include "core/status_testing.h"
 #include "kv/geodesia/packed_attention.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +10,7 @@
 
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "kernels/packed_attention_testing.h"
 #include "kernels/test_util.h"
 
 namespace strata::geodesia {
@@ -51,15 +51,6 @@ GradedLayer RandomLayer(Rng& rng, int H, int D, int g, int64_t n, int n_residual
   return layer;
 }
 
-double RelErr(const std::vector<float>& got, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num = std::max(num, std::fabs(got[i] - ref[i]));
-    den = std::max(den, std::fabs(ref[i]));
-  }
-  return den > 0 ? num / den : num;
-}
-
 double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -69,11 +60,8 @@ double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return den > 0 ? num / den : num;
 }
 
-std::vector<float> Finalize(const SoftmaxStateBuffer& b) {
-  std::vector<float> out(static_cast<size_t>(b.states().n_heads) * b.states().dv);
-  FinalizeStates(b.states(), out.data());
-  return out;
-}
+using packed_testing::Finalize;
+using packed_testing::RelErr;
 
 // Spec check 22: all five levels, G >= 4 distinct queries, a partial last block (valid = 17),
 // residual overlay, with and without a selection list; every split count; SIMD and scalar.
@@ -253,42 +241,8 @@ TEST(GeodesiaPacked, BlockSelectionAndPerBlockStates) {
     for (const int g : {64, 8}) {
       const int D = 64, G = 4;
       GradedLayer layer = RandomLayer(rng, 1, D, g, 64 * 9 + 21, 8);
-      const PackedHeadView view = layer.view(0);
-      const int64_t n = view.n_blocks;
-      std::vector<int64_t> list(n);
-      std::iota(list.begin(), list.end(), 0);
-      std::vector<float> q(G * D);
-      for (auto& x : q) x = static_cast<float>(1.5 * rng.Normal());
-      std::vector<uint8_t> sel(n * G);
-      for (auto& x : sel) x = rng.Below(3) != 0;
-      std::vector<float> bm(n * G), bd(n * G);
-      PackedBlockIO io;
-      io.head_sel = sel.data();
-      io.block_m = bm.data();
-      io.block_d = bd.data();
-      SoftmaxStateBuffer st(G, D);
-      PackedAttend(view, q.data(), G, 0.125f, list.data(), n, &st.states(), &io);
-      const std::vector<float> out = Finalize(st);
-      for (int r = 0; r < G; ++r) {
-        std::vector<int64_t> mine;
-        for (int64_t i = 0; i < n; ++i) {
-          if (sel[i * G + r]) mine.push_back(i);
-        }
-        std::vector<double> ref(D);
-        PackedAttendRef(view, q.data() + r * D, 1, 0.125f, mine.data(),
-                        static_cast<int64_t>(mine.size()), ref.data());
-        const std::vector<float> got(out.begin() + r * D, out.begin() + (r + 1) * D);
-        EXPECT_LE(RelErr(got, ref), 1e-4) << "g " << g << " head " << r;
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        SoftmaxStateBuffer one(G, D);
-        PackedAttend(view, q.data(), G, 0.125f, &list[i], 1, &one.states());
-        for (int r = 0; r < G; ++r) {
-          EXPECT_EQ(bm[i * G + r], one.states().m[r]) << "block " << i << " head " << r;
-          EXPECT_NEAR(bd[i * G + r], one.states().d[r], 1e-5 * one.states().d[r])
-              << "block " << i << " head " << r;
-        }
-      }
+      packed_testing::ExpectHeadSelectionAndBlockStates(layer.view(0), G, rng,
+                                                 "graded layer g " + std::to_string(g));
     }
   });
 }

@@ -1,5 +1,3 @@
-#include "core/status_testing.h"
-#include "kv/cache_testing.h"
 #include "kv/geodesia/policy.h"
 
 #include <gtest/gtest.h>
@@ -11,7 +9,9 @@
 
 #include "core/dtype.h"
 #include "core/rng.h"
+#include "core/status_testing.h"
 #include "kv/cache.h"
+#include "kv/cache_testing.h"
 #include "kv/geodesia/accounting.h"
 #include "kv/geodesia/quest.h"
 #include "kv/registry.h"

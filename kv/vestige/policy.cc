@@ -622,8 +622,9 @@ bool VestigePolicy::AnyReleasedBelow(const Layer& L, int64_t limit) const {
 // A row of a released page that the file could not serve: the read fails with it, never
 // silently leaving the row out.
 static Status UnreadableRow(const VestigeArchiveFile& file, int64_t row, const Status& cause) {
-  return DataLoss("archived row " + std::to_string(row) + " cannot be read back from " +
-                  file.path() + (cause.ok() ? std::string() : ": " + cause.message()));
+  // The cause names the file already when there is one.
+  return DataLoss("archived row " + std::to_string(row) + " cannot be read back: " +
+                  (cause.ok() ? "archive '" + file.path() + "'" : cause.message()));
 }
 
 StatusOr<const VestigePolicy::Layer::Staged*> VestigePolicy::StagePage(Layer& L, int64_t p) {

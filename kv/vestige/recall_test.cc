@@ -1,6 +1,5 @@
 // Tests of the VestigeKV recall tier: index vs float64, certificate soundness, the fire rule,
 // the gate, overflow, the csk range check, determinism, calibration flows and a planted recall.
-#include "core/status_testing.h"
 #include "kv/vestige/recall.h"
 
 #include <gtest/gtest.h>
