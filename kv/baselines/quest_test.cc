@@ -51,6 +51,21 @@ TEST(QuestBaselineTest, ClosedFormRates) {
   EXPECT_EQ(m.policy->last_selection(0, 0).size(), 2u);
 }
 
+// The true maximum score (float64) of query head qh [k_dim] over page p of KV head h: what the
+// Quest bound must not fall below.
+double PageMaxScore(const LayerStore& s, const float* qh, int h, int64_t p) {
+  const LayerGeometry& g = s.geometry();
+  double best = -1e300;
+  for (int64_t u = p * 64; u < (p + 1) * 64; ++u) {
+    double a = 0;
+    for (int c = 0; c < g.k_dim; ++c) {
+      a += static_cast<double>(qh[c]) * Bf16ToF32(s.key_row(h, u)[c]);
+    }
+    best = std::max(best, a * g.scale);
+  }
+  return best;
+}
+
 // Boxes are f16 rounded outward, so U_b(q) bounds the true max logit of every page for random
 // queries; and keep rules follow the spec (ceil(F * n_cand), at least 1).
 TEST(QuestBaselineTest, BoundIsAnUpperBound) {
@@ -67,14 +82,7 @@ TEST(QuestBaselineTest, BoundIsAnUpperBound) {
       for (int hq = 0; hq < g.n_q_heads; ++hq) {
         const int h = hq / g.group_size();
         for (int64_t p = 0; p < 10; ++p) {
-          double best = -1e300;
-          for (int64_t u = p * 64; u < (p + 1) * 64; ++u) {
-            double a = 0;
-            for (int c = 0; c < g.k_dim; ++c) {
-              a += static_cast<double>(q[hq * g.k_dim + c]) * Bf16ToF32(s.key_row(h, u)[c]);
-            }
-            best = std::max(best, a * g.scale);
-          }
+          const double best = PageMaxScore(s, q.data() + hq * g.k_dim, h, p);
           // f32 rounding of the bound's sum: 1e-5 relative slack.
           ASSERT_GE(m.policy->Bound(0, h, p, q.data() + hq * g.k_dim) + 1e-5 * std::abs(best) +
                         1e-6,
@@ -146,14 +154,7 @@ TEST(QuestBaselineTest, BoundHoldsBeyondF16Range) {
       for (int hq = 0; hq < g.n_q_heads; ++hq) {
         const int h = hq / g.group_size();
         for (int64_t p = 0; p < 4; ++p) {
-          double best = -1e300;
-          for (int64_t u = p * 64; u < (p + 1) * 64; ++u) {
-            double a = 0;
-            for (int c = 0; c < g.k_dim; ++c) {
-              a += static_cast<double>(q[hq * g.k_dim + c]) * Bf16ToF32(s.key_row(h, u)[c]);
-            }
-            best = std::max(best, a * g.scale);
-          }
+          const double best = PageMaxScore(s, q.data() + hq * g.k_dim, h, p);
           const float b = m.policy->Bound(0, h, p, q.data() + hq * g.k_dim);
           ASSERT_FALSE(std::isnan(b)) << "page " << p;
           // f32 rounding of the bound's sum: 1e-5 relative slack (as above).
