@@ -26,9 +26,13 @@ constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as little-endian u32
 constexpr uint64_t kDefaultAlignment = 32;
 // Caps on counts a file may claim, far above any real model (a 256k vocabulary has ~1M metadata
 // values), so a hostile header cannot make us allocate gigabytes before reading a byte of payload.
-// Each parsed GgufValue costs ~100 bytes, hence the cap on all values together.
-constexpr uint64_t kMaxCount = uint64_t{1} << 30;        // any single count or length
-constexpr uint64_t kMaxTotalValues = uint64_t{1} << 25;  // metadata values in the whole file
+// Every count is also checked against the bytes left before anything is allocated for it, and
+// what is allocated is a small multiple of those bytes: array numbers are packed (1x), a string
+// costs 32 bytes + its text for >= 8 + its text in the file (<= 4x), a nested array ~140 bytes for
+// >= 12 (<= 12x, and capped separately since real files have none).
+constexpr uint64_t kMaxCount = uint64_t{1} << 30;         // any single count or length
+constexpr uint64_t kMaxTotalValues = uint64_t{1} << 25;   // scalars, strings, string elements
+constexpr uint64_t kMaxNestedArrays = uint64_t{1} << 16;  // arrays inside arrays, whole file
 constexpr uint64_t kMaxAlignment = uint64_t{1} << 30;
 
 bool IsPow2(uint64_t a) { return a != 0 && (a & (a - 1)) == 0; }
@@ -114,6 +118,13 @@ class Cursor {
     return OkStatus();
   }
 
+  Status ReadBytes(void* out, uint64_t n, const std::string& what) {
+    if (left() < n) return Truncated(what, n);
+    if (n != 0) std::memcpy(out, base_ + pos_, n);
+    pos_ += n;
+    return OkStatus();
+  }
+
   Status ReadString(std::string* out, const std::string& what) {
     uint64_t len = 0;
     RETURN_IF_ERROR(Read(&len, "length of " + what));
@@ -136,23 +147,35 @@ class Cursor {
   const std::string& path_;
 };
 
+// Bytes of one number or bool in the file (and in GgufValue::packed); 0 for strings and arrays.
+uint64_t ScalarBytes(GgufType t) {
+  return t == GgufType::kString || t == GgufType::kArray ? 0 : MinValueBytes(t);
+}
+
 struct ValueParser {
   Cursor& cur;
   const std::string& key;
   uint64_t& total_values;
+  uint64_t& nested_arrays;
   const std::string what = "value of key " + Quote(key);  // built once per key, not per element
 
-  Status Count() {
-    if (++total_values > kMaxTotalValues) {
+  // Counts n more values against the file's cap, before anything is allocated for them.
+  Status Count(uint64_t n) {
+    total_values += n;
+    if (total_values > kMaxTotalValues) {
       return cur.Error(StatusCode::kOutOfRange, "more than " + std::to_string(kMaxTotalValues) +
                                                     " metadata values (at key " + Quote(key) + ")");
     }
     return OkStatus();
   }
 
-  // Reads the payload of one value whose type is already known.
+  // Reads one value whose type is already known.
   Status Parse(GgufType type, int depth, GgufValue* v) {
-    RETURN_IF_ERROR(Count());
+    RETURN_IF_ERROR(Count(1));
+    return Payload(type, depth, v);
+  }
+
+  Status Payload(GgufType type, int depth, GgufValue* v) {
     v->type = type;
     switch (type) {
       case GgufType::kU8: {
@@ -228,36 +251,66 @@ struct ValueParser {
       case GgufType::kString:
         RETURN_IF_ERROR(cur.ReadString(&v->s, what));
         break;
-      case GgufType::kArray: {
-        if (depth >= GgufFile::kMaxArrayDepth) {
-          return cur.Error(StatusCode::kOutOfRange, "arrays nested deeper than " +
-                                                        std::to_string(GgufFile::kMaxArrayDepth) +
-                                                        " in key " + Quote(key));
-        }
-        uint32_t et = 0;
-        RETURN_IF_ERROR(cur.Read(&et, "array element type of key " + Quote(key)));
-        if (!IsValidValueType(et)) {
-          return cur.Error(StatusCode::kDataLoss, "unknown array element type " +
-                                                      std::to_string(et) + " in key " + Quote(key));
-        }
-        v->array_type = static_cast<GgufType>(et);
-        uint64_t n = 0;
-        RETURN_IF_ERROR(cur.Read(&n, "array length of key " + Quote(key)));
-        if (n > kMaxCount) {
-          return cur.Error(StatusCode::kOutOfRange,
-                           "absurd array length " + std::to_string(n) + " in key " + Quote(key));
-        }
-        const uint64_t min_bytes = n * MinValueBytes(v->array_type);
-        if (min_bytes > cur.left()) {
-          return cur.Truncated("array of " + std::to_string(n) + " " + GgufTypeName(v->array_type) +
-                                   " in key " + Quote(key),
-                               min_bytes);
-        }
-        v->array.resize(n);
-        for (uint64_t j = 0; j < n; ++j) {
-          RETURN_IF_ERROR(Parse(v->array_type, depth + 1, &v->array[j]));
-        }
+      case GgufType::kArray:
+        RETURN_IF_ERROR(Array(depth, v));
         break;
+    }
+    return OkStatus();
+  }
+
+  Status Array(int depth, GgufValue* v) {
+    if (depth >= GgufFile::kMaxArrayDepth) {
+      return cur.Error(StatusCode::kOutOfRange, "arrays nested deeper than " +
+                                                    std::to_string(GgufFile::kMaxArrayDepth) +
+                                                    " in key " + Quote(key));
+    }
+    uint32_t et = 0;
+    RETURN_IF_ERROR(cur.Read(&et, "array element type of key " + Quote(key)));
+    if (!IsValidValueType(et)) {
+      return cur.Error(StatusCode::kDataLoss, "unknown array element type " + std::to_string(et) +
+                                                  " in key " + Quote(key));
+    }
+    const GgufType t = static_cast<GgufType>(et);
+    v->array_type = t;
+    uint64_t n = 0;
+    RETURN_IF_ERROR(cur.Read(&n, "array length of key " + Quote(key)));
+    if (n > kMaxCount) {
+      return cur.Error(StatusCode::kOutOfRange,
+                       "absurd array length " + std::to_string(n) + " in key " + Quote(key));
+    }
+    const uint64_t min_bytes = n * MinValueBytes(t);
+    if (min_bytes > cur.left()) {
+      return cur.Truncated("array of " + std::to_string(n) + " " + GgufTypeName(t) + " in key " +
+                               Quote(key),
+                           min_bytes);
+    }
+    if (const uint64_t w = ScalarBytes(t)) {
+      // Numbers and bools: the file's bytes, as they are.
+      v->packed.resize(n * w);
+      RETURN_IF_ERROR(cur.ReadBytes(v->packed.data(), n * w, what));
+      if (t == GgufType::kBool) {
+        for (uint64_t j = 0; j < n; ++j) {
+          if (v->packed[j] > 1) {
+            return cur.Error(StatusCode::kDataLoss, "bool element " + std::to_string(j) + " = " +
+                                                        std::to_string(v->packed[j]) + " of key " +
+                                                        Quote(key) + " is neither 0 nor 1");
+          }
+        }
+      }
+    } else if (t == GgufType::kString) {
+      RETURN_IF_ERROR(Count(n));
+      v->strings.resize(n);
+      for (uint64_t j = 0; j < n; ++j) RETURN_IF_ERROR(cur.ReadString(&v->strings[j], what));
+    } else {
+      nested_arrays += n;
+      if (nested_arrays > kMaxNestedArrays) {
+        return cur.Error(StatusCode::kOutOfRange,
+                         "more than " + std::to_string(kMaxNestedArrays) +
+                             " arrays inside arrays (at key " + Quote(key) + ")");
+      }
+      v->array.resize(n);
+      for (uint64_t j = 0; j < n; ++j) {
+        RETURN_IF_ERROR(Payload(GgufType::kArray, depth + 1, &v->array[j]));
       }
     }
     return OkStatus();
@@ -317,11 +370,13 @@ void PutPayload(std::vector<uint8_t>* out, const GgufValue& v) {
       break;
     case GgufType::kArray:
       Put<uint32_t>(out, static_cast<uint32_t>(v.array_type));
-      Put<uint64_t>(out, v.array.size());
-      for (const GgufValue& e : v.array) {
-        STRATA_CHECK_MSG(e.type == v.array_type, "GGUF array of %s holds a %s element",
-                         GgufTypeName(v.array_type), GgufTypeName(e.type));
-        PutPayload(out, e);
+      Put<uint64_t>(out, v.size());
+      if (ScalarBytes(v.array_type) != 0) {
+        out->insert(out->end(), v.packed.begin(), v.packed.end());
+      } else if (v.array_type == GgufType::kString) {
+        for (const std::string& e : v.strings) PutString(out, e);
+      } else {
+        for (const GgufValue& e : v.array) PutPayload(out, e);
       }
       break;
   }
@@ -422,36 +477,80 @@ GgufValue GgufValue::String(std::string s) {
 }
 
 GgufValue GgufValue::Array(GgufType elem, std::vector<GgufValue> elems) {
-  for (const GgufValue& e : elems) {
-    STRATA_CHECK_MSG(e.type == elem, "GgufValue::Array of %s given a %s element",
-                     GgufTypeName(elem), GgufTypeName(e.type));
-  }
   GgufValue v;
   v.type = GgufType::kArray;
   v.array_type = elem;
-  v.array = std::move(elems);
+  for (GgufValue& e : elems) {
+    STRATA_CHECK_MSG(e.type == elem, "GgufValue::Array of %s given a %s element",
+                     GgufTypeName(elem), GgufTypeName(e.type));
+    if (ScalarBytes(elem) != 0) {
+      PutPayload(&v.packed, e);
+    } else if (elem == GgufType::kString) {
+      v.strings.push_back(std::move(e.s));
+    } else {
+      v.array.push_back(std::move(e));
+    }
+  }
   return v;
 }
 
 GgufValue GgufValue::StringArray(const std::vector<std::string>& xs) {
-  std::vector<GgufValue> e;
-  e.reserve(xs.size());
-  for (const auto& x : xs) e.push_back(String(x));
-  return Array(GgufType::kString, std::move(e));
+  GgufValue v;
+  v.type = GgufType::kArray;
+  v.array_type = GgufType::kString;
+  v.strings = xs;
+  return v;
 }
 
 GgufValue GgufValue::F32Array(const std::vector<float>& xs) {
-  std::vector<GgufValue> e;
-  e.reserve(xs.size());
-  for (float x : xs) e.push_back(F32(x));
-  return Array(GgufType::kF32, std::move(e));
+  GgufValue v;
+  v.type = GgufType::kArray;
+  v.array_type = GgufType::kF32;
+  v.packed.resize(xs.size() * sizeof(float));
+  if (!xs.empty()) std::memcpy(v.packed.data(), xs.data(), v.packed.size());
+  return v;
 }
 
 GgufValue GgufValue::I32Array(const std::vector<int32_t>& xs) {
-  std::vector<GgufValue> e;
-  e.reserve(xs.size());
-  for (int32_t x : xs) e.push_back(I32(x));
-  return Array(GgufType::kI32, std::move(e));
+  GgufValue v;
+  v.type = GgufType::kArray;
+  v.array_type = GgufType::kI32;
+  v.packed.resize(xs.size() * sizeof(int32_t));
+  if (!xs.empty()) std::memcpy(v.packed.data(), xs.data(), v.packed.size());
+  return v;
+}
+
+size_t GgufValue::size() const {
+  if (type != GgufType::kArray) return 0;
+  if (const uint64_t w = ScalarBytes(array_type)) return packed.size() / w;
+  return array_type == GgufType::kString ? strings.size() : array.size();
+}
+
+GgufValue GgufValue::at(size_t j) const {
+  STRATA_CHECK_MSG(j < size(), "GGUF array element %zu of %zu", j, size());
+  if (array_type == GgufType::kString) return String(strings[j]);
+  if (array_type == GgufType::kArray) return array[j];
+  const uint8_t* p = packed.data() + j * ScalarBytes(array_type);
+  auto get = [p](auto x) {
+    std::memcpy(&x, p, sizeof(x));
+    return x;
+  };
+  switch (array_type) {
+    case GgufType::kU8: return U8(get(uint8_t{}));
+    case GgufType::kI8: return I8(get(int8_t{}));
+    case GgufType::kU16: return U16(get(uint16_t{}));
+    case GgufType::kI16: return I16(get(int16_t{}));
+    case GgufType::kU32: return U32(get(uint32_t{}));
+    case GgufType::kI32: return I32(get(int32_t{}));
+    case GgufType::kU64: return U64(get(uint64_t{}));
+    case GgufType::kI64: return I64(get(int64_t{}));
+    case GgufType::kF32: return F32(get(float{}));
+    case GgufType::kF64: return F64(get(double{}));
+    case GgufType::kBool: return Bool(get(uint8_t{}) != 0);
+    default: break;
+  }
+  STRATA_CHECK_MSG(false, "GGUF array of %s", GgufTypeName(array_type));
+  return {};
 }
 
 bool GgufValue::IsInteger() const { return IsIntegerType(type); }
@@ -490,11 +589,11 @@ std::string GgufValue::DebugString() const {
       return buf;
     }
     case GgufType::kArray: {
-      std::string s =
-          std::string("[") + GgufTypeName(array_type) + " x " + std::to_string(array.size()) + ":";
-      const size_t shown = array.size() < 4 ? array.size() : 4;
-      for (size_t j = 0; j < shown; ++j) s += (j ? ", " : " ") + array[j].DebugString();
-      if (shown < array.size()) s += ", ...";
+      const size_t n = size();
+      std::string s = std::string("[") + GgufTypeName(array_type) + " x " + std::to_string(n) + ":";
+      const size_t shown = n < 4 ? n : 4;
+      for (size_t j = 0; j < shown; ++j) s += (j ? ", " : " ") + at(j).DebugString();
+      if (shown < n) s += ", ...";
       return s + "]";
     }
     default:
@@ -622,7 +721,7 @@ Status GgufFile::Parse() {
   }
 
   // Metadata.
-  uint64_t total_values = 0;
+  uint64_t total_values = 0, nested_arrays = 0;
   kv_.reserve(n_kv);
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key;
@@ -637,7 +736,7 @@ Status GgufFile::Parse() {
                        "unknown value type " + std::to_string(type) + " of key " + Quote(key));
     }
     GgufValue v;
-    ValueParser vp{cur, key, total_values};  // NOLINT
+    ValueParser vp{cur, key, total_values, nested_arrays};  // NOLINT
     RETURN_IF_ERROR(vp.Parse(static_cast<GgufType>(type), 0, &v));
     kv_index_[key] = kv_.size();
     kv_.emplace_back(std::move(key), std::move(v));
@@ -785,10 +884,7 @@ StatusOr<std::vector<std::string>> GgufFile::GetStringArray(const std::string& k
   if (v->type != GgufType::kArray || v->array_type != GgufType::kString) {
     return WrongKind(key, *v, "an array of strings", path_);
   }
-  std::vector<std::string> out;
-  out.reserve(v->array.size());
-  for (const GgufValue& e : v->array) out.push_back(e.s);
-  return out;
+  return v->strings;
 }
 
 StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(const std::string& key) const {
@@ -798,9 +894,9 @@ StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(const std::string& key) con
     return WrongKind(key, *v, "an array of integers", path_);
   }
   std::vector<int64_t> out;
-  out.reserve(v->array.size());
-  for (size_t j = 0; j < v->array.size(); ++j) {
-    const GgufValue& e = v->array[j];
+  out.reserve(v->size());
+  for (size_t j = 0; j < v->size(); ++j) {
+    const GgufValue e = v->at(j);
     if (e.type == GgufType::kU64 && e.u > static_cast<uint64_t>(INT64_MAX)) {
       return OutOfRange("metadata key " + Quote(key) + " element " + std::to_string(j) + " value " +
                         std::to_string(e.u) + " does not fit in int64 (file " + path_ + ")");
@@ -818,29 +914,46 @@ StatusOr<std::vector<float>> GgufFile::GetFloatArray(const std::string& key) con
     return WrongKind(key, *v, "an array of numbers", path_);
   }
   std::vector<float> out;
-  out.reserve(v->array.size());
-  for (const GgufValue& e : v->array) out.push_back(static_cast<float>(e.AsDouble()));
+  out.reserve(v->size());
+  for (size_t j = 0; j < v->size(); ++j) out.push_back(static_cast<float>(v->at(j).AsDouble()));
   return out;
 }
 
-int64_t GgufFile::GetIntOr(const std::string& key, int64_t def) const {
-  auto r = GetInt(key);
-  return r.ok() ? *r : def;
+StatusOr<int64_t> GgufFile::GetIntIn(const std::string& key, int64_t lo, int64_t hi) const {
+  ASSIGN_OR_RETURN(int64_t v, GetInt(key));
+  if (v < lo || v > hi) {
+    return OutOfRange("metadata key " + Quote(key) + " = " + std::to_string(v) +
+                      " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                      "] (file " + path_ + ")");
+  }
+  return v;
 }
 
-double GgufFile::GetFloatOr(const std::string& key, double def) const {
-  auto r = GetFloat(key);
-  return r.ok() ? *r : def;
+StatusOr<int64_t> GgufFile::GetIntOr(const std::string& key, int64_t def) const {
+  if (!Has(key)) return def;
+  return GetInt(key);
 }
 
-bool GgufFile::GetBoolOr(const std::string& key, bool def) const {
-  auto r = GetBool(key);
-  return r.ok() ? *r : def;
+StatusOr<int64_t> GgufFile::GetIntInOr(const std::string& key, int64_t def, int64_t lo,
+                                       int64_t hi) const {
+  if (!Has(key)) return def;
+  return GetIntIn(key, lo, hi);
 }
 
-std::string GgufFile::GetStringOr(const std::string& key, const std::string& def) const {
-  auto r = GetString(key);
-  return r.ok() ? *r : def;
+StatusOr<double> GgufFile::GetFloatOr(const std::string& key, double def) const {
+  if (!Has(key)) return def;
+  return GetFloat(key);
+}
+
+StatusOr<bool> GgufFile::GetBoolOr(const std::string& key, bool def) const {
+  if (!Has(key)) return def;
+  return GetBool(key);
+}
+
+StatusOr<std::string> GgufFile::GetStringOr(const std::string& key,
+                                            const std::string& def) const {
+  if (!Has(key)) return def;
+  return GetString(key);
 }
 
 const GgufTensorInfo* GgufFile::FindTensor(const std::string& name) const {

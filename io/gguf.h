@@ -25,8 +25,11 @@ enum class GgufType : uint32_t {
 };
 const char* GgufTypeName(GgufType t);
 
-// One metadata value. Scalars live in the union-like fields; arrays hold their elements (all of
-// array_type) in `array`.
+// One metadata value. Scalars live in the union-like fields. An array's elements (all of
+// array_type) are held by kind, so that what a file's array costs in memory is a small multiple of
+// the bytes it occupies in the file (one GgufValue per u8 element would be ~130x): numbers and
+// bools packed as in the file (`packed`, 1x), strings in `strings` (32 bytes + text per >= 8 + text
+// in the file), nested arrays in `array`. Use size() and at() to walk any array.
 struct GgufValue {
   GgufType type = GgufType::kU32;
   GgufType array_type = GgufType::kU32;  // element type when type == kArray
@@ -34,7 +37,14 @@ struct GgufValue {
   int64_t i = 0;    // signed integers
   double f = 0;     // F32/F64
   std::string s;    // kString
-  std::vector<GgufValue> array;
+  std::vector<uint8_t> packed;       // kArray of a number or bool type, little endian
+  std::vector<std::string> strings;  // kArray of kString
+  std::vector<GgufValue> array;      // kArray of kArray
+
+  // Elements of an array (0 for a scalar).
+  size_t size() const;
+  // Element j of an array as a value of array_type (CHECKs j < size()).
+  GgufValue at(size_t j) const;
 
   static GgufValue U8(uint8_t v);
   static GgufValue I8(int8_t v);
@@ -106,8 +116,9 @@ class GgufFile {
   const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kv_; }
   const GgufValue* Find(const std::string& key) const;
   bool Has(const std::string& key) const { return Find(key) != nullptr; }
-  // Typed getters: NotFound when absent, InvalidArgument when of the wrong kind; messages name
-  // the key and the file.
+  // Typed getters: NotFound when absent, InvalidArgument when of the wrong kind (naming the key,
+  // its type, the expected one and the file). Integer keys accept any integer type whose value
+  // fits; float keys accept F32/F64 and integers.
   StatusOr<std::string> GetString(const std::string& key) const;
   StatusOr<int64_t> GetInt(const std::string& key) const;      // any integer type
   StatusOr<double> GetFloat(const std::string& key) const;     // F32/F64 or any integer
@@ -115,10 +126,16 @@ class GgufFile {
   StatusOr<std::vector<std::string>> GetStringArray(const std::string& key) const;
   StatusOr<std::vector<int64_t>> GetIntArray(const std::string& key) const;
   StatusOr<std::vector<float>> GetFloatArray(const std::string& key) const;
-  int64_t GetIntOr(const std::string& key, int64_t def) const;
-  double GetFloatOr(const std::string& key, double def) const;
-  bool GetBoolOr(const std::string& key, bool def) const;
-  std::string GetStringOr(const std::string& key, const std::string& def) const;
+  // An integer in [lo, hi], range-checked in 64 bits before any narrowing: OutOfRange naming the
+  // key, the value and the range.
+  StatusOr<int64_t> GetIntIn(const std::string& key, int64_t lo, int64_t hi) const;
+  // The same when present; `def` when absent. A present key of the wrong type is an error, never
+  // the default (a u8 `mla_use_nope` must not silently run a NoPE model with RoPE).
+  StatusOr<int64_t> GetIntOr(const std::string& key, int64_t def) const;
+  StatusOr<int64_t> GetIntInOr(const std::string& key, int64_t def, int64_t lo, int64_t hi) const;
+  StatusOr<double> GetFloatOr(const std::string& key, double def) const;
+  StatusOr<bool> GetBoolOr(const std::string& key, bool def) const;
+  StatusOr<std::string> GetStringOr(const std::string& key, const std::string& def) const;
 
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
   const GgufTensorInfo* FindTensor(const std::string& name) const;

@@ -107,12 +107,12 @@ bool SameValue(const GgufValue& a, const GgufValue& b, std::string* why) {
       if (a.s != b.s) *why = "string " + a.DebugString() + " vs " + b.DebugString();
       return a.s == b.s;
     case GgufType::kArray:
-      if (a.array_type != b.array_type || a.array.size() != b.array.size()) {
+      if (a.array_type != b.array_type || a.size() != b.size()) {
         *why = "array " + a.DebugString() + " vs " + b.DebugString();
         return false;
       }
-      for (size_t j = 0; j < a.array.size(); ++j) {
-        if (!SameValue(a.array[j], b.array[j], why)) {
+      for (size_t j = 0; j < a.size(); ++j) {
+        if (!SameValue(a.at(j), b.at(j), why)) {
           *why = "element " + std::to_string(j) + ": " + *why;
           return false;
         }
@@ -282,18 +282,18 @@ TEST(GgufRoundTrip, AllMetadataValueTypes) {
     ASSERT_NE(e, nullptr) << name;
     EXPECT_EQ(e->type, GgufType::kArray);
     EXPECT_EQ(e->array_type, t);
-    EXPECT_TRUE(e->array.empty());
+    EXPECT_EQ(e->size(), 0u);
   }
   const GgufValue* nested = g.Find("nested.i32");
   ASSERT_NE(nested, nullptr);
-  ASSERT_EQ(nested->array.size(), 3u);
-  EXPECT_EQ(nested->array[0].array.size(), 3u);
-  EXPECT_EQ(nested->array[0].array[2].i, 3);
-  EXPECT_TRUE(nested->array[1].array.empty());
-  EXPECT_EQ(nested->array[2].array[0].i, -7);
+  ASSERT_EQ(nested->size(), 3u);
+  EXPECT_EQ(nested->at(0).size(), 3u);
+  EXPECT_EQ(nested->at(0).at(2).i, 3);
+  EXPECT_EQ(nested->at(1).size(), 0u);
+  EXPECT_EQ(nested->at(2).at(0).i, -7);
   const GgufValue* deep = g.Find("nested.deep");
   ASSERT_NE(deep, nullptr);
-  EXPECT_EQ(deep->array[0].array[0].array[1].s, "b");
+  EXPECT_EQ(deep->at(0).at(0).at(1).s, "b");
 }
 
 TEST(GgufRoundTrip, RandomMetadataBitExact) {
@@ -854,15 +854,33 @@ TEST(GgufGetters, MissingAndWrongKind) {
   EXPECT_EQ(*g.GetIntArray("ia"), (std::vector<int64_t>{7, 65535}));
   EXPECT_EQ(*g.GetFloatArray("ia"), (std::vector<float>{7.f, 65535.f}));
 
-  EXPECT_EQ(g.GetIntOr("nope", 42), 42);
-  EXPECT_EQ(g.GetIntOr("s", 42), 42);
-  EXPECT_EQ(g.GetIntOr("u", 42), 200);
-  EXPECT_EQ(g.GetFloatOr("nope", 1.5), 1.5);
-  EXPECT_EQ(g.GetFloatOr("f", 1.5), 0.25);
-  EXPECT_TRUE(g.GetBoolOr("nope", true));
-  EXPECT_TRUE(g.GetBoolOr("b", false));
-  EXPECT_EQ(g.GetStringOr("nope", "d"), "d");
-  EXPECT_EQ(g.GetStringOr("s", "d"), "hi");
+  // Absent: the default. Present with the wrong type: an error naming the key, its type and the
+  // expected one, never the default.
+  EXPECT_EQ(*g.GetIntOr("nope", 42), 42);
+  EXPECT_EQ(*g.GetIntOr("u", 42), 200);
+  auto wrong_or = g.GetIntOr("s", 42);
+  ASSERT_FALSE(wrong_or.ok());
+  EXPECT_EQ(wrong_or.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_PRED2(Contains, wrong_or.status().message(), "'s' is string, expected an integer");
+  EXPECT_EQ(*g.GetFloatOr("nope", 1.5), 1.5);
+  EXPECT_EQ(*g.GetFloatOr("f", 1.5), 0.25);
+  EXPECT_FALSE(g.GetFloatOr("s", 1.5).ok());
+  EXPECT_TRUE(*g.GetBoolOr("nope", true));
+  EXPECT_TRUE(*g.GetBoolOr("b", false));
+  auto u8_bool = g.GetBoolOr("u", false);
+  ASSERT_FALSE(u8_bool.ok());
+  EXPECT_PRED2(Contains, u8_bool.status().message(), "'u' is u8, expected a bool");
+  EXPECT_EQ(*g.GetStringOr("nope", "d"), "d");
+  EXPECT_EQ(*g.GetStringOr("s", "d"), "hi");
+  EXPECT_FALSE(g.GetStringOr("i", "d").ok());
+  // Ranges are checked in 64 bits before any narrowing.
+  EXPECT_EQ(*g.GetIntIn("u", 0, 200), 200);
+  auto out = g.GetIntIn("u", 0, 199);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), StatusCode::kOutOfRange);
+  EXPECT_PRED2(Contains, out.status().message(), "'u' = 200 is outside [0, 199]");
+  EXPECT_EQ(*g.GetIntInOr("nope", 7, 0, 1), 7);  // the default is the caller's, not checked
+  EXPECT_FALSE(g.GetIntInOr("i", 7, 0, 10).ok());
 
   EXPECT_TRUE(g.Find("u")->IsInteger());
   EXPECT_FALSE(g.Find("b")->IsInteger());

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "core/dtype.h"
+#include "io/json_input.h"
 
 namespace strata {
 namespace {
@@ -142,17 +143,9 @@ Status SafetensorsFile::Parse() {
   }
   if (n < 2) return DataLoss(p + ": header length " + std::to_string(n) + " is too short for JSON");
   const char* hb = reinterpret_cast<const char*>(base_ + 8);
-  json h = json::parse(hb, hb + n, /*cb=*/nullptr, /*allow_exceptions=*/false);
-  if (h.is_discarded()) {
-    // Say where: re-parse with exceptions for the parser's position message.
-    std::string why = "parse error";
-    try {
-      [[maybe_unused]] json ignored = json::parse(hb, hb + n);
-    } catch (const json::exception& e) {
-      why = e.what();
-    }
-    return DataLoss(p + ": header is not valid JSON (" + why + ")");
-  }
+  auto parsed = ParseUntrustedJson(std::string_view(hb, n), p + ": header");
+  if (!parsed.ok()) return parsed.status();
+  json h = std::move(*parsed);
   if (!h.is_object()) return DataLoss(p + ": header JSON is not an object");
   const uint64_t data_start = 8 + n;
   const uint64_t data_size = size_ - data_start;
@@ -192,14 +185,14 @@ Status SafetensorsFile::Parse() {
     for (const json& d : *sh_it) {
       uint64_t u = 0;
       if (!JsonUint(d, &u) || u > (uint64_t{1} << 62)) {
-        return DataLoss(where + ": shape entry " + d.dump() + " is not a non-negative integer");
+        return DataLoss(where + ": shape entry " + BriefJson(d) + " is not a non-negative integer");
       }
       shape.push_back(static_cast<int64_t>(u));
       if (__builtin_mul_overflow(numel, u, &numel)) numel_overflow = true;
     }
     uint64_t begin = 0, end = 0;
     if (!JsonUint((*off_it)[0], &begin) || !JsonUint((*off_it)[1], &end)) {
-      return DataLoss(where + ": data_offsets " + off_it->dump() +
+      return DataLoss(where + ": data_offsets " + BriefJson(*off_it) +
                       " are not non-negative integers");
     }
     if (begin > end) {
@@ -350,6 +343,29 @@ Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsTe
 
 namespace {
 
+// Every dimension and count from config.json is at most this (the engine holds dims in an int,
+// GGUF in a u32), and so is every dimension derived from them (heads x head dim, ...), computed by
+// Dim() in 64 bits; a tensor is then read only when the checkpoint holds exactly that shape, so
+// nothing the conversion allocates exceeds what the checkpoint's files hold.
+constexpr int64_t kMaxDim = INT32_MAX;
+
+// The product of `factors` as a tensor dimension, or an error naming `what` and the file.
+StatusOr<int64_t> Dim(const std::string& file, const std::string& what,
+                      std::initializer_list<int64_t> factors) {
+  int64_t p = 1;
+  std::string expr;
+  bool over = false;
+  for (int64_t f : factors) {
+    expr += (expr.empty() ? "" : " x ") + std::to_string(f);
+    if (__builtin_mul_overflow(p, f, &p) || p > kMaxDim) over = true;
+  }
+  if (over) {
+    return OutOfRange(file + ": " + what + " = " + expr + " exceeds " + std::to_string(kMaxDim) +
+                      " (no tensor dimension is that large)");
+  }
+  return p;
+}
+
 // Typed access to config.json; every error names the key and the file.
 class Config {
  public:
@@ -369,12 +385,28 @@ class Config {
   StatusOr<int64_t> IntOr(const std::string& key, int64_t def) const {
     return Has(key) ? IntOf(j_.at(key), key) : StatusOr<int64_t>(def);
   }
-  // Positive integer (sizes, counts).
-  StatusOr<int64_t> Positive(const std::string& key) const {
+  // An integer in [lo, hi], checked in 64 bits before it is used, cast or multiplied.
+  StatusOr<int64_t> InRange(const std::string& key, int64_t lo, int64_t hi) const {
     ASSIGN_OR_RETURN(int64_t v, Int(key));
-    if (v <= 0)
-      return InvalidArgument(file_ + ": \"" + key + "\" must be > 0, got " + std::to_string(v));
+    RETURN_IF_ERROR(Check(key, v, lo, hi));
     return v;
+  }
+  StatusOr<int64_t> InRangeOr(const std::string& key, int64_t def, int64_t lo, int64_t hi) const {
+    if (!Has(key)) return def;
+    return InRange(key, lo, hi);
+  }
+  // A size or count: in [1, kMaxDim].
+  StatusOr<int64_t> Positive(const std::string& key) const { return InRange(key, 1, kMaxDim); }
+  Status Check(const std::string& key, int64_t v, int64_t lo, int64_t hi) const {
+    if (v < lo) {
+      return InvalidArgument(file_ + ": \"" + key + "\" must be >= " + std::to_string(lo) +
+                             ", got " + std::to_string(v));
+    }
+    if (v > hi) {
+      return OutOfRange(file_ + ": \"" + key + "\" = " + std::to_string(v) + " exceeds " +
+                        std::to_string(hi));
+    }
+    return OkStatus();
   }
   StatusOr<double> Float(const std::string& key) const {
     if (!Has(key)) return NotFound(file_ + ": missing required key \"" + key + "\"");
@@ -387,14 +419,14 @@ class Config {
     if (!Has(key)) return def;
     const json& v = j_.at(key);
     if (!v.is_boolean())
-      return InvalidArgument(file_ + ": \"" + key + "\" must be a bool, got " + v.dump());
+      return InvalidArgument(file_ + ": \"" + key + "\" must be a bool, got " + BriefJson(v));
     return v.get<bool>();
   }
   StatusOr<std::string> StringOr(const std::string& key, const std::string& def) const {
     if (!Has(key)) return def;
     const json& v = j_.at(key);
     if (!v.is_string())
-      return InvalidArgument(file_ + ": \"" + key + "\" must be a string, got " + v.dump());
+      return InvalidArgument(file_ + ": \"" + key + "\" must be a string, got " + BriefJson(v));
     return v.get<std::string>();
   }
 
@@ -406,11 +438,11 @@ class Config {
         return static_cast<int64_t>(d);
       }
     }
-    return InvalidArgument(file_ + ": \"" + key + "\" must be an integer, got " + v.dump());
+    return InvalidArgument(file_ + ": \"" + key + "\" must be an integer, got " + BriefJson(v));
   }
   StatusOr<double> FloatOf(const json& v, const std::string& key) const {
     if (v.is_number()) return v.get<double>();
-    return InvalidArgument(file_ + ": \"" + key + "\" must be a number, got " + v.dump());
+    return InvalidArgument(file_ + ": \"" + key + "\" must be a number, got " + BriefJson(v));
   }
 
  private:
@@ -423,9 +455,7 @@ StatusOr<json> ReadJsonFile(const std::string& path) {
   if (!f) return NotFound(path + ": cannot open");
   std::stringstream ss;
   ss << f.rdbuf();
-  const std::string text = ss.str();
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return DataLoss(path + ": not valid JSON");
+  ASSIGN_OR_RETURN(json j, ParseUntrustedJson(ss.str(), path));
   if (!j.is_object()) return DataLoss(path + ": top level is not a JSON object");
   return j;
 }
@@ -501,6 +531,20 @@ class TensorSource {
   }
 
   bool Has(const std::string& name) const { return where_.count(name) != 0; }
+
+  // OK when tensor `name` is present with exactly `shape`; reads nothing.
+  Status CheckShape(const std::string& name, const std::vector<int64_t>& shape) const {
+    auto it = where_.find(name);
+    if (it == where_.end())
+      return NotFound("required tensor '" + name + "' is not in the checkpoint");
+    ASSIGN_OR_RETURN(TensorView v, it->second->Tensor(name));
+    std::vector<int64_t> got(v.shape.begin(), v.shape.begin() + v.n_dims);
+    if (got != shape) {
+      return InvalidArgument(it->second->path() + ": tensor '" + name + "' has shape " +
+                             ShapeStr(got) + ", config.json implies " + ShapeStr(shape));
+    }
+    return OkStatus();
+  }
 
   // The tensor as f32 values, its shape checked against `shape` (torch order).
   StatusOr<std::vector<float>> Read(const std::string& name, const std::vector<int64_t>& shape) {
@@ -629,7 +673,7 @@ Status SetRopeScaling(const Config& cfg, const Common& c, GgufWriter* w, Emitter
   if (!cfg.Has("rope_scaling")) return OkStatus();
   const json& rs = cfg.raw().at("rope_scaling");
   if (!rs.is_object()) {
-    return InvalidArgument(cfg.file() + ": \"rope_scaling\" must be an object, got " + rs.dump());
+    return InvalidArgument(cfg.file() + ": \"rope_scaling\" must be an object, got " + BriefJson(rs));
   }
   Config r(rs, cfg.file() + " rope_scaling");
   ASSIGN_OR_RETURN(std::string type, r.StringOr("type", ""));
@@ -653,7 +697,7 @@ Status SetRopeScaling(const Config& cfg, const Common& c, GgufWriter* w, Emitter
     if (low <= 0 || high <= 0 || old_ctx <= 0 || factor <= 0) {
       return InvalidArgument(cfg.file() + ": llama3 rope_scaling needs positive factor, " +
                              "low/high_freq_factor and original_max_position_embeddings, got " +
-                             rs.dump());
+                             BriefJson(rs));
     }
     const std::vector<float> f =
         Llama3RopeFactors(base, rope_dim_for_llama3, factor, low, high, old_ctx);
@@ -661,7 +705,7 @@ Status SetRopeScaling(const Config& cfg, const Common& c, GgufWriter* w, Emitter
   }
   if (lower == "yarn") {
     ASSIGN_OR_RETURN(double factor, r.Float("factor"));
-    ASSIGN_OR_RETURN(int64_t orig, r.Int("original_max_position_embeddings"));
+    ASSIGN_OR_RETURN(int64_t orig, r.InRange("original_max_position_embeddings", 1, kMaxDim));
     w->Set(a + ".rope.scaling.type", GgufValue::String("yarn"));
     w->Set(a + ".rope.scaling.factor", GgufValue::F32(static_cast<float>(factor)));
     w->Set(a + ".rope.scaling.original_context_length", GgufValue::U32(U32(orig)));
@@ -712,9 +756,14 @@ Status ConvertLlamaLike(const Config& cfg, const Common& c, TensorSource* src, E
   w->Set(a + ".rope.dimension_count", GgufValue::U32(U32(head_dim)));
   w->Set(a + ".attention.key_length", GgufValue::U32(U32(head_dim)));
   w->Set(a + ".attention.value_length", GgufValue::U32(U32(head_dim)));
+  ASSIGN_OR_RETURN(const int64_t q_rows,
+                   Dim(cfg.file(), "num_attention_heads x head_dim", {c.n_head, head_dim}));
+  ASSIGN_OR_RETURN(const int64_t kv_rows,
+                   Dim(cfg.file(), "num_key_value_heads x head_dim", {c.n_head_kv, head_dim}));
+  // The head dim sizes the llama3 rope factors: check it against a tensor that must exist first.
+  RETURN_IF_ERROR(src->CheckShape(Hf(0) + "self_attn.q_proj.weight", {q_rows, c.n_embd}));
   RETURN_IF_ERROR(SetRopeScaling(cfg, c, w, em, head_dim));
 
-  const int64_t q_rows = c.n_head * head_dim, kv_rows = c.n_head_kv * head_dim;
   const bool permute = c.arch == Arch::kLlama;
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string hf = Hf(l), gg = Blk(l);
@@ -773,34 +822,27 @@ Status ConvertDeepseek2(const Config& cfg, const Common& c, TensorSource* src, E
     return InvalidArgument(cfg.file() + ": qk_rope_head_dim " + std::to_string(rope) +
                            " must be even for RoPE");
   }
+  ASSIGN_OR_RETURN(const int64_t kv_row,
+                   Dim(cfg.file(), "kv_lora_rank + qk_rope_head_dim", {kv_lora + rope}));
+  ASSIGN_OR_RETURN(const int64_t qk_dim,
+                   Dim(cfg.file(), "qk_nope_head_dim + qk_rope_head_dim", {nope + rope}));
   w->Set(a + ".attention.kv_lora_rank", GgufValue::U32(U32(kv_lora)));
-  w->Set(a + ".attention.key_length", GgufValue::U32(U32(kv_lora + rope)));
+  w->Set(a + ".attention.key_length", GgufValue::U32(U32(kv_row)));
   w->Set(a + ".attention.value_length", GgufValue::U32(U32(kv_lora)));
-  w->Set(a + ".attention.key_length_mla", GgufValue::U32(U32(nope + rope)));
+  w->Set(a + ".attention.key_length_mla", GgufValue::U32(U32(qk_dim)));
   w->Set(a + ".attention.value_length_mla", GgufValue::U32(U32(vdim)));
   w->Set(a + ".attention.head_count_kv", GgufValue::U32(1));
   w->Set(a + ".rope.dimension_count", GgufValue::U32(U32(rope)));
 
-  ASSIGN_OR_RETURN(int64_t n_dense, cfg.IntOr("first_k_dense_replace", 0));
-  ASSIGN_OR_RETURN(int64_t n_expert, cfg.IntOr("n_routed_experts", 0));
-  ASSIGN_OR_RETURN(int64_t moe_freq, cfg.IntOr("moe_layer_freq", 1));
-  if (n_dense < 0 || n_expert < 0 || moe_freq <= 0) {
-    return InvalidArgument(cfg.file() +
-                           ": need first_k_dense_replace >= 0, n_routed_experts >= 0 "
-                           "and moe_layer_freq > 0, got " +
-                           std::to_string(n_dense) + ", " + std::to_string(n_expert) + ", " +
-                           std::to_string(moe_freq));
-  }
+  ASSIGN_OR_RETURN(int64_t n_dense, cfg.InRangeOr("first_k_dense_replace", 0, 0, c.n_layer));
+  ASSIGN_OR_RETURN(int64_t n_expert, cfg.InRangeOr("n_routed_experts", 0, 0, kMaxDim));
+  ASSIGN_OR_RETURN(int64_t moe_freq, cfg.InRangeOr("moe_layer_freq", 1, 1, kMaxDim));
   w->Set(a + ".leading_dense_block_count", GgufValue::U32(U32(n_dense)));
   int64_t moe_ff = 0, n_shared = 0;
   if (n_expert > 0) {
     ASSIGN_OR_RETURN(moe_ff, cfg.Positive("moe_intermediate_size"));
-    ASSIGN_OR_RETURN(int64_t n_used, cfg.Positive("num_experts_per_tok"));
-    ASSIGN_OR_RETURN(n_shared, cfg.IntOr("n_shared_experts", 0));
-    if (n_shared < 0) {
-      return InvalidArgument(cfg.file() + ": n_shared_experts must be >= 0, got " +
-                             std::to_string(n_shared));
-    }
+    ASSIGN_OR_RETURN(int64_t n_used, cfg.InRange("num_experts_per_tok", 1, n_expert));
+    ASSIGN_OR_RETURN(n_shared, cfg.InRangeOr("n_shared_experts", 0, 0, kMaxDim));
     ASSIGN_OR_RETURN(double scale, cfg.FloatOr("routed_scaling_factor", 1.0));
     ASSIGN_OR_RETURN(bool norm, cfg.BoolOr("norm_topk_prob", false));
     ASSIGN_OR_RETURN(std::string scoring, cfg.StringOr("scoring_func", "softmax"));
@@ -821,20 +863,36 @@ Status ConvertDeepseek2(const Config& cfg, const Common& c, TensorSource* src, E
     w->Set(a + ".expert_weights_norm", GgufValue::Bool(norm));
     w->Set(a + ".expert_gating_func", GgufValue::U32(gating));
     if (cfg.Has("n_group")) {
-      ASSIGN_OR_RETURN(int64_t g, cfg.Int("n_group"));
+      ASSIGN_OR_RETURN(int64_t g, cfg.InRange("n_group", 1, n_expert));
       w->Set(a + ".expert_group_count", GgufValue::U32(U32(g)));
     }
     if (cfg.Has("topk_group")) {
-      ASSIGN_OR_RETURN(int64_t g, cfg.Int("topk_group"));
+      ASSIGN_OR_RETURN(int64_t g, cfg.InRange("topk_group", 1, n_expert));
       w->Set(a + ".expert_group_used_count", GgufValue::U32(U32(g)));
     }
   }
   ASSIGN_OR_RETURN(bool use_nope, cfg.BoolOr("mla_use_nope", false));
   if (use_nope) w->Set(a + ".attention.mla_use_nope", GgufValue::Bool(true));
+  const int64_t d = c.n_embd;
+  ASSIGN_OR_RETURN(const int64_t q_rows, Dim(cfg.file(),
+                                             "num_attention_heads x (qk_nope_head_dim + "
+                                             "qk_rope_head_dim)",
+                                             {c.n_head, qk_dim}));
+  ASSIGN_OR_RETURN(const int64_t kvb_rows,
+                   Dim(cfg.file(), "num_attention_heads x (qk_nope_head_dim + v_head_dim)",
+                       {c.n_head, nope + vdim}));
+  ASSIGN_OR_RETURN(const int64_t o_cols,
+                   Dim(cfg.file(), "num_attention_heads x v_head_dim", {c.n_head, vdim}));
+  int64_t sh_ff = 0;
+  if (n_shared > 0) {
+    ASSIGN_OR_RETURN(sh_ff, Dim(cfg.file(), "moe_intermediate_size x n_shared_experts",
+                                {moe_ff, n_shared}));
+  }
+  // The rope dim sizes the llama3 rope factors: check it against a tensor that must exist first.
+  RETURN_IF_ERROR(
+      src->CheckShape(Hf(0) + "self_attn.kv_a_proj_with_mqa.weight", {kv_row, d}));
   RETURN_IF_ERROR(SetRopeScaling(cfg, c, w, em, rope));
 
-  const int64_t q_rows = c.n_head * (nope + rope);
-  const int64_t d = c.n_embd;
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string hf = Hf(l), gg = Blk(l);
     const std::string at = hf + "self_attn.";
@@ -849,15 +907,16 @@ Status ConvertDeepseek2(const Config& cfg, const Common& c, TensorSource* src, E
       RETURN_IF_ERROR(Copy(src, em, at + "q_proj.weight", gg + "attn_q.weight", {q_rows, d}));
     }
     RETURN_IF_ERROR(Copy(src, em, at + "kv_a_proj_with_mqa.weight", gg + "attn_kv_a_mqa.weight",
-                         {kv_lora + rope, d}));
+                         {kv_row, d}));
     RETURN_IF_ERROR(
         Copy(src, em, at + "kv_a_layernorm.weight", gg + "attn_kv_a_norm.weight", {kv_lora}));
     {
       // kv_b_proj [n_head * (nope + v), kv_lora]: per head, rows [0, nope) are W_UK,h and rows
       // [nope, nope + v) are W_UV,h.
       const int64_t per = nope + vdim;
+      // Read (shape checked) before kb and vb are sized: they hold exactly kvb's values.
       ASSIGN_OR_RETURN(std::vector<float> kvb,
-                       src->Read(at + "kv_b_proj.weight", {c.n_head * per, kv_lora}));
+                       src->Read(at + "kv_b_proj.weight", {kvb_rows, kv_lora}));
       std::vector<float> kb(static_cast<size_t>(c.n_head * kv_lora * nope));
       std::vector<float> vb(static_cast<size_t>(c.n_head * vdim * kv_lora));
       for (int64_t h = 0; h < c.n_head; ++h) {
@@ -872,7 +931,7 @@ Status ConvertDeepseek2(const Config& cfg, const Common& c, TensorSource* src, E
       RETURN_IF_ERROR(em->Weight(gg + "attn_v_b.weight", {c.n_head, vdim, kv_lora}, vb));
     }
     RETURN_IF_ERROR(
-        Copy(src, em, at + "o_proj.weight", gg + "attn_output.weight", {d, c.n_head * vdim}));
+        Copy(src, em, at + "o_proj.weight", gg + "attn_output.weight", {d, o_cols}));
     RETURN_IF_ERROR(
         Copy(src, em, hf + "post_attention_layernorm.weight", gg + "ffn_norm.weight", {d}));
     const bool moe = n_expert > 0 && l >= n_dense && l % moe_freq == 0;
@@ -896,19 +955,24 @@ Status ConvertDeepseek2(const Config& cfg, const Common& c, TensorSource* src, E
     const Part parts[] = {
         {"gate", "gate", moe_ff, d}, {"up", "up", moe_ff, d}, {"down", "down", d, moe_ff}};
     for (const Part& p : parts) {
+      auto expert = [&](int64_t e) {
+        return hf + "mlp.experts." + std::to_string(e) + "." + p.hf + "_proj.weight";
+      };
+      // Every expert's shape is checked before the stack is sized: then it holds no more values
+      // than the checkpoint does.
+      for (int64_t e = 0; e < n_expert; ++e) {
+        RETURN_IF_ERROR(src->CheckShape(expert(e), {p.rows, p.cols}));
+      }
       std::vector<float> stacked;
       stacked.reserve(static_cast<size_t>(n_expert * p.rows * p.cols));
       for (int64_t e = 0; e < n_expert; ++e) {
-        ASSIGN_OR_RETURN(std::vector<float> v, src->Read(hf + "mlp.experts." + std::to_string(e) +
-                                                             "." + p.hf + "_proj.weight",
-                                                         {p.rows, p.cols}));
+        ASSIGN_OR_RETURN(std::vector<float> v, src->Read(expert(e), {p.rows, p.cols}));
         stacked.insert(stacked.end(), v.begin(), v.end());
       }
       RETURN_IF_ERROR(
           em->Weight(gg + "ffn_" + p.gg + "_exps.weight", {n_expert, p.rows, p.cols}, stacked));
     }
     if (n_shared > 0) {
-      const int64_t sh_ff = moe_ff * n_shared;
       const std::string sh = hf + "mlp.shared_experts.";
       RETURN_IF_ERROR(
           Copy(src, em, sh + "gate_proj.weight", gg + "ffn_gate_shexp.weight", {sh_ff, d}));
@@ -992,7 +1056,7 @@ StatusOr<GgufWriter> ConvertHfDirectory(const std::string& dir, const HfConvertO
   ASSIGN_OR_RETURN(c.n_embd, cfg.Positive("hidden_size"));
   ASSIGN_OR_RETURN(c.n_ff, cfg.Positive("intermediate_size"));
   ASSIGN_OR_RETURN(c.n_head, cfg.Positive("num_attention_heads"));
-  ASSIGN_OR_RETURN(c.n_head_kv, cfg.IntOr("num_key_value_heads", c.n_head));
+  ASSIGN_OR_RETURN(c.n_head_kv, cfg.InRangeOr("num_key_value_heads", c.n_head, 1, kMaxDim));
   ASSIGN_OR_RETURN(c.n_vocab, cfg.Positive("vocab_size"));
   ASSIGN_OR_RETURN(c.n_ctx, cfg.Positive("max_position_embeddings"));
   ASSIGN_OR_RETURN(double eps, cfg.Float("rms_norm_eps"));

@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/json_input.h"
+
 namespace strata {
 
 Status AddTokenizerJson(const std::string& path, GgufWriter* w) {
@@ -11,8 +13,9 @@ Status AddTokenizerJson(const std::string& path, GgufWriter* w) {
   if (!f) return NotFound("cannot open tokenizer description '" + path + "'");
   std::stringstream ss;
   ss << f.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
+  ASSIGN_OR_RETURN(nlohmann::json j,
+                   ParseUntrustedJson(ss.str(), "tokenizer description '" + path + "'"));
+  if (!j.is_object()) {
     return DataLoss("tokenizer description '" + path + "' is not a JSON object");
   }
   auto bad = [&](const std::string& field, const std::string& why) {

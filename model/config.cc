@@ -1,5 +1,8 @@
 #include "model/config.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <sstream>
 
 #include "io/gguf.h"
@@ -25,12 +28,8 @@ StatusOr<Arch> ParseArch(const std::string& name) {
 
 namespace {
 
-Status Positive(const std::string& key, int64_t v) {
-  if (v <= 0 || v > (int64_t{1} << 31)) {
-    return OutOfRange("metadata " + key + " = " + std::to_string(v) + " is not a valid size");
-  }
-  return OkStatus();
-}
+// Sizes and counts are held in int: every one is range-checked in 64 bits first.
+constexpr int64_t kMaxInt = INT32_MAX;
 
 }  // namespace
 
@@ -39,16 +38,32 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   ASSIGN_OR_RETURN(std::string arch_name, f.GetString("general.architecture"));
   ASSIGN_OR_RETURN(c.arch, ParseArch(arch_name));
   const std::string a = arch_name + ".";
-  c.name = f.GetStringOr("general.name", arch_name);
+  ASSIGN_OR_RETURN(c.name, f.GetStringOr("general.name", arch_name));
 
-  auto req = [&](const std::string& key, int* out) -> Status {
-    auto v = f.GetInt(a + key);
-    if (!v.ok()) return v.status();
-    RETURN_IF_ERROR(Positive(a + key, *v));
-    *out = static_cast<int>(*v);
+  // A required size in [1, hi].
+  auto req = [&](const std::string& key, int* out, int64_t hi = kMaxInt) -> Status {
+    ASSIGN_OR_RETURN(int64_t v, f.GetIntIn(a + key, 1, hi));
+    *out = static_cast<int>(v);
     return OkStatus();
   };
-  RETURN_IF_ERROR(req("block_count", &c.n_layers));
+  // An optional one in [lo, hi]; `def` when absent.
+  auto opt = [&](const std::string& key, int64_t def, int64_t lo, int64_t hi, int* out) -> Status {
+    ASSIGN_OR_RETURN(int64_t v, f.GetIntInOr(a + key, def, lo, hi));
+    *out = static_cast<int>(v);
+    return OkStatus();
+  };
+  // Every layer has at least its two norms and its attention and FFN weights, so a block count
+  // beyond the tensors the file holds is refused before anything is sized by it.
+  const int64_t max_layers = std::max<int64_t>(1, static_cast<int64_t>(f.tensors().size()) / 4);
+  {
+    ASSIGN_OR_RETURN(int64_t n, f.GetIntIn(a + "block_count", 1, kMaxInt));
+    if (n > max_layers) {
+      return OutOfRange("metadata " + a + "block_count = " + std::to_string(n) +
+                        ", but the file holds only " + std::to_string(f.tensors().size()) +
+                        " tensors (each layer needs at least 4) (file " + f.path() + ")");
+    }
+    c.n_layers = static_cast<int>(n);
+  }
   RETURN_IF_ERROR(req("embedding_length", &c.d_model));
   RETURN_IF_ERROR(req("attention.head_count", &c.n_heads));
   if (f.Has(a + "attention.head_count_kv") &&
@@ -56,23 +71,28 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
     return Unimplemented(a + "attention.head_count_kv is a per-layer array (hybrid models such as "
                          "kimi-linear are not supported yet)");
   }
-  c.n_kv_heads = static_cast<int>(f.GetIntOr(a + "attention.head_count_kv", c.n_heads));
-  RETURN_IF_ERROR(Positive(a + "attention.head_count_kv", c.n_kv_heads));
-  c.d_ff = static_cast<int>(f.GetIntOr(a + "feed_forward_length", 0));
-  c.n_ctx_train = f.GetIntOr(a + "context_length", 4096);
-  c.rms_eps = static_cast<float>(f.GetFloatOr(a + "attention.layer_norm_rms_epsilon", 1e-5));
+  RETURN_IF_ERROR(opt("attention.head_count_kv", c.n_heads, 1, kMaxInt, &c.n_kv_heads));
+  RETURN_IF_ERROR(opt("feed_forward_length", 0, 0, kMaxInt, &c.d_ff));
+  ASSIGN_OR_RETURN(c.n_ctx_train, f.GetIntInOr(a + "context_length", 4096, 1, INT64_MAX));
+  ASSIGN_OR_RETURN(const double eps, f.GetFloatOr(a + "attention.layer_norm_rms_epsilon", 1e-5));
+  c.rms_eps = static_cast<float>(eps);
   if (!(c.rms_eps > 0.f && c.rms_eps < 1.f)) {
     return OutOfRange("metadata " + a + "attention.layer_norm_rms_epsilon = " +
-                      std::to_string(c.rms_eps) + " is not in (0, 1)");
+                      std::to_string(eps) + " is not in (0, 1)");
   }
-  c.rope_base = static_cast<float>(f.GetFloatOr(a + "rope.freq_base", 10000.0));
-  if (!(c.rope_base > 1.f)) {
-    return OutOfRange("metadata " + a + "rope.freq_base = " + std::to_string(c.rope_base));
+  ASSIGN_OR_RETURN(const double base, f.GetFloatOr(a + "rope.freq_base", 10000.0));
+  c.rope_base = static_cast<float>(base);
+  if (!(c.rope_base > 1.f) || !std::isfinite(c.rope_base)) {
+    return OutOfRange("metadata " + a + "rope.freq_base = " + std::to_string(base) +
+                      " is not a finite number > 1");
   }
-  const std::string scaling = f.GetStringOr(a + "rope.scaling.type", "none");
+  ASSIGN_OR_RETURN(const std::string scaling, f.GetStringOr(a + "rope.scaling.type", "none"));
   if (scaling == "linear") {
-    const double factor = f.GetFloatOr(a + "rope.scaling.factor", 1.0);
-    if (!(factor >= 1.0)) return OutOfRange(a + "rope.scaling.factor = " + std::to_string(factor));
+    ASSIGN_OR_RETURN(const double factor, f.GetFloatOr(a + "rope.scaling.factor", 1.0));
+    if (!(factor >= 1.0) || !std::isfinite(factor)) {
+      return OutOfRange("metadata " + a + "rope.scaling.factor = " + std::to_string(factor) +
+                        " is not a finite number >= 1");
+    }
     c.rope_freq_scale = static_cast<float>(1.0 / factor);
   } else if (scaling != "none" && !scaling.empty()) {
     return Unimplemented("rope scaling type '" + scaling + "' (" + a +
@@ -82,9 +102,8 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   c.has_rope_freqs = f.FindTensor("rope_freqs.weight") != nullptr;
 
   if (c.arch == Arch::kDeepseek2) {
-    c.kv_lora_rank = static_cast<int>(f.GetIntOr(a + "attention.kv_lora_rank", 0));
-    RETURN_IF_ERROR(Positive(a + "attention.kv_lora_rank", c.kv_lora_rank));
-    c.q_lora_rank = static_cast<int>(f.GetIntOr(a + "attention.q_lora_rank", 0));
+    RETURN_IF_ERROR(req("attention.kv_lora_rank", &c.kv_lora_rank));
+    RETURN_IF_ERROR(opt("attention.q_lora_rank", 0, 0, kMaxInt, &c.q_lora_rank));
     RETURN_IF_ERROR(req("rope.dimension_count", &c.qk_rope_dim));
     int qk_dim = 0;
     if (f.Has(a + "attention.key_length_mla")) {
@@ -103,25 +122,32 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
       return InvalidArgument(a + "attention.head_count_kv = " + std::to_string(c.n_kv_heads) +
                              "; MLA caches one latent row per token (expected 1)");
     }
+    if (int64_t{c.kv_lora_rank} + c.qk_rope_dim > kMaxInt) {
+      return OutOfRange(a + "attention.kv_lora_rank + rope.dimension_count = " +
+                        std::to_string(int64_t{c.kv_lora_rank} + c.qk_rope_dim) +
+                        " does not fit a cache row");
+    }
     c.rope_dim = c.qk_rope_dim;
-    c.mla_nope = f.GetBoolOr(a + "attention.mla_use_nope", false);
-    c.n_leading_dense = static_cast<int>(f.GetIntOr(a + "leading_dense_block_count", 0));
-    c.n_experts = static_cast<int>(f.GetIntOr(a + "expert_count", 0));
+    ASSIGN_OR_RETURN(c.mla_nope, f.GetBoolOr(a + "attention.mla_use_nope", false));
+    RETURN_IF_ERROR(opt("leading_dense_block_count", 0, 0, c.n_layers, &c.n_leading_dense));
+    RETURN_IF_ERROR(opt("expert_count", 0, 0, kMaxInt, &c.n_experts));
     if (c.n_experts > 0) {
-      RETURN_IF_ERROR(req("expert_used_count", &c.n_experts_used));
+      RETURN_IF_ERROR(req("expert_used_count", &c.n_experts_used, c.n_experts));
       RETURN_IF_ERROR(req("expert_feed_forward_length", &c.d_ff_expert));
-      if (c.n_experts_used > c.n_experts) {
-        return OutOfRange(a + "expert_used_count = " + std::to_string(c.n_experts_used) +
-                          " exceeds expert_count = " + std::to_string(c.n_experts));
+      RETURN_IF_ERROR(opt("expert_shared_count", 0, 0, kMaxInt, &c.n_shared_experts));
+      ASSIGN_OR_RETURN(const double scale, f.GetFloatOr(a + "expert_weights_scale", 1.0));
+      if (!std::isfinite(scale)) {
+        return OutOfRange("metadata " + a + "expert_weights_scale = " + std::to_string(scale) +
+                          " is not finite");
       }
-      c.n_shared_experts = static_cast<int>(f.GetIntOr(a + "expert_shared_count", 0));
-      c.expert_weights_scale = static_cast<float>(f.GetFloatOr(a + "expert_weights_scale", 1.0));
-      c.expert_weights_norm = f.GetBoolOr(a + "expert_weights_norm", false);
-      c.expert_gating = static_cast<int>(f.GetIntOr(a + "expert_gating_func", 1));
-      if (c.expert_gating != 1 && c.expert_gating != 2) {
-        return Unimplemented(a + "expert_gating_func = " + std::to_string(c.expert_gating) +
+      c.expert_weights_scale = static_cast<float>(scale);
+      ASSIGN_OR_RETURN(c.expert_weights_norm, f.GetBoolOr(a + "expert_weights_norm", false));
+      ASSIGN_OR_RETURN(const int64_t gating, f.GetIntOr(a + "expert_gating_func", 1));
+      if (gating != 1 && gating != 2) {
+        return Unimplemented(a + "expert_gating_func = " + std::to_string(gating) +
                              " (supported: 1 softmax, 2 sigmoid)");
       }
+      c.expert_gating = static_cast<int>(gating);
     }
     if (c.n_leading_dense > 0 || c.n_experts == 0) RETURN_IF_ERROR(req("feed_forward_length", &c.d_ff));
     c.rope_style = RopeStyle::kNorm;
@@ -131,18 +157,26 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
                              " is not a multiple of head_count_kv = " +
                              std::to_string(c.n_kv_heads));
     }
-    c.head_dim = static_cast<int>(f.GetIntOr(a + "attention.key_length", c.d_model / c.n_heads));
-    RETURN_IF_ERROR(Positive(a + "attention.key_length", c.head_dim));
-    const int64_t vlen = f.GetIntOr(a + "attention.value_length", c.head_dim);
+    if (f.Has(a + "attention.key_length")) {
+      RETURN_IF_ERROR(req("attention.key_length", &c.head_dim));
+    } else if (c.d_model % c.n_heads != 0) {
+      return InvalidArgument(a + "embedding_length = " + std::to_string(c.d_model) +
+                             " is not a multiple of attention.head_count = " +
+                             std::to_string(c.n_heads) + " and attention.key_length is absent");
+    } else {
+      c.head_dim = c.d_model / c.n_heads;
+    }
+    ASSIGN_OR_RETURN(const int64_t vlen, f.GetIntOr(a + "attention.value_length", c.head_dim));
     if (vlen != c.head_dim) {
       return Unimplemented(a + "attention.value_length = " + std::to_string(vlen) +
                            " differs from key_length " + std::to_string(c.head_dim));
     }
-    c.rope_dim = static_cast<int>(f.GetIntOr(a + "rope.dimension_count", c.head_dim));
-    if (c.rope_dim <= 0 || c.rope_dim > c.head_dim || c.rope_dim % 2) {
-      return OutOfRange(a + "rope.dimension_count = " + std::to_string(c.rope_dim) +
-                        " (head dim " + std::to_string(c.head_dim) + ")");
+    ASSIGN_OR_RETURN(const int64_t rope, f.GetIntOr(a + "rope.dimension_count", c.head_dim));
+    if (rope <= 0 || rope > c.head_dim || rope % 2) {
+      return OutOfRange(a + "rope.dimension_count = " + std::to_string(rope) + " (head dim " +
+                        std::to_string(c.head_dim) + ")");
     }
+    c.rope_dim = static_cast<int>(rope);
     RETURN_IF_ERROR(req("feed_forward_length", &c.d_ff));
     c.rope_style = c.arch == Arch::kQwen2 ? RopeStyle::kNeox : RopeStyle::kNorm;
   }

@@ -71,10 +71,13 @@ class Deepseek2Model final : public Model {
     const ModelConfig& c = config_;
     const int64_t d = c.d_model, H = c.n_heads, dc = c.kv_lora_rank, dr = c.qk_rope_dim,
                   nope = c.qk_nope_dim, vd = c.v_head_dim, qk = nope + dr;
-    layers_.resize(c.n_layers);
+    // Grown as each layer's tensors check out (block_count is bounded by the file's tensor count
+    // in ModelConfig). Reserved so that no reallocation moves a layer whose views point into it.
+    layers_.clear();
+    layers_.reserve(c.n_layers);
     for (int l = 0; l < c.n_layers; ++l) {
       const std::string p = "blk." + std::to_string(l) + ".";
-      MlaLayer& L = layers_[l];
+      MlaLayer& L = layers_.emplace_back();
       ASSIGN_OR_RETURN(TensorView an, Weight(p + "attn_norm.weight", {d}));
       ASSIGN_OR_RETURN(TensorView fn, Weight(p + "ffn_norm.weight", {d}));
       ASSIGN_OR_RETURN(TensorView kvn, Weight(p + "attn_kv_a_norm.weight", {dc}));

@@ -40,10 +40,13 @@ class LlamaModel final : public Model {
     const ModelConfig& c = config_;
     const int64_t d = c.d_model, qd = int64_t{c.n_heads} * c.head_dim,
                   kvd = int64_t{c.n_kv_heads} * c.head_dim, ff = c.d_ff;
-    layers_.resize(c.n_layers);
+    // Grown as each layer's tensors check out (block_count is bounded by the file's tensor count
+    // in ModelConfig). Reserved so that no reallocation moves a layer whose views point into it.
+    layers_.clear();
+    layers_.reserve(c.n_layers);
     for (int l = 0; l < c.n_layers; ++l) {
       const std::string p = "blk." + std::to_string(l) + ".";
-      LlamaLayer& L = layers_[l];
+      LlamaLayer& L = layers_.emplace_back();
       ASSIGN_OR_RETURN(TensorView an, Weight(p + "attn_norm.weight", {d}));
       ASSIGN_OR_RETURN(TensorView fn, Weight(p + "ffn_norm.weight", {d}));
       L.attn_norm.resize(d);

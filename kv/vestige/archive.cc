@@ -102,9 +102,11 @@ VestigeArchiveFile& VestigeArchiveFile::operator=(VestigeArchiveFile&& o) noexce
 
 StatusOr<VestigeArchiveFile> VestigeArchiveFile::Create(const std::string& path, int64_t row_bytes,
                                                         int64_t page_rows) {
-  if (row_bytes <= 0 || page_rows <= 0 || row_bytes > UINT32_MAX || page_rows > UINT32_MAX) {
-    return InvalidArgument("archive '" + path + "': bad row_bytes " + std::to_string(row_bytes) +
-                           " or page_rows " + std::to_string(page_rows));
+  if (row_bytes <= 0 || page_rows <= 0 || row_bytes > kMaxRowBytes || page_rows > kMaxPageRows) {
+    return InvalidArgument("archive '" + path + "': row_bytes " + std::to_string(row_bytes) +
+                           " or page_rows " + std::to_string(page_rows) + " outside [1, " +
+                           std::to_string(kMaxRowBytes) + "] / [1, " +
+                           std::to_string(kMaxPageRows) + "]");
   }
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return IoError("cannot create archive file '" + path + "': " + Errno());
@@ -153,8 +155,12 @@ StatusOr<VestigeArchiveFile> VestigeArchiveFile::Open(const std::string& path) {
   const uint64_t committed = Get64(h + 24), n_records = Get64(h + 32);
   struct stat sb;
   if (::fstat(fd, &sb) != 0) return IoError("fstat of archive '" + path + "': " + Errno());
-  if (f.row_bytes_ <= 0 || f.page_rows_ <= 0 || Get32(h + 20) != 0) {
-    return DataLoss("archive '" + path + "': bad header fields");
+  if (f.row_bytes_ <= 0 || f.page_rows_ <= 0 || Get32(h + 20) != 0 ||
+      f.row_bytes_ > kMaxRowBytes || f.page_rows_ > kMaxPageRows) {
+    return DataLoss("archive '" + path + "': bad header fields (row_bytes " +
+                    std::to_string(f.row_bytes_) + ", page_rows " + std::to_string(f.page_rows_) +
+                    "; each must be in [1, " + std::to_string(kMaxRowBytes) + "] / [1, " +
+                    std::to_string(kMaxPageRows) + "])");
   }
   if (committed > static_cast<uint64_t>(sb.st_size - kHeaderBytes)) {
     return DataLoss("archive '" + path + "' is truncated: header commits " +

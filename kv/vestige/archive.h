@@ -31,6 +31,10 @@ class VestigeArchiveFile {
  public:
   static constexpr uint32_t kVersion = 1;
   static constexpr int64_t kHeaderBytes = 48;
+  // Limits on a row and a page (far above any cache: an MLA row is ~1 KiB, a page 64 rows), so
+  // that a record's size, 16 + n_rows * (row_bytes + 8) + 8, cannot overflow from a file's header.
+  static constexpr int64_t kMaxRowBytes = int64_t{1} << 20;
+  static constexpr int64_t kMaxPageRows = int64_t{1} << 16;
 
   // Creates (truncating) `path` for rows of `row_bytes` bytes in pages of `page_rows` rows.
   static StatusOr<VestigeArchiveFile> Create(const std::string& path, int64_t row_bytes,
