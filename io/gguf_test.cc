@@ -1,17 +1,20 @@
 #include "io/gguf.h"
 
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "core/rng.h"
+#include "core/status_testing.h"
 
 namespace strata {
 namespace {
@@ -990,6 +993,71 @@ TEST_F(GgufFileTest, TruncatedFileOnDisk) {
     auto f = GgufFile::Open(path);
     ASSERT_FALSE(f.ok()) << cut;
     EXPECT_PRED2(Contains, f.status().message(), path);
+  }
+}
+
+// D4 (issue 13): an array was given one ~88-byte GgufValue per element before any cap was checked,
+// so a 4 KB sparse file claiming 2^24 u8 took 1.46 GB and 2^30 ended in bad_alloc. Numbers are now
+// held packed: the array costs the bytes it occupies. Built as a sparse file on disk, as found.
+TEST_F(GgufFileTest, ArrayMemoryIsBoundedByItsBytes) {
+  constexpr uint64_t kN = uint64_t{1} << 24;
+  Bytes b;
+  b.Header(0, 1).Str("arr").U32(9).U32(static_cast<uint32_t>(GgufType::kU8)).U64(kN);
+  const std::string path = dir_ + "/sparse.gguf";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(b.b.data()), static_cast<std::streamsize>(b.b.size()));
+  }
+  std::filesystem::resize_file(path, b.b.size() + kN);  // a hole: no bytes on disk
+#if !defined(__SANITIZE_ADDRESS__)
+  const size_t before = mallinfo2().uordblks + mallinfo2().hblkhd;
+#endif
+  auto f = GgufFile::Open(path);
+  ASSERT_OK(f.status());
+  const GgufValue* v = (*f)->Find("arr");
+  ASSERT_NE(v, nullptr);
+  EXPECT_EQ(v->size(), kN);
+  EXPECT_EQ(v->packed.size(), kN);  // one byte per u8
+  EXPECT_TRUE(v->array.empty());
+  EXPECT_EQ(v->at(kN - 1).u, 0u);
+#if !defined(__SANITIZE_ADDRESS__)
+  const size_t after = mallinfo2().uordblks + mallinfo2().hblkhd;
+  EXPECT_LT(after - before, kN + kN / 4) << "the 16 MiB array cost " << (after - before);
+#endif
+}
+
+TEST(GgufMalformed, StringAndNestedArrayCountsAreCappedBeforeAllocation) {
+  {
+    // 2^25 + 1 empty strings: more values than the cap, refused before the strings are sized.
+    constexpr uint64_t kN = (uint64_t{1} << 25) + 1;
+    Bytes b;
+    b.Header(0, 1).Str("s").U32(9).U32(static_cast<uint32_t>(GgufType::kString)).U64(kN);
+    b.Zeros(kN * 8);
+    auto f = Parse(b);
+    ASSERT_FALSE(f.ok());
+    EXPECT_EQ(f.status().code(), StatusCode::kOutOfRange);
+    EXPECT_PRED2(Contains, f.status().message(), "more than 33554432 metadata values");
+  }
+  {
+    // 2^16 + 1 empty nested arrays (12 bytes each in the file, ~140 in memory).
+    constexpr uint64_t kN = (uint64_t{1} << 16) + 1;
+    Bytes b;
+    b.Header(0, 1).Str("n").U32(9).U32(static_cast<uint32_t>(GgufType::kArray)).U64(kN);
+    for (uint64_t j = 0; j < kN; ++j) b.U32(static_cast<uint32_t>(GgufType::kU8)).U64(0);
+    auto f = Parse(b);
+    ASSERT_FALSE(f.ok());
+    EXPECT_EQ(f.status().code(), StatusCode::kOutOfRange);
+    EXPECT_PRED2(Contains, f.status().message(), "arrays inside arrays");
+  }
+  {
+    // A bool array element that is neither 0 nor 1 is refused like a scalar bool.
+    Bytes b;
+    b.Header(0, 1).Str("b").U32(9).U32(static_cast<uint32_t>(GgufType::kBool)).U64(3);
+    b.b.insert(b.b.end(), {1, 0, 7});
+    auto f = Parse(b);
+    ASSERT_FALSE(f.ok());
+    EXPECT_EQ(f.status().code(), StatusCode::kDataLoss);
+    EXPECT_PRED2(Contains, f.status().message(), "bool element 2 = 7");
   }
 }
 

@@ -15,6 +15,7 @@
 #include "core/dtype.h"
 #include "core/rng.h"
 #include "io/gguf.h"
+#include "core/status_testing.h"
 
 namespace strata {
 namespace {
@@ -913,6 +914,197 @@ TEST(HfConvertTest, ErrorsNameTheProblem) {
     EXPECT_NE(w.status().message().find("F64"), std::string::npos) << w.status().message();
     EXPECT_NE(w.status().message().find("model.norm.weight"), std::string::npos);
   }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Crafted inputs (issue 13: D1 deep JSON, D2 wrapped head products, D3 rope factors sized by an
+// unchecked head dim). Each reproducer is generated here.
+
+std::string Nested(int depth, const std::string& inner = "1") {
+  return std::string(static_cast<size_t>(depth), '[') + inner +
+         std::string(static_cast<size_t>(depth), ']');
+}
+
+TEST(CraftedInputTest, DeepJsonIsRefusedBeforeAnyRecursion) {
+  constexpr int kDeep = 100000;  // the release binary died near 52,000 levels
+  TempDir tmp;
+  {  // A safetensors shape entry (was dumped recursively into the error message).
+    const std::string h =
+        R"({"a":{"dtype":"F32","shape":[)" + Nested(kDeep) + R"(],"data_offsets":[0,0]}})";
+    const Status s = OpenRaw(tmp, RawSafetensors(h.size(), h, 0));
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.ToString();
+    EXPECT_NE(s.message().find("nests deeper than 64 levels"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("bad.safetensors"), std::string::npos) << s.message();
+    fs::remove(tmp.File("bad.safetensors"));
+  }
+  Rng rng(1);
+  LlamaDims m;
+  m.n_layer = 1;
+  Checkpoint ck(&rng, DType::kF32);
+  AddLlamaTensors(ck, m, false);
+  ck.Write(tmp.dir(), LlamaConfig(m, "LlamaForCausalLM"));
+  auto write_config = [&](const std::string& key, const std::string& raw_value) {
+    std::string text = LlamaConfig(m, "LlamaForCausalLM").dump();
+    text.pop_back();  // the closing brace
+    text += ",\"" + key + "\":" + raw_value + "}";
+    std::ofstream(tmp.File("config.json"), std::ios::trunc) << text;
+  };
+  // config.json values that were dumped (num_hidden_layers) or deep-copied (rope_scaling).
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"num_hidden_layers", Nested(kDeep)},
+           {"rope_scaling", std::string(kDeep, '[') + std::string(kDeep, ']')},
+           {"extra", Nested(65)}}) {
+    write_config(key, value);
+    auto w = ConvertHfDirectory(tmp.dir(), {DType::kF32});
+    ASSERT_FALSE(w.ok()) << key;
+    EXPECT_EQ(w.status().code(), StatusCode::kDataLoss) << w.status().ToString();
+    EXPECT_NE(w.status().message().find("config.json: JSON nests deeper than 64"),
+              std::string::npos)
+        << w.status().message();
+  }
+  // 64 levels are accepted (the key is unknown and ignored), and brackets inside strings do not
+  // count.
+  write_config("extra", Nested(63, "\"" + std::string(200, '[') + "\""));
+  EXPECT_OK(ConvertHfDirectory(tmp.dir(), {DType::kF32}).status());
+  // A bad value is named, cut short, in the error.
+  write_config("num_hidden_layers", "\"" + std::string(5000, '7') + "\"");
+  auto w = ConvertHfDirectory(tmp.dir(), {DType::kF32});
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("num_hidden_layers"), std::string::npos);
+  EXPECT_LT(w.status().message().size(), 300u) << w.status().message();
+}
+
+TEST(CraftedInputTest, HeadProductsAreCheckedInSixtyFourBits) {
+  Rng rng(2);
+  {  // D2, DeepSeek: 2^62 + 1 heads wrapped q_rows and the kv_b split to 8 rows; [8, 4] tensors
+     // then matched and the per-head loop read and wrote past its buffers.
+    TempDir tmp;
+    DsDims m;
+    m.n_layer = 1, m.d = 4, m.n_head = 1, m.kv_lora = 4, m.nope = 4, m.rope = 4, m.v = 4;
+    m.n_expert = 0, m.n_dense = 1;
+    Checkpoint ck(&rng, DType::kF32);
+    AddDsTensors(ck, m, false);
+    json cfg = DsConfig(m);
+    cfg["num_attention_heads"] = (int64_t{1} << 62) + 1;
+    cfg["num_key_value_heads"] = (int64_t{1} << 62) + 1;
+    ck.Write(tmp.dir(), cfg);
+    auto w = ConvertHfDirectory(tmp.dir(), {DType::kF32});
+    ASSERT_FALSE(w.ok());
+    EXPECT_EQ(w.status().code(), StatusCode::kOutOfRange) << w.status().ToString();
+    EXPECT_NE(w.status().message().find("num_attention_heads"), std::string::npos)
+        << w.status().message();
+    // Within the per-key cap, the product still overflows a dimension.
+    cfg["num_attention_heads"] = int64_t{1} << 29;
+    cfg["num_key_value_heads"] = int64_t{1} << 29;
+    ck.Write(tmp.dir(), cfg);
+    w = ConvertHfDirectory(tmp.dir(), {DType::kF32});
+    ASSERT_FALSE(w.ok());
+    EXPECT_EQ(w.status().code(), StatusCode::kOutOfRange) << w.status().ToString();
+    EXPECT_NE(w.status().message().find("num_attention_heads x (qk_nope_head_dim + "
+                                        "qk_rope_head_dim) = 536870912 x 8 exceeds"),
+              std::string::npos)
+        << w.status().message();
+  }
+  {  // D2, llama: 2^61 + 1 heads with an explicit head_dim silently loaded one head.
+    TempDir tmp;
+    LlamaDims m;
+    m.n_layer = 1, m.n_head = 1, m.n_kv = 1;
+    Checkpoint ck(&rng, DType::kF32);
+    AddLlamaTensors(ck, m, false);
+    json cfg = LlamaConfig(m, "LlamaForCausalLM");
+    cfg["num_attention_heads"] = (int64_t{1} << 61) + 1;
+    cfg["num_key_value_heads"] = 1;
+    cfg["head_dim"] = m.head_dim;
+    ck.Write(tmp.dir(), cfg);
+    auto w = ConvertHfDirectory(tmp.dir(), {DType::kF32});
+    ASSERT_FALSE(w.ok());
+    EXPECT_EQ(w.status().code(), StatusCode::kOutOfRange) << w.status().ToString();
+    EXPECT_NE(w.status().message().find("num_attention_heads"), std::string::npos);
+    cfg["num_attention_heads"] = int64_t{1} << 28;
+    ck.Write(tmp.dir(), cfg);
+    w = ConvertHfDirectory(tmp.dir(), {DType::kF32});
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.status().message().find("num_attention_heads x head_dim = 268435456 x 16"),
+              std::string::npos)
+        << w.status().message();
+  }
+}
+
+TEST(CraftedInputTest, RopeFactorsAreSizedOnlyByACheckedHeadDim) {
+  // D3: llama3 rope scaling pushed head_dim / 2 floats for any positive even head_dim (2^40 grew
+  // until memory ran out).
+  Rng rng(3);
+  TempDir tmp;
+  LlamaDims m;
+  m.n_layer = 1;
+  Checkpoint ck(&rng, DType::kF32);
+  AddLlamaTensors(ck, m, false);
+  json cfg = LlamaConfig(m, "LlamaForCausalLM");
+  cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  cfg["head_dim"] = int64_t{1} << 40;
+  ck.Write(tmp.dir(), cfg);
+  auto w = ConvertHfDirectory(tmp.dir(), {DType::kF32});
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kOutOfRange) << w.status().ToString();
+  EXPECT_NE(w.status().message().find("\"head_dim\" = 1099511627776 exceeds"), std::string::npos)
+      << w.status().message();
+  // In range but not what the tensors hold: refused at the q projection, before 2^29 factors.
+  cfg["head_dim"] = int64_t{1} << 30;
+  cfg["num_attention_heads"] = 1;
+  cfg["num_key_value_heads"] = 1;
+  ck.Write(tmp.dir(), cfg);
+  w = ConvertHfDirectory(tmp.dir(), {DType::kF32});
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), StatusCode::kInvalidArgument) << w.status().ToString();
+  EXPECT_NE(w.status().message().find("model.layers.0.self_attn.q_proj.weight"),
+            std::string::npos)
+      << w.status().message();
+  // DeepSeek's rope dim is checked against kv_a_proj_with_mqa the same way.
+  TempDir ds;
+  DsDims d;
+  d.n_expert = 0, d.n_dense = d.n_layer;
+  Checkpoint dck(&rng, DType::kF32);
+  AddDsTensors(dck, d, false);
+  json dcfg = DsConfig(d);
+  dcfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  dcfg["qk_rope_head_dim"] = (int64_t{1} << 31) - 4;
+  dck.Write(ds.dir(), dcfg);
+  w = ConvertHfDirectory(ds.dir(), {DType::kF32});
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("kv_lora_rank + qk_rope_head_dim"), std::string::npos)
+      << w.status().message();
+  dcfg["qk_rope_head_dim"] = int64_t{1} << 28;
+  dck.Write(ds.dir(), dcfg);
+  w = ConvertHfDirectory(ds.dir(), {DType::kF32});
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("kv_a_proj_with_mqa"), std::string::npos)
+      << w.status().message();
+}
+
+TEST(CraftedInputTest, CountsAreRangeChecked) {
+  Rng rng(4);
+  TempDir tmp;
+  DsDims m;
+  Checkpoint ck(&rng, DType::kF32);
+  AddDsTensors(ck, m, false);
+  const json base = DsConfig(m);
+  auto expect = [&](const std::string& key, json value, const std::string& needle) {
+    json cfg = base;
+    cfg[key] = std::move(value);
+    ck.Write(tmp.dir(), cfg);
+    auto w = ConvertHfDirectory(tmp.dir(), {DType::kF32});
+    ASSERT_FALSE(w.ok()) << key;
+    EXPECT_NE(w.status().message().find(needle), std::string::npos) << w.status().message();
+  };
+  expect("first_k_dense_replace", m.n_layer + 1, "\"first_k_dense_replace\" = 4 exceeds 3");
+  expect("first_k_dense_replace", -1, "\"first_k_dense_replace\" must be >= 0");
+  expect("num_experts_per_tok", m.n_expert + 1, "\"num_experts_per_tok\" = 5 exceeds 4");
+  expect("n_routed_experts", int64_t{1} << 33, "\"n_routed_experts\" = 8589934592 exceeds");
+  expect("moe_layer_freq", 0, "\"moe_layer_freq\" must be >= 1");
+  expect("n_group", int64_t{1} << 40, "\"n_group\"");
+  expect("vocab_size", int64_t{1} << 32, "\"vocab_size\" = 4294967296 exceeds");
+  expect("max_position_embeddings", -5, "\"max_position_embeddings\" must be >= 1");
 }
 
 }  // namespace

@@ -42,6 +42,7 @@ StatusOr<nlohmann::json> ParseUntrustedJson(std::string_view text, const std::st
     [[maybe_unused]] nlohmann::json ignored = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     why = e.what();
+    if (why.size() > 200) why = why.substr(0, 200) + "...";  // the parser quotes the bad token
   }
   return DataLoss(what + ": not valid JSON (" + why + ")");
 }

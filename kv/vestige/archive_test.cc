@@ -149,5 +149,47 @@ TEST(VestigeArchiveTest, TruncationAndCorruptionAreDataLoss) {
   std::filesystem::remove(bad);
 }
 
+// D6 (issue 13, found by the fuzzer): a record's size, 16 + n_rows * (row_bytes + 8) + 8, from
+// u32 header fields overflowed to a negative count that passed the length check, and
+// rec.resize(negative) threw and aborted. A 150-byte file built here: a header with a valid
+// checksum claiming 2^32 - 1 byte rows in 2^32 - 1 row pages, and one record of 2^31 rows.
+TEST(VestigeArchiveTest, HugeHeaderFieldsAreRefusedNotOverflowed) {
+  const std::string dir = TempDir();
+  const std::string path = dir + "/huge.arc";
+  auto put32 = [](uint8_t* p, uint32_t v) { std::memcpy(p, &v, 4); };
+  auto put64 = [](uint8_t* p, uint64_t v) { std::memcpy(p, &v, 8); };
+  for (const auto& [row_bytes, page_rows] :
+       std::vector<std::pair<uint32_t, uint32_t>>{{0xFFFFFFFFu, 0xFFFFFFFFu},
+                                                   {64, 0xFFFFFFFFu},
+                                                   {0xFFFFFFFFu, 64},
+                                                   {(1u << 20) + 1, 64}}) {
+    std::vector<uint8_t> b(150, 0);
+    std::memcpy(b.data(), "STRVARC1", 8);
+    put32(&b[8], VestigeArchiveFile::kVersion);
+    put32(&b[12], row_bytes);
+    put32(&b[16], page_rows);
+    put64(&b[24], 150 - VestigeArchiveFile::kHeaderBytes);  // committed
+    put64(&b[32], 1);                                       // one record
+    put64(&b[40], VestigeFnv64(b.data(), 40));
+    put64(&b[48], 0);             // page 0
+    put32(&b[56], 0x80000000u);   // n_rows
+    WriteAll(path, std::vector<char>(b.begin(), b.end()), b.size());
+    auto r = VestigeArchiveFile::Open(path);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("bad header fields"), std::string::npos)
+        << r.status().message();
+  }
+  // The writer refuses the same sizes.
+  EXPECT_EQ(VestigeArchiveFile::Create(path, int64_t{1} << 21, 64).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(VestigeArchiveFile::Create(path, 64, int64_t{1} << 17).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(VestigeArchiveFile::Create(path, VestigeArchiveFile::kMaxRowBytes,
+                                         VestigeArchiveFile::kMaxPageRows)
+                  .ok());
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 }  // namespace strata
