@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/bench_capacity_mla.h"
 #include "cli/common.h"
 #include "core/rng.h"
 #include "kv/cache.h"
@@ -93,27 +94,44 @@ void RowSource::Query(float* q, int n) {
 
 void AddBenchCapacityCommand(CLI::App* bench, BenchCapacityOptions* o) {
   CLI::App* cmd = bench->add_subcommand(
-      "capacity", "Fill a long Geodesia cache block by block, decode one step, report its size");
+      "capacity",
+      "Fill a long cache block by block through a policy, decode one step, report where its "
+      "bytes are (gqa: Geodesia at Qwen2.5-7B's shape; mla: VestigeKV at Kimi Linear's)");
+  cmd->add_option("--kind", o->kind, "gqa (Geodesia-KV) or mla (VestigeKV, MLA rows)")
+      ->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "Tokens to fill")->capture_default_str();
-  cmd->add_option("--layers", o->layers, "Layers")->capture_default_str();
-  cmd->add_option("--q-heads", o->q_heads, "Query heads")->capture_default_str();
-  cmd->add_option("--kv-heads", o->kv_heads, "KV heads")->capture_default_str();
-  cmd->add_option("--head-dim", o->head_dim, "Head dim")->capture_default_str();
+  cmd->add_option("--layers", o->layers, "Layers (default: 28 gqa, 7 mla)");
+  cmd->add_option("--q-heads", o->q_heads, "Query heads (default: 28 gqa, 32 mla)");
+  cmd->add_option("--kv-heads", o->kv_heads, "KV heads (gqa)")->capture_default_str();
+  cmd->add_option("--head-dim", o->head_dim, "Head dim (gqa)")->capture_default_str();
+  cmd->add_option("--d-c", o->d_c, "Latent width d_c (mla)")->capture_default_str();
+  cmd->add_option("--d-r", o->d_r, "Branch width d_r (mla)")->capture_default_str();
   cmd->add_option("--policy", o->policy,
-                  "A geodesia or cquest policy: NAME[@X][:key=value...] (@X: bits)")
-      ->capture_default_str();
-  cmd->add_option("--every", o->every, "Tokens between allocator runs during the fill")
-      ->capture_default_str();
+                  "NAME[@X][:key=value...]; gqa: geodesia or cquest (default geodesia@2); mla: "
+                  "any MLA policy (default vestige, with archive=file:DIR unless given)");
+  cmd->add_option("--every", o->every,
+                  "gqa: tokens between allocator runs during the fill (default 1024); mla: "
+                  "tokens per prefill call (default 4096)");
+  cmd->add_option("--archive-dir", o->archive_dir,
+                  "mla: folder for VestigeKV's archive files (default: a temporary folder, "
+                  "removed at the end)");
   cmd->add_option("--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the synthetic rows")->capture_default_str();
   cmd->add_option("--json", o->json_path, "Also write the results as JSON to this file");
 }
 
-int RunBenchCapacity(const BenchCapacityOptions& o, std::ostream& out, std::ostream& err) {
+int RunBenchCapacity(const BenchCapacityOptions& opts, std::ostream& out, std::ostream& err) {
   auto fail = [&](const std::string& msg) {
     err << "error: " << msg << "\n";
     return kExitUsage;
   };
+  if (opts.kind == "mla") return RunBenchCapacityMla(opts, out, err);
+  if (opts.kind != "gqa") return fail("--kind must be gqa or mla, got '" + opts.kind + "'");
+  BenchCapacityOptions o = opts;
+  if (o.layers == 0) o.layers = 28;
+  if (o.q_heads == 0) o.q_heads = 28;
+  if (o.every == 0) o.every = 1024;
+  if (o.policy.empty()) o.policy = "geodesia@2";
   if (o.tokens < 1) return fail("--tokens must be >= 1, got " + std::to_string(o.tokens));
   if (o.layers < 1) return fail("--layers must be >= 1");
   if (o.kv_heads < 1 || o.q_heads % o.kv_heads != 0) {

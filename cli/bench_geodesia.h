@@ -34,20 +34,26 @@ class RowSource {
   std::vector<float> offset_, bank_k_, bank_v_;
 };
 
+// Zero / empty fields take the kind's default (RunBenchCapacity resolves them).
 struct BenchCapacityOptions {
+  std::string kind = "gqa";  // gqa: Geodesia; mla: VestigeKV (cli/bench_capacity_mla.h)
   int64_t tokens = 1000000;
-  int layers = 28;  // Qwen2.5-7B: 28 layers, 28 query heads, 4 KV heads, head dim 128
-  int q_heads = 28;
-  int kv_heads = 4;
-  int head_dim = 128;
-  // The spec's default budget (levels): plain Geodesia keeps no key boxes (only compressed-Quest
-  // reads them), so with rd-frac 0 the levels are the whole resident cost and `budget=all` is the
-  // same allocation.
-  std::string policy = "geodesia@2";
-  // Tokens between allocator runs during the fill. Until the next run they exist twice in bf16
-  // (LayerStore pages and level-16 slots), 2 x every x 57,344 B at the default shape: 112 MiB here
-  // (4096: 448 MiB, and ~5% less allocator time). Real decoding runs it every token.
-  int64_t every = 1024;
+  int layers = 0;    // gqa 28 (Qwen2.5-7B: 28 query heads, 4 KV heads, head dim 128); mla 7
+  int q_heads = 0;   // gqa 28; mla 32 (Kimi Linear)
+  int kv_heads = 4;  // gqa
+  int head_dim = 128;  // gqa
+  int d_c = 512;     // mla: latent width
+  int d_r = 64;      // mla: branch width
+  // gqa: the spec's default budget (levels): plain Geodesia keeps no key boxes (only
+  // compressed-Quest reads them), so with rd-frac 0 the levels are the whole resident cost and
+  // `budget=all` is the same allocation. mla: vestige (its file archive in --archive-dir).
+  std::string policy;
+  // gqa: tokens between allocator runs during the fill. Until the next run they exist twice in
+  // bf16 (LayerStore pages and level-16 slots), 2 x every x 57,344 B at the default shape: 112 MiB
+  // at 1024 (4096: 448 MiB, and ~5% less allocator time). Real decoding runs it every token.
+  // mla: tokens per prefill call (default 4096, one VestigeKV block).
+  int64_t every = 0;
+  std::string archive_dir;  // mla: where the file archive goes (default: a temporary folder)
   int threads = 0;
   uint64_t seed = 1;
   std::string json_path;

@@ -399,6 +399,8 @@ Status VestigePolicy::AfterSelection(int layer, const LayerStore& store) {
     std::vector<uint16_t> data;
     size_t old = 0;
     const size_t K = L.k_dim;
+    pos.reserve(L.sel.kept().size());  // at most the kept rows: no doubling slack in the tier
+    data.reserve(L.sel.kept().size() * K);
     for (int64_t u : L.sel.kept()) {
       if (u / P >= static_cast<int64_t>(L.released.size()) || !L.released[u / P]) continue;
       while (old < L.restored_pos.size() && L.restored_pos[old] < u) ++old;
@@ -429,13 +431,12 @@ Status VestigePolicy::ArchivePages(int layer, const LayerStore& store, CachePlan
   const int64_t n_pages = L.sel.n_closed() / P;  // block is a multiple of the page: whole pages
   L.released.resize(n_pages, 0);
   const std::vector<uint8_t>& kept = L.sel.kept_mask();
-  // Every resident, fully archived closed page is written once, then released after one commit.
+  // Every resident closed page is written once, all its rows, then released after one commit;
+  // its kept rows move into the attended tier (below). Releasing only pages without a kept row
+  // freed almost nothing at 1/32: a page of 64 rows holds none with probability (31/32)^64 = 13%.
   std::vector<int64_t> to_release;
   for (int64_t p = 0; p < n_pages; ++p) {
     if (L.released[p]) continue;
-    bool any_kept = false;
-    for (int64_t u = p * P; u < (p + 1) * P && !any_kept; ++u) any_kept = kept[u] != 0;
-    if (any_kept) continue;
     // A page's rows are contiguous in the store: [P, k_dim] bf16 from its first row.
     Status s = L.file->AppendPage(p, store.key_row(0, p * P), P);
     if (!s.ok()) {
@@ -455,6 +456,38 @@ Status VestigePolicy::ArchivePages(int layer, const LayerStore& store, CachePlan
     L.file_ok = false;
     return OkStatus();
   }
+  // The attended tier: the kept rows of the pages released now are copied, exactly and once,
+  // from the store (still resident: the cache applies the plan after this returns) into the
+  // restored buffer, merged by position with the rows already there.
+  const size_t K = L.k_dim;
+  size_t added = 0;
+  for (int64_t p : to_release) {
+    for (int64_t u = p * P; u < (p + 1) * P; ++u) added += kept[u] != 0;
+  }
+  std::vector<int64_t> pos;
+  std::vector<uint16_t> data;
+  pos.reserve(L.restored_pos.size() + added);
+  data.reserve(L.restored.size() + added * K);
+  size_t old = 0;
+  auto take_old_below = [&](int64_t u) {
+    while (old < L.restored_pos.size() && L.restored_pos[old] < u) {
+      pos.push_back(L.restored_pos[old]);
+      data.insert(data.end(), L.restored.begin() + old * K, L.restored.begin() + (old + 1) * K);
+      ++old;
+    }
+  };
+  for (int64_t p : to_release) {
+    for (int64_t u = p * P; u < (p + 1) * P; ++u) {
+      if (!kept[u]) continue;
+      take_old_below(u);
+      const uint16_t* row = store.key_row(0, u);
+      pos.push_back(u);
+      data.insert(data.end(), row, row + K);
+    }
+  }
+  take_old_below(INT64_MAX);
+  L.restored_pos = std::move(pos);
+  L.restored = std::move(data);
   for (int64_t p : to_release) {
     plan->release.push_back({0, p});
     L.released[p] = 1;
@@ -718,7 +751,8 @@ VestigeResidency VestigePolicy::Residency(int layer, const LayerStore& store) co
   VestigeResidency r;
   r.store_bytes = store.resident_bytes();
   if (!L.mla) return r;
-  r.restored_bytes = static_cast<int64_t>(L.restored.size() * sizeof(uint16_t));
+  r.restored_bytes = static_cast<int64_t>(L.restored.capacity() * sizeof(uint16_t) +
+                                          L.restored_pos.capacity() * sizeof(int64_t));
   r.staged_bytes = L.staged_bytes;
   r.metadata_bytes = L.sel.n_closed() * (4 + 8);
   r.index_bytes = recall_ ? recall_->ResidentBytes(layer) : 0;

@@ -17,9 +17,12 @@
 // blocks and sits before their end reads with the selection from before the close (kept rows of
 // the earlier closed prefix, then every row from its end); later queries, and every decode step,
 // read with the new one (a decode step that closes a block sees all of its rows). With the file
-// archive, the fully archived pages of closed blocks are written and released at EndCall (or at
-// the compression point), after every query of the call has read: during a call, every row a
-// query reads as its tail is still in the store.
+// archive, every page of closed blocks is written and released at EndCall (or at the compression
+// point), after every query of the call has read: during a call, every row a query reads as its
+// tail is still in the store. The kept rows of a released page are copied once, exactly, into a
+// dense attended tier (the restored buffer); a rebalance drops rows that leave the kept set (they
+// are in the file) and reads rows that enter it back once. What stays in RAM is the tail, the
+// kept rows, the metadata and (recall on) the index.
 //
 // File placement: a released page is gone from the store, so no read (ReadRows, ReadPrefix, the
 // recall tier's index, calibration and gate) may touch it there. Its rows are served from the
@@ -49,7 +52,7 @@ namespace strata {
 
 enum class VestigeArchivePlacement {
   kRam,   // archived rows stay in LayerStore pages; only reads change
-  kFile,  // fully archived pages are written to DIR and released from RAM
+  kFile,  // closed pages are written to DIR and released; kept rows move to a dense tier
 };
 
 struct VestigeConfig {
@@ -92,7 +95,7 @@ struct VestigeReadInfo {
 // Bytes resident for one layer, by tier.
 struct VestigeResidency {
   int64_t store_bytes = 0;     // LayerStore pages still allocated (kept, tail, archived in RAM)
-  int64_t restored_bytes = 0;  // kept rows of released pages held in a policy buffer
+  int64_t restored_bytes = 0;  // the attended tier: kept rows of released pages (file placement)
   int64_t staged_bytes = 0;    // released pages staged for a dense read (freed when it ends)
   int64_t metadata_bytes = 0;  // sigma (4 B/closed row) + kept/archived tables (8 B/row)
   int64_t index_bytes = 0;     // recall index (reported by the recall tier)

@@ -239,7 +239,19 @@ TEST(VestigePolicyTest, PartitionImmutabilityAndMaskedReads) {
       EXPECT_EQ(pa.last_read(0).rows_archived, static_cast<int64_t>(t + 1 - set.size()));
     }
     ASSERT_TRUE(Vp(*b).archive_status().ok()) << Vp(*b).archive_status().ToString();
+    // Every closed page left RAM; the kept rows are held once, in the attended tier.
+    for (int64_t pg = 0; pg < Vp(*b).n_closed(0) / LayerStore::kPageRows; ++pg) {
+      EXPECT_FALSE(b->store(0).page_resident(0, pg)) << "page " << pg;
+    }
     const VestigeResidency rb = Vp(*b).Residency(0, b->store(0));
+    int64_t kept_released = 0;
+    for (int64_t u : Vp(*b).selector(0).kept()) {
+      kept_released += !b->store(0).page_resident(0, u / LayerStore::kPageRows);
+    }
+    const int64_t per_row = 2 * int64_t{g.k_dim} + 8;  // the row and its position
+    EXPECT_GE(rb.restored_bytes, kept_released * per_row);
+    EXPECT_LE(rb.restored_bytes,
+              static_cast<int64_t>(Vp(*b).selector(0).kept().size()) * per_row);
     EXPECT_EQ(rb.store_bytes + rb.released_bytes, a->store(0).resident_bytes());
     EXPECT_LE(b->ResidentBytes(), a->ResidentBytes());
     const std::string path = Vp(*b).archive_path(0);
@@ -265,11 +277,22 @@ TEST(VestigePolicyTest, FileArchiveReleasesPages) {
   ASSERT_TRUE(c);
   std::vector<std::vector<uint16_t>> rows;
   for (int t = 0; t < 2048; ++t) AppendRandom(c.get(), rng, &rows);
+  EndOpenCall(c.get());  // the last close's pages are released at the end of its call
+  NextCall(c.get(), 0);
   VestigePolicy& p = Vp(*c);
   const VestigeResidency r = p.Residency(0, c->store(0));
   EXPECT_GT(r.released_bytes, 0);
   EXPECT_GT(r.file_bytes, r.released_bytes);
   EXPECT_EQ(r.store_bytes + r.released_bytes, 2048 * 2 * g.k_dim);
+  // The compact attended tier: every closed page left RAM, whatever its kept rows; what stays is
+  // the unclosed tail's pages, the kept rows (once), the metadata.
+  const int64_t row_bytes = 2 * int64_t{g.k_dim};
+  const int64_t tail = 2048 - p.n_closed(0);
+  EXPECT_EQ(r.store_bytes, (tail + 63) / 64 * 64 * row_bytes);
+  EXPECT_EQ(r.restored_bytes,
+            static_cast<int64_t>(p.selector(0).kept().size()) * (row_bytes + 8));
+  EXPECT_EQ(c->ResidentBytes(), r.store_bytes + r.restored_bytes + r.metadata_bytes);
+  EXPECT_LT(r.store_bytes + r.restored_bytes, 2048 * row_bytes / 32);  // 36 of 2048 rows
   const std::vector<float> q = RandomQuery(rng, g);
   const std::vector<int64_t> set = ReadSetOf(p, 2047, 256);
   const auto ref = MaskedRef(rows, g, q, set);

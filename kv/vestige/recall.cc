@@ -217,9 +217,10 @@ float RecallTier::eta(int64_t u) const {
 }
 
 int64_t RecallTier::ResidentBytes() const {
-  return static_cast<int64_t>(basis_.size() * 4 + csk_.size() * 2 + eta_.size() * 4 +
-                              branch_.size() * 2 +
-                              arch_.size() * 8 + arch_mask_.size() * 2 + fetch_.capacity() * 8 +
+  // Allocated, not used, sizes: what the tier really holds.
+  return static_cast<int64_t>(basis_.capacity() * 4 + csk_.capacity() * 2 + eta_.capacity() * 4 +
+                              branch_.capacity() * 2 + arch_.capacity() * 8 +
+                              arch_mask_.capacity() * 2 + fetch_.capacity() * 8 +
                               tile_fire_.capacity() * 2 +
                               qbuf_.size() * 4 + qpos_.size() * 8);
 }
@@ -279,6 +280,19 @@ Status RecallTier::ProjectRows(const LayerStore& store, const float* basis, int6
   return OkStatus();
 }
 
+namespace {
+
+// Grows an index vector to n elements with at most 1/16 of slack: the index is most of what a
+// long VestigeKV cache keeps resident, and std::vector's doubling would hold up to twice it (the
+// re-copies this costs add up to ~16x the final size, once, over a fill).
+template <typename V>
+void GrowTo(V& v, size_t n, typename V::value_type fill) {
+  if (n > v.capacity()) v.reserve(std::max(n, v.capacity() + v.capacity() / 16));
+  v.resize(n, fill);
+}
+
+}  // namespace
+
 Status RecallTier::IndexClosedRows(const LayerStore& store, int64_t n_closed) {
   STRATA_CHECK(configured());
   STRATA_CHECK(n_closed <= store.n_rows());
@@ -286,8 +300,8 @@ Status RecallTier::IndexClosedRows(const LayerStore& store, int64_t n_closed) {
   constexpr int64_t kT = kRecallTileRows;
   const int r = opt_.rank;
   // Tiles of 16 rows; the lanes past n_indexed() stay zero.
-  csk_.resize(static_cast<size_t>((n_closed + kT - 1) / kT) * kT * r, 0);
-  eta_.resize(static_cast<size_t>((n_closed + kT - 1) / kT) * kT, 0.f);
+  GrowTo(csk_, static_cast<size_t>((n_closed + kT - 1) / kT) * kT * r, 0);
+  GrowTo(eta_, static_cast<size_t>((n_closed + kT - 1) / kT) * kT, 0.f);
   int64_t bad = -1;
   Status s = ProjectRows(store, basis_.data(), n_indexed_, n_closed, csk_.data(), eta_.data(),
                          &bad, nullptr);
@@ -300,9 +314,9 @@ Status RecallTier::IndexClosedRows(const LayerStore& store, int64_t n_closed) {
     eta_[u] = 0.f;
     for (int k = 0; k < r; ++k) csk_[RecallCskAt(u, k, r)] = 0;
   }
-  arch_mask_.resize(n_tiles, 0);
+  GrowTo(arch_mask_, n_tiles, 0);
   if (opt_.branch_sidecar) {
-    branch_.resize(static_cast<size_t>(n_indexed_) * d_r_);
+    GrowTo(branch_, static_cast<size_t>(n_indexed_) * d_r_, 0);
     std::vector<uint16_t> scratch(d_c_ + d_r_);
     const recall_internal::RowSrc src = Src(store);
     for (int64_t u = first; u < n_indexed_; ++u) {
