@@ -561,7 +561,9 @@ Status VestigePolicy::Read(int layer, const LayerStore& store, const float* q, i
   info.rows_archived = n_arch;
   ++reads_;
   ReadStats local;
+  const int64_t file_reads0 = L.file_reads;
   auto finish = [&]() -> Status {
+    info.file_reads = L.file_reads - file_reads0;
     L.last = info;
     if (stats) {
       stats->rows_attended += info.rows_attended;
@@ -669,6 +671,7 @@ StatusOr<const VestigePolicy::Layer::Staged*> VestigePolicy::StagePage(Layer& L,
   s.rows.Resize(P * K);
   L.staged_bytes += static_cast<int64_t>(s.rows.bytes());
   std::vector<int64_t> bad;
+  ++L.file_reads;
   Status st = L.file->ReadRowRange(p * P, P, s.rows.data(), &bad);
   // A kept row the file cannot serve is still in the restored buffer.
   for (int64_t u : bad) {
@@ -717,6 +720,7 @@ StatusOr<int64_t> VestigePolicy::ReadSet(Layer& L, const LayerStore& store, cons
   L.file_buf.resize(L.file_rows.size() * K);
   for (size_t j = 0; j < L.file_rows.size(); ++j) {
     const size_t i = L.file_rows[j];
+    ++L.file_reads;
     Status s = L.file->ReadRow(rows[i], L.file_buf.data() + j * K);
     if (!s.ok()) return UnreadableRow(*L.file, rows[i], s);
     L.ptrs[i] = L.file_buf.data() + j * K;

@@ -87,7 +87,10 @@ struct VestigeReadInfo {
   int64_t rows_tail = 0;
   int64_t rows_archived = 0;  // archived rows below the read's tail (scanned when recall is on)
   int64_t rows_fetched = 0;
-  int64_t rows_from_file = 0;  // of the attended rows, those served from the archive file
+  // Of the attended rows, those served from outside the store (file placement): the attended
+  // tier, a staged page or a pread.
+  int64_t rows_from_file = 0;
+  int64_t file_reads = 0;      // preads of the archive file: one per fetched row, per staged page
   int64_t bytes_read = 0;      // rows x row bytes + archived x index bytes (recall on)
   bool fallback = false;       // the recall tier asked for dense attention this step
 };
@@ -221,6 +224,7 @@ class VestigePolicy final : public Policy {
     std::vector<size_t> file_rows;      // indices into the read's rows read row by row
     std::vector<uint16_t> file_buf;     // [file_rows, k_dim] bf16 read from the file
     bool file_ok = true;                // false after a write error: no more releases
+    int64_t file_reads = 0;             // preads of the archive file so far (reads)
   };
   // Closes every complete block and rebalances (the selection: kept and archived sets).
   Status CloseReady(int layer, const LayerStore& store);

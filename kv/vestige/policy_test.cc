@@ -280,7 +280,6 @@ TEST(VestigePolicyTest, FileArchiveReleasesPages) {
   std::vector<std::vector<uint16_t>> rows;
   for (int t = 0; t < 2048; ++t) AppendRandom(c.get(), rng, &rows);
   EndOpenCall(c.get());  // the last close's pages are released at the end of its call
-  NextCall(c.get(), 0);
   VestigePolicy& p = Vp(*c);
   const VestigeResidency r = p.Residency(0, c->store(0));
   EXPECT_GT(r.released_bytes, 0);
@@ -295,15 +294,27 @@ TEST(VestigePolicyTest, FileArchiveReleasesPages) {
             static_cast<int64_t>(p.selector(0).kept().size()) * (row_bytes + 8));
   EXPECT_EQ(c->ResidentBytes(), r.store_bytes + r.restored_bytes + r.metadata_bytes);
   EXPECT_LT(r.store_bytes + r.restored_bytes, 2048 * row_bytes / 32);  // 36 of 2048 rows
+  // The next decode step: its kept rows come from the attended tier, with no read of the file.
+  AppendRandom(c.get(), rng, &rows);
   const std::vector<float> q = RandomQuery(rng, g);
-  const std::vector<int64_t> set = ReadSetOf(p, 2047, 256);
+  const std::vector<int64_t> set = ReadSetOf(p, 2048, 256);
   const auto ref = MaskedRef(rows, g, q, set);
-  const auto out = Attend(c.get(), 0, q, 2047, nullptr);
+  const auto out = Attend(c.get(), 0, q, 2048, nullptr);
   for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(out[i], ref[i], 2e-5);
-  // Kept rows whose page was released (moved back by a later rebalance) come from the file.
   int64_t off_ram = 0;
   for (int64_t u : set) off_ram += !c->store(0).page_resident(0, u / LayerStore::kPageRows);
+  EXPECT_EQ(off_ram, static_cast<int64_t>(p.selector(0).kept().size()));
   EXPECT_EQ(p.last_read(0).rows_from_file, off_ram);
+  EXPECT_EQ(p.last_read(0).file_reads, 0);
+  // A query at an old position reads its own block in full: those rows are read from the file,
+  // one pread each (except the block's kept rows).
+  const std::vector<int64_t> old_set = ReadSetOf(p, 2047, 256);
+  const auto old_ref = MaskedRef(rows, g, q, old_set);
+  const auto old_out = Attend(c.get(), 0, q, 2047, nullptr);
+  for (size_t i = 0; i < old_ref.size(); ++i) ASSERT_NEAR(old_out[i], old_ref[i], 2e-5);
+  int64_t block_kept = 0;
+  for (int64_t u : p.selector(0).kept()) block_kept += u >= 1792;
+  EXPECT_EQ(p.last_read(0).file_reads, 256 - block_kept);
 }
 
 // A recall hook that fetches a random subset of the archive (plus, to test the disjointness
@@ -373,6 +384,13 @@ TEST(VestigePolicyTest, FetchedRowsMergeIntoOneExactSoftmax) {
       const VestigeReadInfo& info = vp.last_read(0);
       EXPECT_EQ(info.rows_fetched, static_cast<int64_t>(h->last.size()));
       EXPECT_EQ(info.rows_attended, static_cast<int64_t>(set.size()));
+      // One pread per fetched row of a released page (kept rows come from the attended tier).
+      int64_t released_fetched = 0;
+      for (int64_t u : h->last) {
+        released_fetched += !c->store(0).page_resident(0, u / LayerStore::kPageRows);
+      }
+      EXPECT_EQ(info.file_reads, released_fetched);
+      if (archive != "ram" && t > 300) EXPECT_GT(released_fetched, 0);
       EXPECT_EQ(info.bytes_read,
                 info.rows_attended * g.bytes_per_token() + info.rows_archived * 260);
     }
