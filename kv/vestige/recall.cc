@@ -219,7 +219,7 @@ float RecallTier::eta(int64_t u) const {
 int64_t RecallTier::ResidentBytes() const {
   // Allocated, not used, sizes: what the tier really holds.
   return static_cast<int64_t>(basis_.capacity() * 4 + csk_.capacity() * 2 + eta_.capacity() * 4 +
-                              branch_.capacity() * 2 + arch_.capacity() * 8 +
+                              branch_.capacity() * 2 +
                               arch_mask_.capacity() * 2 + fetch_.capacity() * 8 +
                               tile_fire_.capacity() * 2 +
                               qbuf_.size() * 4 + qpos_.size() * 8);
@@ -327,6 +327,17 @@ Status RecallTier::IndexClosedRows(const LayerStore& store, int64_t n_closed) {
   return s;
 }
 
+std::vector<int64_t> RecallTier::archive() const {
+  std::vector<int64_t> out;
+  out.reserve(static_cast<size_t>(n_arch_));
+  for (size_t t = 0; t < arch_mask_.size(); ++t) {
+    for (int i = 0; i < kRecallTileRows; ++i) {
+      if (arch_mask_[t] >> i & 1) out.push_back(static_cast<int64_t>(t) * kRecallTileRows + i);
+    }
+  }
+  return out;
+}
+
 void RecallTier::SetArchive(const int64_t* rows, int64_t n) {
   STRATA_CHECK(configured());
   for (int64_t i = 0; i < n; ++i) {
@@ -334,7 +345,11 @@ void RecallTier::SetArchive(const int64_t* rows, int64_t n) {
                      static_cast<long long>(rows[i]), static_cast<long long>(n_indexed_));
     STRATA_CHECK_MSG(i == 0 || rows[i] > rows[i - 1], "archive must be ascending and distinct");
   }
-  arch_.assign(rows, rows + n);
+  // The mask is the archive (a bit per indexed row): a list of positions beside it would cost
+  // 8 bytes per archived row, more than the eta of the index.
+  n_arch_ = n;
+  arch_first_ = n > 0 ? rows[0] : -1;
+  arch_last_ = n > 0 ? rows[n - 1] : -1;
   constexpr int64_t kT = kRecallTileRows;
   arch_mask_.assign((n_indexed_ + kT - 1) / kT, 0);
   for (int64_t i = 0; i < n; ++i) {
@@ -437,10 +452,10 @@ RecallScan RecallTier::Scan(const LayerStore& store, const float* q, int64_t lim
   if (opt_.calibration == RecallCalibration::kDecode) MaybeCalibrateDecode(store, q, limit, pool);
   RecallScan out;
   fetch_.clear();
-  const int64_t na = static_cast<int64_t>(arch_.size());
+  const int64_t na = n_arch_;
   if (na == 0) return out;
-  STRATA_CHECK_MSG(arch_.back() < limit, "archived row %lld not visible (limit %lld)",
-                   static_cast<long long>(arch_.back()), static_cast<long long>(limit));
+  STRATA_CHECK_MSG(arch_last_ < limit, "archived row %lld not visible (limit %lld)",
+                   static_cast<long long>(arch_last_), static_cast<long long>(limit));
   ++counters_.scans;
   counters_.scanned_rows += na;
   counters_.index_bytes_read += na * scan_bytes_per_row();
@@ -494,7 +509,7 @@ RecallScan RecallTier::Scan(const LayerStore& store, const float* q, int64_t lim
   args.eta = eta_.data();
   args.arch_mask = arch_mask_.data();
   // Tiles [t_lo, t_hi) hold the archive; a tile's kept rows are computed and masked out.
-  const int64_t t_lo = arch_.front() / kT, t_hi = arch_.back() / kT + 1;
+  const int64_t t_lo = arch_first_ / kT, t_hi = arch_last_ / kT + 1;
   tile_fire_.assign(t_hi - t_lo, 0);
   const int T = pool ? pool->size() : 1;
   std::vector<int64_t> fired(T, 0);
@@ -548,7 +563,7 @@ void RecallTier::ComputeLabels(const LayerStore& store, ThreadPool* pool,
   const int64_t n_q = static_cast<int64_t>(qpos_.size());
   labels->assign(static_cast<size_t>(n_q) * G, Label());
   std::vector<uint8_t> archived(store.n_rows(), 0);
-  for (int64_t u : arch_) archived[u] = 1;
+  for (int64_t u : archive()) archived[u] = 1;
   std::vector<float> s;
   for (int64_t i = 0; i < n_q; ++i) {
     const int64_t lim = std::min(qpos_[i] + 1, store.n_rows());
@@ -693,7 +708,7 @@ Status RecallTier::CalibratePrefix(const LayerStore& store, ThreadPool* pool) {
 
 void RecallTier::MaybeCalibrateDecode(const LayerStore& store, const float* q, int64_t limit,
                                       ThreadPool* pool) {
-  if (!collecting_ || arch_.empty()) return;
+  if (!collecting_ || n_arch_ == 0) return;
   const int64_t k = static_cast<int64_t>(n_heads_) * (d_c_ + d_r_);
   qpos_.push_back(limit - 1);
   qbuf_.insert(qbuf_.end(), q, q + k);

@@ -194,7 +194,7 @@ class RecallTier {
   float z() const { return z_; }
   float gate_threshold() const { return thr_g_; }  // -inf: always open
   int64_t n_indexed() const { return n_indexed_; }
-  const std::vector<int64_t>& archive() const { return arch_; }
+  std::vector<int64_t> archive() const;  // ascending (built from the archive mask)
   const float* basis() const { return basis_.data(); }         // [rank, d_c] f32
   std::vector<uint16_t> csk(int64_t u) const;  // [rank] f16 of closed row u (a copy: csk is tiled)
   float eta(int64_t u) const;
@@ -263,7 +263,8 @@ class RecallTier {
   std::vector<uint16_t> branch_;   // [n_indexed, d_r] bf16 sidecar (branch_sidecar only)
   RecallRowReader reader_;
   int64_t n_indexed_ = 0;
-  std::vector<int64_t> arch_;      // archived rows, ascending
+  int64_t n_arch_ = 0;             // archived rows (the set is arch_mask_)
+  int64_t arch_first_ = -1, arch_last_ = -1;
   std::vector<int64_t> qpos_;      // calibration query positions [n_obs]
   std::vector<int64_t> qidx_;      // prefix mode: observation index of each kept query
   std::vector<float> qbuf_;        // calibration queries [n_obs, n_heads, d_c + d_r]
