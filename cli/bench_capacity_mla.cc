@@ -150,6 +150,7 @@ int RunBenchCapacityMla(const BenchCapacityOptions& o, std::ostream& out, std::o
   if (Status st = cache.Compress(); !st.ok()) return fail(st.ToString());  // active from row 0
   const auto t0 = Clock::now();
   const int64_t report = std::max<int64_t>(every, o.tokens / 10 / every * every);
+  int64_t peak_resident = 0;
   for (int64_t t = 0; t < o.tokens; t += every) {
     const int64_t n = std::min(every, o.tokens - t);
     Status st = cache.BeginCall(n, CallKind::kPrefill);
@@ -159,6 +160,8 @@ int RunBenchCapacityMla(const BenchCapacityOptions& o, std::ostream& out, std::o
         st = cache.Append(l, row.data(), nullptr);
       }
     }
+    // The largest resident moment: the call's rows are in, its closed pages not yet released.
+    if (st.ok()) peak_resident = std::max(peak_resident, cache.ResidentBytes());
     if (st.ok()) st = cache.EndCall();
     if (!st.ok()) return fail("filling the cache: " + st.ToString());
     if ((t + n) % report == 0 || t + n == o.tokens) {
@@ -251,7 +254,9 @@ int RunBenchCapacityMla(const BenchCapacityOptions& o, std::ostream& out, std::o
   t.AddRow({"resident / full", FormatFixed(static_cast<double>(resident) / full, 4)});
   t.AddRow({"process peak RSS", FormatBytes(static_cast<double>(rss)) + " = " +
                                     FormatFixed(rss / gib, 3) + " GiB"});
+  t.AddRow({"peak resident (fill)", bytes(peak_resident)});
   t.AddRow({"peak RSS / resident", FormatFixed(static_cast<double>(rss) / resident, 3)});
+  t.AddRow({"peak RSS / peak resident", FormatFixed(static_cast<double>(rss) / peak_resident, 3)});
   t.AddRow({"fill time", FormatFixed(fill_s, 1) + " s"});
   t.AddRow({"decode step (all layers)", FormatFixed(step_s * 1e3, 1) + " ms"});
   if (recall) {
@@ -266,7 +271,9 @@ int RunBenchCapacityMla(const BenchCapacityOptions& o, std::ostream& out, std::o
   out << "Legend: store = LayerStore pages still allocated (the unclosed tail, and every page the "
          "policy has not released); attended tier = kept rows of released pages, held once in a "
          "dense buffer; need = what the method must hold (in the RAM placement, the archived rows "
-         "too). Peak RSS includes the process's own code and buffers.\n";
+         "too); peak resident (fill) = the largest resident bytes of the fill, sampled when a "
+         "call's rows are in and its closed pages not yet released. Peak RSS includes the "
+         "process's own code, libraries and buffers.\n";
   if (!o.json_path.empty()) {
     nlohmann::json j = {{"kind", "mla"},
                         {"tokens", T},
@@ -287,6 +294,7 @@ int RunBenchCapacityMla(const BenchCapacityOptions& o, std::ostream& out, std::o
                         {"rows_archived", archived},
                         {"rows_tail", tail},
                         {"peak_rss_bytes", rss},
+                        {"peak_resident_bytes", peak_resident},
                         {"fill_seconds", fill_s},
                         {"decode_step_seconds", step_s},
                         {"fetched_rows", fetched},

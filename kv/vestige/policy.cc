@@ -758,7 +758,7 @@ VestigeResidency VestigePolicy::Residency(int layer, const LayerStore& store) co
   r.restored_bytes = static_cast<int64_t>(L.restored.capacity() * sizeof(uint16_t) +
                                           L.restored_pos.capacity() * sizeof(int64_t));
   r.staged_bytes = L.staged_bytes;
-  r.metadata_bytes = L.sel.n_closed() * (4 + 8);
+  r.metadata_bytes = L.sel.MetadataBytes() + static_cast<int64_t>(L.released.capacity());
   r.index_bytes = recall_ ? recall_->ResidentBytes(layer) : 0;
   r.file_bytes = L.file ? L.file->file_bytes() : 0;
   r.released_bytes = L.released_bytes;

@@ -100,7 +100,7 @@ struct VestigeResidency {
   int64_t store_bytes = 0;     // LayerStore pages still allocated (kept, tail, archived in RAM)
   int64_t restored_bytes = 0;  // the attended tier: kept rows of released pages (file placement)
   int64_t staged_bytes = 0;    // released pages staged for a dense read (freed when it ends)
-  int64_t metadata_bytes = 0;  // sigma (4 B/closed row) + kept/archived tables (8 B/row)
+  int64_t metadata_bytes = 0;  // sigma, kept mask, kept/archived lists (13 B/closed row), pages
   int64_t index_bytes = 0;     // recall index (reported by the recall tier)
   int64_t file_bytes = 0;      // on disk (not RAM)
   int64_t released_bytes = 0;  // RAM given back by releasing archived pages

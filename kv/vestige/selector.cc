@@ -228,6 +228,10 @@ void VestigeSelector::CloseBlock(const LayerStore& store) {
   const int64_t b = n_closed(), n = cfg_.block;
   STRATA_CHECK(store.n_rows() >= b + n);
   STRATA_CHECK(store.geometry().k_dim == row_width_);
+  // Grown with at most 1/16 of slack (doubling would hold up to twice the sigma of a long cache).
+  if (b + n > static_cast<int64_t>(sigma_.capacity())) {
+    sigma_.reserve(std::max<size_t>(b + n, sigma_.capacity() + sigma_.capacity() / 16));
+  }
   sigma_.resize(b + n);
   // Gather the block's selected channels straight from the store into [C, n] f32 (rows live in
   // 64-row pages, so they are read one row at a time; bf16 -> f32 is exact).
@@ -254,24 +258,32 @@ void VestigeSelector::Rebalance() {
   if (m >= n) {
     std::fill(kept_mask_.begin(), kept_mask_.end(), 1);
   } else if (m > 0) {
+    STRATA_CHECK(n <= int64_t{UINT32_MAX});
     order_.resize(n);
-    std::iota(order_.begin(), order_.end(), int64_t{0});
+    std::iota(order_.begin(), order_.end(), uint32_t{0});
     // NaN sorts as +inf (a non-finite row is kept rather than silently archived).
-    auto key = [&](int64_t u) {
+    auto key = [&](uint32_t u) {
       const float s = sigma_[u];
       return std::isnan(s) ? INFINITY : s;
     };
-    auto before = [&](int64_t a, int64_t b) {
+    auto before = [&](uint32_t a, uint32_t b) {
       const float ka = key(a), kb = key(b);
       return ka > kb || (ka == kb && a < b);  // sigma descending, position ascending
     };
     std::nth_element(order_.begin(), order_.begin() + (m - 1), order_.end(), before);
     for (int64_t i = 0; i < m; ++i) kept_mask_[order_[i]] = 1;
+    std::vector<uint32_t>().swap(order_);
   }
   for (int64_t u = 0; u < std::min<int64_t>(cfg_.sinks, n); ++u) kept_mask_[u] = 1;
   kept_.clear();
   archived_.clear();
   for (int64_t u = 0; u < n; ++u) (kept_mask_[u] ? kept_ : archived_).push_back(u);
+}
+
+int64_t VestigeSelector::MetadataBytes() const {
+  return static_cast<int64_t>(sigma_.capacity() * sizeof(float) + kept_mask_.capacity() +
+                              (kept_.capacity() + archived_.capacity()) * sizeof(int64_t) +
+                              order_.capacity() * sizeof(uint32_t));
 }
 
 }  // namespace strata
