@@ -33,6 +33,16 @@ class Table {
   std::vector<std::vector<std::string>> rows_;
 };
 
+// A table's legend: one line per column, "  NAME  what it is", under "columns:". A report that
+// prints a table prints the legend beside it, from the same list the header was built from, so
+// no column goes undefined.
+struct ColumnDoc {
+  std::string name;
+  std::string meaning;
+};
+std::vector<std::string> ColumnNames(const std::vector<ColumnDoc>& cols);
+void PrintLegend(const std::vector<ColumnDoc>& cols, std::ostream& out);
+
 // "1.50 MiB", "812 B".
 std::string FormatBytes(double bytes);
 // printf("%.*f").
