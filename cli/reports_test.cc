@@ -13,6 +13,7 @@
 
 #include "cli/cli_testing.h"
 #include "cli/common.h"
+#include "io/gguf.h"
 
 namespace strata::cli {
 namespace {
@@ -119,6 +120,89 @@ TEST_F(ReportsTest, BenchDecodeLegendAndCacheCaveat) {
   EXPECT_TRUE(j["fits_in_cpu_cache"].get<bool>());
   EXPECT_NE(r.out.find("fits in the CPU cache"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("not a bound"), std::string::npos) << r.out;
+}
+
+// A copy of the GGUF file `src` with `extra` metadata added (its tensors copied byte for byte).
+void CopyGgufWith(const std::string& src, const std::string& dst,
+                  const std::vector<std::pair<std::string, GgufValue>>& extra) {
+  auto f = GgufFile::Open(src, GgufFile::Load::kMemory);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  GgufWriter w;
+  for (const auto& [k, v] : (*f)->metadata()) {
+    if (k != "general.alignment") w.Set(k, v);
+  }
+  for (const auto& [k, v] : extra) w.Set(k, v);
+  for (const auto& t : (*f)->tensors()) {
+    const uint8_t* data = (*f)->data() + (*f)->data_offset() + t.offset;
+    ASSERT_TRUE(w.AddTensor(t.name, t.dtype, t.shape, data, t.n_bytes).ok());
+  }
+  ASSERT_TRUE(w.WriteFile(dst).ok());
+}
+
+// Defect 11: inspect lists every metadata key with its value (arrays summarised), BOS/EOS with
+// their text, the file type and bits per weight, and whether there is a chat template.
+TEST_F(ReportsTest, InspectListsMetadataTokensFileTypeAndTemplate) {
+  const std::string json = Path("inspect.json");
+  CliResult r = Strata({"inspect", Shipped("nope-mla.gguf"), "--json", json});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("format: GGUF v3 file"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\ngeneral.architecture "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\"deepseek2\"\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("deepseek2.attention.kv_lora_rank "), std::string::npos) << r.out;
+  // An array: its element type and count and the first elements, not 128 tokens.
+  EXPECT_NE(r.out.find("[string x 128] \"<s>\", \"<KEY>\","), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("\"<v100>\""), std::string::npos) << "arrays are summarised";
+  EXPECT_NE(r.out.find("bos 0 \"<s>\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("file type: ALL_F32 (general.file_type 0)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("bits per weight: 32.00"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("chat template: none"), std::string::npos) << r.out;
+  std::ifstream jf(json);
+  const nlohmann::json j = nlohmann::json::parse(jf);
+  EXPECT_EQ(j["format"], "gguf");
+  EXPECT_EQ(j["metadata"].size(), j["metadata_count"].get<size_t>());
+  EXPECT_EQ(j["tokenizer"]["bos_text"], "<s>");
+  EXPECT_DOUBLE_EQ(j["bits_per_weight"].get<double>(), 32.0);
+  EXPECT_EQ(j["chat_template"], false);
+
+  // An F16 model with a chat template (a multi-line string: shown escaped and cut).
+  const std::string f16 = Path("f16.gguf");
+  ASSERT_EQ(Strata({"synth", "--arch", "llama", "--dtype", "f16", "-o", f16}).code, 0);
+  const std::string tmpl = Path("tmpl.gguf");
+  std::string text = "{% for m in messages %}\n{{ m['content'] }}";
+  while (text.size() < 200) text += " {{ eos_token }}";
+  CopyGgufWith(f16, tmpl, {{"tokenizer.chat_template", GgufValue::String(text)}});
+  CliResult t = Strata({"inspect", tmpl});
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_NE(t.out.find("chat template: yes (tokenizer.chat_template, " +
+                       std::to_string(text.size()) + " chars"),
+            std::string::npos)
+      << t.out;
+  EXPECT_NE(t.out.find("\"{% for m in messages %}\\n{{"), std::string::npos) << t.out;
+  EXPECT_NE(t.out.find("(" + std::to_string(text.size()) + " chars)"), std::string::npos);
+  EXPECT_NE(t.out.find("F16"), std::string::npos) << t.out;
+  // Norm vectors stay F32: a little over 16 bits per weight.
+  const size_t bpw = t.out.find("bits per weight: 16.");
+  EXPECT_NE(bpw, std::string::npos) << t.out;
+}
+
+// Defect 11: on an HF directory inspect says what it is before describing the converted model.
+TEST_F(ReportsTest, InspectSaysWhatAnHfDirectoryIs) {
+  const std::string json = Path("inspect_hf.json");
+  CliResult r = Strata({"inspect", Shipped("hf/gqa"), "--json", json});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("format: Hugging Face directory: config.json (LlamaForCausalLM, "
+                       "model_type llama, torch_dtype float32), 1 safetensors file"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("model.safetensors"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tokenizer files: strata_tokenizer.json"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("converted in memory"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("converted GGUF image v3"), std::string::npos) << r.out;
+  std::ifstream jf(json);
+  const nlohmann::json j = nlohmann::json::parse(jf);
+  EXPECT_EQ(j["format"], "hf_directory");
+  EXPECT_EQ(j["hf_directory"]["architecture"], "LlamaForCausalLM");
+  EXPECT_EQ(j["hf_directory"]["safetensors_files"].size(), 1u);
 }
 
 }  // namespace
