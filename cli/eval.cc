@@ -38,6 +38,7 @@ struct EvalCliOptions {
   int64_t trials = 8;
   uint64_t seed = 1;
   std::string haystack;
+  std::string dump_trials;  // --dump-trials FILE: every trial's token ids (JSON Lines)
   std::string format = "auto";
   std::string needle_template = "The secret code is {key}.";
   std::string question_template = "What is the secret code? The secret code is";
@@ -213,6 +214,9 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
   n->add_option("--seed", o->seed, "Seed of the trial draws (key, depth, filler offset)")
       ->capture_default_str();
   n->add_option("--haystack", o->haystack, "Filler text file; default: the built-in KJV excerpt");
+  n->add_option("--dump-trials", o->dump_trials,
+                "Write every trial's token ids (filler, prefix, query, answer) to this file as "
+                "JSON Lines, so another implementation can run the same trials (docs/eval.md)");
   n->add_option("--needle-format", o->format, "text | kv-tokens (the char-level testbed) | auto (text when the model has a tokenizer)")
       ->capture_default_str();
   n->add_option("--needle", o->needle_template, "Needle template ({key}; \\n = newline)")
@@ -364,6 +368,7 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
     n.haystack = *text;
     n.haystack_name = o.haystack;
   }
+  n.dump_trials = o.dump_trials;
   n.needle_template = o.needle_template;
   n.question_template = o.question_template;
   n.key_digits = o.key_digits;

@@ -205,5 +205,29 @@ TEST_F(ReportsTest, InspectSaysWhatAnHfDirectoryIs) {
   EXPECT_EQ(j["hf_directory"]["safetensors_files"].size(), 1u);
 }
 
+// Defect 12: `eval needle --dump-trials FILE` writes the filler and one line per trial.
+TEST_F(ReportsTest, EvalNeedleDumpsTrials) {
+  const std::string dump = Path("trials.jsonl"), json = Path("needle.json");
+  CliResult r = Strata({"eval", "needle", "-m", Shipped("nope-mla.gguf"), "--needle-format",
+                        "kv-tokens", "--policy", "full", "--len", "128", "--trials", "3",
+                        "--dump-trials", dump, "--json", json});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(dump);
+  std::vector<nlohmann::json> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_FALSE(lines[0]["filler"].empty());
+  for (size_t i = 1; i < lines.size(); ++i) EXPECT_EQ(lines[i]["prefix"].size(), 128u);
+  std::ifstream jf(json);
+  const nlohmann::json j = nlohmann::json::parse(jf);
+  EXPECT_EQ(j["needle"]["trial_recipe"]["filler_hash"], lines[0]["filler_hash"]);
+  EXPECT_EQ(j["needle"]["trials"][1]["filler_offset"], lines[2]["filler_offset"]);
+  CliResult bad = Strata({"eval", "needle", "-m", Shipped("nope-mla.gguf"), "--needle-format",
+                          "kv-tokens", "--policy", "full", "--len", "128", "--trials", "1",
+                          "--dump-trials", "/nonexistent-dir/t.jsonl"});
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("/nonexistent-dir/t.jsonl"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace strata::cli

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <set>
 
 #include "core/rng.h"
@@ -235,19 +236,57 @@ StatusOr<NeedleTrial> NeedleBuilder::Build(int64_t length, int64_t index) const 
   }
   t.depth = lo + std::min<int64_t>(hi - lo - 1, static_cast<int64_t>(u * (hi - lo)));
   const int64_t n_fill = static_cast<int64_t>(filler_.size());
-  int64_t f = static_cast<int64_t>(rng.Below(n_fill));
-  t.prefix.reserve(length);
-  if (bos_ >= 0) t.prefix.push_back(bos_);
-  while (static_cast<int64_t>(t.prefix.size()) < t.depth) {
-    t.prefix.push_back(filler_[f]);
-    f = (f + 1) % n_fill;
-  }
-  t.prefix.insert(t.prefix.end(), t.needle.begin(), t.needle.end());
-  while (static_cast<int64_t>(t.prefix.size()) < length) {
-    t.prefix.push_back(filler_[f]);
-    f = (f + 1) % n_fill;
-  }
+  t.filler_offset = static_cast<int64_t>(rng.Below(n_fill));
+  t.prefix = RebuildPrefix(filler_, bos_, t.filler_offset, t.depth, t.needle, length);
   return t;
+}
+
+std::vector<int32_t> RebuildPrefix(const std::vector<int32_t>& filler, int32_t bos,
+                                   int64_t filler_offset, int64_t depth,
+                                   const std::vector<int32_t>& needle, int64_t length) {
+  std::vector<int32_t> prefix;
+  if (filler.empty() || length <= 0) return prefix;
+  const int64_t n_fill = static_cast<int64_t>(filler.size());
+  int64_t f = ((filler_offset % n_fill) + n_fill) % n_fill;
+  prefix.reserve(length);
+  if (bos >= 0) prefix.push_back(bos);
+  while (static_cast<int64_t>(prefix.size()) < depth) {
+    prefix.push_back(filler[f]);
+    f = (f + 1) % n_fill;
+  }
+  prefix.insert(prefix.end(), needle.begin(), needle.end());
+  while (static_cast<int64_t>(prefix.size()) < length) {
+    prefix.push_back(filler[f]);
+    f = (f + 1) % n_fill;
+  }
+  return prefix;
+}
+
+std::string TokenHash(const std::vector<int32_t>& ids) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int32_t id : ids) {
+    const uint32_t u = static_cast<uint32_t>(id);
+    for (int b = 0; b < 4; ++b) {
+      h ^= (u >> (8 * b)) & 0xffu;
+      h *= 0x100000001b3ull;
+    }
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+nlohmann::json TrialDumpHeader(const NeedleOptions& o, const std::vector<int32_t>& filler,
+                               int32_t bos) {
+  return {{"format", NeedleFormatName(o.format)}, {"seed", o.seed}, {"bos", bos},
+          {"filler_hash", TokenHash(filler)},    {"filler", filler}};
+}
+
+nlohmann::json TrialDumpLine(const NeedleTrial& t) {
+  return {{"length", t.length},   {"trial", t.index},   {"depth", t.depth},
+          {"filler_offset", t.filler_offset},           {"key", t.key},
+          {"needle", t.needle},   {"prefix", t.prefix}, {"query", t.query},
+          {"answer", t.answer}};
 }
 
 StatusOr<NeedleScore> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
@@ -317,6 +356,14 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
                    BuildableConfigs(model, factory, grid,
                                     o.skip_unsupported, &r.skipped, progress));
   ThreadPool pool(std::max(1, o.threads));
+  r.filler = builder.filler();
+  r.bos = builder.bos();
+  std::ofstream dump;
+  if (!o.dump_trials.empty()) {
+    dump.open(o.dump_trials, std::ios::binary | std::ios::trunc);
+    if (!dump) return IoError("--dump-trials: cannot write '" + o.dump_trials + "'");
+    dump << TrialDumpHeader(o, r.filler, r.bos).dump() << "\n";
+  }
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t len : o.lengths) {
     NeedleReport::LengthSummary ls{len, o.trials, 0};
@@ -333,6 +380,14 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
           o.depth_buckets - 1);
       rec.key = trial.key;
       rec.answer_tokens = static_cast<int>(trial.answer.size());
+      rec.filler_offset = trial.filler_offset;
+      rec.needle = trial.needle;
+      rec.query = trial.query;
+      rec.answer = trial.answer;
+      if (dump.is_open()) {
+        dump << TrialDumpLine(trial).dump() << "\n";
+        if (!dump) return IoError("--dump-trials: write to '" + o.dump_trials + "' failed");
+      }
       ASSIGN_OR_RETURN(const NeedleScore ref,
                        ScoreNeedleTrial(model, trial, factory, reference, o.chunk, &pool));
       rec.reference_nll = ref.nll;
@@ -436,6 +491,14 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
   j["question_template"] = o.question_template;
   j["reference"] = o.reference;
   j["trials_per_length"] = o.trials;
+  // With a trial's filler_offset, depth and needle ids these rebuild its prefix (RebuildPrefix);
+  // the filler ids themselves are in the --dump-trials file.
+  j["trial_recipe"] = {{"bos", r.bos},
+                       {"filler_tokens", r.filler.size()},
+                       {"filler_hash", TokenHash(r.filler)},
+                       {"prefix", "BOS (if bos >= 0), filler[(filler_offset + i) % filler_tokens] "
+                                  "until depth tokens, needle_ids, the filler continuing until "
+                                  "length tokens"}};
   j["seed"] = o.seed;
   j["intact_nats"] = o.intact_nats;
   j["baseline_gate_nats"] = o.baseline_gate_nats;
@@ -506,6 +569,10 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
                            {"depth_frac", t.depth_frac},
                            {"key", t.key},
                            {"answer_tokens", t.answer_tokens},
+                           {"filler_offset", t.filler_offset},
+                           {"needle_ids", t.needle},
+                           {"query_ids", t.query},
+                           {"answer_ids", t.answer},
                            {"reference_nll", t.reference_nll},
                            {"reference_answered", t.reference_answered},
                            {"dropped", t.dropped},
