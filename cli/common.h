@@ -64,6 +64,11 @@ Status CheckAtLeast(const std::string& flag, int64_t value, int64_t min);
 Status CheckNumberAtLeast(const std::string& flag, const std::string& text, double min,
                           const std::string& example, const std::string& why);
 
+// The --kv-type help, shared by the commands that take it.
+inline constexpr const char* kKvTypeHelp =
+    "KV cache storage: bf16 (every policy), or f32 / f16 for research and parity (the full "
+    "policy only; others refuse)";
+
 // Names of the registered cache policies (kv/registry.h), for help texts.
 std::vector<std::string> PolicyNames();
 // The shared settings of every registered policy (SettingDecl::shared), in registry order: each

@@ -136,10 +136,19 @@ void AddInspectCommand(CLI::App* app, InspectOptions* o) {
   CLI::App* cmd = app->add_subcommand(
       "inspect", "Print a model's architecture, tokenizer, tensors and KV cache geometry");
   cmd->add_option("FILE", o->path, "Model: a .gguf file or a Hugging Face directory")->required();
+  cmd->add_option("--kv-type", o->kv_type,
+                  "KV storage the cache figures are for (as generate/logits --kv-type): bf16, "
+                  "f16 or f32")
+      ->capture_default_str();
   cmd->add_option("--json", o->json_path, "Also write the report as JSON to this file");
 }
 
 int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
+  const auto kv_type = ParseKvType(o.kv_type);
+  if (!kv_type.ok()) {
+    err << "error: " << kv_type.status().message() << "\n";
+    return kExitUsage;
+  }
   auto loaded = Model::Load(o.path);
   if (!loaded.ok()) {
     err << "error: cannot load model '" << o.path << "': " << loaded.status().ToString() << "\n";
@@ -337,8 +346,13 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
   j["decode_weight_bytes"] = m.decode_weight_bytes();
 
   // KV cache geometry: consecutive layers with the same geometry share a row.
-  const std::vector<LayerGeometry> layers = m.CacheLayers();
-  out << "\nKV cache (full, bf16):\n";
+  std::vector<LayerGeometry> layers = m.CacheLayers();
+  for (LayerGeometry& g : layers) g.kv_type = *kv_type;
+  out << "\nKV cache (full, " << KvTypeName(*kv_type) << " rows"
+      << (*kv_type == DType::kBF16 ? ", the default; --kv-type f32|f16 for research and parity"
+                                   : "; --kv-type: the full policy only")
+      << "):\n";
+  j["kv_type"] = KvTypeName(*kv_type);
   Table kt({"layers", "kind", "q_heads", "kv_heads", "k_dim", "v_dim", "rope_dim", "rope",
             "bytes/token"});
   nlohmann::json jl = nlohmann::json::array();

@@ -229,5 +229,68 @@ TEST_F(ReportsTest, EvalNeedleDumpsTrials) {
   EXPECT_NE(bad.err.find("/nonexistent-dir/t.jsonl"), std::string::npos) << bad.err;
 }
 
+// Defect 13: --kv-type in generate, logits and inspect; the output says which is used; the full
+// policy runs every type, the others refuse f32/f16 naming the policy; bf16 is the default and
+// gives the same logits as before (bit for bit: the same run without the flag).
+TEST_F(ReportsTest, KvTypeIsAFlagAndTheOutputSaysWhichIsUsed) {
+  const std::string model = Shipped("gqa.gguf");
+  const std::string json = Path("gen.json");
+  CliResult g = Strata({"generate", "-m", model, "-p", "abc", "-n", "3", "--kv-type", "f32",
+                        "--threads", "1", "--json", json});
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_NE(g.err.find("KV cache: f32 rows"), std::string::npos) << g.err;
+  EXPECT_NE(g.err.find("KV cache type                  f32"), std::string::npos) << g.err;
+  std::ifstream jf(json);
+  EXPECT_EQ(nlohmann::json::parse(jf)["kv_type"], "f32");
+  CliResult d = Strata({"generate", "-m", model, "-p", "abc", "-n", "3", "--threads", "1"});
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_NE(d.err.find("KV cache: bf16 rows"), std::string::npos) << d.err;
+  CliResult refused = Strata({"generate", "-m", model, "-n", "2", "--kv-type", "f16",
+                              "--policy", "kivi2"});
+  EXPECT_EQ(refused.code, kExitUsage);
+  EXPECT_NE(refused.err.find("policy 'kivi2' reads bf16 KV rows only"), std::string::npos)
+      << refused.err;
+  CliResult bad = Strata({"generate", "-m", model, "-n", "2", "--kv-type", "int8"});
+  EXPECT_EQ(bad.code, kExitUsage);
+  EXPECT_NE(bad.err.find("--kv-type 'int8' must be f32, f16 or bf16"), std::string::npos)
+      << bad.err;
+
+  // logits: the default and --kv-type bf16 are the same bytes; f32 differs (unrounded rows).
+  const std::string toks = Path("toks.txt");
+  {
+    std::ofstream tf(toks);
+    for (int i = 0; i < 80; ++i) tf << (i * 37 % 100) + 3 << "\n";
+  }
+  auto logits = [&](const std::vector<std::string>& extra, const std::string& out) {
+    std::vector<std::string> args = {"logits", "-m", model, "--tokens", toks, "--out", out};
+    args.insert(args.end(), extra.begin(), extra.end());
+    CliResult r = Strata(args);
+    EXPECT_EQ(r.code, 0) << r.err;
+    std::ifstream f(out, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  const std::string def = logits({}, Path("l_def.f32"));
+  const std::string bf16 = logits({"--kv-type", "bf16"}, Path("l_bf16.f32"));
+  const std::string f32 = logits({"--kv-type", "f32"}, Path("l_f32.f32"));
+  ASSERT_EQ(def.size(), 80u * 128 * 4);
+  EXPECT_EQ(def, bf16);
+  EXPECT_NE(def, f32);
+  CliResult dump = Strata({"logits", "-m", model, "--tokens", toks, "--out", Path("x.f32"),
+                           "--kv-type", "f32", "--dump-kv", Path("kv.bin")});
+  EXPECT_EQ(dump.code, kExitUsage);
+  EXPECT_NE(dump.err.find("--dump-kv writes bf16 rows"), std::string::npos) << dump.err;
+
+  // inspect: the KV figures for the chosen type (f32: twice the bytes).
+  CliResult i16 = Strata({"inspect", model});
+  CliResult i32 = Strata({"inspect", model, "--kv-type", "f32"});
+  ASSERT_EQ(i16.code, 0);
+  ASSERT_EQ(i32.code, 0);
+  EXPECT_NE(i16.out.find("KV cache (full, bf16 rows, the default"), std::string::npos) << i16.out;
+  EXPECT_NE(i32.out.find("KV cache (full, f32 rows"), std::string::npos) << i32.out;
+  // gqa testbed: 2 layers x 2 KV heads x (32 + 32) values.
+  EXPECT_NE(i16.out.find("KV bytes per token (all layers): 512 "), std::string::npos) << i16.out;
+  EXPECT_NE(i32.out.find("KV bytes per token (all layers): 1024 "), std::string::npos) << i32.out;
+}
+
 }  // namespace
 }  // namespace strata::cli
