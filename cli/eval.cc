@@ -453,7 +453,9 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
       out << "warning: " << notes.back() << "\n";
     }
   }
-  std::vector<std::pair<std::string, std::string>> svgs;
+  // One comparison chart of every config, then one depth heat map per policy.
+  std::vector<std::pair<std::string, std::string>> svgs = {
+      {"needle_comparison.svg", eval::NeedleComparisonSvg(r)}};
   std::vector<std::string> seen;
   for (const auto& c : r.configs) {
     if (std::find(seen.begin(), seen.end(), c.Name()) != seen.end()) continue;
@@ -609,7 +611,9 @@ int RunKlCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
   const nlohmann::json report =
       eval::MakeReport("kl", loaded->path, *loaded->model, Since(t0), notes,
                        eval::SkippedJson(r.skipped), eval::KlJson(r), r.warnings);
-  if (Status st = WriteOutputs(o, report, {}, out); !st.ok()) return Fail(err, st.message());
+  if (Status st = WriteOutputs(o, report, {{"kl.svg", eval::KlSvg(r)}}, out); !st.ok()) {
+    return Fail(err, st.message());
+  }
   return kExitOk;
 }
 

@@ -292,5 +292,27 @@ TEST_F(ReportsTest, KvTypeIsAFlagAndTheOutputSaysWhichIsUsed) {
   EXPECT_NE(i32.out.find("KV bytes per token (all layers): 1024 "), std::string::npos) << i32.out;
 }
 
+// Defect 8: --svg-dir writes the KL chart (it used to write nothing) and the needle run's
+// comparison chart besides the per-policy heat maps, and says where.
+TEST_F(ReportsTest, SvgDirWritesAChartPerCommand) {
+  const std::string dir = Path("svg");
+  CliResult kl = Strata({"eval", "kl", "-m", Shipped("nope-mla.gguf"), "--policy", "full,kivi2",
+                         "--svg-dir", dir});
+  ASSERT_EQ(kl.code, 0) << kl.err;
+  EXPECT_TRUE(fs::exists(dir + "/kl.svg"));
+  EXPECT_NE(kl.out.find("svg: " + dir + "/kl.svg"), std::string::npos) << kl.out;
+  CliResult n = Strata({"eval", "needle", "-m", Shipped("nope-mla.gguf"), "--needle-format",
+                        "kv-tokens", "--policy", "full,streaming", "--ratio", "8", "--len", "128",
+                        "--trials", "2", "--svg-dir", dir});
+  ASSERT_EQ(n.code, 0) << n.err;
+  for (const char* f : {"needle_comparison.svg", "needle_full.svg", "needle_streaming.svg"}) {
+    EXPECT_TRUE(fs::exists(dir + "/" + f)) << f;
+  }
+  std::ifstream in(dir + "/needle_comparison.svg");
+  const std::string svg((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(svg.find(">streaming@8<"), std::string::npos);
+  EXPECT_NE(svg.find("answered"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace strata::cli

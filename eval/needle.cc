@@ -590,24 +590,35 @@ std::string NeedleHeatmapSvg(const NeedleReport& r, const std::string& policy) {
   const int n_rows = o.depth_buckets;
   const int n_cols = std::max<int>(1, static_cast<int>(cfgs.size()));
   const double cw = 64, ch = 30, left = 90, top = 70, gap = 40;
-  const double panel_w = cw * n_cols;
-  // At least wide enough for the title.
-  const double width = std::max(520.0, left + (panel_w + gap) * r.lengths.size() + 20);
-  const double height = top + ch * n_rows + 80;
+  auto panel_title = [&](size_t li) {
+    return "T = " + std::to_string(r.lengths[li].length) + " (" +
+           std::to_string(r.lengths[li].trials - r.lengths[li].dropped) + " kept, " +
+           std::to_string(r.lengths[li].dropped) + " dropped)";
+  };
+  // A panel is as wide as its columns or its title, whichever is wider, so that titles of
+  // neighbouring panels never run into each other.
+  double panel_w = cw * n_cols;
+  for (size_t li = 0; li < r.lengths.size(); ++li) {
+    panel_w = std::max(panel_w, TextWidth(panel_title(li), 12) + 8);
+  }
+  const double col_w = panel_w / n_cols;
+  const std::string title = "needle intact rate: " + policy + " (dNLL < " +
+                            FormatNum(o.intact_nats, 2) + " nat vs " + o.reference + ")";
+  const std::string footer =
+      "cell: intact rate (trials); colour: red 0 - green 1; grey: no trials";
+  const std::string y_label = "needle depth (fraction of T)";
+  const double width =
+      std::max({left + (panel_w + gap) * r.lengths.size() + 20, TextWidth(title, 15) + 40,
+                left + TextWidth(footer, 10) + 20});
+  const double grid_h = std::max(ch * n_rows, TextWidth(y_label, 12) + 10);
+  const double height = top + grid_h + 80;
   Svg svg(width, height);
-  svg.Text(width / 2, 24,
-           "needle intact rate: " + policy + " (dNLL < " + FormatNum(o.intact_nats, 2) +
-               " nat vs " + o.reference + ")",
-           "middle", 15, "bold");
-  svg.Text(16, top + ch * n_rows / 2, "needle depth (fraction of T)", "middle", 12, "", -90);
+  svg.Text(width / 2, 24, title, "middle", 15, "bold");
+  svg.Text(18, top + grid_h / 2, y_label, "middle", 12, "", -90);
   for (size_t li = 0; li < r.lengths.size(); ++li) {
     const int64_t len = r.lengths[li].length;
     const double x0 = left + li * (panel_w + gap);
-    svg.Text(x0 + panel_w / 2, top - 28,
-             "T = " + std::to_string(len) + " (" +
-                 std::to_string(r.lengths[li].trials - r.lengths[li].dropped) + " kept, " +
-                 std::to_string(r.lengths[li].dropped) + " dropped)",
-             "middle", 12);
+    svg.Text(x0 + panel_w / 2, top - 28, panel_title(li), "middle", 12);
     for (int row = 0; row < n_rows; ++row) {
       const double lo = o.depth_lo + (o.depth_hi - o.depth_lo) * row / n_rows;
       const double hi = o.depth_lo + (o.depth_hi - o.depth_lo) * (row + 1) / n_rows;
@@ -618,25 +629,85 @@ std::string NeedleHeatmapSvg(const NeedleReport& r, const std::string& policy) {
     }
     for (size_t ci = 0; ci < cfgs.size(); ++ci) {
       const PolicyConfig& pc = r.configs[cfgs[ci]];
-      svg.Text(x0 + cw * ci + cw / 2, top - 8, "r=" + pc.RatioText(), "middle", 11);
+      svg.Text(x0 + col_w * ci + col_w / 2, top - 8, "r=" + pc.RatioText(), "middle", 11);
       for (const auto& b : r.buckets) {
         if (b.config != cfgs[ci] || b.length != len) continue;
-        const double x = x0 + cw * ci, y = top + ch * b.bucket;
+        const double x = x0 + col_w * ci, y = top + ch * b.bucket;
         if (b.n == 0) {
-          svg.Rect(x, y, cw, ch, "#dddddd", "#ffffff");
-          svg.Text(x + cw / 2, y + ch / 2 + 4, "n=0", "middle", 10);
+          svg.Rect(x, y, col_w, ch, "#dddddd", "#ffffff");
+          svg.Text(x + col_w / 2, y + ch / 2 + 4, "n=0", "middle", 10);
         } else {
           const double rate = static_cast<double>(b.intact) / b.n;
-          svg.Rect(x, y, cw, ch, RateColor(rate), "#ffffff");
-          svg.Text(x + cw / 2, y + ch / 2 + 4,
+          svg.Rect(x, y, col_w, ch, RateColor(rate), "#ffffff");
+          svg.Text(x + col_w / 2, y + ch / 2 + 4,
                    FormatNum(rate, 2) + " (" + std::to_string(b.n) + ")", "middle", 10);
         }
       }
     }
-    svg.Text(x0 + panel_w / 2, top + ch * n_rows + 22, "ratio (compression)", "middle", 12);
+    svg.Text(x0 + panel_w / 2, top + grid_h + 22, "ratio (compression)", "middle", 12);
   }
-  svg.Text(left, height - 16,
-           "cell: intact rate (trials); colour: red 0 - green 1; grey: no trials", "start", 10);
+  svg.Text(left, height - 16, footer, "start", 10);
+  return svg.Finish();
+}
+
+std::string NeedleComparisonSvg(const NeedleReport& r) {
+  const NeedleOptions& o = r.options;
+  const std::string title = "needle retrieval by configuration (compression before the query)";
+  const std::string intact_key = "intact: answer NLL within " + FormatNum(o.intact_nats, 2) +
+                                 " nat of " + o.reference;
+  const std::string answered_key = "answered: greedy answer exactly right";
+  const std::string ci_key = "whiskers: 95% Wilson intervals; n = kept trials";
+  double label_w = 60;
+  for (const auto& c : r.configs) label_w = std::max(label_w, TextWidth(c.Label(), 11));
+  const double left = label_w + 24, panel_w = 240, gap = 36, row_h = 36, top = 124;
+  const size_t n_len = std::max<size_t>(1, r.lengths.size());
+  const double plot_h = row_h * std::max<size_t>(1, r.configs.size());
+  const double width =
+      std::max({left + (panel_w + gap) * n_len + 10, TextWidth(title, 15) + 40,
+                24 + TextWidth(intact_key, 11) + 40});
+  const double height = top + plot_h + 64;
+  Svg svg(width, height);
+  svg.Text(width / 2, 24, title, "middle", 15, "bold");
+  // Legend.
+  svg.Rect(24, 40, 14, 10, "#3b6fb6");
+  svg.Text(44, 49, intact_key, "start", 11);
+  svg.Rect(24, 58, 14, 10, "#e08a2c");
+  svg.Text(44, 67, answered_key, "start", 11);
+  svg.Text(24, 85, ci_key, "start", 11);
+  for (size_t ci = 0; ci < r.configs.size(); ++ci) {
+    svg.Text(left - 10, top + row_h * ci + row_h / 2 + 4, r.configs[ci].Label(), "end", 11);
+  }
+  for (size_t li = 0; li < r.lengths.size(); ++li) {
+    const auto& ls = r.lengths[li];
+    const double x0 = left + li * (panel_w + gap);
+    auto X = [&](double v) { return x0 + panel_w * std::clamp(v, 0.0, 1.0); };
+    svg.Text(x0 + panel_w / 2, top - 12,
+             "T = " + std::to_string(ls.length) + ": " + std::to_string(ls.trials - ls.dropped) +
+                 " of " + std::to_string(ls.trials) + " trials kept",
+             "middle", 12);
+    svg.Rect(x0, top, panel_w, plot_h, "none", "#444444");
+    for (int k = 0; k <= 4; ++k) {
+      const double v = k / 4.0;
+      svg.Line(X(v), top, X(v), top + plot_h, "#eeeeee");
+      svg.Line(X(v), top + plot_h, X(v), top + plot_h + 4, "#444444");
+      svg.Text(X(v), top + plot_h + 16, FormatNum(v, 2), "middle", 10);
+    }
+    svg.Text(x0 + panel_w / 2, top + plot_h + 34, "rate", "middle", 12);
+    for (const auto& cell : r.cells) {
+      if (cell.length != ls.length) continue;
+      const double y = top + row_h * cell.config;
+      auto bar = [&](const Interval& iv, double yb, const std::string& color) {
+        svg.Rect(x0, yb, std::max(0.0, X(iv.point) - x0), 10, color);
+        if (cell.n > 0) {  // the interval: a whisker with end caps
+          svg.Line(X(iv.lo), yb + 5, X(iv.hi), yb + 5, "#222222", 1.2);
+          svg.Line(X(iv.lo), yb + 1, X(iv.lo), yb + 9, "#222222", 1.2);
+          svg.Line(X(iv.hi), yb + 1, X(iv.hi), yb + 9, "#222222", 1.2);
+        }
+      };
+      bar(cell.rate, y + 6, "#3b6fb6");
+      bar(cell.answer_rate, y + 19, "#e08a2c");
+    }
+  }
   return svg.Finish();
 }
 

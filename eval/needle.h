@@ -237,5 +237,8 @@ nlohmann::json TrialDumpLine(const NeedleTrial& t);
 nlohmann::json NeedleJson(const NeedleReport& r);
 // The heat map of intact rates (depth bucket x ratio, one panel per length) for one policy.
 std::string NeedleHeatmapSvg(const NeedleReport& r, const std::string& policy);
+// The run's comparison chart: every config side by side (one row each, one panel per length),
+// intact and answered rates as bars with their 95% Wilson intervals.
+std::string NeedleComparisonSvg(const NeedleReport& r);
 
 }  // namespace strata::eval

@@ -145,5 +145,7 @@ struct KlReport {
 StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const KlOptions& o,
                          std::ostream* progress);
 nlohmann::json KlJson(const KlReport& r);
+// The KL chart: per config, the mean KL as a bar with its 95% interval and the max KL.
+std::string KlSvg(const KlReport& r);
 
 }  // namespace strata::eval
