@@ -39,6 +39,7 @@ struct EvalCliOptions {
   uint64_t seed = 1;
   std::string haystack;
   std::string dump_trials;  // --dump-trials FILE: every trial's token ids (JSON Lines)
+  std::string kv_type = "bf16";  // --kv-type f32 | f16 | bf16 (every eval command)
   std::string format = "auto";
   std::string needle_template = "The secret code is {key}.";
   std::string question_template = "What is the secret code? The secret code is";
@@ -104,6 +105,7 @@ void AddShared(CLI::App* cmd, EvalCliOptions* o, const std::string& policy_defau
   }
   cmd->add_option("--threads", o->threads, "Worker threads")->capture_default_str();
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->capture_default_str();
+  cmd->add_option("--kv-type", o->kv_type, kKvTypeHelp)->capture_default_str();
   cmd->add_option("--json", o->json_path, "Write the report as JSON (docs/eval.md) to this file");
   cmd->add_option("--svg-dir", o->svg_dir, "Write the SVG charts into this directory");
 }
@@ -369,6 +371,9 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
     n.haystack_name = o.haystack;
   }
   n.dump_trials = o.dump_trials;
+  auto kv_type = ParseKvType(o.kv_type);
+  if (!kv_type.ok()) return Fail(err, kv_type.status().message());
+  n.kv_type = *kv_type;
   n.needle_template = o.needle_template;
   n.question_template = o.question_template;
   n.key_digits = o.key_digits;
@@ -422,6 +427,8 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
       << ", depth [" << n.depth_lo << ", " << n.depth_hi << ")T; intact = NLL - NLL("
       << n.reference << ") < " << Fixed(n.intact_nats, 2)
       << " nat, answered = greedy answer exact, after compression before the query\n";
+  // Only a non-default storage is said (the default bf16 reports are unchanged).
+  if (n.kv_type != DType::kBF16) out << "KV cache: " << KvTypeName(n.kv_type) << " rows (--kv-type)\n";
   Table t({"policy", "ratio", "T", "kept", "intact", "rate", "95% CI (Wilson)", "mean dNLL",
            "answered", "rate", "95% CI (Wilson)", "token acc", "res b/v", "read b/v",
            "rows kept", "compressed"});
@@ -487,6 +494,7 @@ StatusOr<WindowSetup> SetupWindows(const EvalCliOptions& o, const Model& model) 
   s.w.chunked = o.chunked;
   s.w.chunk = o.chunk;
   s.w.threads = o.threads;
+  ASSIGN_OR_RETURN(s.w.kv_type, ParseKvType(o.kv_type));
   RETURN_IF_ERROR(CheckAtLeast("--threads", o.threads, 1));
   RETURN_IF_ERROR(CheckAtLeast("--chunk", o.chunk, 1));
   if (!o.offsets.empty()) {
@@ -537,6 +545,8 @@ int RunPplCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
     notes.push_back("chunked mode is SCREENING-ONLY: the scored chunk is exact current context");
     out << "NOTE: " << notes.back() << "\n";
   }
+  // Only a non-default storage is said (the default bf16 reports are unchanged).
+  if (p.w.kv_type != DType::kBF16) out << "KV cache: " << KvTypeName(p.w.kv_type) << " rows (--kv-type)\n";
   Table t({"policy", "ratio", "PPL", "mean NLL", "targets", "resident b/v", "read b/v",
            "rows kept", "compressed"});
   for (const auto& c : r.configs) {
@@ -599,6 +609,8 @@ int RunKlCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
     notes.push_back("chunked mode is SCREENING-ONLY: the scored chunk is exact current context");
     out << "NOTE: " << notes.back() << "\n";
   }
+  // Only a non-default storage is said (the default bf16 reports are unchanged).
+  if (k.w.kv_type != DType::kBF16) out << "KV cache: " << KvTypeName(k.w.kv_type) << " rows (--kv-type)\n";
   Table t({"policy", "ratio", "mean KL", "max KL", "positions", "rows kept", "compressed"});
   for (const auto& c : r.configs) {
     t.AddRow({c.config.Name(), c.config.RatioText(), Fixed(c.mean_kl, 6), Fixed(c.max_kl, 6),

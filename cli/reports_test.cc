@@ -314,5 +314,30 @@ TEST_F(ReportsTest, SvgDirWritesAChartPerCommand) {
   EXPECT_NE(svg.find("answered"), std::string::npos);
 }
 
+// Defect 13: the eval commands take --kv-type too; with f32 the policies that read bf16 rows only
+// are skipped under --policy all (and named), an explicit one is an error naming it.
+TEST_F(ReportsTest, EvalTakesKvType) {
+  const std::string json = Path("ppl.json");
+  CliResult p = Strata({"eval", "ppl", "-m", Shipped("gqa.gguf"), "--policy", "all", "--kv-type",
+                        "f32", "--windows", "2", "--json", json});
+  ASSERT_EQ(p.code, 0) << p.err;
+  EXPECT_NE(p.out.find("KV cache: f32 rows (--kv-type)"), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("skipped kivi2"), std::string::npos) << p.out;
+  std::ifstream jf(json);
+  const nlohmann::json j = nlohmann::json::parse(jf);
+  EXPECT_EQ(j["ppl"]["kv_type"], "f32");
+  ASSERT_EQ(j["ppl"]["configs"].size(), 1u);
+  EXPECT_EQ(j["ppl"]["configs"][0]["policy"], "full");
+  CliResult k = Strata({"eval", "kl", "-m", Shipped("gqa.gguf"), "--policy", "kivi2",
+                        "--kv-type", "f16"});
+  EXPECT_EQ(k.code, kExitUsage);
+  EXPECT_NE(k.err.find("policy 'kivi2' reads bf16 KV rows only"), std::string::npos) << k.err;
+  CliResult n = Strata({"eval", "needle", "-m", Shipped("nope-mla.gguf"), "--needle-format",
+                        "kv-tokens", "--policy", "full", "--len", "128", "--trials", "2",
+                        "--kv-type", "f32"});
+  ASSERT_EQ(n.code, 0) << n.err;
+  EXPECT_NE(n.out.find("KV cache: f32 rows"), std::string::npos) << n.out;
+}
+
 }  // namespace
 }  // namespace strata::cli

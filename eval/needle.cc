@@ -291,8 +291,8 @@ nlohmann::json TrialDumpLine(const NeedleTrial& t) {
 
 StatusOr<NeedleScore> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
                                   const PolicyFactory& factory, const PolicyConfig& config,
-                                  int chunk, ThreadPool* pool) {
-  ASSIGN_OR_RETURN(auto cache, NewConfigCache(model, factory, config));
+                                  int chunk, ThreadPool* pool, DType kv_type) {
+  ASSIGN_OR_RETURN(auto cache, NewConfigCache(model, factory, config, kv_type));
   // Event: the compression point is the end of this call.
   RETURN_IF_ERROR(model.Prefill(trial.prefix.data(), static_cast<int64_t>(trial.prefix.size()),
                                 chunk, cache.get(), pool, nullptr));
@@ -346,7 +346,7 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
   if (!ref_or.ok()) return ref_or.status().WithContext("--reference");
   const PolicyConfig reference = std::move(ref_or).value();
   {
-    auto c = NewConfigCache(model, factory, reference);
+    auto c = NewConfigCache(model, factory, reference, o.kv_type);
     if (!c.ok()) return c.status().WithContext("--reference");
   }
   // Every config must build for this model; unsupported ones are skipped only when asked.
@@ -354,7 +354,7 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
                    ExpandGrid(o.policies, o.ratios, o.settings));
   ASSIGN_OR_RETURN(r.configs,
                    BuildableConfigs(model, factory, grid,
-                                    o.skip_unsupported, &r.skipped, progress));
+                                    o.skip_unsupported, &r.skipped, progress, o.kv_type));
   ThreadPool pool(std::max(1, o.threads));
   r.filler = builder.filler();
   r.bos = builder.bos();
@@ -389,7 +389,8 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
         if (!dump) return IoError("--dump-trials: write to '" + o.dump_trials + "' failed");
       }
       ASSIGN_OR_RETURN(const NeedleScore ref,
-                       ScoreNeedleTrial(model, trial, factory, reference, o.chunk, &pool));
+                       ScoreNeedleTrial(model, trial, factory, reference, o.chunk, &pool,
+                                        o.kv_type));
       rec.reference_nll = ref.nll;
       rec.reference_answered = ref.answered;
       rec.dropped = !(rec.reference_nll < o.baseline_gate_nats);
@@ -398,7 +399,8 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
       } else {
         for (const PolicyConfig& c : r.configs) {
           ASSIGN_OR_RETURN(const NeedleScore sc,
-                           ScoreNeedleTrial(model, trial, factory, c, o.chunk, &pool));
+                           ScoreNeedleTrial(model, trial, factory, c, o.chunk, &pool,
+                                            o.kv_type));
           const double delta = sc.nll - rec.reference_nll;
           rec.results.push_back({sc.nll, delta, delta < o.intact_nats, sc.answered, sc.tokens_right,
                                  sc.resident_bits, sc.read_bits, sc.achieved});
@@ -491,6 +493,7 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
   j["question_template"] = o.question_template;
   j["reference"] = o.reference;
   j["trials_per_length"] = o.trials;
+  j["kv_type"] = KvTypeName(o.kv_type);
   // With a trial's filler_offset, depth and needle ids these rebuild its prefix (RebuildPrefix);
   // the filler ids themselves are in the --dump-trials file.
   j["trial_recipe"] = {{"bos", r.bos},

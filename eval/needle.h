@@ -75,6 +75,7 @@ struct NeedleOptions {
   // When set: every trial's token ids are written to this file (JSON Lines, see
   // WriteTrialDump) as the run builds them, so another implementation can run the same trials.
   std::string dump_trials;
+  DType kv_type = DType::kBF16;  // the caches' row storage (--kv-type)
 };
 
 // One trial's token sequences.
@@ -217,7 +218,7 @@ struct NeedleReport {
 // compressed cache.
 StatusOr<NeedleScore> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
                                   const PolicyFactory& factory, const PolicyConfig& config,
-                                  int chunk, ThreadPool* pool);
+                                  int chunk, ThreadPool* pool, DType kv_type = DType::kBF16);
 
 // Runs every (length, trial, config); progress lines go to `progress` (may be null).
 StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostream* progress);

@@ -58,7 +58,7 @@ StatusOr<WindowResult> RunPplWindow(Model& model, const std::vector<int32_t>& to
   if (offset < 0 || offset + w.length > static_cast<int64_t>(tokens.size())) {
     return InvalidArgument("window at " + std::to_string(offset) + " does not fit");
   }
-  ASSIGN_OR_RETURN(auto cache, NewConfigCache(model, factory, config));
+  ASSIGN_OR_RETURN(auto cache, NewConfigCache(model, factory, config, w.kv_type));
   const int64_t n_prefix = w.length - w.eval_tokens;
   const int32_t* win = tokens.data() + offset;
   RETURN_IF_ERROR(model.Prefill(win, n_prefix, w.chunk, cache.get(), pool, nullptr));
@@ -109,7 +109,8 @@ nlohmann::json WindowOptionsJson(const WindowOptions& w, const std::vector<int64
           {"scored_per_window", w.eval_tokens - 1},
           {"mode", w.chunked ? "chunked" : "q1"},
           {"screening_only", w.chunked},
-          {"offsets", offsets}};
+          {"offsets", offsets},
+          {"kv_type", KvTypeName(w.kv_type)}};
 }
 
 }  // namespace
@@ -128,12 +129,13 @@ StatusOr<PplReport> RunPpl(Model& model, const std::vector<int32_t>& tokens, con
                    ExpandGrid(o.policies, o.ratios, o.settings));
   ASSIGN_OR_RETURN(std::vector<PolicyConfig> configs,
                    BuildableConfigs(model, factory, grid,
-                                    o.skip_unsupported, &r.skipped, progress));
+                                    o.skip_unsupported, &r.skipped, progress, o.w.kv_type));
   if (!o.policy2.empty()) {
     auto b_or = SingleConfig(o.policy2, o.ratio2, o.settings);
     if (!b_or.ok()) return b_or.status().WithContext("--policy2");
     const PolicyConfig b = std::move(b_or).value();
-    RETURN_IF_ERROR(NewConfigCache(model, factory, b).status().WithContext("--policy2"));
+    RETURN_IF_ERROR(
+        NewConfigCache(model, factory, b, o.w.kv_type).status().WithContext("--policy2"));
     configs.push_back(b);
   }
   ThreadPool pool(std::max(1, o.w.threads));
@@ -444,11 +446,13 @@ StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const
                    ExpandGrid(o.policies, o.ratios, o.settings));
   ASSIGN_OR_RETURN(const std::vector<PolicyConfig> configs,
                    BuildableConfigs(model, factory, grid,
-                                    o.skip_unsupported, &r.skipped, progress));
+                                    o.skip_unsupported, &r.skipped, progress, o.w.kv_type));
   auto ref_or = SingleConfig(o.reference, std::nullopt, o.settings);
   if (!ref_or.ok()) return ref_or.status().WithContext("--reference");
   const PolicyConfig reference = std::move(ref_or).value();
-  RETURN_IF_ERROR(NewConfigCache(model, factory, reference).status().WithContext("--reference"));
+  RETURN_IF_ERROR(NewConfigCache(model, factory, reference, o.w.kv_type)
+                      .status()
+                      .WithContext("--reference"));
   ThreadPool pool(std::max(1, o.w.threads));
   const int64_t v = model.config().n_vocab;
   const int64_t n_prefix = o.w.length - o.w.eval_tokens;
@@ -457,7 +461,7 @@ StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const
   // achieved over those steps (when `achieved` is given).
   auto run = [&](const PolicyConfig& c, int64_t offset, std::vector<float>* out,
                  AchievedCompression* achieved) -> Status {
-    ASSIGN_OR_RETURN(auto cache, NewConfigCache(model, factory, c));
+    ASSIGN_OR_RETURN(auto cache, NewConfigCache(model, factory, c, o.w.kv_type));
     const int32_t* win = tokens.data() + offset;
     RETURN_IF_ERROR(model.Prefill(win, n_prefix, o.w.chunk, cache.get(), &pool, nullptr));
     const CacheCounters counters0 = cache->counters();

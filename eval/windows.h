@@ -28,6 +28,7 @@ struct WindowOptions {
   bool chunked = false;
   int chunk = 256;
   int threads = 1;
+  DType kv_type = DType::kBF16;  // the caches' row storage (--kv-type)
 };
 
 // Window starts over a token stream of n tokens: the explicit offsets (each must leave room for a
