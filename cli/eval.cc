@@ -428,7 +428,9 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
       << n.reference << ") < " << Fixed(n.intact_nats, 2)
       << " nat, answered = greedy answer exact, after compression before the query\n";
   // Only a non-default storage is said (the default bf16 reports are unchanged).
-  if (n.kv_type != DType::kBF16) out << "KV cache: " << KvTypeName(n.kv_type) << " rows (--kv-type)\n";
+  if (n.kv_type != DType::kBF16) {
+    out << "KV cache: " << KvTypeName(n.kv_type) << " rows (--kv-type)\n";
+  }
   Table t({"policy", "ratio", "T", "kept", "intact", "rate", "95% CI (Wilson)", "mean dNLL",
            "answered", "rate", "95% CI (Wilson)", "token acc", "res b/v", "read b/v",
            "rows kept", "compressed"});
@@ -546,7 +548,9 @@ int RunPplCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
     out << "NOTE: " << notes.back() << "\n";
   }
   // Only a non-default storage is said (the default bf16 reports are unchanged).
-  if (p.w.kv_type != DType::kBF16) out << "KV cache: " << KvTypeName(p.w.kv_type) << " rows (--kv-type)\n";
+  if (p.w.kv_type != DType::kBF16) {
+    out << "KV cache: " << KvTypeName(p.w.kv_type) << " rows (--kv-type)\n";
+  }
   Table t({"policy", "ratio", "PPL", "mean NLL", "targets", "resident b/v", "read b/v",
            "rows kept", "compressed"});
   for (const auto& c : r.configs) {
@@ -610,7 +614,9 @@ int RunKlCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
     out << "NOTE: " << notes.back() << "\n";
   }
   // Only a non-default storage is said (the default bf16 reports are unchanged).
-  if (k.w.kv_type != DType::kBF16) out << "KV cache: " << KvTypeName(k.w.kv_type) << " rows (--kv-type)\n";
+  if (k.w.kv_type != DType::kBF16) {
+    out << "KV cache: " << KvTypeName(k.w.kv_type) << " rows (--kv-type)\n";
+  }
   Table t({"policy", "ratio", "mean KL", "max KL", "positions", "rows kept", "compressed"});
   for (const auto& c : r.configs) {
     t.AddRow({c.config.Name(), c.config.RatioText(), Fixed(c.mean_kl, 6), Fixed(c.max_kl, 6),

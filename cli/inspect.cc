@@ -34,7 +34,8 @@ std::string FileTypeName(int64_t t) {
     case 1: return "MOSTLY_F16";
     case 7: return "MOSTLY_Q8_0";
     case 32: return "MOSTLY_BF16";
-    default: return "type " + std::to_string(t) + " (not one of the F32/F16/Q8_0/BF16 this engine reads)";
+    default:
+      return "type " + std::to_string(t) + " (not one of the F32/F16/Q8_0/BF16 this engine reads)";
   }
 }
 
@@ -165,7 +166,8 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
   if (is_dir) {
     DescribeHfDirectory(o.path, out, &j);
   } else {
-    out << "format: GGUF v" << f.version() << " file, " << FormatBytes(static_cast<double>(f.file_size())) << "\n";
+    out << "format: GGUF v" << f.version() << " file, "
+        << FormatBytes(static_cast<double>(f.file_size())) << "\n";
   }
   j["format"] = is_dir ? "hf_directory" : "gguf";
   out << c.Summary() << "\n\n";

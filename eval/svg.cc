@@ -133,7 +133,8 @@ std::vector<TextBox> SvgTextBoxes(const std::string& svg) {
 std::vector<std::string> SvgTextProblems(const std::string& svg) {
   std::vector<std::string> problems;
   const size_t root = svg.find("<svg ");
-  const std::string root_tag = root == std::string::npos ? "" : svg.substr(root, svg.find('>', root) - root);
+  const std::string root_tag =
+      root == std::string::npos ? "" : svg.substr(root, svg.find('>', root) - root);
   const double width = std::atof(Attr(root_tag, "width").c_str());
   const double height = std::atof(Attr(root_tag, "height").c_str());
   const std::vector<TextBox> boxes = SvgTextBoxes(svg);
