@@ -632,7 +632,8 @@ std::string NeedleHeatmapSvg(const NeedleReport& r, const std::string& policy) {
     }
     for (size_t ci = 0; ci < cfgs.size(); ++ci) {
       const PolicyConfig& pc = r.configs[cfgs[ci]];
-      svg.Text(x0 + col_w * ci + col_w / 2, top - 8, "r=" + pc.RatioText(), "middle", 11);
+      svg.Text(x0 + col_w * ci + col_w / 2, top - 8,
+               pc.ratio ? "r=" + *pc.ratio : std::string("no ratio"), "middle", 11);
       for (const auto& b : r.buckets) {
         if (b.config != cfgs[ci] || b.length != len) continue;
         const double x = x0 + col_w * ci, y = top + ch * b.bucket;
