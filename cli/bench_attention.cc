@@ -260,10 +260,28 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       << " threads; best of " << o.steps << " decode steps after " << o.warmup
       << " untimed; ratios vs full in this run\n";
   for (size_t i = 0; i < items.size(); ++i) out << "  " << items[i] << ": " << describe[i] << "\n";
-  Table t({"ctx", "policy", "ms/step", "speedup", "KV bytes read/step", "read ratio",
-           "rows read/step", "fetched/step", "resident", "resident ratio", "rows kept",
-           "compressed", "ms/close", "bpv resident (1.5)", "bpv read/q-head", "bpv read/kv-head",
-           "% blocks 16/8/4/2/1"});
+  // Every column, defined once: the header is built from this list and the legend printed
+  // under the table is the same list.
+  const std::vector<ColumnDoc> columns = {
+      {"ctx", "context length: rows in the cache before the timed decode steps"},
+      {"policy", "the --policy item (NAME[@X][:key=value...]); its settings are listed above"},
+      {"ms/step", "wall time of the best timed decode step (one query through the policy)"},
+      {"speedup", "full's ms/step / this policy's ms/step, same ctx, same run"},
+      {"KV bytes read/step", "bytes the read touched per step: rows, indexes, scales, summaries"},
+      {"read ratio", "KV bytes read/step / full's at the same ctx"},
+      {"rows read/step", "rows whose full K/V were read per step, summed over KV heads"},
+      {"fetched/step", "rows recalled from an archive file per step (VestigeKV; 0 for others)"},
+      {"resident", "bytes the policy holds in RAM after the timed steps"},
+      {"resident ratio", "resident / full's resident at the same ctx"},
+      {"rows kept", "rows the policy reads without a recall / rows visible ('-': no selection)"},
+      {"compressed", "yes: the policy changed what it holds or reads; NO: it did not; - full"},
+      {"ms/close", "VestigeKV: selector wall ms per closed block ('-': no block closed)"},
+      {"bpv resident (1.5)", "Geodesia: resident bits per cached value (spec section 1.5)"},
+      {"bpv read/q-head", "Geodesia: bits read per value for one query head"},
+      {"bpv read/kv-head", "Geodesia: bits read per value for the union over a KV head's queries"},
+      {"% blocks 16/8/4/2/1", "Geodesia: share of 64-row blocks stored at 16/8/4/2/1 bits"},
+  };
+  Table t(ColumnNames(columns));
   nlohmann::json results = nlohmann::json::array();
   const Row* full = nullptr;
   for (const Row& r : rows) {
@@ -298,6 +316,7 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
     }
   }
   t.Print(out);
+  PrintLegend(columns, out);
   nlohmann::json warnings = nlohmann::json::array();
   for (const Row& r : rows) {
     if (r.check.warning.empty()) continue;

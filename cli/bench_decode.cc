@@ -8,6 +8,7 @@
 // small machine would take far longer than the measurement.
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -58,6 +59,28 @@ Status FillCache(KvCache* cache, int64_t ctx, uint64_t seed, std::ostream& err) 
     }
   }
   return cache->EndCall();
+}
+
+// The largest data or unified CPU cache visible to CPU 0 in bytes (Linux sysfs: the L3 on most
+// machines), 0 when sysfs does not say. A decode working set below it is served from cache after
+// the first step, so the memory-bandwidth floor does not bound it.
+int64_t LargestCpuCacheBytes() {
+  int64_t best = 0;
+  for (int i = 0; i < 16; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i);
+    std::ifstream type_f(dir + "/type"), size_f(dir + "/size");
+    if (!type_f || !size_f) continue;
+    std::string type, size;
+    type_f >> type;
+    size_f >> size;
+    if (type == "Instruction" || size.empty()) continue;
+    char* end = nullptr;
+    const long long v = std::strtoll(size.c_str(), &end, 10);
+    if (end == size.c_str() || v <= 0) continue;
+    const int64_t mult = *end == 'K' ? 1024 : *end == 'M' ? 1024 * 1024 : *end == 'G' ? 1 << 30 : 1;
+    best = std::max<int64_t>(best, v * mult);
+  }
+  return best;
 }
 
 }  // namespace
@@ -136,6 +159,8 @@ int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream&
         << FormatFixed(std::chrono::duration<double>(Clock::now() - t0).count(), 2) << " s\n";
   }
   const int64_t weight_bytes = m.decode_weight_bytes();
+  const int64_t cpu_cache = LargestCpuCacheBytes();
+  double max_working_set = 0;  // decode weight bytes + KV bytes read per token, largest ctx
   const int64_t n_vocab = m.config().n_vocab;
   std::vector<float> logits(n_vocab);
   Rng token_rng(o.seed ^ 0x70c3e5ull);
@@ -181,6 +206,8 @@ int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream&
       const double tok_s = secs > 0 ? o.tokens / secs : 0;
       const double floor_tok_s = bw / (static_cast<double>(weight_bytes) + kv_per_token);
       const double fraction = floor_tok_s > 0 ? tok_s / floor_tok_s : 0;
+      max_working_set =
+          std::max(max_working_set, static_cast<double>(weight_bytes) + kv_per_token);
       t.AddRow({std::to_string(ctx), std::to_string(n_threads), FormatFixed(tok_s, 1),
                 FormatFixed(floor_tok_s, 1), FormatFixed(fraction, 3),
                 FormatFixed(weight_bytes / 1e6, 2), FormatFixed(kv_per_token / 1e6, 3),
@@ -201,8 +228,35 @@ int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream&
       << " timed steps; floor = read bandwidth / (decode weight bytes + KV bytes read per "
          "token)\n";
   t.Print(out);
+  const std::vector<ColumnDoc> legend = {
+      {"ctx", "rows in the cache (synthetic) before the timed steps"},
+      {"threads", "threads of the decode step and of the bandwidth probe"},
+      {"tok/s", "timed decode steps per second"},
+      {"floor tok/s", "read bandwidth / (weight MB + KV MB read/token): the memory-bound rate"},
+      {"fraction", "tok/s / floor tok/s (1 = as fast as reading the bytes once from memory)"},
+      {"weight MB", "weight bytes one decode step reads (MoE: the routed experts' share)"},
+      {"KV MB read/token", "KV cache bytes one decode step read (the full cache: every row)"},
+      {"bandwidth GB/s", "read bandwidth measured in this process with --bw-mib MiB"},
+  };
+  PrintLegend(legend, out);
+  // A working set that fits in the CPU's cache is read from cache, not memory, after the first
+  // step: the floor is then no bound and a fraction above 1 means nothing.
+  const bool fits_in_cache = cpu_cache > 0 && max_working_set <= static_cast<double>(cpu_cache);
+  if (fits_in_cache) {
+    out << "caveat: the decode working set (" << FormatBytes(max_working_set)
+        << " at most: weights + KV read per token) fits in the CPU cache ("
+        << FormatBytes(static_cast<double>(cpu_cache))
+        << "), so steps read it from cache, not memory: the floor is not a bound here and "
+           "fraction > 1 is not meaningful. Use a model larger than the cache for the floor.\n";
+  }
+  if (cpu_cache > 0 && (o.bw_mib << 20) <= cpu_cache) {
+    out << "caveat: the bandwidth probe (--bw-mib " << o.bw_mib << ") fits in the CPU cache ("
+        << FormatBytes(static_cast<double>(cpu_cache))
+        << "): it measured cache bandwidth, not memory bandwidth.\n";
+  }
   if (!o.json_path.empty()) {
-    nlohmann::json j = {{"model", path}, {"summary", m.config().Summary()}, {"results", rows}};
+    nlohmann::json j = {{"model", path}, {"summary", m.config().Summary()}, {"results", rows},
+                        {"cpu_cache_bytes", cpu_cache}, {"fits_in_cpu_cache", fits_in_cache}};
     if (Status st = WriteTextFile(o.json_path, DumpJson(j)); !st.ok()) {
       return fail("--json: " + st.ToString());
     }

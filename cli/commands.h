@@ -27,6 +27,7 @@ void AddPolicyFlags(CLI::App* cmd, PolicyFlags* f);
 struct InspectOptions {
   std::string path;       // .gguf file or HF directory
   std::string json_path;  // optional JSON report
+  std::string kv_type = "bf16";  // the KV storage the cache figures are computed for
 };
 void AddInspectCommand(CLI::App* app, InspectOptions* o);
 int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err);
@@ -44,6 +45,7 @@ struct GenerateOptions {
   std::string policy = "full";
   std::string policy_settings;  // "key=value,..." passed to the policy registry
   PolicyFlags policy_flags;
+  std::string kv_type = "bf16";  // --kv-type f32 | f16 | bf16 (f32/f16: the full policy only)
   std::string json_path;
   // Where the built-in default model lives (set from the build; tests override them).
   std::string models_dir;
@@ -155,6 +157,7 @@ struct LogitsOptions {
   std::string policy = "full";
   std::string policy_settings;
   PolicyFlags policy_flags;
+  std::string kv_type = "bf16";  // --kv-type f32 | f16 | bf16
 };
 void AddLogitsCommand(CLI::App* app, LogitsOptions* o);
 int RunLogits(const LogitsOptions& o, std::ostream& out, std::ostream& err);

@@ -61,6 +61,21 @@ void Table::Print(std::ostream& out) const {
   for (const auto& r : rows_) print_row(r, false);
 }
 
+std::vector<std::string> ColumnNames(const std::vector<ColumnDoc>& cols) {
+  std::vector<std::string> names;
+  for (const ColumnDoc& c : cols) names.push_back(c.name);
+  return names;
+}
+
+void PrintLegend(const std::vector<ColumnDoc>& cols, std::ostream& out) {
+  size_t w = 0;
+  for (const ColumnDoc& c : cols) w = std::max(w, c.name.size());
+  out << "columns:\n";
+  for (const ColumnDoc& c : cols) {
+    out << "  " << c.name << std::string(w - c.name.size(), ' ') << "  " << c.meaning << "\n";
+  }
+}
+
 std::string FormatFixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.*f", digits, v);

@@ -33,6 +33,16 @@ class Table {
   std::vector<std::vector<std::string>> rows_;
 };
 
+// A table's legend: one line per column, "  NAME  what it is", under "columns:". A report that
+// prints a table prints the legend beside it, from the same list the header was built from, so
+// no column goes undefined.
+struct ColumnDoc {
+  std::string name;
+  std::string meaning;
+};
+std::vector<std::string> ColumnNames(const std::vector<ColumnDoc>& cols);
+void PrintLegend(const std::vector<ColumnDoc>& cols, std::ostream& out);
+
 // "1.50 MiB", "812 B".
 std::string FormatBytes(double bytes);
 // printf("%.*f").
@@ -53,6 +63,11 @@ Status CheckAtLeast(const std::string& flag, int64_t value, int64_t min);
 // "--ratio 0.5 must be a finite number >= 1 (keep 1/R of the rows)".
 Status CheckNumberAtLeast(const std::string& flag, const std::string& text, double min,
                           const std::string& example, const std::string& why);
+
+// The --kv-type help, shared by the commands that take it.
+inline constexpr const char* kKvTypeHelp =
+    "KV cache storage: bf16 (every policy), or f32 / f16 for research and parity (the full "
+    "policy only; others refuse)";
 
 // Names of the registered cache policies (kv/registry.h), for help texts.
 std::vector<std::string> PolicyNames();

@@ -129,6 +129,7 @@ void AddLogitsCommand(CLI::App* app, LogitsOptions* o) {
   cmd->add_option("--policy-set", o->policy_settings,
                   "Deprecated (use NAME:key=value in --policy): policy settings key=value,...");
   AddPolicyFlags(cmd, &o->policy_flags);
+  cmd->add_option("--kv-type", o->kv_type, kKvTypeHelp)->capture_default_str();
 }
 
 int RunLogits(const LogitsOptions& o, std::ostream& out, std::ostream& err) {
@@ -137,6 +138,12 @@ int RunLogits(const LogitsOptions& o, std::ostream& out, std::ostream& err) {
     return kExitUsage;
   };
   if (Status st = CheckAtLeast("--chunk", o.chunk, 1); !st.ok()) return fail(st.message());
+  const auto kv_type = ParseKvType(o.kv_type);
+  if (!kv_type.ok()) return fail(kv_type.status().message());
+  if (!o.dump_kv_path.empty() && *kv_type != DType::kBF16) {
+    return fail("--dump-kv writes bf16 rows (the parity check's format); it needs --kv-type bf16, "
+                "got --kv-type " + o.kv_type);
+  }
   std::ifstream tf(o.tokens_path);
   if (!tf) return fail("cannot open --tokens file '" + o.tokens_path + "'");
   std::vector<int32_t> ids;
@@ -158,7 +165,7 @@ int RunLogits(const LogitsOptions& o, std::ostream& out, std::ostream& err) {
   if (!policy.ok()) return fail(policy.status().message());
   auto m = Model::Load(o.model);
   if (!m.ok()) return fail("cannot load model '" + o.model + "' (-m): " + m.status().ToString());
-  auto cache = (*m)->NewCache(std::move(policy).value());
+  auto cache = (*m)->NewCache(std::move(policy).value(), *kv_type);
   if (!cache.ok()) return fail(cache.status().ToString());
   std::vector<float> all;
   if (Status st = (*m)->Prefill(ids.data(), static_cast<int64_t>(ids.size()), o.chunk,
@@ -171,7 +178,7 @@ int RunLogits(const LogitsOptions& o, std::ostream& out, std::ostream& err) {
            static_cast<std::streamsize>(all.size() * sizeof(float)));
   if (!of.good()) return fail("cannot write --out file '" + o.out_path + "'");
   out << "wrote " << ids.size() << " x " << (*m)->config().n_vocab << " logits to " << o.out_path
-      << "\n";
+      << " (KV cache " << KvTypeName(*kv_type) << ")\n";
   if (!o.dump_kv_path.empty()) {
     int64_t bytes = 0;
     if (Status st = WriteKvDump(**cache, o.dump_kv_path, &bytes); !st.ok()) {

@@ -38,6 +38,8 @@ struct EvalCliOptions {
   int64_t trials = 8;
   uint64_t seed = 1;
   std::string haystack;
+  std::string dump_trials;  // --dump-trials FILE: every trial's token ids (JSON Lines)
+  std::string kv_type = "bf16";  // --kv-type f32 | f16 | bf16 (every eval command)
   std::string format = "auto";
   std::string needle_template = "The secret code is {key}.";
   std::string question_template = "What is the secret code? The secret code is";
@@ -103,6 +105,7 @@ void AddShared(CLI::App* cmd, EvalCliOptions* o, const std::string& policy_defau
   }
   cmd->add_option("--threads", o->threads, "Worker threads")->capture_default_str();
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->capture_default_str();
+  cmd->add_option("--kv-type", o->kv_type, kKvTypeHelp)->capture_default_str();
   cmd->add_option("--json", o->json_path, "Write the report as JSON (docs/eval.md) to this file");
   cmd->add_option("--svg-dir", o->svg_dir, "Write the SVG charts into this directory");
 }
@@ -213,6 +216,9 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
   n->add_option("--seed", o->seed, "Seed of the trial draws (key, depth, filler offset)")
       ->capture_default_str();
   n->add_option("--haystack", o->haystack, "Filler text file; default: the built-in KJV excerpt");
+  n->add_option("--dump-trials", o->dump_trials,
+                "Write every trial's token ids (filler, prefix, query, answer) to this file as "
+                "JSON Lines, so another implementation can run the same trials (docs/eval.md)");
   n->add_option("--needle-format", o->format, "text | kv-tokens (the char-level testbed) | auto (text when the model has a tokenizer)")
       ->capture_default_str();
   n->add_option("--needle", o->needle_template, "Needle template ({key}; \\n = newline)")
@@ -364,6 +370,10 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
     n.haystack = *text;
     n.haystack_name = o.haystack;
   }
+  n.dump_trials = o.dump_trials;
+  auto kv_type = ParseKvType(o.kv_type);
+  if (!kv_type.ok()) return Fail(err, kv_type.status().message());
+  n.kv_type = *kv_type;
   n.needle_template = o.needle_template;
   n.question_template = o.question_template;
   n.key_digits = o.key_digits;
@@ -417,6 +427,10 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
       << ", depth [" << n.depth_lo << ", " << n.depth_hi << ")T; intact = NLL - NLL("
       << n.reference << ") < " << Fixed(n.intact_nats, 2)
       << " nat, answered = greedy answer exact, after compression before the query\n";
+  // Only a non-default storage is said (the default bf16 reports are unchanged).
+  if (n.kv_type != DType::kBF16) {
+    out << "KV cache: " << KvTypeName(n.kv_type) << " rows (--kv-type)\n";
+  }
   Table t({"policy", "ratio", "T", "kept", "intact", "rate", "95% CI (Wilson)", "mean dNLL",
            "answered", "rate", "95% CI (Wilson)", "token acc", "res b/v", "read b/v",
            "rows kept", "compressed"});
@@ -448,7 +462,9 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
       out << "warning: " << notes.back() << "\n";
     }
   }
-  std::vector<std::pair<std::string, std::string>> svgs;
+  // One comparison chart of every config, then one depth heat map per policy.
+  std::vector<std::pair<std::string, std::string>> svgs = {
+      {"needle_comparison.svg", eval::NeedleComparisonSvg(r)}};
   std::vector<std::string> seen;
   for (const auto& c : r.configs) {
     if (std::find(seen.begin(), seen.end(), c.Name()) != seen.end()) continue;
@@ -480,6 +496,7 @@ StatusOr<WindowSetup> SetupWindows(const EvalCliOptions& o, const Model& model) 
   s.w.chunked = o.chunked;
   s.w.chunk = o.chunk;
   s.w.threads = o.threads;
+  ASSIGN_OR_RETURN(s.w.kv_type, ParseKvType(o.kv_type));
   RETURN_IF_ERROR(CheckAtLeast("--threads", o.threads, 1));
   RETURN_IF_ERROR(CheckAtLeast("--chunk", o.chunk, 1));
   if (!o.offsets.empty()) {
@@ -529,6 +546,10 @@ int RunPplCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
   if (p.w.chunked) {
     notes.push_back("chunked mode is SCREENING-ONLY: the scored chunk is exact current context");
     out << "NOTE: " << notes.back() << "\n";
+  }
+  // Only a non-default storage is said (the default bf16 reports are unchanged).
+  if (p.w.kv_type != DType::kBF16) {
+    out << "KV cache: " << KvTypeName(p.w.kv_type) << " rows (--kv-type)\n";
   }
   Table t({"policy", "ratio", "PPL", "mean NLL", "targets", "resident b/v", "read b/v",
            "rows kept", "compressed"});
@@ -592,6 +613,10 @@ int RunKlCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
     notes.push_back("chunked mode is SCREENING-ONLY: the scored chunk is exact current context");
     out << "NOTE: " << notes.back() << "\n";
   }
+  // Only a non-default storage is said (the default bf16 reports are unchanged).
+  if (k.w.kv_type != DType::kBF16) {
+    out << "KV cache: " << KvTypeName(k.w.kv_type) << " rows (--kv-type)\n";
+  }
   Table t({"policy", "ratio", "mean KL", "max KL", "positions", "rows kept", "compressed"});
   for (const auto& c : r.configs) {
     t.AddRow({c.config.Name(), c.config.RatioText(), Fixed(c.mean_kl, 6), Fixed(c.max_kl, 6),
@@ -604,7 +629,9 @@ int RunKlCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
   const nlohmann::json report =
       eval::MakeReport("kl", loaded->path, *loaded->model, Since(t0), notes,
                        eval::SkippedJson(r.skipped), eval::KlJson(r), r.warnings);
-  if (Status st = WriteOutputs(o, report, {}, out); !st.ok()) return Fail(err, st.message());
+  if (Status st = WriteOutputs(o, report, {{"kl.svg", eval::KlSvg(r)}}, out); !st.ok()) {
+    return Fail(err, st.message());
+  }
   return kExitOk;
 }
 

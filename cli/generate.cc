@@ -51,6 +51,7 @@ void AddGenerateCommand(CLI::App* app, GenerateOptions* o) {
   cmd->add_option("--policy-set", o->policy_settings,
                   "Deprecated (use NAME:key=value in --policy): policy settings key=value,...");
   AddPolicyFlags(cmd, &o->policy_flags);
+  cmd->add_option("--kv-type", o->kv_type, kKvTypeHelp)->capture_default_str();
   cmd->add_option("--json", o->json_path, "Also write text and statistics as JSON to this file");
 }
 
@@ -70,6 +71,8 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   so.top_p = o.top_p;
   so.seed = o.seed;
   if (Status st = so.Validate(); !st.ok()) return fail(st.message());
+  const auto kv_type = ParseKvType(o.kv_type);
+  if (!kv_type.ok()) return fail(kv_type.status().message());
   auto policy = MakeCliPolicy(o.policy, o.policy_settings, &o.policy_flags);
   if (!policy.ok()) return fail(policy.status().message());
 
@@ -93,8 +96,9 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
 
   const std::vector<int32_t> prompt = tok->Encode(o.prompt, /*with_bos=*/true);
   if (prompt.empty()) return fail("-p: the prompt is empty and the tokenizer adds no BOS");
-  auto cache_or = m.NewCache(std::move(policy).value());
+  auto cache_or = m.NewCache(std::move(policy).value(), *kv_type);
   if (!cache_or.ok()) return fail("--policy " + o.policy + ": " + cache_or.status().message());
+  err << "KV cache: " << KvTypeName(*kv_type) << " rows (--kv-type)\n";
   KvCache& cache = **cache_or;
   ThreadPool pool(o.threads);
   Sampler sampler(so);
@@ -145,6 +149,7 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   t.AddRow({"prefill tokens/s", Rate(static_cast<int64_t>(prompt.size()), prefill_s)});
   t.AddRow({"decode tokens/s", Rate(decode_steps, decode_s)});
   t.AddRow({"policy", cache.policy().describe()});
+  t.AddRow({"KV cache type", KvTypeName(*kv_type)});
   t.AddRow({"threads", std::to_string(o.threads)});
   t.AddRow({"KV bytes resident", std::to_string(resident) + " (" + FormatBytes(resident) + ")"});
   t.AddRow({"KV bytes read, last step",
@@ -171,6 +176,7 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
                         {"decode_steps", decode_steps},
                         {"decode_seconds", decode_s},
                         {"policy", cache.policy().describe()},
+                        {"kv_type", KvTypeName(*kv_type)},
                         {"threads", o.threads},
                         {"kv_bytes_resident", resident},
                         {"kv_bytes_read_last_step", last_read}};

@@ -1,9 +1,17 @@
 // `strata inspect FILE`: architecture, metadata, tokenizer, tensors and KV cache geometry.
+#include <sys/stat.h>
+
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "io/tokenizer_json.h"
 #include "model/model.h"
 
 namespace strata::cli {
@@ -18,16 +26,130 @@ bool SameGeometry(const LayerGeometry& a, const LayerGeometry& b) {
          a.scale == b.scale;
 }
 
+// llama.cpp's general.file_type values (enum llama_ftype) for the weight types this engine reads;
+// others are printed by number.
+std::string FileTypeName(int64_t t) {
+  switch (t) {
+    case 0: return "ALL_F32";
+    case 1: return "MOSTLY_F16";
+    case 7: return "MOSTLY_Q8_0";
+    case 32: return "MOSTLY_BF16";
+    default:
+      return "type " + std::to_string(t) + " (not one of the F32/F16/Q8_0/BF16 this engine reads)";
+  }
+}
+
+// A metadata value for the listing: scalars in full (strings up to 80 characters, escaped),
+// arrays summarised as their element type and count with the first few elements.
+std::string ValueText(const GgufValue& v) {
+  auto str = [](const std::string& s) {
+    std::string e;
+    for (char c : s.substr(0, 80)) {
+      if (c == '\n') e += "\\n";
+      else if (c == '\t') e += "\\t";
+      else if (static_cast<unsigned char>(c) < 0x20) e += '?';
+      else e += c;
+    }
+    return "\"" + e + (s.size() > 80 ? "\"... (" + std::to_string(s.size()) + " chars)" : "\"");
+  };
+  if (v.type == GgufType::kString) return str(v.s);
+  if (v.type != GgufType::kArray) return v.DebugString();
+  std::string t = std::string("[") + GgufTypeName(v.array_type) + " x " +
+                  std::to_string(v.array.size()) + "]";
+  const size_t shown = std::min<size_t>(v.array.size(), 5);
+  for (size_t i = 0; i < shown; ++i) {
+    const GgufValue& e = v.array[i];
+    t += (i ? ", " : " ") + (e.type == GgufType::kString ? str(e.s) : e.DebugString());
+  }
+  if (shown < v.array.size()) t += ", ...";
+  return t;
+}
+
+// A token id with its text: `2 "</s>"`, or "none" for -1.
+std::string TokenWithText(const Tokenizer& tok, int32_t id) {
+  if (id < 0) return "none";
+  if (!tok.CheckId(id).ok()) return std::to_string(id) + " (out of the vocabulary)";
+  return std::to_string(id) + " " + ValueText(GgufValue::String(tok.token_text(id)));
+}
+
+// What a Hugging Face directory holds (config.json's architecture, the safetensors files, the
+// tokenizer files), printed before the converted model is described.
+void DescribeHfDirectory(const std::string& dir, std::ostream& out, nlohmann::json* j) {
+  namespace fs = std::filesystem;
+  nlohmann::json hf;
+  std::string arch = "?", model_type = "?", dtype = "?";
+  std::ifstream cf(dir + "/config.json");
+  nlohmann::json cfg = nlohmann::json::parse(cf, nullptr, /*allow_exceptions=*/false);
+  if (cfg.is_object()) {
+    if (cfg.contains("architectures") && cfg["architectures"].is_array() &&
+        !cfg["architectures"].empty() && cfg["architectures"][0].is_string()) {
+      arch = cfg["architectures"][0].get<std::string>();
+    }
+    if (cfg.contains("model_type") && cfg["model_type"].is_string()) {
+      model_type = cfg["model_type"].get<std::string>();
+    }
+    if (cfg.contains("torch_dtype") && cfg["torch_dtype"].is_string()) {
+      dtype = cfg["torch_dtype"].get<std::string>();
+    }
+  }
+  std::vector<std::pair<std::string, uintmax_t>> shards;
+  std::vector<std::string> tokenizers;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() > 12 && name.substr(name.size() - 12) == ".safetensors") {
+      shards.emplace_back(name, e.file_size(ec));
+    }
+    if (name == kTokenizerJsonName || name == "tokenizer.json" || name == "tokenizer.model" ||
+        name == "tokenizer_config.json") {
+      tokenizers.push_back(name);
+    }
+  }
+  std::sort(shards.begin(), shards.end());
+  std::sort(tokenizers.begin(), tokenizers.end());
+  uintmax_t bytes = 0;
+  for (const auto& [n, b] : shards) bytes += b;
+  out << "format: Hugging Face directory: config.json (" << arch << ", model_type " << model_type
+      << ", torch_dtype " << dtype << "), " << shards.size() << " safetensors file"
+      << (shards.size() == 1 ? "" : "s") << " (" << FormatBytes(static_cast<double>(bytes))
+      << ")";
+  for (const auto& [n, b] : shards) out << (&n == &shards.front().first ? ": " : ", ") << n;
+  out << "; tokenizer files: ";
+  if (tokenizers.empty()) out << "none";
+  for (size_t i = 0; i < tokenizers.size(); ++i) out << (i ? ", " : "") << tokenizers[i];
+  out << (std::find(tokenizers.begin(), tokenizers.end(), kTokenizerJsonName) == tokenizers.end()
+              ? " (only " + std::string(kTokenizerJsonName) + " is read)"
+              : "")
+      << "\nconverted in memory to the GGUF layout (llama.cpp key and tensor names, F32 weights): "
+         "the metadata and tensors below are the converted image's\n";
+  hf["architecture"] = arch;
+  hf["model_type"] = model_type;
+  hf["torch_dtype"] = dtype;
+  hf["safetensors_files"] = nlohmann::json::array();
+  for (const auto& [n, b] : shards) hf["safetensors_files"].push_back({{"name", n}, {"bytes", b}});
+  hf["tokenizer_files"] = tokenizers;
+  (*j)["hf_directory"] = hf;
+}
+
 }  // namespace
 
 void AddInspectCommand(CLI::App* app, InspectOptions* o) {
   CLI::App* cmd = app->add_subcommand(
       "inspect", "Print a model's architecture, tokenizer, tensors and KV cache geometry");
   cmd->add_option("FILE", o->path, "Model: a .gguf file or a Hugging Face directory")->required();
+  cmd->add_option("--kv-type", o->kv_type,
+                  "KV storage the cache figures are for (as generate/logits --kv-type): bf16, "
+                  "f16 or f32")
+      ->capture_default_str();
   cmd->add_option("--json", o->json_path, "Also write the report as JSON to this file");
 }
 
 int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
+  const auto kv_type = ParseKvType(o.kv_type);
+  if (!kv_type.ok()) {
+    err << "error: " << kv_type.status().message() << "\n";
+    return kExitUsage;
+  }
   auto loaded = Model::Load(o.path);
   if (!loaded.ok()) {
     err << "error: cannot load model '" << o.path << "': " << loaded.status().ToString() << "\n";
@@ -38,7 +160,17 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
   const GgufFile& f = m.file();
   nlohmann::json j;
 
-  out << "model: " << o.path << "\n" << c.Summary() << "\n\n";
+  out << "model: " << o.path << "\n";
+  struct stat path_st;
+  const bool is_dir = stat(o.path.c_str(), &path_st) == 0 && S_ISDIR(path_st.st_mode);
+  if (is_dir) {
+    DescribeHfDirectory(o.path, out, &j);
+  } else {
+    out << "format: GGUF v" << f.version() << " file, "
+        << FormatBytes(static_cast<double>(f.file_size())) << "\n";
+  }
+  j["format"] = is_dir ? "hf_directory" : "gguf";
+  out << c.Summary() << "\n\n";
   Table cfg({"field", "value"});
   auto field = [&](const std::string& k, const std::string& v) { cfg.AddRow({k, v}); };
   field("architecture", ArchName(c.arch));
@@ -101,25 +233,96 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
                  {"d_ff_expert", c.d_ff_expert},
                  {"n_leading_dense", c.n_leading_dense}};
 
-  out << "\nGGUF v" << f.version() << ", " << f.metadata().size() << " metadata keys, "
-      << f.tensors().size() << " tensors\n";
+  out << "\n" << (is_dir ? "converted GGUF image" : "GGUF") << " v" << f.version() << ", "
+      << f.metadata().size() << " metadata keys, " << f.tensors().size() << " tensors\n";
   j["gguf_version"] = f.version();
   j["metadata_count"] = f.metadata().size();
 
+  // Every metadata key with its type and value (arrays summarised), like gguf-dump.
+  out << "\nmetadata:\n";
+  // Printed by hand, not as a Table: values are text, left-aligned, whatever they start with.
+  size_t kw = 3, tw = 4;
+  for (const auto& [key, v] : f.metadata()) {
+    kw = std::max(kw, key.size());
+    tw = std::max(tw, std::strlen(GgufTypeName(v.array_type)) + 9);
+  }
+  auto meta_line = [&](const std::string& k, const std::string& t, const std::string& v) {
+    out << k << std::string(kw - k.size() + 2, ' ') << t << std::string(tw - t.size() + 2, ' ')
+        << v << "\n";
+  };
+  meta_line("key", "type", "value");
+  meta_line(std::string(kw, '-'), std::string(tw, '-'), "-----");
+  nlohmann::json jm = nlohmann::json::array();
+  for (const auto& [key, v] : f.metadata()) {
+    const std::string type = v.type == GgufType::kArray
+                                 ? std::string("array of ") + GgufTypeName(v.array_type)
+                                 : GgufTypeName(v.type);
+    const std::string text = ValueText(v);
+    meta_line(key, type, text);
+    nlohmann::json e = {{"key", key}, {"type", type}, {"value", text}};
+    if (v.type == GgufType::kArray) e["count"] = v.array.size();
+    jm.push_back(e);
+  }
+  j["metadata"] = jm;
+
+  // File type (general.file_type, else what the tensors hold) and bits per weight.
+  {
+    std::map<std::string, int64_t> bytes_by_type;
+    int64_t n_weights = 0, n_bytes = 0;
+    for (const auto& t : f.tensors()) {
+      int64_t n = 1;
+      for (int64_t x : t.shape) n *= x;
+      n_weights += n;
+      n_bytes += static_cast<int64_t>(t.n_bytes);
+      bytes_by_type[std::string(DTypeName(t.dtype))] += static_cast<int64_t>(t.n_bytes);
+    }
+    std::string by_type;
+    for (const auto& [name, b] : bytes_by_type) {
+      by_type += (by_type.empty() ? "" : ", ") + name + " " +
+                 FormatFixed(100.0 * b / std::max<int64_t>(1, n_bytes), 1) + "%";
+    }
+    const GgufValue* ft = f.Find("general.file_type");
+    const std::string ft_text =
+        ft != nullptr && ft->IsInteger() ? FileTypeName(ft->AsInt()) + " (general.file_type " +
+                                               std::to_string(ft->AsInt()) + ")"
+                                         : "not recorded (no general.file_type)";
+    const double bpw = n_weights > 0 ? 8.0 * n_bytes / n_weights : 0;
+    out << "\nfile type: " << ft_text << "; tensor bytes by type: " << by_type << "\n";
+    out << "bits per weight: " << FormatFixed(bpw, 2) << " (" << n_bytes << " tensor bytes, "
+        << n_weights << " weights)\n";
+    j["file_type"] = ft != nullptr && ft->IsInteger() ? nlohmann::json(ft->AsInt()) : nullptr;
+    j["bits_per_weight"] = bpw;
+  }
+
   const Tokenizer* tok = m.tokenizer();
+  const GgufValue* tmpl = f.Find("tokenizer.chat_template");
+  const bool has_template = tmpl != nullptr && tmpl->type == GgufType::kString;
   if (tok) {
     const char* kind =
         tok->kind() == Tokenizer::Kind::kSentencePiece ? "sentencepiece (llama)" : "bpe (gpt2)";
-    out << "tokenizer: " << kind << ", vocab " << tok->vocab_size() << ", bos " << tok->bos_id()
-        << ", eos " << tok->eos_id() << "\n";
+    out << "tokenizer: " << kind << ", vocab " << tok->vocab_size() << ", bos "
+        << TokenWithText(*tok, tok->bos_id()) << ", eos " << TokenWithText(*tok, tok->eos_id())
+        << ", add bos " << (tok->add_bos() ? "yes" : "no") << "\n";
     j["tokenizer"] = {{"kind", kind},
                       {"vocab_size", tok->vocab_size()},
                       {"bos", tok->bos_id()},
-                      {"eos", tok->eos_id()}};
+                      {"eos", tok->eos_id()},
+                      {"bos_text", tok->bos_id() >= 0 && tok->CheckId(tok->bos_id()).ok()
+                                       ? nlohmann::json(tok->token_text(tok->bos_id()))
+                                       : nullptr},
+                      {"eos_text", tok->eos_id() >= 0 && tok->CheckId(tok->eos_id()).ok()
+                                       ? nlohmann::json(tok->token_text(tok->eos_id()))
+                                       : nullptr}};
   } else {
     out << "tokenizer: none (no tokenizer.ggml.* metadata)\n";
     j["tokenizer"] = nullptr;
   }
+  out << "chat template: "
+      << (has_template ? "yes (tokenizer.chat_template, " + std::to_string(tmpl->s.size()) +
+                             " chars; not applied by strata: prompts are raw text)"
+                       : "none (no tokenizer.chat_template)")
+      << "\n";
+  j["chat_template"] = has_template;
 
   out << "\ntensors:\n";
   Table tt({"name", "type", "shape", "bytes"});
@@ -145,8 +348,13 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
   j["decode_weight_bytes"] = m.decode_weight_bytes();
 
   // KV cache geometry: consecutive layers with the same geometry share a row.
-  const std::vector<LayerGeometry> layers = m.CacheLayers();
-  out << "\nKV cache (full, bf16):\n";
+  std::vector<LayerGeometry> layers = m.CacheLayers();
+  for (LayerGeometry& g : layers) g.kv_type = *kv_type;
+  out << "\nKV cache (full, " << KvTypeName(*kv_type) << " rows"
+      << (*kv_type == DType::kBF16 ? ", the default; --kv-type f32|f16 for research and parity"
+                                   : "; --kv-type: the full policy only")
+      << "):\n";
+  j["kv_type"] = KvTypeName(*kv_type);
   Table kt({"layers", "kind", "q_heads", "kv_heads", "k_dim", "v_dim", "rope_dim", "rope",
             "bytes/token"});
   nlohmann::json jl = nlohmann::json::array();

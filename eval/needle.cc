@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <set>
 
 #include "core/rng.h"
@@ -235,25 +236,63 @@ StatusOr<NeedleTrial> NeedleBuilder::Build(int64_t length, int64_t index) const 
   }
   t.depth = lo + std::min<int64_t>(hi - lo - 1, static_cast<int64_t>(u * (hi - lo)));
   const int64_t n_fill = static_cast<int64_t>(filler_.size());
-  int64_t f = static_cast<int64_t>(rng.Below(n_fill));
-  t.prefix.reserve(length);
-  if (bos_ >= 0) t.prefix.push_back(bos_);
-  while (static_cast<int64_t>(t.prefix.size()) < t.depth) {
-    t.prefix.push_back(filler_[f]);
-    f = (f + 1) % n_fill;
-  }
-  t.prefix.insert(t.prefix.end(), t.needle.begin(), t.needle.end());
-  while (static_cast<int64_t>(t.prefix.size()) < length) {
-    t.prefix.push_back(filler_[f]);
-    f = (f + 1) % n_fill;
-  }
+  t.filler_offset = static_cast<int64_t>(rng.Below(n_fill));
+  t.prefix = RebuildPrefix(filler_, bos_, t.filler_offset, t.depth, t.needle, length);
   return t;
+}
+
+std::vector<int32_t> RebuildPrefix(const std::vector<int32_t>& filler, int32_t bos,
+                                   int64_t filler_offset, int64_t depth,
+                                   const std::vector<int32_t>& needle, int64_t length) {
+  std::vector<int32_t> prefix;
+  if (filler.empty() || length <= 0) return prefix;
+  const int64_t n_fill = static_cast<int64_t>(filler.size());
+  int64_t f = ((filler_offset % n_fill) + n_fill) % n_fill;
+  prefix.reserve(length);
+  if (bos >= 0) prefix.push_back(bos);
+  while (static_cast<int64_t>(prefix.size()) < depth) {
+    prefix.push_back(filler[f]);
+    f = (f + 1) % n_fill;
+  }
+  prefix.insert(prefix.end(), needle.begin(), needle.end());
+  while (static_cast<int64_t>(prefix.size()) < length) {
+    prefix.push_back(filler[f]);
+    f = (f + 1) % n_fill;
+  }
+  return prefix;
+}
+
+std::string TokenHash(const std::vector<int32_t>& ids) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (int32_t id : ids) {
+    const uint32_t u = static_cast<uint32_t>(id);
+    for (int b = 0; b < 4; ++b) {
+      h ^= (u >> (8 * b)) & 0xffu;
+      h *= 0x100000001b3ull;
+    }
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+nlohmann::json TrialDumpHeader(const NeedleOptions& o, const std::vector<int32_t>& filler,
+                               int32_t bos) {
+  return {{"format", NeedleFormatName(o.format)}, {"seed", o.seed}, {"bos", bos},
+          {"filler_hash", TokenHash(filler)},    {"filler", filler}};
+}
+
+nlohmann::json TrialDumpLine(const NeedleTrial& t) {
+  return {{"length", t.length},   {"trial", t.index},   {"depth", t.depth},
+          {"filler_offset", t.filler_offset},           {"key", t.key},
+          {"needle", t.needle},   {"prefix", t.prefix}, {"query", t.query},
+          {"answer", t.answer}};
 }
 
 StatusOr<NeedleScore> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
                                   const PolicyFactory& factory, const PolicyConfig& config,
-                                  int chunk, ThreadPool* pool) {
-  ASSIGN_OR_RETURN(auto cache, NewConfigCache(model, factory, config));
+                                  int chunk, ThreadPool* pool, DType kv_type) {
+  ASSIGN_OR_RETURN(auto cache, NewConfigCache(model, factory, config, kv_type));
   // Event: the compression point is the end of this call.
   RETURN_IF_ERROR(model.Prefill(trial.prefix.data(), static_cast<int64_t>(trial.prefix.size()),
                                 chunk, cache.get(), pool, nullptr));
@@ -307,7 +346,7 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
   if (!ref_or.ok()) return ref_or.status().WithContext("--reference");
   const PolicyConfig reference = std::move(ref_or).value();
   {
-    auto c = NewConfigCache(model, factory, reference);
+    auto c = NewConfigCache(model, factory, reference, o.kv_type);
     if (!c.ok()) return c.status().WithContext("--reference");
   }
   // Every config must build for this model; unsupported ones are skipped only when asked.
@@ -315,8 +354,16 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
                    ExpandGrid(o.policies, o.ratios, o.settings));
   ASSIGN_OR_RETURN(r.configs,
                    BuildableConfigs(model, factory, grid,
-                                    o.skip_unsupported, &r.skipped, progress));
+                                    o.skip_unsupported, &r.skipped, progress, o.kv_type));
   ThreadPool pool(std::max(1, o.threads));
+  r.filler = builder.filler();
+  r.bos = builder.bos();
+  std::ofstream dump;
+  if (!o.dump_trials.empty()) {
+    dump.open(o.dump_trials, std::ios::binary | std::ios::trunc);
+    if (!dump) return IoError("--dump-trials: cannot write '" + o.dump_trials + "'");
+    dump << TrialDumpHeader(o, r.filler, r.bos).dump() << "\n";
+  }
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t len : o.lengths) {
     NeedleReport::LengthSummary ls{len, o.trials, 0};
@@ -333,8 +380,17 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
           o.depth_buckets - 1);
       rec.key = trial.key;
       rec.answer_tokens = static_cast<int>(trial.answer.size());
+      rec.filler_offset = trial.filler_offset;
+      rec.needle = trial.needle;
+      rec.query = trial.query;
+      rec.answer = trial.answer;
+      if (dump.is_open()) {
+        dump << TrialDumpLine(trial).dump() << "\n";
+        if (!dump) return IoError("--dump-trials: write to '" + o.dump_trials + "' failed");
+      }
       ASSIGN_OR_RETURN(const NeedleScore ref,
-                       ScoreNeedleTrial(model, trial, factory, reference, o.chunk, &pool));
+                       ScoreNeedleTrial(model, trial, factory, reference, o.chunk, &pool,
+                                        o.kv_type));
       rec.reference_nll = ref.nll;
       rec.reference_answered = ref.answered;
       rec.dropped = !(rec.reference_nll < o.baseline_gate_nats);
@@ -343,7 +399,8 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
       } else {
         for (const PolicyConfig& c : r.configs) {
           ASSIGN_OR_RETURN(const NeedleScore sc,
-                           ScoreNeedleTrial(model, trial, factory, c, o.chunk, &pool));
+                           ScoreNeedleTrial(model, trial, factory, c, o.chunk, &pool,
+                                            o.kv_type));
           const double delta = sc.nll - rec.reference_nll;
           rec.results.push_back({sc.nll, delta, delta < o.intact_nats, sc.answered, sc.tokens_right,
                                  sc.resident_bits, sc.read_bits, sc.achieved});
@@ -436,6 +493,15 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
   j["question_template"] = o.question_template;
   j["reference"] = o.reference;
   j["trials_per_length"] = o.trials;
+  j["kv_type"] = KvTypeName(o.kv_type);
+  // With a trial's filler_offset, depth and needle ids these rebuild its prefix (RebuildPrefix);
+  // the filler ids themselves are in the --dump-trials file.
+  j["trial_recipe"] = {{"bos", r.bos},
+                       {"filler_tokens", r.filler.size()},
+                       {"filler_hash", TokenHash(r.filler)},
+                       {"prefix", "BOS (if bos >= 0), filler[(filler_offset + i) % filler_tokens] "
+                                  "until depth tokens, needle_ids, the filler continuing until "
+                                  "length tokens"}};
   j["seed"] = o.seed;
   j["intact_nats"] = o.intact_nats;
   j["baseline_gate_nats"] = o.baseline_gate_nats;
@@ -506,6 +572,10 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
                            {"depth_frac", t.depth_frac},
                            {"key", t.key},
                            {"answer_tokens", t.answer_tokens},
+                           {"filler_offset", t.filler_offset},
+                           {"needle_ids", t.needle},
+                           {"query_ids", t.query},
+                           {"answer_ids", t.answer},
                            {"reference_nll", t.reference_nll},
                            {"reference_answered", t.reference_answered},
                            {"dropped", t.dropped},
@@ -523,24 +593,35 @@ std::string NeedleHeatmapSvg(const NeedleReport& r, const std::string& policy) {
   const int n_rows = o.depth_buckets;
   const int n_cols = std::max<int>(1, static_cast<int>(cfgs.size()));
   const double cw = 64, ch = 30, left = 90, top = 70, gap = 40;
-  const double panel_w = cw * n_cols;
-  // At least wide enough for the title.
-  const double width = std::max(520.0, left + (panel_w + gap) * r.lengths.size() + 20);
-  const double height = top + ch * n_rows + 80;
+  auto panel_title = [&](size_t li) {
+    return "T = " + std::to_string(r.lengths[li].length) + " (" +
+           std::to_string(r.lengths[li].trials - r.lengths[li].dropped) + " kept, " +
+           std::to_string(r.lengths[li].dropped) + " dropped)";
+  };
+  // A panel is as wide as its columns or its title, whichever is wider, so that titles of
+  // neighbouring panels never run into each other.
+  double panel_w = cw * n_cols;
+  for (size_t li = 0; li < r.lengths.size(); ++li) {
+    panel_w = std::max(panel_w, TextWidth(panel_title(li), 12) + 8);
+  }
+  const double col_w = panel_w / n_cols;
+  const std::string title = "needle intact rate: " + policy + " (dNLL < " +
+                            FormatNum(o.intact_nats, 2) + " nat vs " + o.reference + ")";
+  const std::string footer =
+      "cell: intact rate (trials); colour: red 0 - green 1; grey: no trials";
+  const std::string y_label = "needle depth (fraction of T)";
+  const double width =
+      std::max({left + (panel_w + gap) * r.lengths.size() + 20, TextWidth(title, 15) + 40,
+                left + TextWidth(footer, 10) + 20});
+  const double grid_h = std::max(ch * n_rows, TextWidth(y_label, 12) + 10);
+  const double height = top + grid_h + 80;
   Svg svg(width, height);
-  svg.Text(width / 2, 24,
-           "needle intact rate: " + policy + " (dNLL < " + FormatNum(o.intact_nats, 2) +
-               " nat vs " + o.reference + ")",
-           "middle", 15, "bold");
-  svg.Text(16, top + ch * n_rows / 2, "needle depth (fraction of T)", "middle", 12, "", -90);
+  svg.Text(width / 2, 24, title, "middle", 15, "bold");
+  svg.Text(18, top + grid_h / 2, y_label, "middle", 12, "", -90);
   for (size_t li = 0; li < r.lengths.size(); ++li) {
     const int64_t len = r.lengths[li].length;
     const double x0 = left + li * (panel_w + gap);
-    svg.Text(x0 + panel_w / 2, top - 28,
-             "T = " + std::to_string(len) + " (" +
-                 std::to_string(r.lengths[li].trials - r.lengths[li].dropped) + " kept, " +
-                 std::to_string(r.lengths[li].dropped) + " dropped)",
-             "middle", 12);
+    svg.Text(x0 + panel_w / 2, top - 28, panel_title(li), "middle", 12);
     for (int row = 0; row < n_rows; ++row) {
       const double lo = o.depth_lo + (o.depth_hi - o.depth_lo) * row / n_rows;
       const double hi = o.depth_lo + (o.depth_hi - o.depth_lo) * (row + 1) / n_rows;
@@ -551,25 +632,86 @@ std::string NeedleHeatmapSvg(const NeedleReport& r, const std::string& policy) {
     }
     for (size_t ci = 0; ci < cfgs.size(); ++ci) {
       const PolicyConfig& pc = r.configs[cfgs[ci]];
-      svg.Text(x0 + cw * ci + cw / 2, top - 8, "r=" + pc.RatioText(), "middle", 11);
+      svg.Text(x0 + col_w * ci + col_w / 2, top - 8,
+               pc.ratio ? "r=" + *pc.ratio : std::string("no ratio"), "middle", 11);
       for (const auto& b : r.buckets) {
         if (b.config != cfgs[ci] || b.length != len) continue;
-        const double x = x0 + cw * ci, y = top + ch * b.bucket;
+        const double x = x0 + col_w * ci, y = top + ch * b.bucket;
         if (b.n == 0) {
-          svg.Rect(x, y, cw, ch, "#dddddd", "#ffffff");
-          svg.Text(x + cw / 2, y + ch / 2 + 4, "n=0", "middle", 10);
+          svg.Rect(x, y, col_w, ch, "#dddddd", "#ffffff");
+          svg.Text(x + col_w / 2, y + ch / 2 + 4, "n=0", "middle", 10);
         } else {
           const double rate = static_cast<double>(b.intact) / b.n;
-          svg.Rect(x, y, cw, ch, RateColor(rate), "#ffffff");
-          svg.Text(x + cw / 2, y + ch / 2 + 4,
+          svg.Rect(x, y, col_w, ch, RateColor(rate), "#ffffff");
+          svg.Text(x + col_w / 2, y + ch / 2 + 4,
                    FormatNum(rate, 2) + " (" + std::to_string(b.n) + ")", "middle", 10);
         }
       }
     }
-    svg.Text(x0 + panel_w / 2, top + ch * n_rows + 22, "ratio (compression)", "middle", 12);
+    svg.Text(x0 + panel_w / 2, top + grid_h + 22, "ratio (compression)", "middle", 12);
   }
-  svg.Text(left, height - 16,
-           "cell: intact rate (trials); colour: red 0 - green 1; grey: no trials", "start", 10);
+  svg.Text(left, height - 16, footer, "start", 10);
+  return svg.Finish();
+}
+
+std::string NeedleComparisonSvg(const NeedleReport& r) {
+  const NeedleOptions& o = r.options;
+  const std::string title = "needle retrieval by configuration (compression before the query)";
+  const std::string intact_key = "intact: answer NLL within " + FormatNum(o.intact_nats, 2) +
+                                 " nat of " + o.reference;
+  const std::string answered_key = "answered: greedy answer exactly right";
+  const std::string ci_key = "whiskers: 95% Wilson intervals; n = kept trials";
+  double label_w = 60;
+  for (const auto& c : r.configs) label_w = std::max(label_w, TextWidth(c.Label(), 11));
+  const double left = label_w + 24, panel_w = 240, gap = 36, row_h = 36, top = 124;
+  const size_t n_len = std::max<size_t>(1, r.lengths.size());
+  const double plot_h = row_h * std::max<size_t>(1, r.configs.size());
+  const double width =
+      std::max({left + (panel_w + gap) * n_len + 10, TextWidth(title, 15) + 40,
+                24 + TextWidth(intact_key, 11) + 40});
+  const double height = top + plot_h + 64;
+  Svg svg(width, height);
+  svg.Text(width / 2, 24, title, "middle", 15, "bold");
+  // Legend.
+  svg.Rect(24, 40, 14, 10, "#3b6fb6");
+  svg.Text(44, 49, intact_key, "start", 11);
+  svg.Rect(24, 58, 14, 10, "#e08a2c");
+  svg.Text(44, 67, answered_key, "start", 11);
+  svg.Text(24, 85, ci_key, "start", 11);
+  for (size_t ci = 0; ci < r.configs.size(); ++ci) {
+    svg.Text(left - 10, top + row_h * ci + row_h / 2 + 4, r.configs[ci].Label(), "end", 11);
+  }
+  for (size_t li = 0; li < r.lengths.size(); ++li) {
+    const auto& ls = r.lengths[li];
+    const double x0 = left + li * (panel_w + gap);
+    auto X = [&](double v) { return x0 + panel_w * std::clamp(v, 0.0, 1.0); };
+    svg.Text(x0 + panel_w / 2, top - 12,
+             "T = " + std::to_string(ls.length) + ": " + std::to_string(ls.trials - ls.dropped) +
+                 " of " + std::to_string(ls.trials) + " trials kept",
+             "middle", 12);
+    svg.Rect(x0, top, panel_w, plot_h, "none", "#444444");
+    for (int k = 0; k <= 4; ++k) {
+      const double v = k / 4.0;
+      svg.Line(X(v), top, X(v), top + plot_h, "#eeeeee");
+      svg.Line(X(v), top + plot_h, X(v), top + plot_h + 4, "#444444");
+      svg.Text(X(v), top + plot_h + 16, FormatNum(v, 2), "middle", 10);
+    }
+    svg.Text(x0 + panel_w / 2, top + plot_h + 34, "rate", "middle", 12);
+    for (const auto& cell : r.cells) {
+      if (cell.length != ls.length) continue;
+      const double y = top + row_h * cell.config;
+      auto bar = [&](const Interval& iv, double yb, const std::string& color) {
+        svg.Rect(x0, yb, std::max(0.0, X(iv.point) - x0), 10, color);
+        if (cell.n > 0) {  // the interval: a whisker with end caps
+          svg.Line(X(iv.lo), yb + 5, X(iv.hi), yb + 5, "#222222", 1.2);
+          svg.Line(X(iv.lo), yb + 1, X(iv.lo), yb + 9, "#222222", 1.2);
+          svg.Line(X(iv.hi), yb + 1, X(iv.hi), yb + 9, "#222222", 1.2);
+        }
+      };
+      bar(cell.rate, y + 6, "#3b6fb6");
+      bar(cell.answer_rate, y + 19, "#e08a2c");
+    }
+  }
   return svg.Finish();
 }
 

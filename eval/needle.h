@@ -72,6 +72,10 @@ struct NeedleOptions {
   // reported as skipped instead of failing the run (the CLI sets it for --policy all).
   bool skip_unsupported = false;
   PolicyFactory factory;  // null: RegistryFactory()
+  // When set: every trial's token ids are written to this file (JSON Lines, see
+  // WriteTrialDump) as the run builds them, so another implementation can run the same trials.
+  std::string dump_trials;
+  DType kv_type = DType::kBF16;  // the caches' row storage (--kv-type)
 };
 
 // One trial's token sequences.
@@ -80,6 +84,10 @@ struct NeedleTrial {
   int64_t length = 0;           // T
   std::string key;              // text: the digits; kv-tokens: "v1 v2" ids
   int64_t depth = 0;            // position of the first needle token in `prefix`
+  // Index into NeedleBuilder::filler() of the first filler token: the prefix is BOS (when the
+  // model has one), filler[(filler_offset + i) % n] up to `depth`, the needle, then the filler
+  // continuing from where it stopped until T tokens (RebuildPrefix).
+  int64_t filler_offset = 0;
   std::vector<int32_t> prefix;  // [T]: BOS, filler, the needle at depth, filler
   std::vector<int32_t> needle;  // the inserted tokens (prefix[depth, depth + needle.size()))
   std::vector<int32_t> query;   // fed after the compression point
@@ -94,6 +102,7 @@ class NeedleBuilder {
   StatusOr<NeedleTrial> Build(int64_t length, int64_t index) const;
   // The filler token stream the prefixes are cut from (cyclically).
   const std::vector<int32_t>& filler() const { return filler_; }
+  int32_t bos() const { return bos_; }  // -1: the prefix starts with filler
 
  private:
   NeedleOptions o_;
@@ -102,6 +111,13 @@ class NeedleBuilder {
   int32_t bos_ = -1;
   std::vector<int32_t> filler_;
 };
+
+// The prefix a trial record describes, rebuilt from its parts alone (no RNG): BOS (when >= 0),
+// then filler[(filler_offset + i) % filler.size()] until `depth` tokens, the needle, and the
+// filler continuing until `length` tokens. NeedleBuilder::Build's prefix is exactly this.
+std::vector<int32_t> RebuildPrefix(const std::vector<int32_t>& filler, int32_t bos,
+                                   int64_t filler_offset, int64_t depth,
+                                   const std::vector<int32_t>& needle, int64_t length);
 
 // The RNG seed of trial i (SplitMix-style mix of seed and i).
 uint64_t TrialSeed(uint64_t seed, int64_t index);
@@ -141,6 +157,10 @@ struct NeedleTrialRecord {
   int bucket = 0;
   std::string key;
   int answer_tokens = 0;
+  // What rebuilds the trial (RebuildPrefix with the report's filler and BOS): the filler
+  // offset and the needle, question and answer token ids.
+  int64_t filler_offset = 0;
+  std::vector<int32_t> needle, query, answer;
   double reference_nll = 0;
   bool reference_answered = false;
   bool dropped = false;                     // reference NLL >= the baseline gate
@@ -183,6 +203,11 @@ struct NeedleReport {
   };
   std::vector<LengthSummary> lengths;
   std::vector<NeedleTrialRecord> trials;
+  // The filler token stream the prefixes are cut from and the BOS id (-1: none): with a trial
+  // record they rebuild its prefix. The JSON carries the stream's length and FNV-1a hash (the
+  // ids themselves are in the --dump-trials file).
+  std::vector<int32_t> filler;
+  int32_t bos = -1;
   std::vector<NeedleCell> cells;
   std::vector<NeedleBucketCell> buckets;
   std::vector<std::string> warnings;  // the cells' CompressionCheck warnings, in cell order
@@ -193,14 +218,28 @@ struct NeedleReport {
 // compressed cache.
 StatusOr<NeedleScore> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
                                   const PolicyFactory& factory, const PolicyConfig& config,
-                                  int chunk, ThreadPool* pool);
+                                  int chunk, ThreadPool* pool, DType kv_type = DType::kBF16);
 
 // Runs every (length, trial, config); progress lines go to `progress` (may be null).
 StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostream* progress);
+
+// FNV-1a 64 over the ids' little-endian int32 bytes, as 16 hex digits (the filler's fingerprint).
+std::string TokenHash(const std::vector<int32_t>& ids);
+
+// The --dump-trials file, JSON Lines: first {"filler": [ids], "bos": id or -1, "format", "seed"},
+// then one {"length", "trial", "depth", "filler_offset", "key", "prefix": [T ids], "query":
+// [ids], "answer": [ids]} per trial in run order. A trial is: Prefill(prefix) (the compression
+// point), then the query and the teacher-forced answer.
+nlohmann::json TrialDumpHeader(const NeedleOptions& o, const std::vector<int32_t>& filler,
+                               int32_t bos);
+nlohmann::json TrialDumpLine(const NeedleTrial& t);
 
 // The "needle" section of the report JSON (docs/eval.md).
 nlohmann::json NeedleJson(const NeedleReport& r);
 // The heat map of intact rates (depth bucket x ratio, one panel per length) for one policy.
 std::string NeedleHeatmapSvg(const NeedleReport& r, const std::string& policy);
+// The run's comparison chart: every config side by side (one row each, one panel per length),
+// intact and answered rates as bars with their 95% Wilson intervals.
+std::string NeedleComparisonSvg(const NeedleReport& r);
 
 }  // namespace strata::eval

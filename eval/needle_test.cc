@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
 
 #include "core/rng.h"
 #include "eval/eval_testing.h"
@@ -129,6 +132,93 @@ TEST_F(NeedleTest, TrialIIsTheSameForAnyTrialCountAboveI) {
   auto t3 = builder->Build(48, i + 1);
   ASSERT_TRUE(t3.ok());
   EXPECT_NE(t1->prefix, t3->prefix);
+}
+
+// Issue 19 defect 12: the report JSON and the --dump-trials file rebuild every trial without
+// the engine's RNG: the prefix from the recorded filler offset, depth and needle ids (by the
+// documented recipe, implemented here independently), equal to what the run fed; and the
+// dumped tokens, scored again, give the recorded reference NLL bit for bit.
+TEST_F(NeedleTest, RecordedTrialsRebuildAndReproduce) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  for (NeedleFormat f : {NeedleFormat::kText, NeedleFormat::kKvTokens}) {
+    SCOPED_TRACE(NeedleFormatName(f));
+    Model* m = f == NeedleFormat::kText ? text_model_ : retrieval_model_;
+    NeedleOptions o = f == NeedleFormat::kText ? NeedleOptions() : KvOptions();
+    o.format = f;
+    o.seed = seed;
+    o.lengths = {64, 100};
+    o.trials = 3;
+    o.ratios = {};
+    o.policies = {"full"};
+    o.baseline_gate_nats = 1e9;  // keep every trial (the text model has random weights)
+    o.dump_trials = (std::filesystem::temp_directory_path() /
+                     ("strata_needle_dump_" + std::to_string(getpid()) + ".jsonl"))
+                        .string();
+    auto r = RunNeedle(*m, o, nullptr);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const nlohmann::json j = NeedleJson(*r);
+    std::ifstream in(o.dump_trials);
+    std::string line;
+    ASSERT_TRUE(std::getline(in, line));
+    const nlohmann::json head = nlohmann::json::parse(line);
+    const std::vector<int32_t> filler = head["filler"].get<std::vector<int32_t>>();
+    ASSERT_FALSE(filler.empty());
+    EXPECT_EQ(head["bos"], j["trial_recipe"]["bos"]);
+    EXPECT_EQ(j["trial_recipe"]["filler_tokens"].get<size_t>(), filler.size());
+    EXPECT_EQ(j["trial_recipe"]["filler_hash"], TokenHash(filler));
+    const int32_t bos = j["trial_recipe"]["bos"].get<int32_t>();
+    ASSERT_EQ(j["trials"].size(), 6u);
+    auto builder = NeedleBuilder::Create(*m, o);
+    ASSERT_TRUE(builder.ok());
+    for (const auto& rec : j["trials"]) {
+      ASSERT_TRUE(std::getline(in, line));
+      const nlohmann::json d = nlohmann::json::parse(line);
+      const int64_t T = rec["length"], depth = rec["depth"], off = rec["filler_offset"];
+      EXPECT_EQ(d["length"], T);
+      EXPECT_EQ(d["trial"], rec["trial"]);
+      const auto needle = rec["needle_ids"].get<std::vector<int32_t>>();
+      // The recipe, independently: BOS, filler from the offset, the needle at depth, filler.
+      std::vector<int32_t> rebuilt;
+      size_t fi = static_cast<size_t>(off);
+      if (bos >= 0) rebuilt.push_back(bos);
+      while (static_cast<int64_t>(rebuilt.size()) < depth) {
+        rebuilt.push_back(filler[fi]);
+        fi = (fi + 1) % filler.size();
+      }
+      for (int32_t id : needle) rebuilt.push_back(id);
+      while (static_cast<int64_t>(rebuilt.size()) < T) {
+        rebuilt.push_back(filler[fi]);
+        fi = (fi + 1) % filler.size();
+      }
+      const auto prefix = d["prefix"].get<std::vector<int32_t>>();
+      EXPECT_EQ(rebuilt, prefix) << "T=" << T << " trial " << rec["trial"];
+      auto t = builder->Build(T, rec["trial"].get<int64_t>());
+      ASSERT_TRUE(t.ok());
+      EXPECT_EQ(t->prefix, prefix);
+      EXPECT_EQ(t->query, rec["query_ids"].get<std::vector<int32_t>>());
+      EXPECT_EQ(t->answer, rec["answer_ids"].get<std::vector<int32_t>>());
+      // The dumped tokens alone reproduce the recorded reference NLL.
+      NeedleTrial replay;
+      replay.prefix = prefix;
+      replay.query = d["query"].get<std::vector<int32_t>>();
+      replay.answer = d["answer"].get<std::vector<int32_t>>();
+      auto ref = SingleConfig("full", std::nullopt, {});
+      ASSERT_TRUE(ref.ok());
+      ThreadPool pool(1);
+      auto sc = ScoreNeedleTrial(*m, replay, RegistryFactory(), *ref, o.chunk, &pool);
+      ASSERT_TRUE(sc.ok()) << sc.status().ToString();
+      EXPECT_EQ(sc->nll, rec["reference_nll"].get<double>());
+    }
+    EXPECT_FALSE(std::getline(in, line)) << "one dump line per trial";
+    std::filesystem::remove(o.dump_trials);
+  }
+  // An unwritable dump path is an error naming it.
+  NeedleOptions bad = KvOptions();
+  bad.dump_trials = "/nonexistent-dir/trials.jsonl";
+  auto r = RunNeedle(*retrieval_model_, bad, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("/nonexistent-dir/trials.jsonl"), std::string::npos);
 }
 
 // Integrity gate 1: the identity policy gives dNLL exactly 0 and every kept trial intact.

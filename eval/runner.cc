@@ -126,17 +126,18 @@ Status CheckListSettings(const std::vector<std::string>& policies,
 }
 
 StatusOr<std::unique_ptr<KvCache>> NewConfigCache(const Model& model, const PolicyFactory& factory,
-                                                  const PolicyConfig& config) {
+                                                  const PolicyConfig& config, DType kv_type) {
   auto policy = factory(config.Spec());
   if (!policy.ok()) return policy.status().WithContext("policy " + config.Label());
-  auto cache = model.NewCache(std::move(*policy));
+  auto cache = model.NewCache(std::move(*policy), kv_type);
   if (!cache.ok()) return cache.status().WithContext("policy " + config.Label());
   return cache;
 }
 
 StatusOr<std::vector<PolicyConfig>> BuildableConfigs(
     const Model& model, const PolicyFactory& factory, const std::vector<PolicyConfig>& configs,
-    bool skip_unsupported, std::vector<SkippedConfig>* skipped, std::ostream* progress) {
+    bool skip_unsupported, std::vector<SkippedConfig>* skipped, std::ostream* progress,
+    DType kv_type) {
   std::vector<PolicyConfig> out;
   for (const PolicyConfig& c : configs) {
     // The factory and Bind errors already name the policy; the label adds the ratio.
@@ -145,7 +146,7 @@ StatusOr<std::vector<PolicyConfig>> BuildableConfigs(
     if (!policy.ok()) {
       st = policy.status();
     } else {
-      st = model.NewCache(std::move(*policy)).status();
+      st = model.NewCache(std::move(*policy), kv_type).status();
     }
     if (st.ok()) {
       out.push_back(c);

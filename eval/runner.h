@@ -70,8 +70,10 @@ Status CheckListSettings(const std::vector<std::string>& policies,
                          const std::map<std::string, std::string>& settings);
 
 // A fresh cache for the config; errors name the config (e.g. a row policy on a GQA model).
+// kv_type: the cache's row storage (--kv-type); a policy that reads bf16 rows only is refused.
 StatusOr<std::unique_ptr<KvCache>> NewConfigCache(const Model& model, const PolicyFactory& factory,
-                                                  const PolicyConfig& config);
+                                                  const PolicyConfig& config,
+                                                  DType kv_type = DType::kBF16);
 
 // A config that cannot run on the model (its factory or Bind failed), and why.
 struct SkippedConfig {
@@ -83,7 +85,8 @@ struct SkippedConfig {
 // `skip_unsupported`, is recorded in `skipped` (with a progress line) and left out.
 StatusOr<std::vector<PolicyConfig>> BuildableConfigs(
     const Model& model, const PolicyFactory& factory, const std::vector<PolicyConfig>& configs,
-    bool skip_unsupported, std::vector<SkippedConfig>* skipped, std::ostream* progress);
+    bool skip_unsupported, std::vector<SkippedConfig>* skipped, std::ostream* progress,
+    DType kv_type = DType::kBF16);
 // [{"policy", "ratio", "reason"}] for the report envelope.
 nlohmann::json SkippedJson(const std::vector<SkippedConfig>& skipped);
 // {"policy", "ratio", "label", "settings"} (settings include "ratio" when set).

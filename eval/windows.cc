@@ -58,7 +58,7 @@ StatusOr<WindowResult> RunPplWindow(Model& model, const std::vector<int32_t>& to
   if (offset < 0 || offset + w.length > static_cast<int64_t>(tokens.size())) {
     return InvalidArgument("window at " + std::to_string(offset) + " does not fit");
   }
-  ASSIGN_OR_RETURN(auto cache, NewConfigCache(model, factory, config));
+  ASSIGN_OR_RETURN(auto cache, NewConfigCache(model, factory, config, w.kv_type));
   const int64_t n_prefix = w.length - w.eval_tokens;
   const int32_t* win = tokens.data() + offset;
   RETURN_IF_ERROR(model.Prefill(win, n_prefix, w.chunk, cache.get(), pool, nullptr));
@@ -109,7 +109,8 @@ nlohmann::json WindowOptionsJson(const WindowOptions& w, const std::vector<int64
           {"scored_per_window", w.eval_tokens - 1},
           {"mode", w.chunked ? "chunked" : "q1"},
           {"screening_only", w.chunked},
-          {"offsets", offsets}};
+          {"offsets", offsets},
+          {"kv_type", KvTypeName(w.kv_type)}};
 }
 
 }  // namespace
@@ -128,12 +129,13 @@ StatusOr<PplReport> RunPpl(Model& model, const std::vector<int32_t>& tokens, con
                    ExpandGrid(o.policies, o.ratios, o.settings));
   ASSIGN_OR_RETURN(std::vector<PolicyConfig> configs,
                    BuildableConfigs(model, factory, grid,
-                                    o.skip_unsupported, &r.skipped, progress));
+                                    o.skip_unsupported, &r.skipped, progress, o.w.kv_type));
   if (!o.policy2.empty()) {
     auto b_or = SingleConfig(o.policy2, o.ratio2, o.settings);
     if (!b_or.ok()) return b_or.status().WithContext("--policy2");
     const PolicyConfig b = std::move(b_or).value();
-    RETURN_IF_ERROR(NewConfigCache(model, factory, b).status().WithContext("--policy2"));
+    RETURN_IF_ERROR(
+        NewConfigCache(model, factory, b, o.w.kv_type).status().WithContext("--policy2"));
     configs.push_back(b);
   }
   ThreadPool pool(std::max(1, o.w.threads));
@@ -231,14 +233,78 @@ nlohmann::json PplJson(const PplReport& r) {
   return j;
 }
 
+namespace {
+
+// Mean and 95% normal interval of per-window means (>= 2 windows: windows are the independent
+// units) or, with one window, of its per-position values (positions are correlated: narrower
+// than the truth, and the chart says which it used).
+Interval MeanInterval(const std::vector<std::vector<double>>& per_window, bool* over_windows) {
+  std::vector<double> xs;
+  *over_windows = per_window.size() >= 2;
+  if (*over_windows) {
+    for (const auto& w : per_window) {
+      double s = 0;
+      for (double v : w) s += v;
+      xs.push_back(w.empty() ? 0 : s / static_cast<double>(w.size()));
+    }
+  } else if (!per_window.empty()) {
+    xs = per_window[0];
+  }
+  Interval iv;
+  if (xs.empty()) return iv;
+  double m = 0;
+  for (double v : xs) m += v;
+  m /= static_cast<double>(xs.size());
+  double ss = 0;
+  for (double v : xs) ss += (v - m) * (v - m);
+  const double se =
+      xs.size() > 1 ? std::sqrt(ss / static_cast<double>(xs.size() - 1) / xs.size()) : 0;
+  iv.point = m;
+  iv.lo = m - kZ95 * se;
+  iv.hi = m + kZ95 * se;
+  return iv;
+}
+
+const char* const kSeriesColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
+                                     "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
+
+}  // namespace
+
 std::string PplParetoSvg(const PplReport& r) {
-  const double width = 720, height = 480, left = 80, right = 200, top = 50, bottom = 60;
-  const double pw = width - left - right, ph = height - top - bottom;
+  const size_t n = r.configs.size();
+  // Per config: PPL and its interval (exp of the mean NLL's interval).
+  std::vector<Interval> ppl(n);
+  bool over_windows = true;
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<std::vector<double>> nll;
+    for (const auto& w : r.configs[i].windows) nll.push_back(w.nll);
+    const Interval m = MeanInterval(nll, &over_windows);
+    ppl[i] = {r.configs[i].ppl, std::exp(m.lo), std::exp(m.hi)};
+  }
+  std::vector<std::string> legend(n);
+  double legend_w = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const auto& c = r.configs[i];
+    legend[i] = c.config.Label() + ": " + FormatNum(c.ppl, 3) + " [" + FormatNum(ppl[i].lo, 3) +
+                ", " + FormatNum(ppl[i].hi, 3) + "] @ " +
+                FormatNum(c.resident_bits_per_value, 2) + " b/v";
+    legend_w = std::max(legend_w, TextWidth(legend[i], 10));
+  }
+  const std::string title = std::string("PPL vs resident bits/value") +
+                            (r.options.w.chunked ? " (chunked: screening-only)" : " (causal Q=1)");
+  const std::string note = std::string("whiskers: 95% interval of the PPL over ") +
+                           (over_windows ? "windows" : "positions of the one window") +
+                           "; markers at the same point are set side by side";
+  const double left = 80, top = 50, bottom = 78, pw = 440;
+  const double right = legend_w + 50;
+  const double width = std::max(left + pw + right, left + TextWidth(note, 10) + 20);
+  const double height = std::max(480.0, top + 14 + 16.0 * n + bottom);
+  const double ph = height - top - bottom;
   double x_max = 16, y_min = INFINITY, y_max = -INFINITY;
-  for (const auto& c : r.configs) {
-    x_max = std::max(x_max, c.resident_bits_per_value);
-    y_min = std::min(y_min, c.ppl);
-    y_max = std::max(y_max, c.ppl);
+  for (size_t i = 0; i < n; ++i) {
+    x_max = std::max(x_max, r.configs[i].resident_bits_per_value);
+    y_min = std::min({y_min, r.configs[i].ppl, ppl[i].lo});
+    y_max = std::max({y_max, r.configs[i].ppl, ppl[i].hi});
   }
   x_max *= 1.05;
   if (!(y_max > y_min)) {
@@ -251,10 +317,7 @@ std::string PplParetoSvg(const PplReport& r) {
   auto X = [&](double v) { return left + pw * v / x_max; };
   auto Y = [&](double v) { return top + ph * (1 - (v - y_min) / (y_max - y_min)); };
   Svg svg(width, height);
-  svg.Text(left + pw / 2, 26,
-           std::string("PPL vs resident bits/value") +
-               (r.options.w.chunked ? " (chunked: screening-only)" : " (causal Q=1)"),
-           "middle", 15, "bold");
+  svg.Text(left + pw / 2, 26, title, "middle", 15, "bold");
   svg.Rect(left, top, pw, ph, "none", "#444444");
   for (int k = 0; k <= 4; ++k) {
     const double xv = x_max * k / 4, yv = y_min + (y_max - y_min) * k / 4;
@@ -264,11 +327,12 @@ std::string PplParetoSvg(const PplReport& r) {
     svg.Line(left, Y(yv), left + pw, Y(yv), "#eeeeee");
     svg.Text(left - 8, Y(yv) + 4, FormatNum(yv, 3), "end", 10);
   }
-  svg.Text(left + pw / 2, height - 18, "resident bits per cached value (16 = full bf16 cache)",
+  svg.Text(left + pw / 2, top + ph + 38, "resident bits per cached value (16 = full bf16 cache)",
            "middle", 12);
   svg.Text(20, top + ph / 2, "perplexity", "middle", 12, "", -90);
+  svg.Text(left, height - 12, note, "start", 10);
   // Pareto front: points not beaten (lower or equal PPL at lower or equal bits) by another.
-  std::vector<size_t> order(r.configs.size());
+  std::vector<size_t> order(n);
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     const auto& ca = r.configs[a];
@@ -289,18 +353,82 @@ std::string PplParetoSvg(const PplReport& r) {
     }
   }
   if (!pts.empty()) svg.Polyline(pts, "#1a9850", 1.5);
-  static const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd",
-                                  "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
-  for (size_t i = 0; i < r.configs.size(); ++i) {
-    const auto& c = r.configs[i];
-    const std::string color = kColors[i % 8];
-    svg.Circle(X(c.resident_bits_per_value), Y(c.ppl), 4, color);
+  // Markers closer than 9 px to an earlier one (e.g. policies that hold the same bytes and give
+  // the same PPL) move sideways by 9 px per twin, so that none hides another.
+  std::vector<double> mx(n), my(n);
+  for (size_t i = 0; i < n; ++i) {
+    mx[i] = X(r.configs[i].resident_bits_per_value);
+    my[i] = Y(r.configs[i].ppl);
+    int twins = 0;
+    for (size_t j = 0; j < i; ++j) {
+      if (std::fabs(X(r.configs[j].resident_bits_per_value) - mx[i]) < 9 &&
+          std::fabs(Y(r.configs[j].ppl) - my[i]) < 9) {
+        ++twins;
+      }
+    }
+    mx[i] += 9.0 * twins;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const std::string color = kSeriesColors[i % 8];
+    svg.Line(mx[i], Y(ppl[i].lo), mx[i], Y(ppl[i].hi), color, 1.2);
+    svg.Line(mx[i] - 3, Y(ppl[i].lo), mx[i] + 3, Y(ppl[i].lo), color, 1.2);
+    svg.Line(mx[i] - 3, Y(ppl[i].hi), mx[i] + 3, Y(ppl[i].hi), color, 1.2);
+    svg.Circle(mx[i], my[i], 4, color);
     const double ly = top + 14 + 16 * static_cast<double>(i);
     svg.Circle(left + pw + 16, ly - 4, 4, color);
-    svg.Text(left + pw + 26, ly,
-             c.config.Label() + ": " + FormatNum(c.ppl, 3) + " @ " +
-                 FormatNum(c.resident_bits_per_value, 2) + " b/v",
-             "start", 10);
+    svg.Text(left + pw + 26, ly, legend[i], "start", 10);
+  }
+  return svg.Finish();
+}
+
+std::string KlSvg(const KlReport& r) {
+  const size_t n = r.configs.size();
+  const std::string title = "KL(full || policy) per scored position";
+  const std::string note = std::string("bar: mean KL; whisker: its 95% interval over ") +
+                           (r.offsets.size() >= 2 ? "windows" : "positions of the one window") +
+                           "; tick: max KL";
+  double label_w = 60;
+  for (const auto& c : r.configs) label_w = std::max(label_w, TextWidth(c.config.Label(), 11));
+  const double left = label_w + 24, pw = 420, top = 50, row_h = 26;
+  const double ph = row_h * std::max<size_t>(1, n);
+  const double width = std::max({left + pw + 40, TextWidth(title, 15) + 40,
+                                 24 + TextWidth(note, 10) + 20});
+  const double height = top + ph + 76;
+  std::vector<Interval> iv(n);
+  bool over_windows = true;
+  double x_max = 0;
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<std::vector<double>> kl;
+    for (const auto& w : r.configs[i].windows) kl.push_back(w.kl);
+    iv[i] = MeanInterval(kl, &over_windows);
+    iv[i].point = r.configs[i].mean_kl;
+    x_max = std::max({x_max, iv[i].hi, r.configs[i].max_kl});
+  }
+  if (!(x_max > 0)) x_max = 1e-6;
+  x_max *= 1.05;
+  auto X = [&](double v) { return left + pw * std::clamp(v, 0.0, x_max) / x_max; };
+  Svg svg(width, height);
+  svg.Text(width / 2, 26, title, "middle", 15, "bold");
+  svg.Rect(left, top, pw, ph, "none", "#444444");
+  for (int k = 0; k <= 4; ++k) {
+    const double v = x_max * k / 4;
+    svg.Line(X(v), top, X(v), top + ph, "#eeeeee");
+    svg.Line(X(v), top + ph, X(v), top + ph + 4, "#444444");
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.2g", v);
+    svg.Text(X(v), top + ph + 16, buf, "middle", 10);
+  }
+  svg.Text(left + pw / 2, top + ph + 36, "KL divergence (nats)", "middle", 12);
+  svg.Text(24, height - 12, note, "start", 10);
+  for (size_t i = 0; i < n; ++i) {
+    const double y = top + row_h * i;
+    const std::string color = kSeriesColors[i % 8];
+    svg.Text(left - 10, y + row_h / 2 + 4, r.configs[i].config.Label(), "end", 11);
+    svg.Rect(left, y + 7, std::max(0.0, X(iv[i].point) - left), 12, color);
+    svg.Line(X(iv[i].lo), y + 13, X(iv[i].hi), y + 13, "#222222", 1.2);
+    svg.Line(X(iv[i].lo), y + 9, X(iv[i].lo), y + 17, "#222222", 1.2);
+    svg.Line(X(iv[i].hi), y + 9, X(iv[i].hi), y + 17, "#222222", 1.2);
+    svg.Line(X(r.configs[i].max_kl), y + 4, X(r.configs[i].max_kl), y + 22, "#000000", 2);
   }
   return svg.Finish();
 }
@@ -318,11 +446,13 @@ StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const
                    ExpandGrid(o.policies, o.ratios, o.settings));
   ASSIGN_OR_RETURN(const std::vector<PolicyConfig> configs,
                    BuildableConfigs(model, factory, grid,
-                                    o.skip_unsupported, &r.skipped, progress));
+                                    o.skip_unsupported, &r.skipped, progress, o.w.kv_type));
   auto ref_or = SingleConfig(o.reference, std::nullopt, o.settings);
   if (!ref_or.ok()) return ref_or.status().WithContext("--reference");
   const PolicyConfig reference = std::move(ref_or).value();
-  RETURN_IF_ERROR(NewConfigCache(model, factory, reference).status().WithContext("--reference"));
+  RETURN_IF_ERROR(NewConfigCache(model, factory, reference, o.w.kv_type)
+                      .status()
+                      .WithContext("--reference"));
   ThreadPool pool(std::max(1, o.w.threads));
   const int64_t v = model.config().n_vocab;
   const int64_t n_prefix = o.w.length - o.w.eval_tokens;
@@ -331,7 +461,7 @@ StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const
   // achieved over those steps (when `achieved` is given).
   auto run = [&](const PolicyConfig& c, int64_t offset, std::vector<float>* out,
                  AchievedCompression* achieved) -> Status {
-    ASSIGN_OR_RETURN(auto cache, NewConfigCache(model, factory, c));
+    ASSIGN_OR_RETURN(auto cache, NewConfigCache(model, factory, c, o.w.kv_type));
     const int32_t* win = tokens.data() + offset;
     RETURN_IF_ERROR(model.Prefill(win, n_prefix, o.w.chunk, cache.get(), &pool, nullptr));
     const CacheCounters counters0 = cache->counters();

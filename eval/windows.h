@@ -28,6 +28,7 @@ struct WindowOptions {
   bool chunked = false;
   int chunk = 256;
   int threads = 1;
+  DType kv_type = DType::kBF16;  // the caches' row storage (--kv-type)
 };
 
 // Window starts over a token stream of n tokens: the explicit offsets (each must leave room for a
@@ -145,5 +146,7 @@ struct KlReport {
 StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const KlOptions& o,
                          std::ostream* progress);
 nlohmann::json KlJson(const KlReport& r);
+// The KL chart: per config, the mean KL as a bar with its 95% interval and the max KL.
+std::string KlSvg(const KlReport& r);
 
 }  // namespace strata::eval

@@ -119,17 +119,33 @@ HWY_INLINE int64_t PageRunEnd(const KvStreamView& kv, int64_t u, int64_t end) {
 HWY_INLINE void QueueRows(const KvStreamView& kv, const int64_t* rows, int64_t r0, int64_t n,
                           tile::PrefetchQueue* pf) {
   const bool shared = kv.values_in_keys();
+  const int64_t vb = kv.value_bytes();  // strides count 2-byte units, rows vb-byte values
   if (rows == nullptr && kv.key_ptrs == nullptr) {
     for (int64_t a = r0, b; a < r0 + n; a = b) {
       b = PageRunEnd(kv, a, r0 + n);
-      pf->Add(kv.key_row(a), ((b - a - 1) * kv.k_stride + kv.dk) * 2);
-      if (!shared) pf->Add(kv.val_row(a), ((b - a - 1) * kv.v_stride + kv.dv) * 2);
+      pf->Add(kv.key_row(a), (b - a - 1) * kv.k_stride * 2 + kv.dk * vb);
+      if (!shared) pf->Add(kv.val_row(a), (b - a - 1) * kv.v_stride * 2 + kv.dv * vb);
     }
     return;
   }
-  for (int64_t i = r0; i < r0 + n; ++i) pf->Add(kv.key_row(rows ? rows[i] : i), int64_t{kv.dk} * 2);
+  for (int64_t i = r0; i < r0 + n; ++i) pf->Add(kv.key_row(rows ? rows[i] : i), kv.dk * vb);
   if (shared) return;
-  for (int64_t i = r0; i < r0 + n; ++i) pf->Add(kv.val_row(rows ? rows[i] : i), int64_t{kv.dv} * 2);
+  for (int64_t i = r0; i < r0 + n; ++i) pf->Add(kv.val_row(rows ? rows[i] : i), kv.dv * vb);
+}
+
+// Row src (n values of the stream's type) as f32 in dst[0..n), zero-padded to dp.
+HWY_INLINE void RowToF32(DType t, const uint16_t* HWY_RESTRICT src, int64_t n, int64_t dp,
+                         float* HWY_RESTRICT dst) {
+  if (t == DType::kBF16) {
+    Bf16RowToF32(src, n, dp, dst);
+    return;
+  }
+  if (t == DType::kF16) {
+    tile::F16ToF32Row(src, n, dst);
+  } else {
+    std::memcpy(dst, src, sizeof(float) * n);
+  }
+  for (int64_t c = n; c < dp; ++c) dst[c] = 0.f;
 }
 
 void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamView& kv,
@@ -145,7 +161,8 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
   const bool shared = kv.values_in_keys();
   // Rows are converted to f32 scratch once per tile when several 4-head groups read them, or
   // when a row's width is not a whole number of vectors; otherwise in registers as they are used.
-  const bool staged = G > 4 || dkp != dk || dvp != dv;
+  // (f16 and f32 rows are always staged: the in-register path decodes bf16 only.)
+  const bool staged = G > 4 || dkp != dk || dvp != dv || kv.dtype != DType::kBF16;
 
   thread_local Scratch sc;
   Grow(&sc.q, G * dkp);
@@ -218,8 +235,8 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
     if (staged) {
       const int n_conv = nr + tile::kRowSlack - 1;
       for (int i = 0; i < n_conv; ++i) {
-        Bf16RowToF32(krow[i], dk, dkp, kt + i * dkp);
-        if (!shared && i < nr) Bf16RowToF32(vrow[i], dv, dvp, sc.vt.data() + i * dvp);
+        RowToF32(kv.dtype, krow[i], dk, dkp, kt + i * dkp);
+        if (!shared && i < nr) RowToF32(kv.dtype, vrow[i], dv, dvp, sc.vt.data() + i * dvp);
       }
       tile::ScoreTile(sc.q.data(), dkp, G, dkp,
                       [&](int r, int64_t c) { return hn::Load(df, kt + r * dkp + c); }, nr, s,
@@ -361,6 +378,7 @@ void AttendStream(const float* q, int n_heads, float scale, const KvStreamView& 
 void AttendStreamRef(const float* q, int n_heads, float scale, const KvStreamView& kv,
                      const int64_t* rows, int64_t n, double* out) {
   std::vector<double> s(std::max<int64_t>(n, 1));
+  std::vector<float> row(std::max(kv.dk, kv.dv));
   for (int g = 0; g < n_heads; ++g) {
     double* og = out + static_cast<int64_t>(g) * kv.dv;
     std::fill(og, og + kv.dv, 0.0);
@@ -368,20 +386,19 @@ void AttendStreamRef(const float* q, int n_heads, float scale, const KvStreamVie
     double m = -std::numeric_limits<double>::infinity();
     for (int64_t i = 0; i < n; ++i) {
       const int64_t u = rows ? rows[i] : i;
-      const uint16_t* k = kv.key_row(u);
+      ToF32(kv.dtype, kv.key_row(u), row.data(), kv.dk);
       double acc = 0;
-      for (int c = 0; c < kv.dk; ++c)
-        acc += static_cast<double>(q[g * kv.dk + c]) * Bf16ToF32(k[c]);
+      for (int c = 0; c < kv.dk; ++c) acc += static_cast<double>(q[g * kv.dk + c]) * row[c];
       s[i] = acc * scale;
       m = std::max(m, s[i]);
     }
     double d = 0;
     for (int64_t i = 0; i < n; ++i) {
       const int64_t u = rows ? rows[i] : i;
-      const uint16_t* v = kv.val_row(u);
+      ToF32(kv.dtype, kv.val_row(u), row.data(), kv.dv);
       const double p = std::exp(s[i] - m);
       d += p;
-      for (int j = 0; j < kv.dv; ++j) og[j] += p * Bf16ToF32(v[j]);
+      for (int j = 0; j < kv.dv; ++j) og[j] += p * row[j];
     }
     for (int j = 0; j < kv.dv; ++j) og[j] /= d;
   }

@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 
+#include "core/dtype.h"
 #include "core/thread_pool.h"
 
 namespace strata {
@@ -50,8 +51,11 @@ void FinalizeStates(const SoftmaxStates& st, float* out);
 // One KV stream read by G query heads at once (all heads of a GQA group, or all heads of an MLA
 // layer, which share the single latent stream).
 //   q:     [G, dk] f32 (already scaled or not: `scale` multiplies q.k)
-//   keys:  row u starts at keys + u * k_stride, dk bf16 values
-//   vals:  row u starts at vals + u * v_stride, dv bf16 values (for MLA: the same rows, first 512)
+//   keys:  row u starts at keys + u * k_stride, dk values of type `dtype` (bf16 by default)
+//   vals:  row u starts at vals + u * v_stride, dv values (for MLA: the same rows, first 512)
+// Rows of f16 or f32 (--kv-type, read by the full policy) use the same uint16_t pointers: an f32
+// row's pointer points at its floats, and strides always count 2-byte units (an f32 row of dk
+// values is 2 dk units), so the addressing below is the same for every type.
 // Rows read are [0, n) or, when `rows` is non-null, rows[0..n) (gather; indices into the stream).
 // The result is merged into `st` (call st.Reset() first for a fresh read).
 struct KvStreamView {
@@ -61,6 +65,9 @@ struct KvStreamView {
   int64_t v_stride = 0;  // elements
   int dk = 0;
   int dv = 0;
+  DType dtype = DType::kBF16;  // kBF16, kF16 or kF32
+  // Bytes of one value.
+  int value_bytes() const { return dtype == DType::kF32 ? 4 : 2; }
   // Alternative addressing for rows scattered over pages: row u's key is key_ptrs[u] and its
   // value val_ptrs[u] (the same array for MLA). When set, keys/vals/strides are ignored.
   const uint16_t* const* key_ptrs = nullptr;

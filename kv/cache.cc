@@ -20,6 +20,18 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::Create(std::vector<LayerGeometry> la
       return InvalidArgument("layer " + std::to_string(l) + ": bad cache geometry " + g.ToString());
     }
   }
+  for (const LayerGeometry& g : layers) {
+    if (g.kv_type != DType::kBF16 && g.kv_type != DType::kF16 && g.kv_type != DType::kF32) {
+      return InvalidArgument("KV cache type " + KvTypeName(g.kv_type) +
+                             ": the cache stores bf16, f16 or f32 rows");
+    }
+    if (!policy->SupportsKvType(g.kv_type)) {
+      return InvalidArgument("policy '" + policy->name() + "' reads bf16 KV rows only (its " +
+                             "formats are defined over bf16), not --kv-type " +
+                             KvTypeName(g.kv_type) +
+                             "; use --kv-type bf16, or the full policy for f32/f16 rows");
+    }
+  }
   RETURN_IF_ERROR(policy->Bind(layers).WithContext("policy '" + policy->name() + "'"));
   return std::unique_ptr<KvCache>(new KvCache(std::move(layers), std::move(policy)));
 }
@@ -186,11 +198,7 @@ void ObservationWeights(const LayerStore& store, const float* q, int64_t n,
   for (int h = 0; h < g.n_kv_heads; ++h) {
     for (int64_t p0 = 0; p0 < n; p0 += P) {
       const int64_t rows = std::min(P, n - p0);
-      for (int64_t i = 0; i < rows; ++i) {
-        const uint16_t* k = store.key_row(h, p0 + i);
-        float* dst = kbuf->data() + i * g.k_dim;
-        for (int c = 0; c < g.k_dim; ++c) dst[c] = Bf16ToF32(k[c]);
-      }
+      for (int64_t i = 0; i < rows; ++i) store.KeyRowF32(h, p0 + i, kbuf->data() + i * g.k_dim);
       for (int r = 0; r < G; ++r) {
         const int64_t hq = static_cast<int64_t>(h) * G + r;
         const float* qh = q + hq * g.k_dim;

@@ -4,12 +4,20 @@
 #include <cstdint>
 #include <string>
 
+#include "core/dtype.h"
+#include "core/status.h"
+
 namespace strata {
 
 enum class AttnKind {
   kGqa,  // per KV head: a key row [k_dim] and a value row [v_dim] per token (MHA when kv == q heads)
   kMla,  // one latent row [k_dim = d_c + d_r] per token, shared by all heads; value = first v_dim cols
 };
+
+// The KV storage types (--kv-type): "bf16", "f16", "f32"; other types print as DTypeName.
+std::string KvTypeName(DType t);
+// "bf16" | "f16" | "f32" (case-insensitive); anything else is InvalidArgument naming the text.
+StatusOr<DType> ParseKvType(const std::string& text);
 
 struct LayerGeometry {
   AttnKind kind = AttnKind::kGqa;
@@ -20,12 +28,17 @@ struct LayerGeometry {
   int rope_dim = 0;    // MLA: d_r, the branch = the row's last rope_dim columns; GQA: rotated dims
   bool rope = true;    // false: the MLA branch is cached and used unrotated (NoPE)
   float scale = 1.f;   // softmax scale applied to q.k
+  // How the store holds rows (--kv-type): bf16 (the default, which every policy reads), or f32 /
+  // f16 for research and parity (read by the full policy only; see Policy::SupportsKvType).
+  DType kv_type = DType::kBF16;
 
   int group_size() const { return n_q_heads / n_kv_heads; }
-  // Bytes one token occupies in this layer with bf16 storage (the full cache).
+  // Bytes of one stored value: 2 (bf16, f16) or 4 (f32).
+  int64_t value_bytes() const { return kv_type == DType::kF32 ? 4 : 2; }
+  // Bytes one token occupies in this layer with kv_type storage (the full cache).
   int64_t bytes_per_token() const {
-    return kind == AttnKind::kMla ? int64_t{2} * k_dim
-                                  : int64_t{2} * n_kv_heads * (k_dim + v_dim);
+    return kind == AttnKind::kMla ? value_bytes() * k_dim
+                                  : value_bytes() * n_kv_heads * (k_dim + v_dim);
   }
   std::string ToString() const;
 };

@@ -65,6 +65,7 @@ void ReadPrefix(const LayerStore& store, const float* q, int64_t limit, ThreadPo
   // store's page); a run's view takes its strides from its first page.
   auto page_view = [&](int h, int64_t p) {
     if (page_keys == nullptr || page_keys[p] == nullptr) return store.PageView(h, p);
+    // (A policy's own copy of a page is bf16: only bf16 stores reach policies with copies.)
     return KvStreamView{page_keys[p], page_keys[p], g.k_dim, g.k_dim, g.k_dim, g.v_dim};
   };
   std::vector<KvStreamView> first(g.n_kv_heads);
@@ -128,6 +129,7 @@ void ReadRows(const LayerStore& store, const float* q, const int64_t* rows, int6
       KvStreamView v;
       v.dk = g.k_dim;
       v.dv = g.v_dim;
+      v.dtype = store.kv_type();
       v.key_ptrs = kptr.data() + h * n_rows + b;
       v.val_ptrs = mla ? v.key_ptrs : vptr.data() + h * n_rows + b;
       tasks.push_back({h, v, std::min(kSlice, n_rows - b)});

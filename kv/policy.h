@@ -114,6 +114,10 @@ class Policy {
   // Checks the policy fits the model (e.g. a row policy on a model with no MLA layer is an error
   // naming both) and sizes per-layer state.
   virtual Status Bind(const std::vector<LayerGeometry>& layers) = 0;
+  // Whether the policy reads stores of this kv type (LayerGeometry::kv_type). Compressed
+  // policies' formats, scores and archives are defined over bf16 rows, so only bf16 by default;
+  // KvCache::Create refuses any other with an error naming the policy.
+  virtual bool SupportsKvType(DType t) const { return t == DType::kBF16; }
 
   // Call boundaries (see the header comment). `plan` is empty on entry.
   virtual Status BeginCall(int layer, const LayerStore& store, const CacheCall& call,
@@ -166,6 +170,8 @@ class FullPolicy final : public Policy {
  public:
   std::string name() const override { return "full"; }
   Status Bind(const std::vector<LayerGeometry>& layers) override { return OkStatus(); }
+  // Exact attention over rows of any stored type: bf16, f16 or f32 (--kv-type).
+  bool SupportsKvType(DType t) const override { return true; }
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
   PolicySummary Summary(int layer, const LayerStore& store) const override;

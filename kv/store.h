@@ -1,5 +1,9 @@
 // LayerStore: the bf16 rows of one layer, per KV head, in 64-row pages that are written once.
 //
+// Rows are bf16 unless the geometry's kv_type says f16 or f32 (--kv-type, for research and
+// parity; only the full policy reads those stores): an f32 row takes two 2-byte units per value,
+// and every pointer below is then a pointer to its floats (KvStreamView's convention).
+//
 // Pages let a policy release the RAM of rows it moved elsewhere (a file archive, a graded block)
 // without copying the rest, and give kernels contiguous runs of rows. A released page is gone from
 // this store; reading it is a programmer error (CHECK).
@@ -28,12 +32,16 @@ class LayerStore {
   int64_t n_pages() const { return (n_rows_ + kPageRows - 1) / kPageRows; }
 
   // Appends one token. k: [n_kv_heads, k_dim] f32 (MLA: the latent row [k_dim]); v: [n_kv_heads,
-  // v_dim] f32, ignored (may be null) for MLA. Values are rounded to bf16 once, here.
+  // v_dim] f32, ignored (may be null) for MLA. Values are rounded to kv_type once, here.
   void Append(const float* k, const float* v);
-  // Appends one token already in bf16 (same shapes as Append).
+  // Appends one token already in bf16 (same shapes as Append); a bf16 store only (CHECK).
   void AppendBf16(const uint16_t* k, const uint16_t* v);
+  DType kv_type() const { return g_.kv_type; }
+  // Row u of KV head h's key as f32 (any kv_type): dst[0..k_dim).
+  void KeyRowF32(int h, int64_t u, float* dst) const;
 
-  // Row u of KV head h (MLA: h = 0; the value row is the key row's first v_dim values).
+  // Row u of KV head h (MLA: h = 0; the value row is the key row's first v_dim values), in the
+  // store's kv_type (bf16 values unless kv_type() says otherwise).
   const uint16_t* key_row(int h, int64_t u) const;
   const uint16_t* val_row(int h, int64_t u) const;
   // A kernel view of page p of head h: rows [p * 64, min(n_rows, (p + 1) * 64)).
@@ -52,10 +60,12 @@ class LayerStore {
 
  private:
   struct Page {
-    AlignedBuffer<uint16_t> k;  // [kPageRows, k_dim] bf16
-    AlignedBuffer<uint16_t> v;  // [kPageRows, v_dim] bf16 (empty for MLA)
+    AlignedBuffer<uint16_t> k;  // [kPageRows, k_dim] values (f32: 2 units per value)
+    AlignedBuffer<uint16_t> v;  // [kPageRows, v_dim] values (empty for MLA)
   };
   Page& NewPageIfNeeded(int h);
+  // 2-byte units per value: 1 (bf16, f16) or 2 (f32).
+  int64_t units() const { return g_.kv_type == DType::kF32 ? 2 : 1; }
 
   LayerGeometry g_;
   int64_t n_rows_ = 0;

@@ -136,8 +136,11 @@ int64_t Model::decode_weight_bytes() const {
   return b;
 }
 
-StatusOr<std::unique_ptr<KvCache>> Model::NewCache(std::unique_ptr<Policy> policy) const {
-  return KvCache::Create(CacheLayers(), std::move(policy));
+StatusOr<std::unique_ptr<KvCache>> Model::NewCache(std::unique_ptr<Policy> policy,
+                                                   DType kv_type) const {
+  std::vector<LayerGeometry> layers = CacheLayers();
+  for (LayerGeometry& g : layers) g.kv_type = kv_type;
+  return KvCache::Create(std::move(layers), std::move(policy));
 }
 
 void Model::Embed(const int32_t* tokens, int n, float* x) const {

@@ -38,7 +38,10 @@ class Model {
 
   // One LayerGeometry per attention layer, in layer order.
   virtual std::vector<LayerGeometry> CacheLayers() const = 0;
-  StatusOr<std::unique_ptr<KvCache>> NewCache(std::unique_ptr<Policy> policy) const;
+  // kv_type: how the cache stores rows (--kv-type; bf16 unless asked): f32 and f16 are read by
+  // the full policy only, and any other policy is refused with an error naming it.
+  StatusOr<std::unique_ptr<KvCache>> NewCache(std::unique_ptr<Policy> policy,
+                                              DType kv_type = DType::kBF16) const;
 
   // Feeds `n` prompt tokens at positions cache->n_tokens()..+n in chunks of `chunk` tokens.
   // The end of the call is the compression point (observations are delivered, OnCompress runs).

@@ -10,7 +10,8 @@ given ids, no BOS added: the sequence already starts with BOS = 0) and the engin
 after the run (layout: `strata logits --help`, tools/testbed/README.md). TOKENS.txt holds
 whitespace-separated decimal ids (written one per line here). Everything but the cache is f32, so
 the GGUF must hold F32 weights (`strata convert DIR -o FILE.gguf --dtype f32`); with F16 weights
-expect ~1e-2 differences.
+expect ~1e-2 differences. `--kv-type f32` runs the engine with an f32 KV cache (`strata logits
+--kv-type f32`) and compares it with the reference whose cache is not rounded at all.
 
 The reference rounds the cache to bf16 where the engine stores it (tb_model kv_bf16=True). The
 two f32 values before that rounding differ by a few 1e-6 of the element's scale (summation order;
@@ -127,7 +128,8 @@ def gguf_summary(path: str) -> dict:
 
 
 def run_strata_logits(strata: str, gguf: str, ids: np.ndarray, workdir: str,
-                      vocab: int, dump_kv: bool = False) -> tuple[np.ndarray, str | None]:
+                      vocab: int, dump_kv: bool = False,
+                      kv_type: str = "bf16") -> tuple[np.ndarray, str | None]:
     """(logits [n, vocab] f32, path of the --dump-kv file or None)."""
     tok_path = os.path.join(workdir, "tokens.txt")
     out_path = os.path.join(workdir, "logits.f32")
@@ -137,6 +139,8 @@ def run_strata_logits(strata: str, gguf: str, ids: np.ndarray, workdir: str,
     cmd = [strata, "logits", "-m", gguf, "--tokens", tok_path, "--out", out_path]
     if kv_path:
         cmd += ["--dump-kv", kv_path]
+    if kv_type != "bf16":
+        cmd += ["--kv-type", kv_type]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"`{' '.join(cmd)}` failed with exit status {r.returncode}:\n"
@@ -369,6 +373,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-engine-kv", action="store_true",
                    help="diagnosis: the reference's own bf16 rounding everywhere (no --dump-kv, "
                    "no cache check)")
+    p.add_argument("--kv-type", choices=["bf16", "f32"], default="bf16",
+                   help="the engine's KV cache type (strata --kv-type); f32: compared with the "
+                        "reference whose cache is not rounded, no cache dump or check")
     p.add_argument("--json", help="write the figures here")
     p.add_argument("--keep", help="keep tokens.txt, logits.f32 and kv.bin in this directory")
     a = p.parse_args(argv)
@@ -394,14 +401,14 @@ def main(argv=None) -> int:
     with open(os.path.join(a.model_dir, "config.json")) as f:
         vocab = int(json.load(f)["vocab_size"])
 
-    use_engine_kv = not a.no_engine_kv
+    use_engine_kv = not a.no_engine_kv and a.kv_type == "bf16"
     ids, source = fixed_tokens(a.len, a.seed)
     workdir = a.keep or tempfile.mkdtemp(prefix="strata-parity-")
     os.makedirs(workdir, exist_ok=True)
     try:
         try:
             got, kv_path = run_strata_logits(strata, a.gguf, ids, workdir, vocab,
-                                             dump_kv=use_engine_kv)
+                                             dump_kv=use_engine_kv, kv_type=a.kv_type)
         except (RuntimeError, OSError) as e:
             print(f"parity: {e}", file=sys.stderr)
             return 2
@@ -420,8 +427,12 @@ def main(argv=None) -> int:
         if not a.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     ref_f32, _ = reference_logits(a.model_dir, ids, kv_bf16=False)
+    if a.kv_type == "f32":  # an unrounded engine cache is compared with an unrounded reference
+        ref = ref_f32
     res = compare(ref, got)
-    res["reference_cache"] = "engine-kv" if use_engine_kv else "own-rounding"
+    res["kv_type"] = a.kv_type
+    res["reference_cache"] = ("f32 (unrounded)" if a.kv_type == "f32"
+                              else "engine-kv" if use_engine_kv else "own-rounding")
     res["max_abs_diff_own_rounding"] = compare(ref_own, got)["max_abs_diff"]
     res["max_abs_diff_vs_f32_cache_reference"] = compare(ref_f32, got)["max_abs_diff"]
     res["bf16_cache_effect"] = compare(ref_f32, ref)["max_abs_diff"]
@@ -446,7 +457,9 @@ def main(argv=None) -> int:
                  f"rounded otherwise by the engine), {kv['kv_mismatches']} mismatches; "
                  f"own-rounding max |diff| {res['max_abs_diff_own_rounding']:.3g}")
     else:
-        cache = "; reference's own bf16 cache rounding (--no-engine-kv, no cache check)"
+        cache = ("; f32 KV cache on both sides (--kv-type f32, no cache check)"
+                 if a.kv_type == "f32" else
+                 "; reference's own bf16 cache rounding (--no-engine-kv, no cache check)")
     print(f"parity {a.model_dir} vs {a.gguf}: {len(ids)} tokens ({source}), max |diff| "
           f"{res['max_abs_diff']:.3g} at position {res['worst_position']} token "
           f"{res['worst_token']}, mean {res['mean_abs_diff']:.3g}, argmax agreement "
