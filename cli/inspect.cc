@@ -55,13 +55,13 @@ std::string ValueText(const GgufValue& v) {
   if (v.type == GgufType::kString) return str(v.s);
   if (v.type != GgufType::kArray) return v.DebugString();
   std::string t = std::string("[") + GgufTypeName(v.array_type) + " x " +
-                  std::to_string(v.array.size()) + "]";
-  const size_t shown = std::min<size_t>(v.array.size(), 5);
+                  std::to_string(v.size()) + "]";
+  const size_t shown = std::min<size_t>(v.size(), 5);
   for (size_t i = 0; i < shown; ++i) {
-    const GgufValue& e = v.array[i];
+    const GgufValue e = v.at(i);
     t += (i ? ", " : " ") + (e.type == GgufType::kString ? str(e.s) : e.DebugString());
   }
-  if (shown < v.array.size()) t += ", ...";
+  if (shown < v.size()) t += ", ...";
   return t;
 }
 
@@ -260,7 +260,7 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
     const std::string text = ValueText(v);
     meta_line(key, type, text);
     nlohmann::json e = {{"key", key}, {"type", type}, {"value", text}};
-    if (v.type == GgufType::kArray) e["count"] = v.array.size();
+    if (v.type == GgufType::kArray) e["count"] = v.size();
     jm.push_back(e);
   }
   j["metadata"] = jm;
