@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "kv/registry.h"
 #include "model/synth.h"
@@ -124,6 +125,61 @@ Status CheckNumberAtLeast(const std::string& flag, const std::string& text, doub
                            why + ")");
   }
   return OkStatus();
+}
+
+int HardwareThreads() {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+int CapThreads(const std::string& flag, int64_t requested, std::ostream& err) {
+  const int cores = HardwareThreads();
+  if (requested <= cores) return static_cast<int>(std::max<int64_t>(1, requested));
+  err << "warning: " << flag << " " << requested << " is more than the " << cores
+      << " hardware thread" << (cores == 1 ? "" : "s") << "; using " << cores << "\n";
+  return cores;
+}
+
+Model::PrefillProgress PrefillProgressLines(std::ostream& err, const std::string& label) {
+  auto next = std::make_shared<int64_t>(0);  // the next tenth to report
+  return [&err, label, next](int64_t done, int64_t total) {
+    if (total < kProgressMinTokens) return;
+    const int64_t tenth = done * 10 / total;
+    if (tenth < *next && done < total) return;
+    *next = tenth + 1;
+    err << label << ": prefill " << done << " / " << total << " tokens ("
+        << done * 100 / total << "%)\n" << std::flush;
+  };
+}
+
+StatusOr<int64_t> ResolveCtxSize(int64_t requested, const ModelConfig& config, std::ostream& err) {
+  if (requested < 0) {
+    return InvalidArgument("-c/--ctx-size must be >= 0 (0: the model's context length), got " +
+                           std::to_string(requested));
+  }
+  const int64_t trained = config.n_ctx_train;
+  if (requested == 0) return trained;
+  if (trained > 0 && requested > trained) {
+    err << "warning: -c " << requested << " is past the model's trained context of " << trained
+        << " tokens; positions beyond it were never trained\n";
+  }
+  return requested;
+}
+
+std::string TestbedVocabularyMismatch(const Tokenizer& tok, const eval::KvTokenIds& kv) {
+  const int32_t last_value = kv.slot1_first + kv.slot1_count - 1;  // <v31>: id 33
+  const std::pair<int32_t, std::string> want[] = {
+      {kv.key, "<KEY>"},
+      {kv.slot0_first, "<v0>"},
+      {last_value, "<v" + std::to_string(last_value - kv.slot0_first) + ">"}};
+  for (const auto& [id, text] : want) {
+    const int32_t got = tok.TokenId(text);
+    if (got != id) {
+      return "token " + text + " is " +
+             (got < 0 ? std::string("missing") : "id " + std::to_string(got)) + ", expected id " +
+             std::to_string(id);
+    }
+  }
+  return "";
 }
 
 std::vector<std::string> PolicyNames() {

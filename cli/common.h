@@ -12,12 +12,16 @@
 #include "core/status.h"
 #include "cli/commands.h"
 #include "kv/policy.h"
+#include "eval/needle.h"
 #include "kv/registry.h"
+#include "model/model.h"
 
 namespace strata::cli {
 
-// Exit codes: 0 success, 2 a bad flag, input file or request (the message names it).
+// Exit codes: 0 success, 2 a bad flag, input file or request (the message names it), 1 a run
+// that failed or measured nothing (e.g. every needle trial was dropped).
 inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
 inline constexpr int kExitUsage = 2;
 
 // A plain text table: a header row, then rows; columns are padded to their widest cell, numbers
@@ -53,6 +57,31 @@ Status CheckAtLeast(const std::string& flag, int64_t value, int64_t min);
 // "--ratio 0.5 must be a finite number >= 1 (keep 1/R of the rows)".
 Status CheckNumberAtLeast(const std::string& flag, const std::string& text, double min,
                           const std::string& example, const std::string& why);
+
+// The machine's hardware threads (std::thread::hardware_concurrency, at least 1).
+int HardwareThreads();
+// The worker threads to start for `flag` = `requested` (already checked >= 1): at most
+// HardwareThreads(). More threads than cores only contend for them (10,000 threads started
+// 10,001 OS threads and decoded nothing for a minute), so a larger request is capped, with
+// "warning: --threads 10000 is more than the 2 hardware threads; using 2" on `err`.
+int CapThreads(const std::string& flag, int64_t requested, std::ostream& err);
+
+// Prefill progress for a long prompt: a Model::Prefill callback that prints "LABEL: prefill
+// 4096 / 13000 tokens (31%)" on `err` about every tenth of the way, for prompts of at least
+// kProgressMinTokens tokens (shorter ones finish in well under a second: no lines).
+inline constexpr int64_t kProgressMinTokens = 4096;
+Model::PrefillProgress PrefillProgressLines(std::ostream& err, const std::string& label);
+
+// The context size of -c/--ctx-size: `requested` (0: the model's trained context length,
+// ModelConfig::n_ctx_train; 0 there too: no limit, returned as 0). A request past the trained
+// window is allowed with a warning on `err` (the model never saw those positions); a negative
+// one is an error naming it.
+StatusOr<int64_t> ResolveCtxSize(int64_t requested, const ModelConfig& config, std::ostream& err);
+
+// Empty when `tok` is the char-level testbed vocabulary that kv-tokens needles use
+// (tools/testbed/README.md, "Vocabulary and needle format"): <KEY>, <v0> and the last slot-1
+// value at kv's ids. Else why not: "token <KEY> is missing, expected id 1".
+std::string TestbedVocabularyMismatch(const Tokenizer& tok, const eval::KvTokenIds& kv);
 
 // Names of the registered cache policies (kv/registry.h), for help texts.
 std::vector<std::string> PolicyNames();
