@@ -176,5 +176,86 @@ TEST_F(TruthTest, LastStepReadsAreDecodeStepsOnly) {
   EXPECT_LE(j["kv_bytes_read_last_step"].get<int64_t>(), j["kv_bytes_resident"].get<int64_t>());
 }
 
+// Defect 2: `auto` chose text for every shipped model (they have a tokenizer), every trial was
+// dropped and the exit code was 0.
+TEST_F(TruthTest, NeedleFormatAutoKnowsTheTestbedsAndAllDroppedFails) {
+  CliResult r = Strata({"eval", "needle", "-m", Source("models/gqa.gguf"), "--policy", "full",
+                        "--len", "256", "--trials", "2", "--threads", "1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(Has(r.err, "needle format: kv-tokens (the tokenizer is the char-level testbed "
+                         "vocabulary)"))
+      << r.err;
+  EXPECT_TRUE(Has(r.out, "T=256: 0 of 2 trials dropped")) << r.out;
+  // A tokenizer that is not the testbed's: text, as before.
+  CliResult t = Strata({"eval", "needle", "-m", Path("tiny.gguf"), "--policy", "full", "--len",
+                        "64", "--trials", "2", "--threads", "1", "--baseline-gate", "0"});
+  EXPECT_TRUE(Has(t.err, "needle format: text (the model has a tokenizer that is not the testbed "
+                         "vocabulary: token <KEY> is"))
+      << t.err;
+  // Gate 0 drops every trial: nothing measured, so the run fails (1), after writing the report.
+  EXPECT_EQ(t.code, 1) << t.err;
+  EXPECT_TRUE(Has(t.err, "error: all 2 trials were dropped")) << t.err;
+  EXPECT_TRUE(Has(t.out, "T=64: 2 of 2 trials dropped")) << t.out;
+}
+
+// Defect 10: `demo --policy all` stopped at geodesia (no GQA layer in the NoPE-MLA model); like
+// eval, `all` skips what cannot run and says so.
+TEST_F(TruthTest, DemoPolicyAllSkipsPoliciesThatCannotRun) {
+  const std::string json = Path("demo_all.json");
+  CliResult r = Strata({"demo", "-m", Source("models/nope-mla.gguf"), "--policy", "all", "--len",
+                        "256", "--gen", "0", "--json", json});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(Has(r.out, "skipped geodesia: ")) << r.out;
+  EXPECT_TRUE(Has(r.out, "skipped cquest: ")) << r.out;
+  EXPECT_TRUE(Has(r.err, "demo: skipping geodesia: ")) << r.err;
+  const nlohmann::json j = Json(json);
+  ASSERT_EQ(j["skipped"].size(), 2u) << j["skipped"].dump();
+  EXPECT_EQ(j["skipped"][0]["label"], "geodesia");
+  std::set<std::string> ran;
+  for (const auto& row : j["results"]) ran.insert(row["policy"].get<std::string>());
+  EXPECT_TRUE(ran.count("vestige") && ran.count("kivi2") && ran.count("full")) << j.dump();
+  EXPECT_FALSE(ran.count("geodesia"));
+  // Named explicitly, a policy that cannot run is still an error.
+  CliResult g = Strata({"demo", "-m", Source("models/nope-mla.gguf"), "--policy", "full,geodesia",
+                        "--len", "256"});
+  EXPECT_EQ(g.code, 2);
+  EXPECT_TRUE(Has(g.err, "--policy geodesia: ")) << g.err;
+}
+
+// Defect 7: a policy that takes no ratio (full, kivi2, geodesia) runs once in a ratio grid,
+// labelled without a ratio, and a --policy2 already in the grid is not run (or compared) twice.
+TEST_F(TruthTest, RatioFreePoliciesRunOnce) {
+  const std::string gqa = Source("models/gqa.gguf");
+  const std::string nj = Path("grid_needle.json");
+  CliResult n = Strata({"eval", "needle", "-m", gqa, "--policy", "full,kivi2,geodesia,streaming",
+                        "--ratio", "8,32", "--len", "256", "--trials", "1", "--threads", "1",
+                        "--json", nj});
+  ASSERT_EQ(n.code, 0) << n.err;
+  std::vector<std::string> labels;
+  const nlohmann::json needle = Json(nj);
+  for (const auto& c : needle["needle"]["cells"]) {
+    labels.push_back(c["policy"].get<std::string>() +
+                     (c["ratio"].is_null() ? "" : "@" + c["ratio"].get<std::string>()));
+  }
+  EXPECT_EQ(labels, (std::vector<std::string>{"full", "kivi2", "geodesia", "streaming@8",
+                                              "streaming@32"}));
+  EXPECT_FALSE(Has(n.out, "kivi2@")) << n.out;
+
+  const std::string pj = Path("grid_ppl.json");
+  CliResult p = Strata({"eval", "ppl", "-m", gqa, "--policy", "full,kivi2,streaming", "--ratio",
+                        "8,32", "--len", "128", "--eval-tokens", "8", "--windows", "1",
+                        "--threads", "1", "--policy2", "kivi2", "--json", pj});
+  ASSERT_EQ(p.code, 0) << p.err;
+  const nlohmann::json j = Json(pj)["ppl"];
+  labels.clear();
+  for (const auto& c : j["configs"]) labels.push_back(c["label"]);
+  EXPECT_EQ(labels, (std::vector<std::string>{"full", "kivi2", "streaming@8", "streaming@32"}));
+  ASSERT_EQ(j["comparisons"].size(), 3u) << j["comparisons"].dump();
+  for (const auto& c : j["comparisons"]) {
+    EXPECT_EQ(c["b"], "kivi2");
+    EXPECT_NE(c["a"], "kivi2");
+  }
+}
+
 }  // namespace
 }  // namespace strata::cli
