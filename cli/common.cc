@@ -36,12 +36,45 @@ bool LooksNumeric(const std::string& s) {
 }
 }  // namespace
 
+namespace {
+// `s` cut at spaces into lines of at most `width` characters (a longer word is a line alone).
+std::vector<std::string> WrapText(const std::string& s, size_t width) {
+  std::vector<std::string> lines;
+  std::string line;
+  std::stringstream ss(s);
+  std::string word;
+  while (ss >> word) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      lines.push_back(line);
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  if (!line.empty() || lines.empty()) lines.push_back(line);
+  return lines;
+}
+}  // namespace
+
 void Table::Print(std::ostream& out) const {
   const size_t n_cols = header_.size();
+  // Each row as physical lines: a wrapped column's cell may take several.
+  std::vector<std::vector<std::vector<std::string>>> rows;  // row -> column -> lines
+  for (const auto& r : rows_) {
+    std::vector<std::vector<std::string>> cells(n_cols);
+    for (size_t c = 0; c < n_cols; ++c) {
+      const std::string cell = c < r.size() ? r[c] : "";
+      const auto w = wrap_.find(c);
+      cells[c] = w != wrap_.end() && cell.size() > w->second ? WrapText(cell, w->second)
+                                                             : std::vector<std::string>{cell};
+    }
+    rows.push_back(std::move(cells));
+  }
   std::vector<size_t> width(n_cols, 0);
   for (size_t c = 0; c < n_cols; ++c) width[c] = header_[c].size();
-  for (const auto& r : rows_) {
-    for (size_t c = 0; c < n_cols && c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
+  for (const auto& r : rows) {
+    for (size_t c = 0; c < n_cols; ++c) {
+      for (const auto& l : r[c]) width[c] = std::max(width[c], l.size());
+    }
   }
   auto print_row = [&](const std::vector<std::string>& r, bool is_header) {
     std::string line;
@@ -59,7 +92,15 @@ void Table::Print(std::ostream& out) const {
   std::string rule;
   for (size_t c = 0; c < n_cols; ++c) rule += (c ? "  " : "") + std::string(width[c], '-');
   out << rule << "\n";
-  for (const auto& r : rows_) print_row(r, false);
+  for (const auto& r : rows) {
+    size_t n_lines = 1;
+    for (const auto& cell : r) n_lines = std::max(n_lines, cell.size());
+    for (size_t i = 0; i < n_lines; ++i) {
+      std::vector<std::string> line(n_cols);
+      for (size_t c = 0; c < n_cols; ++c) line[c] = i < r[c].size() ? r[c][i] : "";
+      print_row(line, false);
+    }
+  }
 }
 
 std::string FormatFixed(double v, int digits) {

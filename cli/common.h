@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -30,11 +31,15 @@ class Table {
  public:
   explicit Table(std::vector<std::string> header) : header_(std::move(header)) {}
   void AddRow(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  // Wraps column `col`'s cells at spaces into lines of at most `width` characters (a longer
+  // word stays whole), so one long description does not push every other column off screen.
+  void WrapColumn(size_t col, size_t width) { wrap_[col] = width; }
   void Print(std::ostream& out) const;
 
  private:
   std::vector<std::string> header_;
   std::vector<std::vector<std::string>> rows_;
+  std::map<size_t, size_t> wrap_;  // column -> width
 };
 
 // "1.50 MiB", "812 B".

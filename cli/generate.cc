@@ -172,6 +172,7 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   t.AddRow({"prefill tokens/s", Rate(static_cast<int64_t>(prompt.size()), prefill_s)});
   t.AddRow({"decode tokens/s", Rate(decode_steps, decode_s)});
   t.AddRow({"policy", cache.policy().describe()});
+  t.WrapColumn(1, 60);  // the policy's description would push the figures far right
   t.AddRow({"threads", std::to_string(threads)});
   t.AddRow({"KV bytes resident", std::to_string(resident) + " (" + FormatBytes(resident) + ")"});
   t.AddRow({"KV bytes read, last decode step",

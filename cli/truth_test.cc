@@ -257,5 +257,32 @@ TEST_F(TruthTest, RatioFreePoliciesRunOnce) {
   }
 }
 
+// Defect 6: Geodesia missed its budget silently on short contexts, and --bits 100 was accepted.
+TEST_F(TruthTest, GeodesiaWarnsWhenItMissesItsBudgetAndRejectsBadBits) {
+  const std::string gqa = Source("models/gqa.gguf");
+  // 476 one-character tokens: 7 blocks, of which the exact sink and recent blocks take ~6.6
+  // bits per value whatever the budget (the issue's "~4.9 bits/value at ~450 tokens").
+  std::string prompt;
+  for (int i = 0; i < 14; ++i) prompt += "And God said, Let there be light. ";
+  CliResult r = Strata({"generate", "-m", gqa, "-p", prompt, "-n", "3", "--policy", "geodesia",
+                        "--bits", "2", "--threads", "1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(std::regex_search(r.err, std::regex("warning: geodesia: .*its budget was 2 bits per "
+                                                  "value, it achieved [0-9.]+ \\(more than 0.5 "
+                                                  "off")))
+      << r.err;
+  for (const char* bits : {"100", "16.5", "0.1"}) {
+    CliResult b = Strata({"generate", "-m", gqa, "-n", "1", "--policy", "geodesia", "--bits",
+                          bits});
+    EXPECT_EQ(b.code, 2) << bits;
+    EXPECT_TRUE(Has(b.err, std::string("--bits = ") + bits + " must be in [0.25, 16]") ||
+                Has(b.err, std::string("--bits = ") + bits))
+        << b.err;
+  }
+  CliResult e = Strata({"eval", "needle", "-m", gqa, "--policy", "geodesia@100"});
+  EXPECT_EQ(e.code, 2);
+  EXPECT_TRUE(Has(e.err, "100")) << e.err;
+}
+
 }  // namespace
 }  // namespace strata::cli
