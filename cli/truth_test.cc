@@ -284,5 +284,20 @@ TEST_F(TruthTest, GeodesiaWarnsWhenItMissesItsBudgetAndRejectsBadBits) {
   EXPECT_TRUE(Has(e.err, "100")) << e.err;
 }
 
+// Defect 14: the repository had no licence. Apache-2.0 in full, and a NOTICE naming every linked
+// dependency with its licence (scripts/check_licenses.py checks the binary's libraries).
+TEST(Licence, ApacheLicenceAndNoticeListTheDependencies) {
+  const std::string licence = ReadAll(Source("LICENSE"));
+  EXPECT_TRUE(Has(licence, "Apache License")) << "LICENSE";
+  EXPECT_TRUE(Has(licence, "Version 2.0, January 2004"));
+  EXPECT_TRUE(Has(licence, "END OF TERMS AND CONDITIONS"));  // the full text, not a pointer
+  const std::string notice = ReadAll(Source("NOTICE"));
+  for (const char* dep : {"Highway", "KissFFT", "OpenBLAS", "nlohmann/json", "CLI11",
+                          "GoogleTest", "Apache-2.0", "BSD-3-Clause", "MIT", "cpp-httplib",
+                          "PCRE2", "utf8proc"}) {
+    EXPECT_TRUE(Has(notice, dep)) << dep;
+  }
+}
+
 }  // namespace
 }  // namespace strata::cli
