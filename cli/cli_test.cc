@@ -739,7 +739,7 @@ TEST_F(CliTest, DemoErrorsNameTheProblem) {
   EXPECT_EQ(RunDemo(o, out, err), 2);
   EXPECT_NE(err.str().find(Path("no_models_here") + "/nope-mla.gguf"), std::string::npos)
       << err.str();
-  EXPECT_NE(err.str().find("strata convert tools/testbed/runs/nope/hf -o models/nope-mla.gguf"),
+  EXPECT_NE(err.str().find("strata convert models/hf/nope-mla -o models/nope-mla.gguf --dtype f32"),
             std::string::npos)
       << err.str();
 

@@ -281,9 +281,40 @@ std::string SharedSettingHelp(const std::string& key) {
   return help + " [" + takers + "; default " + list(defaults) + "; range " + list(ranges) + "]";
 }
 
+std::string SharedSettingDefault(const std::string& key) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> defaults;  // text -> policies
+  for (const PolicyInfo& p : Policies()) {
+    const SettingDecl* d = p.settings.Find(key);
+    if (d == nullptr) continue;
+    // "auto: the largest power of two..." is said in the help; the default column says "auto".
+    std::string text = d->DefaultText();
+    if (const size_t colon = text.find(':'); colon != std::string::npos) text.resize(colon);
+    auto it = std::find_if(defaults.begin(), defaults.end(),
+                           [&](const auto& e) { return e.first == text; });
+    if (it == defaults.end()) {
+      defaults.push_back({text, {p.name}});
+    } else {
+      it->second.push_back(p.name);
+    }
+  }
+  std::string out;
+  for (const auto& [text, policies] : defaults) {
+    std::string names;
+    if (defaults.size() > 1) {
+      for (const auto& n : policies) names += (names.empty() ? " (" : ", ") + n;
+      names += ")";
+    }
+    out += (out.empty() ? "" : "; ") + text + names;
+  }
+  return out;
+}
+
 void AddPolicyFlags(CLI::App* cmd, PolicyFlags* f) {
   for (const std::string& key : SharedSettingNames()) {
-    cmd->add_option("--" + key, f->values[key], SharedSettingHelp(key));
+    // The value stays empty unless given (the policy's own default applies); the help shows
+    // that default like any other flag's.
+    cmd->add_option("--" + key, f->values[key], SharedSettingHelp(key))
+        ->default_str(SharedSettingDefault(key));
   }
 }
 

@@ -26,10 +26,11 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// The default model's file name in models/ and how to make it (tools/testbed/README.md).
+// The default model's file name in models/ and how to make it from the shipped HF export
+// (models/README.md).
 constexpr const char* kDemoModelFile = "nope-mla.gguf";
 constexpr const char* kDemoModelRecipe =
-    "strata convert tools/testbed/runs/nope/hf -o models/nope-mla.gguf";
+    "strata convert models/hf/nope-mla -o models/nope-mla.gguf --dtype f32";
 // VestigeKV settings of the demo: 1024-row blocks (two closed blocks at the default 2048-token
 // prefix; the default 4096 would close none) and kappa 4 low-pass bins per block. A policy item's
 // own settings override them.

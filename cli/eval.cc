@@ -99,7 +99,8 @@ void AddShared(CLI::App* cmd, EvalCliOptions* o, const std::string& policy_defau
   // that declares it (--ratio is the grid axis above).
   for (const std::string& key : SharedSettingNames()) {
     if (key == "ratio") continue;
-    cmd->add_option("--" + key, o->flags.values[key], SharedSettingHelp(key));
+    cmd->add_option("--" + key, o->flags.values[key], SharedSettingHelp(key))
+        ->default_str(SharedSettingDefault(key));
   }
   cmd->add_option("--threads", o->threads,
                   "Worker threads (default: the hardware threads; more are capped to them)")
