@@ -129,19 +129,12 @@ StatusOr<PplReport> RunPpl(Model& model, const std::vector<int32_t>& tokens, con
   ASSIGN_OR_RETURN(std::vector<PolicyConfig> configs,
                    BuildableConfigs(model, factory, grid,
                                     o.skip_unsupported, &r.skipped, progress));
-  size_t policy2_index = 0;  // the --policy2 config's index in `configs`
   if (!o.policy2.empty()) {
     auto b_or = SingleConfig(o.policy2, o.ratio2, o.settings);
     if (!b_or.ok()) return b_or.status().WithContext("--policy2");
     const PolicyConfig b = std::move(b_or).value();
     RETURN_IF_ERROR(NewConfigCache(model, factory, b).status().WithContext("--policy2"));
-    // A --policy2 that is already in the grid (e.g. a ratio-free kivi2 in both) runs once: the
-    // same config twice was two identical rows and a comparison of it with itself.
-    policy2_index = configs.size();
-    for (size_t i = 0; i < configs.size(); ++i) {
-      if (configs[i].Label() == b.Label() && configs[i].settings == b.settings) policy2_index = i;
-    }
-    if (policy2_index == configs.size()) configs.push_back(b);
+    configs.push_back(b);
   }
   ThreadPool pool(std::max(1, o.w.threads));
   const auto t0 = std::chrono::steady_clock::now();
@@ -171,9 +164,8 @@ StatusOr<PplReport> RunPpl(Model& model, const std::vector<int32_t>& tokens, con
     r.configs.push_back(std::move(cr));
   }
   if (!o.policy2.empty()) {
-    const size_t b = policy2_index;
-    for (size_t a = 0; a < r.configs.size(); ++a) {
-      if (a == b) continue;
+    const size_t b = r.configs.size() - 1;
+    for (size_t a = 0; a < b; ++a) {
       std::vector<ClusterDelta> clusters;
       for (size_t wi = 0; wi < r.offsets.size(); ++wi) {
         const auto& na = r.configs[a].windows[wi].nll;

@@ -85,7 +85,7 @@ struct PplReport {
   std::vector<int64_t> offsets;
   int64_t corpus_tokens = 0;
   std::vector<SkippedConfig> skipped;
-  std::vector<PplConfigResult> configs;  // + the policy2 config last, unless already there
+  std::vector<PplConfigResult> configs;  // the policy2 config last when given
   std::vector<PplComparison> comparisons;
   std::vector<std::string> warnings;  // the configs' CompressionCheck warnings
 };
