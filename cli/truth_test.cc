@@ -66,6 +66,10 @@ TEST_F(TruthTest, TestbedsHaveNoEosAndGenerateAnswersV0) {
     EXPECT_EQ((*m)->tokenizer()->eos_id(), -1) << name;
     EXPECT_EQ((*m)->tokenizer()->TokenId("<v0>"), 2) << name;
   }
+  // The HF export the GGUFs are converted from (its strata_tokenizer.json says eos -1) too.
+  auto hf = Model::Load(Source("models/hf/nope-mla"));
+  ASSERT_TRUE(hf.ok()) << hf.status().ToString();
+  EXPECT_EQ((*hf)->tokenizer()->eos_id(), -1);
   // The needle <KEY> <v0> <v20>, then the question <KEY>: the answer starts with <v0>.
   const std::string json = Path("eos.json");
   CliResult r = Strata({"generate", "-m", Source("models/nope-mla.gguf"), "-p",
