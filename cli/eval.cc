@@ -216,8 +216,9 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
   n->add_option("--seed", o->seed, "Seed of the trial draws (key, depth, filler offset)")
       ->capture_default_str();
   n->add_option("--haystack", o->haystack, "Filler text file; default: the built-in KJV excerpt");
-  n->add_option("--needle-format", o->format, "text | kv-tokens (the char-level testbed) | auto (kv-tokens when the model "
-                "has no tokenizer or the testbed vocabulary, else text)")
+  n->add_option("--needle-format", o->format,
+                "text | kv-tokens (the char-level testbed) | auto (kv-tokens when the model has "
+                "no tokenizer or the testbed vocabulary, else text)")
       ->capture_default_str();
   n->add_option("--needle", o->needle_template, "Needle template ({key}; \\n = newline)")
       ->capture_default_str();
