@@ -338,6 +338,17 @@ void PrintWarnings(const std::vector<std::string>& warnings, std::ostream& out,
   }
 }
 
+// A prefix past the trained window is allowed (e.g. length generalisation studies) but said.
+void WarnPastTrainedContext(const std::string& flag, const std::vector<int64_t>& lengths,
+                            const ModelConfig& config, std::ostream& err) {
+  for (const int64_t t : lengths) {
+    if (config.n_ctx_train > 0 && t > config.n_ctx_train) {
+      err << "warning: " << flag << " " << t << " is past the model's trained context of "
+          << config.n_ctx_train << " tokens; positions beyond it were never trained\n";
+    }
+  }
+}
+
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -404,6 +415,7 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
   n.threads = CapThreads("--threads", o.threads, err);
   auto loaded = LoadModel(o, err);
   if (!loaded.ok()) return Fail(err, loaded.status().message());
+  WarnPastTrainedContext("--len", n.lengths, loaded->model->config(), err);
   if (o.format == "auto") {
     // The testbeds have a tokenizer too, but a text needle means nothing to a model trained on
     // kv-tokens needles (every trial dropped): their vocabulary decides, not the tokenizer.
@@ -530,6 +542,7 @@ int RunPplCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
   if (!loaded.ok()) return Fail(err, loaded.status().message());
   auto setup = SetupWindows(o, *loaded->model, err);
   if (!setup.ok()) return Fail(err, setup.status().message());
+  WarnPastTrainedContext("--len", {o.window_len}, loaded->model->config(), err);
   eval::PplOptions p;
   p.w = setup->w;
   p.policies = SplitList(o.policies);

@@ -145,6 +145,12 @@ TEST_F(TruthTest, ContextSizeGuardsGenerateAndDemo) {
                                                    "\\(100%\\)")))
       << lp.err.substr(0, 2000);
 
+  // eval needle runs past the trained window if asked, and says so.
+  CliResult en = Strata({"eval", "needle", "-m", Source("models/gqa.gguf"), "--policy", "full",
+                         "--len", "2304", "--trials", "1", "--threads", "1"});
+  EXPECT_TRUE(Has(en.err, "warning: --len 2304 is past the model's trained context of 2048"))
+      << en.err;
+
   // The demo: its prefix must fit the context (the testbeds are trained to 2048).
   const std::string nope = Source("models/nope-mla.gguf");
   CliResult dl = Strata({"demo", "-m", nope, "--len", "4096", "--policy", "full"});
