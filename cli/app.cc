@@ -1,11 +1,16 @@
 // The `strata` command tree: CLI11 parsing, dispatch, and the error and exit-code conventions.
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <exception>
 
 #include "cli/bench_geodesia.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+
+#ifndef STRATA_VERSION
+#define STRATA_VERSION "unknown"
+#endif
 
 namespace strata::cli {
 
@@ -31,6 +36,68 @@ bool IsKnown(const std::vector<std::string>& names, const std::string& s) {
   return std::find(names.begin(), names.end(), s) != names.end();
 }
 
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The message for arguments CLI11 did not expect, in the order they were given (the parser gets
+// them reversed), naming the command and, for a misspelt flag, the closest flags it has.
+std::string ExtrasMessage(CLI::App* app, const std::vector<std::string>& args) {
+  CLI::App* cmd = app;
+  std::string path = "strata";
+  for (;;) {
+    const auto subs = cmd->get_subcommands();  // the parsed ones
+    if (subs.empty()) break;
+    cmd = subs.front();
+    path += " " + cmd->get_name();
+  }
+  std::vector<std::string> flags;  // "--threads", "-m"
+  for (const CLI::Option* opt : cmd->get_options()) {
+    for (const auto& l : opt->get_lnames()) flags.push_back("--" + l);
+    for (const auto& s : opt->get_snames()) flags.push_back("-" + s);
+  }
+  for (const std::string& a : args) {
+    if (a.size() < 2 || a[0] != '-' || std::isdigit(static_cast<unsigned char>(a[1]))) continue;
+    const std::string name = a.substr(0, a.find('='));
+    if (IsKnown(flags, name) || name == "--help" || name == "-h") continue;
+    std::vector<std::string> close;
+    size_t best = 3;  // suggest within two edits (or a flag the name is a prefix of)
+    for (const std::string& f : flags) {
+      if (f.size() < 3) continue;
+      const size_t d = f.rfind(name, 0) == 0 ? 1 : EditDistance(name, f);
+      if (d < best) {
+        best = d;
+        close = {f};
+      } else if (d == best && d < 3) {
+        close.push_back(f);
+      }
+    }
+    std::string msg = "unknown flag '" + name + "' for `" + path + "`";
+    if (!close.empty()) {
+      msg += " (did you mean ";
+      for (size_t i = 0; i < close.size() && i < 3; ++i) msg += (i ? " or " : "") + close[i];
+      msg += "?)";
+    }
+    return msg + "; `" + path + " --help` lists its flags";
+  }
+  // No unknown flag: a positional argument the command does not take.
+  std::string extras;
+  for (const std::string& a : cmd->remaining()) extras = a + (extras.empty() ? "" : " " + extras);
+  return "unexpected argument(s) '" + extras + "' for `" + path + "`; `" + path +
+         " --help` lists its flags";
+}
+
 }  // namespace
 
 int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
@@ -38,14 +105,16 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
                "policies",
                "strata");
   app.require_subcommand(1);
-  app.footer("Examples:\n"
-             "  strata demo                      # the main job (models/nope-mla.gguf)\n"
-             "  strata inspect model.gguf\n"
-             "  strata generate -m model.gguf -p \"The quick brown fox\" -n 64\n"
-             "  strata synth --preset 125m --dtype f16 -o /tmp/l125.gguf\n"
-             "  strata bench decode -m /tmp/l125.gguf --ctx 0,4096,16384 --threads 1,2\n"
-             "  strata policies                  # every cache policy and its settings\n"
-             "Run `strata COMMAND --help` for a command's flags.\n");
+  app.set_version_flag("--version", std::string("strata ") + STRATA_VERSION);
+  const std::string examples =
+      "Examples:\n"
+      "  strata demo                      # the main job (models/nope-mla.gguf)\n"
+      "  strata inspect model.gguf\n"
+      "  strata generate -m model.gguf -p \"The quick brown fox\" -n 64\n"
+      "  strata synth --preset 125m --dtype f16 -o /tmp/l125.gguf\n"
+      "  strata bench decode -m /tmp/l125.gguf --ctx 0,4096,16384 --threads 1,2\n"
+      "  strata policies                  # every cache policy and its settings\n"
+      "Run `strata COMMAND --help` for a command's flags.\n";
   DemoOptions demo;
   AddDemoCommand(&app, &demo);
   InspectOptions inspect;
@@ -70,6 +139,10 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
   AddBenchAttentionCommand(bench, &bench_attention);
   PoliciesOptions policies;
   AddPoliciesCommand(&app, &policies);
+
+  // Set after the commands are added: CLI11 copies a parent's footer into subcommands made
+  // later, and every command's --help repeated these examples.
+  app.footer(examples);
 
   const std::vector<std::string> commands = SubcommandNames(&app);
   const std::vector<std::string> bench_commands = SubcommandNames(bench);
@@ -96,8 +169,10 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
   try {
     std::vector<std::string> reversed(args.rbegin(), args.rend());
     app.parse(reversed);
+  } catch (const CLI::ExtrasError& e) {
+    return usage_error(ExtrasMessage(&app, args));
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e, out, err);  // --help
+    if (e.get_exit_code() == 0) return app.exit(e, out, err);  // --help, --version
     return usage_error(e.what());
   }
 

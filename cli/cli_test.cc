@@ -131,7 +131,7 @@ TEST_F(CliTest, GenerateGreedyIsDeterministicAndSeededSamplingReproducible) {
   EXPECT_EQ(a.out.rfind("hello there", 0), 0u) << a.out;  // the prompt is echoed first
   EXPECT_GT(a.out.size(), std::string("hello there\n").size());
   for (const char* s : {"prompt tokens", "generated tokens", "prefill tokens/s", "decode tokens/s",
-                        "KV bytes resident", "KV bytes read, last step"}) {
+                        "KV bytes resident", "KV bytes read, last decode step"}) {
     EXPECT_NE(a.err.find(s), std::string::npos) << s;
   }
   // Greedy output does not depend on the thread count or chunking.
@@ -739,7 +739,7 @@ TEST_F(CliTest, DemoErrorsNameTheProblem) {
   EXPECT_EQ(RunDemo(o, out, err), 2);
   EXPECT_NE(err.str().find(Path("no_models_here") + "/nope-mla.gguf"), std::string::npos)
       << err.str();
-  EXPECT_NE(err.str().find("strata convert tools/testbed/runs/nope/hf -o models/nope-mla.gguf"),
+  EXPECT_NE(err.str().find("strata convert models/hf/nope-mla -o models/nope-mla.gguf --dtype f32"),
             std::string::npos)
       << err.str();
 

@@ -41,6 +41,7 @@ struct GenerateOptions {
   uint64_t seed = 0;
   int threads = 0;  // 0 means "not given": hardware concurrency
   int chunk = 512;
+  int64_t ctx_size = 0;  // -c: 0 = the model's trained context length
   bool no_mmap = false;  // read the model into huge-page memory instead of mapping it
   std::string policy = "full";
   std::string policy_settings;  // "key=value,..." passed to the policy registry
@@ -131,6 +132,7 @@ struct DemoOptions {
   uint64_t seed = 1;   // picks the needle's values and depth
   std::string ratio = "32";
   int threads = 1;
+  int64_t ctx_size = 0;  // -c: 0 = the model's trained context length; --len must fit
   std::string policy = "full,vestige:recall=off,vestige,streaming,h2o";
   int64_t gen = 30;  // greedy tokens decoded after the answer, for the tok/s figure
   std::string json_path;

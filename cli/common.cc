@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "kv/registry.h"
 #include "model/synth.h"
@@ -35,12 +36,45 @@ bool LooksNumeric(const std::string& s) {
 }
 }  // namespace
 
+namespace {
+// `s` cut at spaces into lines of at most `width` characters (a longer word is a line alone).
+std::vector<std::string> WrapText(const std::string& s, size_t width) {
+  std::vector<std::string> lines;
+  std::string line;
+  std::stringstream ss(s);
+  std::string word;
+  while (ss >> word) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      lines.push_back(line);
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  if (!line.empty() || lines.empty()) lines.push_back(line);
+  return lines;
+}
+}  // namespace
+
 void Table::Print(std::ostream& out) const {
   const size_t n_cols = header_.size();
+  // Each row as physical lines: a wrapped column's cell may take several.
+  std::vector<std::vector<std::vector<std::string>>> rows;  // row -> column -> lines
+  for (const auto& r : rows_) {
+    std::vector<std::vector<std::string>> cells(n_cols);
+    for (size_t c = 0; c < n_cols; ++c) {
+      const std::string cell = c < r.size() ? r[c] : "";
+      const auto w = wrap_.find(c);
+      cells[c] = w != wrap_.end() && cell.size() > w->second ? WrapText(cell, w->second)
+                                                             : std::vector<std::string>{cell};
+    }
+    rows.push_back(std::move(cells));
+  }
   std::vector<size_t> width(n_cols, 0);
   for (size_t c = 0; c < n_cols; ++c) width[c] = header_[c].size();
-  for (const auto& r : rows_) {
-    for (size_t c = 0; c < n_cols && c < r.size(); ++c) width[c] = std::max(width[c], r[c].size());
+  for (const auto& r : rows) {
+    for (size_t c = 0; c < n_cols; ++c) {
+      for (const auto& l : r[c]) width[c] = std::max(width[c], l.size());
+    }
   }
   auto print_row = [&](const std::vector<std::string>& r, bool is_header) {
     std::string line;
@@ -58,7 +92,15 @@ void Table::Print(std::ostream& out) const {
   std::string rule;
   for (size_t c = 0; c < n_cols; ++c) rule += (c ? "  " : "") + std::string(width[c], '-');
   out << rule << "\n";
-  for (const auto& r : rows_) print_row(r, false);
+  for (const auto& r : rows) {
+    size_t n_lines = 1;
+    for (const auto& cell : r) n_lines = std::max(n_lines, cell.size());
+    for (size_t i = 0; i < n_lines; ++i) {
+      std::vector<std::string> line(n_cols);
+      for (size_t c = 0; c < n_cols; ++c) line[c] = i < r[c].size() ? r[c][i] : "";
+      print_row(line, false);
+    }
+  }
 }
 
 std::vector<std::string> ColumnNames(const std::vector<ColumnDoc>& cols) {
@@ -141,6 +183,61 @@ Status CheckNumberAtLeast(const std::string& flag, const std::string& text, doub
   return OkStatus();
 }
 
+int HardwareThreads() {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+int CapThreads(const std::string& flag, int64_t requested, std::ostream& err) {
+  const int cores = HardwareThreads();
+  if (requested <= cores) return static_cast<int>(std::max<int64_t>(1, requested));
+  err << "warning: " << flag << " " << requested << " is more than the " << cores
+      << " hardware thread" << (cores == 1 ? "" : "s") << "; using " << cores << "\n";
+  return cores;
+}
+
+Model::PrefillProgress PrefillProgressLines(std::ostream& err, const std::string& label) {
+  auto next = std::make_shared<int64_t>(0);  // the next tenth to report
+  return [&err, label, next](int64_t done, int64_t total) {
+    if (total < kProgressMinTokens) return;
+    const int64_t tenth = done * 10 / total;
+    if (tenth < *next && done < total) return;
+    *next = tenth + 1;
+    err << label << ": prefill " << done << " / " << total << " tokens ("
+        << done * 100 / total << "%)\n" << std::flush;
+  };
+}
+
+StatusOr<int64_t> ResolveCtxSize(int64_t requested, const ModelConfig& config, std::ostream& err) {
+  if (requested < 0) {
+    return InvalidArgument("-c/--ctx-size must be >= 0 (0: the model's context length), got " +
+                           std::to_string(requested));
+  }
+  const int64_t trained = config.n_ctx_train;
+  if (requested == 0) return trained;
+  if (trained > 0 && requested > trained) {
+    err << "warning: -c " << requested << " is past the model's trained context of " << trained
+        << " tokens; positions beyond it were never trained\n";
+  }
+  return requested;
+}
+
+std::string TestbedVocabularyMismatch(const Tokenizer& tok, const eval::KvTokenIds& kv) {
+  const int32_t last_value = kv.slot1_first + kv.slot1_count - 1;  // <v31>: id 33
+  const std::pair<int32_t, std::string> want[] = {
+      {kv.key, "<KEY>"},
+      {kv.slot0_first, "<v0>"},
+      {last_value, "<v" + std::to_string(last_value - kv.slot0_first) + ">"}};
+  for (const auto& [id, text] : want) {
+    const int32_t got = tok.TokenId(text);
+    if (got != id) {
+      return "token " + text + " is " +
+             (got < 0 ? std::string("missing") : "id " + std::to_string(got)) + ", expected id " +
+             std::to_string(id);
+    }
+  }
+  return "";
+}
+
 std::vector<std::string> PolicyNames() {
   std::vector<std::string> names;
   for (const PolicyInfo& p : Policies()) names.push_back(p.name);
@@ -199,9 +296,40 @@ std::string SharedSettingHelp(const std::string& key) {
   return help + " [" + takers + "; default " + list(defaults) + "; range " + list(ranges) + "]";
 }
 
+std::string SharedSettingDefault(const std::string& key) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> defaults;  // text -> policies
+  for (const PolicyInfo& p : Policies()) {
+    const SettingDecl* d = p.settings.Find(key);
+    if (d == nullptr) continue;
+    // "auto: the largest power of two..." is said in the help; the default column says "auto".
+    std::string text = d->DefaultText();
+    if (const size_t colon = text.find(':'); colon != std::string::npos) text.resize(colon);
+    auto it = std::find_if(defaults.begin(), defaults.end(),
+                           [&](const auto& e) { return e.first == text; });
+    if (it == defaults.end()) {
+      defaults.push_back({text, {p.name}});
+    } else {
+      it->second.push_back(p.name);
+    }
+  }
+  std::string out;
+  for (const auto& [text, policies] : defaults) {
+    std::string names;
+    if (defaults.size() > 1) {
+      for (const auto& n : policies) names += (names.empty() ? " (" : ", ") + n;
+      names += ")";
+    }
+    out += (out.empty() ? "" : "; ") + text + names;
+  }
+  return out;
+}
+
 void AddPolicyFlags(CLI::App* cmd, PolicyFlags* f) {
   for (const std::string& key : SharedSettingNames()) {
-    cmd->add_option("--" + key, f->values[key], SharedSettingHelp(key));
+    // The value stays empty unless given (the policy's own default applies); the help shows
+    // that default like any other flag's.
+    cmd->add_option("--" + key, f->values[key], SharedSettingHelp(key))
+        ->default_str(SharedSettingDefault(key));
   }
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -12,12 +13,16 @@
 #include "core/status.h"
 #include "cli/commands.h"
 #include "kv/policy.h"
+#include "eval/needle.h"
 #include "kv/registry.h"
+#include "model/model.h"
 
 namespace strata::cli {
 
-// Exit codes: 0 success, 2 a bad flag, input file or request (the message names it).
+// Exit codes: 0 success, 2 a bad flag, input file or request (the message names it), 1 a run
+// that failed or measured nothing (e.g. every needle trial was dropped).
 inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
 inline constexpr int kExitUsage = 2;
 
 // A plain text table: a header row, then rows; columns are padded to their widest cell, numbers
@@ -26,11 +31,15 @@ class Table {
  public:
   explicit Table(std::vector<std::string> header) : header_(std::move(header)) {}
   void AddRow(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+  // Wraps column `col`'s cells at spaces into lines of at most `width` characters (a longer
+  // word stays whole), so one long description does not push every other column off screen.
+  void WrapColumn(size_t col, size_t width) { wrap_[col] = width; }
   void Print(std::ostream& out) const;
 
  private:
   std::vector<std::string> header_;
   std::vector<std::vector<std::string>> rows_;
+  std::map<size_t, size_t> wrap_;  // column -> width
 };
 
 // A table's legend: one line per column, "  NAME  what it is", under "columns:". A report that
@@ -69,6 +78,31 @@ inline constexpr const char* kKvTypeHelp =
     "KV cache storage: bf16 (every policy), or f32 / f16 for research and parity (the full "
     "policy only; others refuse)";
 
+// The machine's hardware threads (std::thread::hardware_concurrency, at least 1).
+int HardwareThreads();
+// The worker threads to start for `flag` = `requested` (already checked >= 1): at most
+// HardwareThreads(). More threads than cores only contend for them (10,000 threads started
+// 10,001 OS threads and decoded nothing for a minute), so a larger request is capped, with
+// "warning: --threads 10000 is more than the 2 hardware threads; using 2" on `err`.
+int CapThreads(const std::string& flag, int64_t requested, std::ostream& err);
+
+// Prefill progress for a long prompt: a Model::Prefill callback that prints "LABEL: prefill
+// 4096 / 13000 tokens (31%)" on `err` about every tenth of the way, for prompts of at least
+// kProgressMinTokens tokens (shorter ones finish in well under a second: no lines).
+inline constexpr int64_t kProgressMinTokens = 4096;
+Model::PrefillProgress PrefillProgressLines(std::ostream& err, const std::string& label);
+
+// The context size of -c/--ctx-size: `requested` (0: the model's trained context length,
+// ModelConfig::n_ctx_train; 0 there too: no limit, returned as 0). A request past the trained
+// window is allowed with a warning on `err` (the model never saw those positions); a negative
+// one is an error naming it.
+StatusOr<int64_t> ResolveCtxSize(int64_t requested, const ModelConfig& config, std::ostream& err);
+
+// Empty when `tok` is the char-level testbed vocabulary that kv-tokens needles use
+// (tools/testbed/README.md, "Vocabulary and needle format"): <KEY>, <v0> and the last slot-1
+// value at kv's ids. Else why not: "token <KEY> is missing, expected id 1".
+std::string TestbedVocabularyMismatch(const Tokenizer& tok, const eval::KvTokenIds& kv);
+
 // Names of the registered cache policies (kv/registry.h), for help texts.
 std::vector<std::string> PolicyNames();
 // The shared settings of every registered policy (SettingDecl::shared), in registry order: each
@@ -76,6 +110,9 @@ std::vector<std::string> PolicyNames();
 // from the declarations (which policies take it, their defaults and ranges).
 std::vector<std::string> SharedSettingNames();
 std::string SharedSettingHelp(const std::string& key);
+// The defaults of a shared setting for its help's "=DEFAULT": "32", or "5 (geodesia); 16 (cquest)"
+// when the declaring policies differ.
+std::string SharedSettingDefault(const std::string& key);
 // The spec of `--policy NAME[:key=value...]` (kv/registry.h ParsePolicySpec), with the
 // deprecated `--policy-set key=value,...` and the shorthand flags (PolicyFlags) added; a key
 // given twice, in any two of these ways, is an error naming both. Not validated yet.

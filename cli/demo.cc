@@ -26,10 +26,11 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// The default model's file name in models/ and how to make it (tools/testbed/README.md).
+// The default model's file name in models/ and how to make it from the shipped HF export
+// (models/README.md).
 constexpr const char* kDemoModelFile = "nope-mla.gguf";
 constexpr const char* kDemoModelRecipe =
-    "strata convert tools/testbed/runs/nope/hf -o models/nope-mla.gguf";
+    "strata convert models/hf/nope-mla -o models/nope-mla.gguf --dtype f32";
 // VestigeKV settings of the demo: 1024-row blocks (two closed blocks at the default 2048-token
 // prefix; the default 4096 would close none) and kappa 4 low-pass bins per block. A policy item's
 // own settings override them.
@@ -121,7 +122,13 @@ void AddDemoCommand(CLI::App* app, DemoOptions* o) {
                   "Compression ratio R, given to every policy that declares a ratio (the "
                   "row-budget policies keep 1/R of the prefix rows)")
       ->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Worker threads")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "Worker threads (more than the hardware threads are "
+                  "capped to them)")
+      ->capture_default_str();
+  cmd->add_option("-c,--ctx-size", o->ctx_size,
+                  "Context size in tokens: --len must fit in it (0: the model's trained context "
+                  "length; more than that warns)")
+      ->capture_default_str();
   cmd->add_option("--gen", o->gen,
                   "Greedy tokens decoded after the answer; the read and speed columns average "
                   "over every decode step (question, answer, these)")
@@ -144,6 +151,7 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
   };
   // Flags first, so a bad flag is reported before any model is loaded.
   for (const Status& st : {CheckAtLeast("--len", o.len, 8), CheckAtLeast("--threads", o.threads, 1),
+                           CheckAtLeast("-c", o.ctx_size, 0),
                            CheckNumberAtLeast("--ratio", o.ratio, 1, "32", "keep 1/R of the rows"),
                            CheckAtLeast("--gen", o.gen, 0)}) {
     if (!st.ok()) return fail(st.message());
@@ -191,31 +199,29 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
   if (!mc.is_mla() || !mc.mla_nope) {
     err << "demo: note: the model is not a NoPE-MLA model; policies that need MLA rows fail\n";
   }
+  auto ctx = ResolveCtxSize(o.ctx_size, mc, err);
+  if (!ctx.ok()) return fail(ctx.status().message());
+  if (*ctx > 0 && o.len > *ctx) {
+    return fail("--len " + std::to_string(o.len) + " is more than the context size " +
+                std::to_string(*ctx) + " (-c/--ctx-size; the model was trained to " +
+                std::to_string(mc.n_ctx_train) + " tokens): pass -c " + std::to_string(o.len) +
+                " to run past the trained window anyway");
+  }
+  const int threads = CapThreads("--threads", o.threads, err);
 
   eval::NeedleOptions no;
   no.format = eval::NeedleFormat::kKvTokens;
   no.seed = o.seed;
   no.trials = 1;
   no.lengths = {o.len};
-  no.threads = o.threads;
+  no.threads = threads;
   if (const Tokenizer* t = m.tokenizer()) {
     // The needle's own ids must be the testbed's <KEY> and value tokens (characters are mapped
     // through the tokenizer by NeedleBuilder).
-    const int32_t last_value = no.kv.slot1_first + no.kv.slot1_count - 1;  // <v31>: id 33
-    const std::pair<int32_t, std::string> want[] = {
-        {no.kv.key, "<KEY>"},
-        {no.kv.slot0_first, "<v0>"},
-        {last_value, "<v" + std::to_string(last_value - no.kv.slot0_first) + ">"}};
-    for (const auto& [id, text] : want) {
-      const int32_t got = t->TokenId(text);
-      if (got != id) {
-        return fail("model '" + path +
-                    "' does not use the char-level testbed vocabulary (tools/testbed/README.md, "
-                    "\"Vocabulary and needle format\"): token " +
-                    text + " is " +
-                    (got < 0 ? std::string("missing") : "id " + std::to_string(got)) +
-                    ", expected id " + std::to_string(id));
-      }
+    if (const std::string why = TestbedVocabularyMismatch(*t, no.kv); !why.empty()) {
+      return fail("model '" + path +
+                  "' does not use the char-level testbed vocabulary (tools/testbed/README.md, "
+                  "\"Vocabulary and needle format\"): " + why);
     }
   } else {
     err << "demo: the model has no tokenizer; assuming the testbed vocabulary (characters from id "
@@ -237,15 +243,29 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
   err << "demo: prefix " << o.len << " tokens, needle " << TokenNames(tok, no.kv, trial.needle)
       << " at depth " << trial.depth << " (" << FormatFixed(depth_pct, 0) << "%)\n";
 
-  // Every policy must fit the model (e.g. geodesia needs GQA layers) before any of them runs.
-  for (const eval::PolicyConfig& c : configs) {
-    auto policy = MakeCliPolicy(c.Spec());
+  // Every policy must fit the model (e.g. geodesia needs GQA layers) before any of them runs;
+  // with `all` in the list, as in eval, the ones that cannot run are skipped and listed.
+  const std::vector<std::string> items = SplitList(o.policy);
+  const bool skip_unsupported = std::find(items.begin(), items.end(), "all") != items.end();
+  std::vector<std::pair<std::string, std::string>> skipped;  // label, reason
+  for (auto c = configs.begin(); c != configs.end();) {
+    auto policy = MakeCliPolicy(c->Spec());
     if (!policy.ok()) return fail(policy.status().message());
     auto cache = m.NewCache(std::move(policy).value());
-    if (!cache.ok()) return fail("--policy " + c.policy + ": " + cache.status().message());
+    if (cache.ok()) {
+      ++c;
+      continue;
+    }
+    if (!skip_unsupported) {
+      return fail("--policy " + c->policy + ": " + cache.status().message());
+    }
+    err << "demo: skipping " << c->Label() << ": " << cache.status().message() << "\n";
+    skipped.push_back({c->Label(), cache.status().message()});
+    c = configs.erase(c);
   }
+  if (configs.empty()) return fail("--policy '" + o.policy + "': no policy can run on this model");
 
-  ThreadPool pool(o.threads);
+  ThreadPool pool(threads);
   const int64_t n_vocab = mc.n_vocab;
   std::vector<DemoRow> rows;
   for (const eval::PolicyConfig& c : configs) {
@@ -261,7 +281,8 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
     // The compression point: the end of this Prefill call.
     const auto t0 = Clock::now();
     if (Status st = m.Prefill(trial.prefix.data(), static_cast<int64_t>(trial.prefix.size()),
-                              kPrefillChunk, &cache, &pool, nullptr);
+                              kPrefillChunk, &cache, &pool, nullptr, nullptr,
+                              PrefillProgressLines(err, "demo: " + label));
         !st.ok()) {
       return fail(label + ": prefill: " + st.ToString());
     }
@@ -346,14 +367,15 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
     if (!r.check.warning.empty()) warnings.push_back(r.check.warning);
   }
   for (const std::string& w : warnings) out << "warning: " << w << "\n";
+  for (const auto& [label, why] : skipped) out << "skipped " << label << ": " << why << "\n";
   const int64_t n_steps = rows.empty() ? 0 : rows[0].decode_steps;
   out << "\nresident KiB: KV cache bytes held in RAM after the answer, all layers, as the policy "
          "accounts them\n  (rows a policy no longer reads but keeps, such as vestige's RAM archive "
          "and the\n  evicted rows of streaming and h2o, count; so do indexes and score tables)\n"
          "read KiB/step: KV bytes the attention read per decode step (rows, plus vestige's recall "
          "index scan),\n  mean of "
-      << n_steps << " steps; decode tok/s: over those steps, " << o.threads << " thread"
-      << (o.threads == 1 ? "" : "s") << "\n"
+      << n_steps << " steps; decode tok/s: over those steps, " << threads << " thread"
+      << (threads == 1 ? "" : "s") << "\n"
       << "x full: the same figure over what the full cache holds / reads for the same rows and "
          "steps;\n  rows kept: rows the policy still reads without a recall, of the rows visible "
          "(all layers)\n";
@@ -389,7 +411,7 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
                         {"len", o.len},
                         {"seed", o.seed},
                         {"ratio", o.ratio},
-                        {"threads", o.threads},
+                        {"threads", threads},
                         {"haystack", eval::kBuiltinHaystackName},
                         {"depth", trial.depth},
                         {"needle", trial.needle},
@@ -397,7 +419,11 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
                         {"expected", trial.answer},
                         {"expected_text", expected},
                         {"results", results},
-                        {"warnings", warnings}};
+                        {"warnings", warnings},
+                        {"skipped", nlohmann::json::array()}};
+    for (const auto& [label, why] : skipped) {
+      j["skipped"].push_back({{"label", label}, {"reason", why}});
+    }
     if (Status st = WriteTextFile(o.json_path, DumpJson(j)); !st.ok()) {
       return fail("--json: " + st.ToString());
     }

@@ -101,9 +101,12 @@ void AddShared(CLI::App* cmd, EvalCliOptions* o, const std::string& policy_defau
   // that declares it (--ratio is the grid axis above).
   for (const std::string& key : SharedSettingNames()) {
     if (key == "ratio") continue;
-    cmd->add_option("--" + key, o->flags.values[key], SharedSettingHelp(key));
+    cmd->add_option("--" + key, o->flags.values[key], SharedSettingHelp(key))
+        ->default_str(SharedSettingDefault(key));
   }
-  cmd->add_option("--threads", o->threads, "Worker threads")->capture_default_str();
+  cmd->add_option("--threads", o->threads,
+                  "Worker threads (default: the hardware threads; more are capped to them)")
+      ->capture_default_str();
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->capture_default_str();
   cmd->add_option("--kv-type", o->kv_type, kKvTypeHelp)->capture_default_str();
   cmd->add_option("--json", o->json_path, "Write the report as JSON (docs/eval.md) to this file");
@@ -196,7 +199,7 @@ std::string Fixed(double v, int d) { return eval::FormatNum(v, d); }
 
 std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
   auto o = std::make_shared<EvalCliOptions>();
-  o->threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  o->threads = HardwareThreads();
   CLI::App* eval = app->add_subcommand(
       "eval",
       "Evaluation harness: needle with compression before the query, causal Q=1 "
@@ -219,7 +222,9 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
   n->add_option("--dump-trials", o->dump_trials,
                 "Write every trial's token ids (filler, prefix, query, answer) to this file as "
                 "JSON Lines, so another implementation can run the same trials (docs/eval.md)");
-  n->add_option("--needle-format", o->format, "text | kv-tokens (the char-level testbed) | auto (text when the model has a tokenizer)")
+  n->add_option("--needle-format", o->format,
+                "text | kv-tokens (the char-level testbed) | auto (kv-tokens when the model has "
+                "no tokenizer or the testbed vocabulary, else text)")
       ->capture_default_str();
   n->add_option("--needle", o->needle_template, "Needle template ({key}; \\n = newline)")
       ->capture_default_str();
@@ -339,6 +344,17 @@ void PrintWarnings(const std::vector<std::string>& warnings, std::ostream& out,
   }
 }
 
+// A prefix past the trained window is allowed (e.g. length generalisation studies) but said.
+void WarnPastTrainedContext(const std::string& flag, const std::vector<int64_t>& lengths,
+                            const ModelConfig& config, std::ostream& err) {
+  for (const int64_t t : lengths) {
+    if (config.n_ctx_train > 0 && t > config.n_ctx_train) {
+      err << "warning: " << flag << " " << t << " is past the model's trained context of "
+          << config.n_ctx_train << " tokens; positions beyond it were never trained\n";
+    }
+  }
+}
+
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -405,16 +421,23 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
     }
   }
   n.chunk = o.chunk;
-  n.threads = o.threads;
   if (Status st = CheckAtLeast("--threads", o.threads, 1); !st.ok()) return Fail(err, st.message());
+  n.threads = CapThreads("--threads", o.threads, err);
   auto loaded = LoadModel(o, err);
   if (!loaded.ok()) return Fail(err, loaded.status().message());
+  WarnPastTrainedContext("--len", n.lengths, loaded->model->config(), err);
   if (o.format == "auto") {
-    n.format = loaded->model->tokenizer() ? eval::NeedleFormat::kText
-                                          : eval::NeedleFormat::kKvTokens;
+    // The testbeds have a tokenizer too, but a text needle means nothing to a model trained on
+    // kv-tokens needles (every trial dropped): their vocabulary decides, not the tokenizer.
+    const Tokenizer* tok = loaded->model->tokenizer();
+    const std::string mismatch = tok ? TestbedVocabularyMismatch(*tok, n.kv) : "";
+    n.format = tok && !mismatch.empty() ? eval::NeedleFormat::kText
+                                        : eval::NeedleFormat::kKvTokens;
     err << "needle format: " << eval::NeedleFormatName(n.format)
-        << (loaded->model->tokenizer() ? " (the model has a tokenizer)"
-                                       : " (the model has no tokenizer)")
+        << (!tok ? " (the model has no tokenizer)"
+                 : mismatch.empty() ? " (the tokenizer is the char-level testbed vocabulary)"
+                                    : " (the model has a tokenizer that is not the testbed "
+                                      "vocabulary: " + mismatch + ")")
         << "\n";
   }
   auto rep = eval::RunNeedle(*loaded->model, n, &err);
@@ -479,6 +502,19 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
       eval::MakeReport("needle", loaded->path, *loaded->model, Since(t0), notes,
                        eval::SkippedJson(r.skipped), eval::NeedleJson(r), r.warnings);
   if (Status st = WriteOutputs(o, report, svgs, out); !st.ok()) return Fail(err, st.message());
+  // A run whose every trial was dropped measured nothing: a script must not read it as a pass.
+  int64_t trials = 0, dropped = 0;
+  for (const auto& l : r.lengths) {
+    trials += l.trials;
+    dropped += l.dropped;
+  }
+  if (trials > 0 && dropped == trials) {
+    err << "error: all " << trials << " trials were dropped (the reference " << n.reference
+        << " misses the answer by >= --baseline-gate " << n.baseline_gate_nats
+        << " nat): nothing was measured; check --needle-format (now "
+        << eval::NeedleFormatName(n.format) << ") and the model\n";
+    return kExitFailed;
+  }
   return kExitOk;
 }
 
@@ -488,16 +524,17 @@ struct WindowSetup {
   std::string text_name;
 };
 
-StatusOr<WindowSetup> SetupWindows(const EvalCliOptions& o, const Model& model) {
+StatusOr<WindowSetup> SetupWindows(const EvalCliOptions& o, const Model& model,
+                                   std::ostream& err) {
   WindowSetup s;
   s.w.length = o.window_len;
   s.w.eval_tokens = o.eval_tokens;
   s.w.windows = o.windows;
   s.w.chunked = o.chunked;
   s.w.chunk = o.chunk;
-  s.w.threads = o.threads;
   ASSIGN_OR_RETURN(s.w.kv_type, ParseKvType(o.kv_type));
   RETURN_IF_ERROR(CheckAtLeast("--threads", o.threads, 1));
+  s.w.threads = CapThreads("--threads", o.threads, err);
   RETURN_IF_ERROR(CheckAtLeast("--chunk", o.chunk, 1));
   if (!o.offsets.empty()) {
     ASSIGN_OR_RETURN(s.w.offsets, ParseIntList("--offsets", o.offsets));
@@ -520,8 +557,9 @@ int RunPplCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
   if (!settings.ok()) return Fail(err, settings.status().message());
   auto loaded = LoadModel(o, err);
   if (!loaded.ok()) return Fail(err, loaded.status().message());
-  auto setup = SetupWindows(o, *loaded->model);
+  auto setup = SetupWindows(o, *loaded->model, err);
   if (!setup.ok()) return Fail(err, setup.status().message());
+  WarnPastTrainedContext("--len", {o.window_len}, loaded->model->config(), err);
   eval::PplOptions p;
   p.w = setup->w;
   p.policies = SplitList(o.policies);
@@ -591,7 +629,7 @@ int RunKlCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
   if (!settings.ok()) return Fail(err, settings.status().message());
   auto loaded = LoadModel(o, err);
   if (!loaded.ok()) return Fail(err, loaded.status().message());
-  auto setup = SetupWindows(o, *loaded->model);
+  auto setup = SetupWindows(o, *loaded->model, err);
   if (!setup.ok()) return Fail(err, setup.status().message());
   eval::KlOptions k;
   k.w = setup->w;

@@ -3,7 +3,6 @@
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -23,7 +22,7 @@ std::string Rate(int64_t n, double s) { return s > 0 && n > 0 ? FormatFixed(n / 
 }  // namespace
 
 void AddGenerateCommand(CLI::App* app, GenerateOptions* o) {
-  o->threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  o->threads = HardwareThreads();
   CLI::App* cmd = app->add_subcommand(
       "generate", "Generate text from a prompt (decoded text on stdout, statistics on stderr)");
   cmd->add_option("-m,--model", o->model,
@@ -37,8 +36,14 @@ void AddGenerateCommand(CLI::App* app, GenerateOptions* o) {
   cmd->add_option("--top-p", o->top_p, "Nucleus sampling: keep the top tokens with mass >= P")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Sampler seed")->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Worker threads")->capture_default_str();
+  cmd->add_option("--threads", o->threads,
+                  "Worker threads (default: the hardware threads; more are capped to them)")
+      ->capture_default_str();
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->capture_default_str();
+  cmd->add_option("-c,--ctx-size", o->ctx_size,
+                  "Context size in tokens, prompt included; generation stops there (0: the "
+                  "model's trained context length; more than that warns)")
+      ->capture_default_str();
   cmd->add_flag("--no-mmap", o->no_mmap,
                 "Read the model into memory (huge pages where the kernel grants them) instead of "
                 "mapping the file: faster decode, the model's size in memory");
@@ -63,7 +68,7 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   // Flags first, so a bad flag is reported before any model is loaded or generated.
   for (const Status& st :
        {CheckAtLeast("-n", o.n_predict, 0), CheckAtLeast("--threads", o.threads, 1),
-        CheckAtLeast("--chunk", o.chunk, 1)}) {
+        CheckAtLeast("--chunk", o.chunk, 1), CheckAtLeast("-c", o.ctx_size, 0)}) {
     if (!st.ok()) return fail(st.message());
   }
   SamplerOptions so;
@@ -93,21 +98,32 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   const Tokenizer* tok = m.tokenizer();
   if (!tok) return fail("model '" + path + "' has no tokenizer (tokenizer.ggml.* metadata)");
   err << m.config().Summary() << "\n";
+  auto ctx_or = ResolveCtxSize(o.ctx_size, m.config(), err);
+  if (!ctx_or.ok()) return fail(ctx_or.status().message());
+  const int64_t ctx = *ctx_or;  // 0: no limit
 
   const std::vector<int32_t> prompt = tok->Encode(o.prompt, /*with_bos=*/true);
   if (prompt.empty()) return fail("-p: the prompt is empty and the tokenizer adds no BOS");
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  if (ctx > 0 && n_prompt > ctx) {
+    return fail("-p: the prompt is " + std::to_string(n_prompt) +
+                " tokens, more than the context size " + std::to_string(ctx) +
+                " (-c/--ctx-size; the model was trained to " +
+                std::to_string(m.config().n_ctx_train) + ")");
+  }
   auto cache_or = m.NewCache(std::move(policy).value(), *kv_type);
   if (!cache_or.ok()) return fail("--policy " + o.policy + ": " + cache_or.status().message());
   err << "KV cache: " << KvTypeName(*kv_type) << " rows (--kv-type)\n";
   KvCache& cache = **cache_or;
-  ThreadPool pool(o.threads);
+  const int threads = CapThreads("--threads", o.threads, err);
+  ThreadPool pool(threads);
   Sampler sampler(so);
   const int64_t n_vocab = m.config().n_vocab;
   std::vector<float> logits(n_vocab);
 
   const auto t0 = Clock::now();
-  if (Status st = m.Prefill(prompt.data(), static_cast<int64_t>(prompt.size()), o.chunk, &cache,
-                            &pool, logits.data());
+  if (Status st = m.Prefill(prompt.data(), n_prompt, o.chunk, &cache, &pool, logits.data(),
+                            nullptr, PrefillProgressLines(err, "generate"));
       !st.ok()) {
     return fail("prefill: " + st.ToString());
   }
@@ -118,10 +134,16 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   std::string text;
   int64_t generated = 0, decode_steps = 0;
   double decode_s = 0;
-  bool hit_eos = false;
+  bool hit_eos = false, hit_ctx = false;
   for (int64_t i = 0; i < o.n_predict; ++i) {
+    // Token i sits at position n_prompt + i: the context is full once that reaches -c.
+    if (ctx > 0 && n_prompt + i >= ctx) {
+      hit_ctx = true;
+      break;
+    }
     const int32_t id = sampler.Sample(logits.data(), n_vocab);
-    if (id == tok->eos_id()) {
+    // eos_id() < 0: the vocabulary has no EOS (the testbeds), so nothing stops early.
+    if (tok->eos_id() >= 0 && id == tok->eos_id()) {
       hit_eos = true;
       break;
     }
@@ -142,18 +164,25 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
 
   const double prefill_s = Seconds(t0, t1);
   const int64_t resident = cache.ResidentBytes();
-  const int64_t last_read = cache.counters().last_step.bytes_read;
+  // The last decode step's reads; with no decode step (-n 0 or 1, or an EOS at once) the
+  // counters hold the prefill's, which are not a per-step figure.
+  const int64_t last_read = decode_steps > 0 ? cache.counters().last_step.bytes_read : 0;
   Table t({"statistic", "value"});
   t.AddRow({"prompt tokens", std::to_string(prompt.size())});
-  t.AddRow({"generated tokens", std::to_string(generated) + (hit_eos ? " (stopped at EOS)" : "")});
+  t.AddRow({"generated tokens",
+            std::to_string(generated) + (hit_eos ? " (stopped at EOS)" : "") +
+                (hit_ctx ? " (stopped at the context size " + std::to_string(ctx) + ", -c)" : "")});
+  t.AddRow({"context size", ctx > 0 ? std::to_string(ctx) : "no limit"});
   t.AddRow({"prefill tokens/s", Rate(static_cast<int64_t>(prompt.size()), prefill_s)});
   t.AddRow({"decode tokens/s", Rate(decode_steps, decode_s)});
   t.AddRow({"policy", cache.policy().describe()});
+  t.WrapColumn(1, 60);  // the policy's description would push the figures far right
   t.AddRow({"KV cache type", KvTypeName(*kv_type)});
-  t.AddRow({"threads", std::to_string(o.threads)});
+  t.AddRow({"threads", std::to_string(threads)});
   t.AddRow({"KV bytes resident", std::to_string(resident) + " (" + FormatBytes(resident) + ")"});
-  t.AddRow({"KV bytes read, last step",
-            std::to_string(last_read) + " (" + FormatBytes(last_read) + ")"});
+  t.AddRow({"KV bytes read, last decode step",
+            decode_steps > 0 ? std::to_string(last_read) + " (" + FormatBytes(last_read) + ")"
+                             : "none (no decode step)"});
   // What the policy achieved, beside the full cache for the same rows and decode steps.
   const AchievedCompression achieved = MeasureAchieved(cache, counters0);
   const CompressionCheck check = CheckAchieved(cache.policy().name(), achieved);
@@ -172,14 +201,18 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
                         {"prompt_tokens", prompt.size()},
                         {"generated_tokens", generated},
                         {"stopped_at_eos", hit_eos},
+                        {"stopped_at_ctx", hit_ctx},
+                        {"ctx_size", ctx},
                         {"prefill_seconds", prefill_s},
                         {"decode_steps", decode_steps},
                         {"decode_seconds", decode_s},
                         {"policy", cache.policy().describe()},
                         {"kv_type", KvTypeName(*kv_type)},
-                        {"threads", o.threads},
+                        {"threads", threads},
                         {"kv_bytes_resident", resident},
-                        {"kv_bytes_read_last_step", last_read}};
+                        // null when there was no decode step
+                        {"kv_bytes_read_last_step",
+                         decode_steps > 0 ? nlohmann::json(last_read) : nlohmann::json()}};
     eval::AddAchievedFields(achieved, check, &j);
     if (Status st = WriteTextFile(o.json_path, DumpJson(j)); !st.ok()) {
       return fail("--json: " + st.ToString());

@@ -103,6 +103,9 @@ int RunPolicies(const PoliciesOptions& o, std::ostream& out, std::ostream& err) 
     } else {
       Table t({"policy", "settings", "what it keeps and reads"});
       for (const PolicyInfo* p : list) t.AddRow({p->name, SettingNames(p->settings), p->help});
+      // Long setting lists and descriptions wrap inside their columns.
+      t.WrapColumn(1, 40);
+      t.WrapColumn(2, 60);
       t.Print(out);
     }
     return kExitOk;
@@ -142,6 +145,8 @@ int RunPolicies(const PoliciesOptions& o, std::ostream& out, std::ostream& err) 
       t.AddRow({name, std::string(SettingTypeName(d.type)), d.DefaultText(), d.RangeText(),
                 d.shared ? "yes" : "no", d.help});
     }
+    t.WrapColumn(3, 30);
+    t.WrapColumn(5, 60);
     t.Print(out);
   }
   return kExitOk;

@@ -63,8 +63,12 @@ Status AddTokenizerJson(const std::string& path, GgufWriter* w) {
     if (!j.contains(field) || j[field].is_null()) return OkStatus();
     if (!j[field].is_number_integer()) return bad(field, "must be an integer");
     const int64_t v = j[field].get<int64_t>();
-    if (v >= static_cast<int64_t>(n)) return bad(field, "= " + std::to_string(v) + " is not a token id");
-    if (v >= 0) w->Set(key, GgufValue::U32(static_cast<uint32_t>(v)));
+    if (v < -1 || v >= static_cast<int64_t>(n)) {
+      return bad(field, "= " + std::to_string(v) + " is not a token id (or -1: none)");
+    }
+    // -1 is written as a signed -1, never dropped: an absent key takes llama.cpp's default
+    // (eos 2 for "llama"), which on the testbeds is the needle value <v0>.
+    w->Set(key, v >= 0 ? GgufValue::U32(static_cast<uint32_t>(v)) : GgufValue::I32(-1));
     return OkStatus();
   };
   RETURN_IF_ERROR(id("bos_token_id", "tokenizer.ggml.bos_token_id"));

@@ -14,6 +14,7 @@
 
 #include "core/rng.h"
 #include "io/gguf.h"
+#include "io/tokenizer_json.h"
 
 namespace strata {
 namespace {
@@ -768,6 +769,58 @@ TEST(TokenizerGguf, ErrorsNameTheKey) {
     EXPECT_TRUE((*t)->add_bos());
     EXPECT_EQ((*t)->Encode("the", true), (std::vector<int32_t>{1, 265}));
   }
+}
+
+// "No EOS" must survive the trip tokenizer JSON -> GGUF -> Tokenizer: an eos_token_id of -1 that
+// was dropped from the GGUF took llama.cpp's default eos 2, which on the testbeds is the needle
+// value <v0> (generation stopped at the answer).
+TEST(TokenizerGguf, JsonEosMinusOneMeansNone) {
+  const TokenizerData d = SpmData();
+  const std::string path = ::testing::TempDir() + "/strata_tokenizer_no_eos.json";
+  auto write_json = [&](const std::string& eos) {
+    std::string tokens;
+    for (const std::string& t : d.tokens) {
+      std::string q;
+      for (char c : t) {
+        if (c == '"' || c == '\\') q += '\\';
+        q += c;
+      }
+      tokens += (tokens.empty() ? "\"" : ",\"") + q + "\"";
+    }
+    FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, "{\"model\": \"llama\", \"tokens\": [%s], \"bos_token_id\": 0, "
+                 "\"eos_token_id\": %s}", tokens.c_str(), eos.c_str());
+    std::fclose(f);
+  };
+  {
+    write_json("-1");
+    GgufWriter w;
+    ASSERT_TRUE(AddTokenizerJson(path, &w).ok());
+    LOAD_GGUF_OR_SKIP(f, w);
+    auto t = Tokenizer::FromGguf(f);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ((*t)->eos_id(), -1);
+    EXPECT_EQ((*t)->bos_id(), 0);
+  }
+  {
+    write_json("3");
+    GgufWriter w;
+    ASSERT_TRUE(AddTokenizerJson(path, &w).ok());
+    LOAD_GGUF_OR_SKIP(f, w);
+    auto t = Tokenizer::FromGguf(f);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ((*t)->eos_id(), 3);
+  }
+  {
+    write_json("-7");
+    GgufWriter w;
+    const Status st = AddTokenizerJson(path, &w);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("eos_token_id"), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find("-7"), std::string::npos) << st.ToString();
+  }
+  std::remove(path.c_str());
 }
 
 }  // namespace

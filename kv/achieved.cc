@@ -1,5 +1,6 @@
 #include "kv/achieved.h"
 
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -84,6 +85,19 @@ CompressionCheck CheckAchieved(const std::string& label, const AchievedCompressi
     parts.push_back(more);
   } else if (p.compressed && !c.compressed) {
     parts.push_back("saved nothing on this run: it holds and reads what the full cache does");
+  }
+  if (p.budget_bits > 0 && p.budget_bits < 16 && p.budget_values > 0) {
+    const double got = p.budget_bits_used / static_cast<double>(p.budget_values);
+    if (std::abs(got - p.budget_bits) > kBudgetMarginBits) {
+      char buf[200];
+      std::snprintf(buf, sizeof(buf),
+                    "its budget was %g bits per value, it achieved %.2f (more than %g off%s)",
+                    p.budget_bits, got, kBudgetMarginBits,
+                    got > p.budget_bits ? "; the exact sink and recent blocks do not fit the "
+                                          "budget at this length"
+                                        : "");
+      parts.push_back(buf);
+    }
   }
   if (!a.recovered.empty()) {
     parts.push_back("recovered from an error with an exact fallback: " + a.recovered);

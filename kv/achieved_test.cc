@@ -29,6 +29,34 @@ AchievedCompression Figures(int64_t resident, int64_t read) {
   return a;
 }
 
+TEST(CheckAchieved, ABudgetMissedByMoreThanTheMarginIsWarned) {
+  AchievedCompression a = Figures(300, 300);
+  a.policy.budget_bits = 2;
+  a.policy.budget_values = 1000;
+  a.policy.budget_bits_used = 4900;  // 4.9 bits per value
+  CompressionCheck c = CheckAchieved("geodesia@2", a);
+  EXPECT_TRUE(c.compressed);
+  EXPECT_NE(c.warning.find("geodesia@2: its budget was 2 bits per value, it achieved 4.90 (more "
+                           "than 0.5 off"),
+            std::string::npos)
+      << c.warning;
+  // Within the margin, either way: nothing to say.
+  a.policy.budget_bits_used = 2000 + 1000 * (kBudgetMarginBits - 0.01);
+  EXPECT_EQ(CheckAchieved("geodesia@2", a).warning, "");
+  a.policy.budget_bits_used = 2000 - 1000 * (kBudgetMarginBits - 0.01);
+  EXPECT_EQ(CheckAchieved("geodesia@2", a).warning, "");
+  // Under the budget by more than the margin is a miss too.
+  a.policy.budget_bits_used = 1000;
+  EXPECT_NE(CheckAchieved("geodesia@2", a).warning.find("it achieved 1.00"), std::string::npos);
+  // 16 bits (every block exact, cquest's default) and no values yet: no budget to check.
+  a.policy.budget_bits = 16;
+  a.policy.budget_bits_used = 30000;
+  EXPECT_EQ(CheckAchieved("cquest", a).warning, "");
+  a.policy.budget_bits = 2;
+  a.policy.budget_values = 0;
+  EXPECT_EQ(CheckAchieved("geodesia@2", a).warning, "");
+}
+
 TEST(CheckAchieved, NormalCaseSaysNothing) {
   const CompressionCheck c = CheckAchieved("h2o@32", Figures(1000, 40));
   EXPECT_TRUE(c.compressed);

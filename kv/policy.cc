@@ -158,6 +158,9 @@ void PolicySummary::Add(const PolicySummary& o) {
     blocks_closed = std::max<int64_t>(0, blocks_closed) + std::max<int64_t>(0, o.blocks_closed);
   }
   rows_visible += o.rows_visible;
+  budget_bits = std::max(budget_bits, o.budget_bits);
+  budget_values += o.budget_values;
+  budget_bits_used += o.budget_bits_used;
   compressed = compressed || o.compressed;
   reference = reference && o.reference;
   // Distinct notes only: the same reason from every layer (or trial) is said once.

@@ -97,6 +97,12 @@ struct PolicySummary {
   bool compressed = true;
   bool reference = false;  // the uncompressed cache itself (`full`): nothing to warn about
   std::string note;        // one line; several distinct notes are joined with "; "
+  // A bits-per-value budget (Geodesia's `bits`; 0: the policy has none), and the values it
+  // covers on this run with the bits they take (summed over layers; 0 before the compression
+  // point), for CheckAchieved's budget check (kv/achieved.h).
+  double budget_bits = 0;
+  int64_t budget_values = 0;
+  double budget_bits_used = 0;
   // Sums rows and blocks (when only one side selects rows, the other side's rows count as all
   // kept; blocks likewise as none), ORs `compressed`, ANDs `reference`, joins distinct notes.
   void Add(const PolicySummary& other);

@@ -174,7 +174,8 @@ Status Model::RunCall(const int32_t* tokens, int n, CallKind kind, KvCache* cach
 }
 
 Status Model::Prefill(const int32_t* tokens, int64_t n, int chunk, KvCache* cache,
-                      ThreadPool* pool, float* logits_last, std::vector<float>* all_logits) {
+                      ThreadPool* pool, float* logits_last, std::vector<float>* all_logits,
+                      const PrefillProgress& progress) {
   if (n <= 0) return InvalidArgument("prefill of " + std::to_string(n) + " tokens");
   if (chunk <= 0) return InvalidArgument("--chunk must be >= 1, got " + std::to_string(chunk));
   for (int64_t i = 0; i < n; ++i) {
@@ -198,6 +199,7 @@ Status Model::Prefill(const int32_t* tokens, int64_t n, int chunk, KvCache* cach
     } else if (logits_last && b + m == n) {
       Logits(hidden.data() + static_cast<int64_t>(m - 1) * d, 1, pool, logits_last);
     }
+    if (progress) progress(b + m, n);
   }
   if (all_logits && logits_last) {
     std::memcpy(logits_last, all_logits->data() + (n - 1) * config_.n_vocab,

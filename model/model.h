@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -46,8 +47,12 @@ class Model {
   // Feeds `n` prompt tokens at positions cache->n_tokens()..+n in chunks of `chunk` tokens.
   // The end of the call is the compression point (observations are delivered, OnCompress runs).
   // logits_last: [n_vocab] for the last token (may be null); all_logits: [n, n_vocab] when non-null.
+  // progress (may be empty) is called after each chunk with the tokens done and `n`, so a CLI can
+  // show a long prompt's prefill without splitting it (each call is a compression point).
+  using PrefillProgress = std::function<void(int64_t done, int64_t total)>;
   Status Prefill(const int32_t* tokens, int64_t n, int chunk, KvCache* cache, ThreadPool* pool,
-                 float* logits_last, std::vector<float>* all_logits = nullptr);
+                 float* logits_last, std::vector<float>* all_logits = nullptr,
+                 const PrefillProgress& progress = {});
   // One token at position cache->n_tokens(); logits: [n_vocab].
   Status Decode(int32_t token, KvCache* cache, ThreadPool* pool, float* logits);
 

@@ -83,8 +83,9 @@ PolicySettings GeodesiaSettings(bool cquest) {
   p.settings = {
       // Compressed-Quest's own defaults: an exact cache (16 bits) read through the Quest gate.
       SettingDecl::Real("bits", cquest ? 16.0 : c.bits,
-                        "budget in bits per value per layer (>= 16: every block exact)")
+                        "budget in bits per value per layer (16: every block exact)")
           .Min(0.25)
+          .Max(16)
           .Shared(),
       SettingDecl::Int("group", c.group, "quantization group size")
           .Min(1)
@@ -666,6 +667,15 @@ PolicySummary GeodesiaPolicy::Summary(int layer, const LayerStore& store) const 
     }
   }
   s.compressed = L.active && (demoted > 0 || skipped);
+  // What the budget covers (the block levels, or with `budget all` residual rows and boxes too),
+  // so a run that cannot meet it (short contexts: the exact hot blocks dominate) is reported.
+  s.budget_bits = c_.bits;
+  if (L.active) {
+    const geodesia::ResidentBytes rb = gl.resident_bytes();
+    const int64_t bytes = c_.budget_all ? rb.total() : rb.payload + rb.scales;
+    s.budget_values = gl.n_tokens() * L.n_kv * 2 * L.D;
+    s.budget_bits_used = 8.0 * static_cast<double>(bytes);
+  }
   if (!L.active) {
     s.note = "no compression point yet (the prefill is exact)";
   } else if (!s.compressed) {

@@ -5,7 +5,7 @@
       --lens 1024,2048 --trials 100 --json /tmp/evict.json
 
 Why: `strata eval needle` (C++) on the shipped testbed models differs from the recipe's table
-(shared/specs/testbed-recipe.md, "Eviction evaluation") in a few cells. This script re-implements
+(docs/testbed.md, "Eviction evaluation") in a few cells. This script re-implements
 the recipe's protocol from scratch in PyTorch, on the same exported weights, with two budget
 variants per score (and three sigma diagnostics), so that a difference can be attributed to the
 model or to the implementation:

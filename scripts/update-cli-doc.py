@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Regenerates docs/cli.md, the flag reference of every `strata` command, from the binary's help.
+
+Each command's `--help` is parsed (CLI11's layout: an option line "  -m,--model TEXT=DEFAULT  help",
+help text continued on indented lines) into a table of flag, default and help. The test
+TruthTest.DocsAndHelpNameTheSameFlags (cli/truth_test.cc) fails when a command's flags and its
+section here differ, so run this after adding, renaming or removing a flag:
+
+  python3 scripts/update-cli-doc.py build/release/strata
+
+A default that is the machine's thread count is written as "hardware threads", so the file does
+not depend on where it was generated.
+"""
+
+import os
+import re
+import subprocess
+import sys
+
+COMMANDS = [
+    ["demo"], ["inspect"], ["generate"], ["synth"], ["convert"], ["logits"], ["policies"],
+    ["eval", "needle"], ["eval", "ppl"], ["eval", "kl"],
+    ["bench", "decode"], ["bench", "capacity"], ["bench", "attention"],
+]
+OPTION_RE = re.compile(r"^  (-[\w-]+(?:,--?[\w-]+)*)(?: ([A-Z]+)(?:=(\S.*?))?((?: REQUIRED| \.\.\.)*))?"
+                       r"(?:\s{2,}(.*))?$")
+POSITIONAL_RE = re.compile(r"^  (\w[\w-]*) ([A-Z]+(?: REQUIRED| \.\.\.)*)(?:\s{2,}(.*))?$")
+
+
+def parse_help(text):
+    """[(names, type, default, help)] from one command's help; positionals have no dash."""
+    rows, section = [], None
+    for line in text.splitlines():
+        if line.endswith(":") and not line.startswith(" "):
+            section = line[:-1]
+            continue
+        if section not in ("Options", "Positionals"):
+            continue
+        m = OPTION_RE.match(line) if section == "Options" else POSITIONAL_RE.match(line)
+        if m and section == "Options":
+            rows.append([m.group(1), ((m.group(2) or "") + (m.group(4) or "")).strip(),
+                         m.group(3) or "", m.group(5) or ""])
+        elif m:
+            rows.append([m.group(1), m.group(2), "", m.group(3) or ""])
+        elif line.startswith("    ") and rows:
+            rows[-1][3] = (rows[-1][3] + " " + line.strip()).strip()
+    return rows
+
+
+def cell(s):
+    return s.replace("|", "\\|")
+
+
+def main(argv):
+    if len(argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    strata = argv[1]
+    cores = str(os.cpu_count() or 1)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = [
+        "# `strata` command-line reference",
+        "",
+        "Every command's flags with their defaults, generated from the binary's `--help` by",
+        "`python3 scripts/update-cli-doc.py build/release/strata`; `cli/truth_test.cc` checks that",
+        "each command's flags are the ones listed here. `strata --version` prints the version.",
+        "Exit codes: 0 success, 2 a bad flag, input file or request (the message names it), 1 a run",
+        "that failed or measured nothing (e.g. `eval needle` with every trial dropped).",
+        "",
+        "Cache-policy settings are given as `--policy NAME:key=value:key=value` (`strata policies`",
+        "lists them); the settings several policies share also have the `--KEY` shorthands below,",
+        "whose default is each policy's own.",
+    ]
+    for cmd in COMMANDS:
+        r = subprocess.run([strata] + cmd + ["--help"], capture_output=True, text=True)
+        if r.returncode != 0:
+            print(f"{' '.join(cmd)} --help failed: {r.stderr}", file=sys.stderr)
+            return 1
+        lines = r.stdout.splitlines()
+        out += ["", f"## `strata {' '.join(cmd)}`", "", lines[0] if lines else "", ""]
+        out += ["| flag | type | default | help |", "|---|---|---|---|"]
+        for names, typ, default, help_text in parse_help(r.stdout):
+            if names == "-h,--help":
+                continue
+            flag_names = names.split(",")
+            if default == cores and "--threads" in flag_names:
+                default = "hardware threads"
+            if default == "1," + cores and "--threads" in flag_names:
+                default = "1,hardware threads"
+            shown = ", ".join(f"`{n}`" for n in flag_names)
+            out.append(f"| {shown} | {typ} | {cell(default)} | {cell(help_text)} |")
+    path = os.path.join(root, "docs", "cli.md")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
