@@ -59,13 +59,17 @@ TEST(BenchCapacityMlaTest, FileArchiveHoldsTheTailTheKeptRowsAndTheIndex) {
     // each.
     EXPECT_GE(j["rows_kept"].get<int64_t>(), 2 * (20480 / 32));
     EXPECT_LE(j["rows_kept"].get<int64_t>(), 2 * (20480 / 32 + 4));
-    EXPECT_EQ(j["attended_tier_bytes"].get<int64_t>(), j["rows_kept"].get<int64_t>() * (row + 8));
+    // (in chunks of 256 rows: at most one chunk of slack per layer, kv/vestige/row_chunks.h).
+    const int64_t slack = 2 * 256 * row;
+    EXPECT_GE(j["attended_tier_bytes"].get<int64_t>(), j["rows_kept"].get<int64_t>() * (row + 8));
+    EXPECT_LE(j["attended_tier_bytes"].get<int64_t>(),
+              j["rows_kept"].get<int64_t>() * (row + 8) + slack);
     // The archive file holds every closed row.
     EXPECT_GE(j["archive_file_bytes"].get<int64_t>(), 2 * 20480 * row);
     // Resident is what the method needs, within 10% (the index's growth slack, the tier's
-    // positions).
+    // positions) and the tier's chunk slack.
     const double need = j["need_bytes"].get<double>();
-    EXPECT_LE(j["resident_bytes"].get<double>(), 1.10 * need);
+    EXPECT_LE(j["resident_bytes"].get<double>(), 1.10 * need + slack);
     EXPECT_GE(j["resident_bytes"].get<double>(), need);
     EXPECT_LT(j["resident_bytes"].get<double>(), 0.35 * j["full_bytes"].get<double>());
   }

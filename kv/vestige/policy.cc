@@ -278,6 +278,7 @@ Status VestigePolicy::Bind(const std::vector<LayerGeometry>& layers) {
     Layer& L = layers_[l];
     L.mla = true;
     L.k_dim = g.k_dim;
+    L.restored = RowChunks(g.k_dim);
     L.sel = VestigeSelector(cfg_.selector, g.k_dim, g.rope_dim);
     if (cfg_.archive == VestigeArchivePlacement::kFile) {
       const std::string path = cfg_.archive_dir + "/vestige-" + std::to_string(::getpid()) + "-" +
@@ -395,25 +396,30 @@ Status VestigePolicy::AfterSelection(int layer, const LayerStore& store) {
     // Kept rows of released pages (a rebalance can move archived rows back) are served from a
     // policy buffer, read once from the file; rows that left the kept set are dropped.
     const int64_t P = LayerStore::kPageRows;
+    // Both sets are ascending: the old rows are consumed in order and their chunks freed as they
+    // are, so the tier is never held twice.
     std::vector<int64_t> pos;
-    std::vector<uint16_t> data;
+    RowChunks data(L.k_dim);
     size_t old = 0;
-    const size_t K = L.k_dim;
-    pos.reserve(L.sel.kept().size());  // at most the kept rows: no doubling slack in the tier
-    data.reserve(L.sel.kept().size() * K);
+    pos.reserve(L.sel.kept().size());  // at most the kept rows: no doubling slack
+    std::vector<uint16_t> scratch(L.k_dim);
     for (int64_t u : L.sel.kept()) {
       if (u / P >= static_cast<int64_t>(L.released.size()) || !L.released[u / P]) continue;
       while (old < L.restored_pos.size() && L.restored_pos[old] < u) ++old;
-      const size_t at = data.size();
-      data.resize(at + K);
+      L.restored.ReleaseBelow(old);
       if (old < L.restored_pos.size() && L.restored_pos[old] == u) {
-        std::memcpy(data.data() + at, L.restored.data() + old * K, 2 * K);
+        data.push_back(L.restored.row(old));
       } else {
-        Status s = L.file->ReadRow(u, data.data() + at);
+        Status s = L.file->ReadRow(u, scratch.data());
         if (!s.ok()) {
+          // Consistent even so: the rows rebuilt so far form the tier, any other row is read
+          // from the file (the old tier's consumed chunks are gone).
+          L.restored_pos = std::move(pos);
+          L.restored = std::move(data);
           return s.WithContext("kept row " + std::to_string(u) +
                                " cannot be restored from the archive file " + L.file->path());
         }
+        data.push_back(scratch.data());
       }
       pos.push_back(u);
     }
@@ -458,31 +464,36 @@ Status VestigePolicy::ArchivePages(int layer, const LayerStore& store, CachePlan
   }
   // The attended tier: the kept rows of the pages released now are copied, exactly and once,
   // from the store (still resident: the cache applies the plan after this returns) into the
-  // restored buffer, merged by position with the rows already there.
-  const size_t K = L.k_dim;
+  // restored buffer, merged by position with the rows already there (pages are released in
+  // position order, so this is an append unless an earlier write failed and was retried).
   size_t added = 0;
   for (int64_t p : to_release) {
     for (int64_t u = p * P; u < (p + 1) * P; ++u) added += kept[u] != 0;
   }
+  const bool append = L.restored_pos.empty() || L.restored_pos.back() < to_release.front() * P;
   std::vector<int64_t> pos;
-  std::vector<uint16_t> data;
-  pos.reserve(L.restored_pos.size() + added);
-  data.reserve(L.restored.size() + added * K);
+  RowChunks data(L.k_dim);
+  if (append) {
+    pos = std::move(L.restored_pos);
+    data = std::move(L.restored);
+  }
+  pos.reserve(pos.size() + added);
   size_t old = 0;
   auto take_old_below = [&](int64_t u) {
+    if (append) return;
     while (old < L.restored_pos.size() && L.restored_pos[old] < u) {
       pos.push_back(L.restored_pos[old]);
-      data.insert(data.end(), L.restored.begin() + old * K, L.restored.begin() + (old + 1) * K);
+      data.push_back(L.restored.row(old));
       ++old;
     }
+    L.restored.ReleaseBelow(old);
   };
   for (int64_t p : to_release) {
     for (int64_t u = p * P; u < (p + 1) * P; ++u) {
       if (!kept[u]) continue;
       take_old_below(u);
-      const uint16_t* row = store.key_row(0, u);
       pos.push_back(u);
-      data.insert(data.end(), row, row + K);
+      data.push_back(store.key_row(0, u));
     }
   }
   take_old_below(INT64_MAX);
@@ -526,7 +537,7 @@ Status VestigePolicy::ReadRow(int layer, const LayerStore& store, int64_t row,
   }
   auto it = std::lower_bound(L.restored_pos.begin(), L.restored_pos.end(), row);
   if (it != L.restored_pos.end() && *it == row) {
-    std::memcpy(out, L.restored.data() + (it - L.restored_pos.begin()) * L.k_dim, 2 * width);
+    std::memcpy(out, L.restored.row(it - L.restored_pos.begin()), 2 * width);
     return OkStatus();
   }
   STRATA_CHECK(L.file != nullptr);
@@ -677,8 +688,8 @@ StatusOr<const VestigePolicy::Layer::Staged*> VestigePolicy::StagePage(Layer& L,
   for (int64_t u : bad) {
     auto r = std::lower_bound(L.restored_pos.begin(), L.restored_pos.end(), u);
     if (r == L.restored_pos.end() || *r != u) return UnreadableRow(*L.file, u, st);
-    std::memcpy(s.rows.data() + (u - p * P) * K,
-                L.restored.data() + (r - L.restored_pos.begin()) * K, 2 * K);
+    std::memcpy(s.rows.data() + (u - p * P) * K, L.restored.row(r - L.restored_pos.begin()),
+                2 * K);
   }
   if (bad.empty() && !st.ok()) return st;
   return &s;
@@ -712,7 +723,7 @@ StatusOr<int64_t> VestigePolicy::ReadSet(Layer& L, const LayerStore& store, cons
     ++outside;
     auto r = std::lower_bound(L.restored_pos.begin(), L.restored_pos.end(), u);
     if (r != L.restored_pos.end() && *r == u) {
-      L.ptrs[i] = L.restored.data() + (r - L.restored_pos.begin()) * K;
+      L.ptrs[i] = L.restored.row(r - L.restored_pos.begin());
     } else {
       L.file_rows.push_back(static_cast<size_t>(i));
     }
@@ -755,8 +766,8 @@ VestigeResidency VestigePolicy::Residency(int layer, const LayerStore& store) co
   VestigeResidency r;
   r.store_bytes = store.resident_bytes();
   if (!L.mla) return r;
-  r.restored_bytes = static_cast<int64_t>(L.restored.capacity() * sizeof(uint16_t) +
-                                          L.restored_pos.capacity() * sizeof(int64_t));
+  r.restored_bytes =
+      L.restored.bytes() + static_cast<int64_t>(L.restored_pos.capacity() * sizeof(int64_t));
   r.staged_bytes = L.staged_bytes;
   r.metadata_bytes = L.sel.MetadataBytes() + static_cast<int64_t>(L.released.capacity());
   r.index_bytes = recall_ ? recall_->ResidentBytes(layer) : 0;

@@ -46,6 +46,7 @@
 #include "kv/registry.h"
 #include "kv/vestige/archive.h"
 #include "kv/vestige/recall.h"
+#include "kv/vestige/row_chunks.h"
 #include "kv/vestige/selector.h"
 
 namespace strata {
@@ -208,7 +209,7 @@ class VestigePolicy final : public Policy {
     std::unique_ptr<VestigeArchiveFile> file;
     std::vector<uint8_t> released;      // [n_pages] 1 when the page went to the file
     std::vector<int64_t> restored_pos;  // kept rows of released pages, ascending
-    std::vector<uint16_t> restored;     // [restored_pos.size(), k_dim] bf16
+    RowChunks restored;                 // [restored_pos.size(), k_dim] bf16 (the attended tier)
     int64_t released_bytes = 0;
     // Released pages staged back for one dense read (a fallback step, or a query whose rows
     // [0, limit) hold no archived row below its tail): [kPageRows, k_dim] bf16 each, read from
