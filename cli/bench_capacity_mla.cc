@@ -1,7 +1,6 @@
 #include "cli/bench_capacity_mla.h"
 
 #include <stdlib.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,12 +22,6 @@ namespace strata::cli {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-int64_t PeakRss() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux: KiB
-}
 
 uint64_t Mix(uint64_t x) {  // splitmix64 finaliser: a position hash
   x += 0x9e3779b97f4a7c15ull;
@@ -167,7 +160,7 @@ int RunBenchCapacityMla(const BenchCapacityOptions& o, std::ostream& out, std::o
     if ((t + n) % report == 0 || t + n == o.tokens) {
       err << "  filled " << (t + n) << " / " << o.tokens << " tokens, resident "
           << FormatBytes(static_cast<double>(cache.ResidentBytes())) << ", peak RSS "
-          << FormatBytes(static_cast<double>(PeakRss())) << ", "
+          << FormatBytes(static_cast<double>(PeakRssBytes())) << ", "
           << FormatFixed(std::chrono::duration<double>(Clock::now() - t0).count(), 1) << " s\n"
           << std::flush;
     }
@@ -229,7 +222,7 @@ int RunBenchCapacityMla(const BenchCapacityOptions& o, std::ostream& out, std::o
   int64_t need = (kept + tail) * row_bytes + sum.metadata_bytes;
   if (recall) need += archived * vp->recall_hook()->ScanBytesPerArchivedRow(0);
   if (vp && !file) need += archived * row_bytes;
-  const int64_t rss = PeakRss();
+  const int64_t rss = PeakRssBytes();
   const double gib = 1024.0 * 1024 * 1024;
   auto bytes = [&](int64_t b) {
     return FormatBytes(static_cast<double>(b)) + " (" + FormatFixed(double(b) / T, 1) + " B/token)";

@@ -35,12 +35,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int64_t PeakRssBytes() {
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux: KiB
-}
-
 int ResolveThreads(int t) {
   return t > 0 ? t : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }

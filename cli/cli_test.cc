@@ -83,7 +83,8 @@ TEST_F(CliTest, HelpListsCommandsAndUnknownCommandIsAnError) {
   Result d = Strata({"demo", "--help"});
   EXPECT_EQ(d.code, 0);
   for (const char* f : {"--len", "--seed", "--ratio", "--threads", "--policy", "--json",
-                        "--gen", "nope-mla.gguf", "full,vestige:recall=off,vestige,streaming,h2o"}) {
+                        "--gen", "nope-mla.gguf",
+                        "full,vestige:recall=off,vestige,vestige:archive=file,streaming,h2o"}) {
     EXPECT_NE(d.out.find(f), std::string::npos) << f << "\n" << d.out;
   }
   Result ub = Strata({"bench", "prefill"});
@@ -547,7 +548,7 @@ TEST_F(CliTest, DemoAnswersTheNeedleWithEveryPolicyAndAccountsBytes) {
   EXPECT_GE(depth, 0.1 * 2048);
   EXPECT_LT(depth, 0.8 * 2048);
   const auto& res = j["results"];
-  ASSERT_EQ(res.size(), 5u);
+  ASSERT_EQ(res.size(), 6u);
   std::map<std::string, nlohmann::json> by;
   for (const auto& row : res) {
     by[row["label"].get<std::string>()] = row;
@@ -558,7 +559,25 @@ TEST_F(CliTest, DemoAnswersTheNeedleWithEveryPolicyAndAccountsBytes) {
     EXPECT_FALSE(row["read_bytes_derived"].get<bool>()) << row;
     EXPECT_EQ(row["correct"].get<bool>(), row["answer"] == j["expected"]) << row;
   }
-  ASSERT_EQ(by.size(), 5u);
+  ASSERT_EQ(by.size(), 6u);
+  // The file archive: the same answer and reads as the RAM archive, every closed page out of RAM
+  // (what stays: the tail's pages, the kept rows, the index with its branch copy, the metadata),
+  // the rows in the file; the parts add up to the resident bytes.
+  const nlohmann::json& ram = by["vestige@32"];
+  const nlohmann::json& file = by["vestige:archive=file@32"];
+  EXPECT_EQ(file["answer"], ram["answer"]);
+  EXPECT_EQ(file["read_bytes_per_step"], ram["read_bytes_per_step"]);
+  EXPECT_LT(file["resident_bytes"].get<double>(), ram["resident_bytes"].get<double>());
+  int64_t parts = 0;
+  for (const auto& [name, bytes] : file["achieved"]["resident_parts"].items()) {
+    parts += bytes.get<int64_t>();
+  }
+  EXPECT_EQ(parts, file["resident_bytes"].get<int64_t>());
+  EXPECT_LT(file["achieved"]["resident_parts"]["tail and pages"].get<int64_t>(),
+            ram["achieved"]["resident_parts"]["tail and pages"].get<int64_t>() / 10);
+  EXPECT_GE(file["achieved"]["archive_file_bytes"].get<int64_t>(), 2 * 2048 * 144);
+  EXPECT_NE(r.out.find("resident by part"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("in archive files (disk, not resident)"), std::string::npos) << r.out;
   // The full cache: 2 layers x (d_c 128 + d_r 16) bf16 = 576 B per token; 2048 + 3 tokens
   // resident (the pages hold up to 2112 rows), and the 2049..2051 visible rows read per step.
   const double full_res = by["full"]["resident_bytes"].get<double>();
@@ -566,7 +585,7 @@ TEST_F(CliTest, DemoAnswersTheNeedleWithEveryPolicyAndAccountsBytes) {
   EXPECT_GE(full_res, 2051.0 * 576);
   EXPECT_LE(full_res, 2112.0 * 576);
   EXPECT_EQ(full_read, 2050.0 * 576);  // the mean of 2049, 2050 and 2051 rows
-  for (const char* p : {"vestige:recall=off@32", "vestige@32", "streaming@32", "h2o@32"}) {
+  for (const char* p : {"vestige:recall=off@32", "vestige@32", "streaming@32", "h2o@32"}) {  // RAM
     EXPECT_LT(by[p]["read_bytes_per_step"].get<double>(), full_read) << p;
     // Nothing here frees rows: vestige's RAM archive and the baselines' evicted rows stay
     // resident and are counted (docs/vestige.md, docs/baselines.md), plus indexes and tables.

@@ -133,7 +133,8 @@ struct DemoOptions {
   std::string ratio = "32";
   int threads = 1;
   int64_t ctx_size = 0;  // -c: 0 = the model's trained context length; --len must fit
-  std::string policy = "full,vestige:recall=off,vestige,streaming,h2o";
+  // vestige:archive=file: the file archive in a temporary folder, beside the RAM archive.
+  std::string policy = "full,vestige:recall=off,vestige,vestige:archive=file,streaming,h2o";
   int64_t gen = 30;  // greedy tokens decoded after the answer, for the tok/s figure
   std::string json_path;
   std::string models_dir;  // empty: DefaultModelsDir() (tests override it)

@@ -1,5 +1,7 @@
 #include "cli/common.h"
 
+#include <sys/resource.h>
+
 #include <CLI/CLI.hpp>
 
 #include <unistd.h>
@@ -122,6 +124,12 @@ std::string FormatFixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.*f", digits, v);
   return buf;
+}
+
+int64_t PeakRssBytes() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
 std::string FormatBytes(double bytes) {

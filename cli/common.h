@@ -54,6 +54,8 @@ void PrintLegend(const std::vector<ColumnDoc>& cols, std::ostream& out);
 
 // "1.50 MiB", "812 B".
 std::string FormatBytes(double bytes);
+// The process's peak resident set size so far (getrusage ru_maxrss), in bytes.
+int64_t PeakRssBytes();
 // printf("%.*f").
 std::string FormatFixed(double v, int digits);
 // "[768, 32000]".

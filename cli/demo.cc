@@ -97,6 +97,7 @@ struct DemoRow {
   // What the policy achieved over the decode steps (kv/achieved.h) and the verdict on its label.
   AchievedCompression achieved;
   CompressionCheck check;
+  ResidentParts parts;  // where the resident bytes are after the answer
 };
 
 double KiB(double bytes) { return bytes / 1024.0; }
@@ -170,8 +171,32 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
       for (const auto& [key, value] : kVestigeSettings) c.settings.emplace(key, value);
     }
   }
+  // `archive=file` without a folder: a temporary one, removed at the end (the demo shows the
+  // file archive's saving beside the RAM archive without asking for a path).
+  struct TempArchiveDir {
+    std::string path;
+    ~TempArchiveDir() {
+      std::error_code ec;
+      if (!path.empty()) std::filesystem::remove_all(path, ec);
+    }
+  } archive_dir;
+  auto spec_of = [&](const eval::PolicyConfig& c) -> StatusOr<PolicySpec> {
+    PolicySpec spec = c.Spec();
+    auto it = spec.settings.find("archive");
+    if (it != spec.settings.end() && it->second == "file") {
+      if (archive_dir.path.empty()) {
+        char tmpl[] = "/tmp/strata-demo-XXXXXX";
+        if (!mkdtemp(tmpl)) return IoError("cannot create a temporary folder under /tmp");
+        archive_dir.path = tmpl;
+      }
+      it->second = "file:" + archive_dir.path;
+    }
+    return spec;
+  };
   for (const eval::PolicyConfig& c : configs) {
-    auto p = MakeCliPolicy(c.Spec());
+    auto spec = spec_of(c);
+    if (!spec.ok()) return fail(spec.status().message());
+    auto p = MakeCliPolicy(*spec);
     if (!p.ok()) return fail(p.status().message());
   }
   if (configs.empty()) return fail("--policy '" + o.policy + "' names no policy");
@@ -249,7 +274,9 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
   const bool skip_unsupported = std::find(items.begin(), items.end(), "all") != items.end();
   std::vector<std::pair<std::string, std::string>> skipped;  // label, reason
   for (auto c = configs.begin(); c != configs.end();) {
-    auto policy = MakeCliPolicy(c->Spec());
+    auto spec = spec_of(*c);
+    if (!spec.ok()) return fail(spec.status().message());
+    auto policy = MakeCliPolicy(*spec);
     if (!policy.ok()) return fail(policy.status().message());
     auto cache = m.NewCache(std::move(policy).value());
     if (cache.ok()) {
@@ -272,7 +299,9 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
     DemoRow row;
     row.config = c;
     const std::string label = c.Label();
-    auto policy = MakeCliPolicy(c.Spec());
+    auto spec = spec_of(c);
+    if (!spec.ok()) return fail(spec.status().message());
+    auto policy = MakeCliPolicy(*spec);
     if (!policy.ok()) return fail(policy.status().message());
     auto cache_or = m.NewCache(std::move(policy).value());
     if (!cache_or.ok()) return fail("--policy " + c.policy + ": " + cache_or.status().message());
@@ -328,6 +357,7 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
     }
     row.correct = row.answer == trial.answer;
     row.resident = cache.ResidentBytes();
+    row.parts = cache.ResidentBreakdown();
     row.read_bytes_per_step = row.decode_steps ? read_bytes / row.decode_steps : 0;
     row.achieved = MeasureAchieved(cache, counters0);
     row.check = CheckAchieved(label, row.achieved);
@@ -382,6 +412,16 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
   for (const DemoRow& r : rows) {
     if (r.describe != r.config.policy) out << r.config.Label() << ": " << r.describe << "\n";
   }
+  // Where the bytes are, for the policies that hold more than cache pages (an index, an
+  // attended tier, an archive file), and what the process took at its peak.
+  out << "\nresident by part (after the answer):\n";
+  for (const DemoRow& r : rows) {
+    if (r.parts.parts.size() > 1 || r.parts.file_bytes > 0) {
+      out << "  " << r.config.Label() << ": " << r.parts.ToString() << "\n";
+    }
+  }
+  out << "  process peak RSS: " << FormatBytes(static_cast<double>(PeakRssBytes()))
+      << " (the model, every policy's cache in turn, the code)\n";
   if (!derived.empty()) {
     std::string list;
     for (const auto& d : derived) list += (list.empty() ? "" : ", ") + d;

@@ -180,6 +180,11 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   t.AddRow({"KV cache type", KvTypeName(*kv_type)});
   t.AddRow({"threads", std::to_string(threads)});
   t.AddRow({"KV bytes resident", std::to_string(resident) + " (" + FormatBytes(resident) + ")"});
+  // Where those bytes are (tail, attended tier, index, ...) and the process's peak RSS beside.
+  const ResidentParts parts = cache.ResidentBreakdown();
+  if (parts.parts.size() > 1 || parts.file_bytes > 0) t.AddRow({"KV resident by part", parts.ToString()});
+  const int64_t peak_rss = PeakRssBytes();
+  t.AddRow({"process peak RSS", FormatBytes(static_cast<double>(peak_rss))});
   t.AddRow({"KV bytes read, last decode step",
             decode_steps > 0 ? std::to_string(last_read) + " (" + FormatBytes(last_read) + ")"
                              : "none (no decode step)"});
@@ -210,6 +215,7 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
                         {"kv_type", KvTypeName(*kv_type)},
                         {"threads", threads},
                         {"kv_bytes_resident", resident},
+                        {"peak_rss_bytes", peak_rss},
                         // null when there was no decode step
                         {"kv_bytes_read_last_step",
                          decode_steps > 0 ? nlohmann::json(last_read) : nlohmann::json()}};

@@ -225,7 +225,11 @@ nlohmann::json AchievedJson(const AchievedCompression& a) {
   const PolicySummary& p = a.policy;
   auto or_null = [](int64_t v) { return v >= 0 ? nlohmann::json(v) : nlohmann::json(nullptr); };
   const double kept = a.kept_fraction();
+  nlohmann::json parts = nlohmann::json::object();
+  for (const auto& [name, bytes] : a.resident_parts.parts) parts[name] = bytes;
   return {{"resident_bytes", a.resident_bytes},
+          {"resident_parts", parts},
+          {"archive_file_bytes", a.resident_parts.file_bytes},
           {"full_resident_bytes", a.full_resident_bytes},
           {"resident_vs_full", a.resident_vs_full()},
           {"bytes_read", a.bytes_read},

@@ -16,6 +16,7 @@ void AchievedCompression::Add(const AchievedCompression& o) {
   reads += o.reads;
   fallbacks += o.fallbacks;
   policy.Add(o.policy);
+  resident_parts.Add(o.resident_parts);
   if (recovered.empty()) recovered = o.recovered;
 }
 
@@ -48,6 +49,7 @@ AchievedCompression MeasureAchieved(const KvCache& cache, const CacheCounters& s
   a.reads = c.reads - since.reads;
   a.fallbacks = c.fallbacks_total - since.fallbacks_total;
   a.policy = cache.Summary();
+  a.resident_parts = cache.ResidentBreakdown();
   const Status rec = cache.policy().recovered_error();
   if (!rec.ok()) a.recovered = rec.message();
   return a;

@@ -24,6 +24,8 @@ struct AchievedCompression {
   int64_t reads = 0;                // CacheCounters::reads over them (0: no read measured)
   int64_t fallbacks = 0;            // CacheCounters::fallbacks_total over them (exact dense steps)
   PolicySummary policy = PolicySummary::Identity();  // KvCache::Summary() at the end
+  // Where the resident bytes are at the end (KvCache::ResidentBreakdown), and archive file bytes.
+  ResidentParts resident_parts;
   // Policy::recovered_error() at the end ("" when none; a sum keeps the first): an error the
   // policy recovered from exactly, e.g. a failed archive write that left the rows in RAM.
   std::string recovered;

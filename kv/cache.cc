@@ -262,6 +262,12 @@ int64_t KvCache::ResidentBytes() const {
   return b;
 }
 
+ResidentParts KvCache::ResidentBreakdown() const {
+  ResidentParts sum;
+  for (int l = 0; l < n_layers(); ++l) sum.Add(policy_->ResidentBreakdown(l, stores_[l]));
+  return sum;
+}
+
 int64_t KvCache::FullBytesPerToken() const {
   int64_t b = 0;
   for (const auto& s : stores_) b += s.geometry().bytes_per_token();

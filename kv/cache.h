@@ -79,6 +79,8 @@ class KvCache {
   const CacheCounters& counters() const { return counters_; }
   // Resident bytes over all layers as the policy accounts them.
   int64_t ResidentBytes() const;
+  // ResidentBytes by part, summed over the layers (Policy::ResidentBreakdown).
+  ResidentParts ResidentBreakdown() const;
   // Bytes per token of the full (uncompressed) cache, summed over layers.
   int64_t FullBytesPerToken() const;
   // Resident bytes the full cache would hold for the same rows (LayerStore::full_resident_bytes).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 
 #include "core/check.h"
 
@@ -167,6 +168,65 @@ void PolicySummary::Add(const PolicySummary& o) {
   if (!o.note.empty() && ("; " + note + "; ").find("; " + o.note + "; ") == std::string::npos) {
     note = note.empty() ? o.note : note + "; " + o.note;
   }
+}
+
+int64_t ResidentParts::total() const {
+  int64_t t = 0;
+  for (const auto& [name, bytes] : parts) t += bytes;
+  return t;
+}
+
+void ResidentParts::Add(const ResidentParts& other) {
+  for (const auto& [name, bytes] : other.parts) {
+    auto it = std::find_if(parts.begin(), parts.end(), [&](const auto& p) { return p.first == name; });
+    if (it == parts.end()) {
+      parts.push_back({name, bytes});
+    } else {
+      it->second += bytes;
+    }
+  }
+  file_bytes += other.file_bytes;
+}
+
+namespace {
+std::string Bytes(int64_t b) {
+  char buf[32];
+  if (b < 1024) {
+    std::snprintf(buf, sizeof(buf), "%lld B", static_cast<long long>(b));
+  } else if (b < (int64_t{1} << 20)) {
+    std::snprintf(buf, sizeof(buf), "%.1f KiB", b / 1024.0);
+  } else if (b < (int64_t{1} << 30)) {
+    std::snprintf(buf, sizeof(buf), "%.2f MiB", b / 1048576.0);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.2f GiB", b / 1073741824.0);
+  }
+  return buf;
+}
+}  // namespace
+
+std::string ResidentParts::ToString() const {
+  std::string s = Bytes(total());
+  std::vector<std::pair<std::string, int64_t>> shown;  // the parts that hold bytes
+  for (const auto& p : parts) {
+    if (p.second != 0) shown.push_back(p);
+  }
+  if (shown.size() > 1) {
+    s += " =";
+    for (size_t i = 0; i < shown.size(); ++i) {
+      s += (i ? " + " : " ") + shown[i].first + " " + Bytes(shown[i].second);
+    }
+  }
+  if (file_bytes > 0) s += "; " + Bytes(file_bytes) + " in archive files (disk, not resident)";
+  return s;
+}
+
+ResidentParts Policy::ResidentBreakdown(int layer, const LayerStore& store) const {
+  ResidentParts r;
+  const int64_t pages = store.resident_bytes();
+  r.parts.push_back({"cache pages", pages});
+  const int64_t rest = ResidentBytes(layer, store) - pages;
+  if (rest != 0) r.parts.push_back({"policy state", rest});
+  return r;
 }
 
 PolicySummary Policy::Summary(int layer, const LayerStore& store) const {

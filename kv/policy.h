@@ -110,6 +110,19 @@ struct PolicySummary {
   static PolicySummary Identity();
 };
 
+// Where a policy's resident bytes are: named parts that add up to its ResidentBytes, and what
+// it keeps on disk (not resident). Reports print them ("resident = tail and pages a + attended
+// tier b + ...; archive file c on disk").
+struct ResidentParts {
+  std::vector<std::pair<std::string, int64_t>> parts;  // in the policy's order
+  int64_t file_bytes = 0;
+  int64_t total() const;
+  // Adds other's parts by name (a part new to this sum goes last) and its file bytes.
+  void Add(const ResidentParts& other);
+  // "12.3 KiB = cache pages 10.0 KiB + index 2.3 KiB" (one part: just the bytes).
+  std::string ToString() const;
+};
+
 class Policy {
  public:
   virtual ~Policy() = default;
@@ -161,6 +174,9 @@ class Policy {
   virtual int64_t ResidentBytes(int layer, const LayerStore& store) const {
     return store.resident_bytes();
   }
+  // ResidentBytes by part. The default: "cache pages" (the store's pages) and, when the policy
+  // holds more, "policy state" (the rest).
+  virtual ResidentParts ResidentBreakdown(int layer, const LayerStore& store) const;
   // The first error the policy recovered from exactly (OK when none): e.g. a failed archive
   // write (the rows stay in RAM) or a failed recall index (dense steps from then on). Results
   // are still exact; reports print it so that a run that did not do what was asked says so.

@@ -776,6 +776,18 @@ VestigeResidency VestigePolicy::Residency(int layer, const LayerStore& store) co
   return r;
 }
 
+ResidentParts VestigePolicy::ResidentBreakdown(int layer, const LayerStore& store) const {
+  const VestigeResidency r = Residency(layer, store);
+  ResidentParts p;
+  p.parts = {{"tail and pages", r.store_bytes},
+             {"attended tier", r.restored_bytes},
+             {"recall index", r.index_bytes},
+             {"selection metadata", r.metadata_bytes},
+             {"buffers", r.staged_bytes}};
+  p.file_bytes = r.file_bytes;
+  return p;
+}
+
 int64_t VestigePolicy::ResidentBytes(int layer, const LayerStore& store) const {
   const VestigeResidency r = Residency(layer, store);
   return r.store_bytes + r.restored_bytes + r.staged_bytes + r.metadata_bytes + r.index_bytes;

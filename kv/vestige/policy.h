@@ -156,6 +156,9 @@ class VestigePolicy final : public Policy {
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
+  // tail and pages (the store), attended tier, recall index, selection metadata, buffers; the
+  // archive file's bytes.
+  ResidentParts ResidentBreakdown(int layer, const LayerStore& store) const override;
   // A failed archive write (the rows stay in RAM) or the recall tier's first error (dense steps
   // from then on): both exact.
   Status recovered_error() const override;
