@@ -10,11 +10,12 @@ git is unavailable):
    kimi-linear.md or testbed-recipe.md). What the code relies on from those sources lives in
    docs/reference/ (and docs/testbed.md for the testbed recipe).
 2. Every section citation resolves. A citation is a `§N` or `§N.M...` token; it refers to the
-   docs/reference/X.md named most recently before it in the same file (in a docs/reference/ file
-   itself: that file, until another one is named). A file with a `§` citation before any
-   docs/reference/ name is an error, and so is a name of a docs/reference/ file that does not
-   exist. A section exists when the document has an anchor for it: a heading `#... §N.M title` or
-   a list item starting `- **§N.M**`.
+   docs/reference/X.md named most recently before it in the same file, or, before any name, to
+   the first one the file names (so a header comment can cite on its first line and name the
+   document on the next); in a docs/reference/ file itself, to that file until another is named.
+   A file with a `§` citation and no docs/reference/ name is an error, and so is a name of a
+   docs/reference/ file that does not exist. A section exists when the document has an anchor for
+   it: a heading `#... §N.M title` or a list item starting `- **§N.M**`.
 
 Usage: check_doc_refs.py [ROOT]          (ROOT defaults to the repository root)
        check_doc_refs.py --self-test     (runs the checker on generated trees; exit 0 if it works)
@@ -37,6 +38,7 @@ FORBIDDEN = [
     "shared/" + "DESIGN.md",
 ]
 REF_DIR = "docs/reference/"
+SELF = "scripts/check_doc_refs.py"
 REF_NAME = re.compile(r"docs/reference/([A-Za-z0-9_.-]+\.md)")
 CITATION = re.compile("\u00a7" + r"(\d+(?:\.\d+)*)")
 ANCHOR = re.compile(r"^(?:#+ +|- +\*\*)" + "\u00a7" + r"(\d+(?:\.\d+)*)\b")
@@ -89,10 +91,15 @@ def check(root):
         return anchors[name]
 
     for rel in files:
+        if rel == SELF:
+            continue  # its docstring and self-test name example documents on purpose
         text = read_text(os.path.join(root, rel))
         if text is None:
             continue
         current = rel[len(REF_DIR):] if rel.startswith(REF_DIR) and rel.endswith(".md") else None
+        if current is None:
+            first = REF_NAME.search(text)
+            current = first.group(1) if first else None
         for lineno, line in enumerate(text.splitlines(), 1):
             for bad in FORBIDDEN:
                 if bad in line:
@@ -141,11 +148,15 @@ def self_test():
          1, "a section the document lacks"),
         ({"docs/reference/a.md": ref, "kv/x.h": f"// spec {s}1.3\n"},
          1, "a citation that names no document"),
+        ({"docs/reference/a.md": ref, "kv/x.h": f"// Header ({s}1.3).\n// Cites docs/reference/a.md.\n"},
+         0, "a citation before the file's first document name"),
+        ({"docs/reference/a.md": ref, "kv/x.h": f"// Header ({s}2).\n// Cites docs/reference/a.md.\n"},
+         1, "the same, with a section the document lacks"),
         ({"kv/x.h": f"// docs/reference/missing.md {s}1\n"},
          1, "a reference document that does not exist"),
         ({"docs/reference/a.md": ref, "docs/x.md": "see " + FORBIDDEN[1] + "\n"},
          1, "an out-of-tree spec path"),
-        ({"README.md": "notes in " + FORBIDDEN[0] + "/DESIGN.md\n"},
+        ({"README.md": "notes in " + FORBIDDEN[0] + "/notes.md\n"},
          1, "the shared folder"),
         ({"docs/reference/a.md": ref, "docs/reference/b.md": f"## {s}9 Eval\n",
           "x.md": f"docs/reference/b.md {s}9, docs/reference/a.md {s}1.3; {s}9\n"},
