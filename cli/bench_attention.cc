@@ -67,7 +67,7 @@ struct Row {
   double rows = 0;           // rows attended per step (per KV head summed)
   double fetched = 0;        // rows recalled from an archive per step
   int64_t resident = 0;
-  // Geodesia: the spec's rate accounting (GeodesiaStats) and the share of blocks at 16/8/4/2/1.
+  // Geodesia: the reference rate accounting (GeodesiaStats) and the share of blocks at 16/8/4/2/1.
   bool geodesia = false;
   double resident_bpv = 0, read_bpv = 0, read_bpv_union = 0;
   std::string levels = "-";
@@ -276,7 +276,8 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       {"rows kept", "rows the policy reads without a recall / rows visible ('-': no selection)"},
       {"compressed", "yes: the policy changed what it holds or reads; NO: it did not; - full"},
       {"ms/close", "VestigeKV: selector wall ms per closed block ('-': no block closed)"},
-      {"bpv resident (1.5)", "Geodesia: resident bits per cached value (spec section 1.5)"},
+      {"bpv resident (1.5)",
+       "Geodesia: resident bits per cached value (docs/reference/geodesia-kv.md §1.5)"},
       {"bpv read/q-head", "Geodesia: bits read per value for one query head"},
       {"bpv read/kv-head", "Geodesia: bits read per value for the union over a KV head's queries"},
       {"% blocks 16/8/4/2/1", "Geodesia: share of 64-row blocks stored at 16/8/4/2/1 bits"},

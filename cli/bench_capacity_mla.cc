@@ -217,8 +217,8 @@ int RunBenchCapacityMla(const BenchCapacityOptions& o, std::ostream& out, std::o
   const bool recall = vp && vp->recall_hook() != nullptr;
   const bool file = vp && vp->config().archive == VestigeArchivePlacement::kFile;
   // What the method needs resident: kept rows, the tail, the index (recall on: 2r + 4 + 2 d_r per
-  // archived row, spec 1.3) and the selection metadata (4 B sigma + 8 B tables per closed row);
-  // in the RAM placement the archived rows too.
+  // archived row, docs/reference/vestigekv.md §1.3) and the selection metadata (4 B sigma + 8 B
+  // tables per closed row); in the RAM placement the archived rows too.
   int64_t need = (kept + tail) * row_bytes + sum.metadata_bytes;
   if (recall) need += archived * vp->recall_hook()->ScanBytesPerArchivedRow(0);
   if (vp && !file) need += archived * row_bytes;

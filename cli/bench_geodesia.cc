@@ -6,7 +6,7 @@
 // the process's peak RSS. Between two allocator runs the last `every` tokens exist twice in bf16
 // (LayerStore pages and level-16 slots: 2 x every x 57,344 B = 112 MiB at the Qwen2.5-7B shape
 // and every = 1024), which with the per-block index tables (~66 B per block and KV head, not
-// resident bytes by the spec's accounting) is what peak RSS adds to the resident bytes; the
+// resident bytes by the reference accounting) is what peak RSS adds to the resident bytes; the
 // graded slabs grow by segments (kv/geodesia/blocks.h), so their growth adds at most one segment
 // each.
 #include "cli/bench_geodesia.h"

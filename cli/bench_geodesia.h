@@ -44,7 +44,7 @@ struct BenchCapacityOptions {
   int head_dim = 128;  // gqa
   int d_c = 512;     // mla: latent width
   int d_r = 64;      // mla: branch width
-  // gqa: the spec's default budget (levels): plain Geodesia keeps no key boxes (only
+  // gqa: the reference default budget (levels): plain Geodesia keeps no key boxes (only
   // compressed-Quest reads them), so with rd-frac 0 the levels are the whole resident cost and
   // `budget=all` is the same allocation. mla: vestige (its file archive in --archive-dir).
   std::string policy;

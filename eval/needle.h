@@ -1,7 +1,8 @@
-// Needle-in-a-haystack with compression before the query (VestigeKV spec section 5.1): a T-token
+// Needle-in-a-haystack with compression before the query (reference §5.1): a T-token
 // prefix of haystack filler with a needle at a random depth in [0.1T, 0.8T), the compression event
 // at the end of the prefix's Prefill call, then the question fed as a second Prefill call so it
 // reads the compressed cache; score = teacher-forced NLL of the answer tokens.
+// (Reference: docs/reference/vestigekv.md.)
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
-// Windowed language-model evaluation (Geodesia-KV spec section 9): the causal Q = 1 protocol for
+// Windowed language-model evaluation (reference §9): the causal Q = 1 protocol for
 // perplexity (`strata eval ppl`) and KL(full || policy) of next-token distributions
 // (`strata eval kl`), with engine-counter bits per value and paired cluster bootstrap intervals.
+// (Reference: docs/reference/geodesia-kv.md.)
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,8 @@
 // Geodesia-KV packed attention kernel: one pass of all query heads of a GQA group over a
-// mixed-level block list of one KV head, dequantizing inside the online softmax (spec section 6,
-// with the C++-port extensions: per-head tables, GQA grouping, partial blocks, exact residual
-// overlay and an optional block selection list). The format: kernels/geodesia_format.h.
+// mixed-level block list of one KV head, dequantizing inside the online softmax
+// (docs/reference/geodesia-kv.md §6, with the C++-port extensions: per-head tables, GQA grouping,
+// partial blocks, exact residual overlay and an optional block selection list). The format:
+// kernels/geodesia_format.h.
 //
 // Semantics (identical for the SIMD kernel, the scalar reference and the f64 reference):
 //   * the blocks read are blocks[0..n_list) (any order, no duplicates) or, when blocks is null,

@@ -12,11 +12,11 @@
 //       vector load + convert (f16 -> f32, or bf16 word -> 2 channels by shift / mask) feeds one
 //       FMA per head (16 accumulators on AVX3; the query is channel-major per 16-head group, so
 //       the broadcasts are constant offsets). The branch still comes from each row's tail in the
-//       store (spec 1.3, no sidecar): one key_row per tile (a tile lies in one page), prefetched a
-//       tile ahead, transposed 16 x 16 words in registers (ConcatEven/ConcatOdd unzip, AVX3; a
-//       scalar word copy elsewhere). csk prefetched two tiles ahead. Vectorised fire test
-//       (score = lam * dot + z * (cq * eta), f32, unfused as before) and fired-row bit masks per
-//       tile; compaction walks the masks. Threads split the tile span statically.
+//       store (docs/reference/vestigekv.md §1.3, no sidecar): one key_row per tile (a tile lies
+//       in one page), prefetched a tile ahead, transposed 16 x 16 words in registers
+//       (ConcatEven/ConcatOdd unzip, AVX3; a scalar word copy elsewhere). csk prefetched two
+//       tiles ahead. Vectorised fire test (score = lam * dot + z * (cq * eta), f32, unfused as
+//       before) and fired-row bit masks per tile; compaction walks the masks. Threads split the tile span statically.
 //       Roundings and summation order unchanged: each (head, row) dot is still one f32 FMA chain in
 //       channel order [branch ; csk], so idx and the fire sets equal v1's bit for bit (bench: same
 //       fetched rows and bisected z). Kept rows inside a tile are computed and masked out (1/ratio
@@ -203,7 +203,7 @@ HWY_INLINE void TileDots(const float* HWY_RESTRICT q,
 }
 
 // a + b, never fused with the products that made a or b: GCC contracts x * y + c into an FMA on
-// FMA targets (-ffp-contract=fast is its C++ default), which would round the spec's score
+// FMA targets (-ffp-contract=fast is its C++ default), which would round the reference score
 // lam * dot + z * cert differently from the scalar form IndexScores' callers compute.
 HWY_INLINE VF AddUnfused(VF a, VF b) {
 #if HWY_ARCH_X86 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128
@@ -377,7 +377,7 @@ void RecallScanTilesImpl(const RecallScanView* a_, int64_t t_begin, int64_t t_en
       for (int64_t off = 0; off < tile_csk * 2; off += 64) hwy::Prefetch(c2 + off);
     }
     TileAllHeads(a, a.csk + t * tile_csk, &sc);
-    // score = lam * dot + z * (cq_h * eta_u), fire iff score > thr_h (the spec's f32 op order).
+    // score = lam * dot + z * (cq_h * eta_u), fire iff score > thr_h (the f32 op order of §3.2).
     VF eta[kTV];
     for (int v = 0; v < kTV; ++v) eta[v] = hn::LoadU(df, a.eta + t * kRecallTileRows + v * N);
     uint32_t any = 0;

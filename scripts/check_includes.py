@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the `#include "..."` lines of the C++ tree against the module rules of shared/DESIGN.md.
+"""Checks the `#include "..."` lines of the C++ tree against the module rules below.
 
 A file in module M (its top-level folder) may include, by quoted path, headers of M itself and of
 the modules M may depend on:
@@ -92,7 +92,7 @@ def check(root):
             if target not in allowed:
                 may = ", ".join(sorted(MODULE_DEPS[mod])) or "std only"
                 problems.append(f'{rel}:{lineno}: includes "{inc}": {kind} of module {mod} may '
-                                f'include {mod} and {may}, not {target} (shared/DESIGN.md)')
+                                f'include {mod} and {may}, not {target} (MODULE_DEPS)')
             elif inc in helpers and not test_side:
                 problems.append(f'{rel}:{lineno}: includes "{inc}": a test helper (it includes '
                                 f'gtest) may be included by tests only')

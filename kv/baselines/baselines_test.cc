@@ -232,7 +232,8 @@ TEST(BaselineObserverTest, WeightsAreExactAndCausal) {
 }
 
 // H2O column sums: every observed query's weights sum to 1 per query head, so the scores of all
-// KV heads total H x T (H query heads, T observed queries). Tolerance 1e-3 (spec 5.4).
+// KV heads total H x T (H query heads, T observed queries). Tolerance 1e-3
+// (docs/reference/vestigekv.md §5.4).
 TEST(H2oTest, ColumnSumsEqualHeadsTimesQueries) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -318,8 +319,9 @@ TEST(SnapKvTest, KeepsWindowAndTopPooled) {
   }
 }
 
-// Spec check 20: StreamingLLM keeps {0..3} + the last 2048 rows; at T = 16384 the rate is
-// 16 * 2052 / 16384 bits per value, and the output is exact attention over those rows.
+// docs/reference/geodesia-kv.md §12.20: StreamingLLM keeps {0..3} + the last 2048 rows; at
+// T = 16384 the rate is 16 * 2052 / 16384 bits per value, and the output is exact attention over
+// those rows.
 TEST(StreamingTest, ClosedFormRateAndKeptSet) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);

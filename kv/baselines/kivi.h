@@ -1,6 +1,6 @@
 // KIVI baseline (kivi2, kivi4): asymmetric 2/4-bit quantization with an incremental group flush.
 //
-// Layout (per KV head; the spec's group 32, residual 32):
+// Layout (per KV head; the reference group 32, residual 32, docs/reference/geodesia-kv.md §8):
 //   keys    per channel over groups of 32 tokens: one f16 (lo, step) per (group, channel);
 //   values  per token over groups of 32 channels: one f16 (lo, step) per (token, channel group);
 //   codes   packed LSB-first, token-major (t * D + d), `bits` bits each.

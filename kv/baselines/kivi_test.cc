@@ -31,7 +31,8 @@ Made MakeKivi(const LayerGeometry& g, int bits) {
   return out;
 }
 
-// Spec checks 2-4: codes in range, |x - x^| <= step / 2, packing LSB-first, constant groups.
+// docs/reference/geodesia-kv.md §12.2-§12.4: codes in range, |x - x^| <= step / 2, packing
+// LSB-first, constant groups.
 TEST(KiviTest, QuantizationErrorBoundsAndPacking) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -183,7 +184,7 @@ TEST(KiviTest, AttentionMatchesDequantizedReference) {
   }
 }
 
-// Spec check 19: KIVI-4, D = 128, T = 16352, Q = 1: the rate is the closed form of section 8
+// §12.19: KIVI-4, D = 128, T = 16352, Q = 1: the rate is the closed form of §8
 // (5.0215), the last 32 tokens are exact; after the next call the exact pages of the quantized
 // prefix are released, so resident memory is the quantized bytes + the one page still exact.
 TEST(KiviTest, ClosedFormRateAndMemoryShrinks) {

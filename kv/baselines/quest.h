@@ -13,7 +13,7 @@
 //
 // Budget, k pages of the n_cand candidates:
 //   --quest-pages K   k = min(K, n_cand);
-//   --quest-keep F    k = min(n_cand, max(1, ceil(F * n_cand)))   (spec's keep_frac, 0 < F <= 1);
+//   --quest-keep F    k = min(n_cand, max(1, ceil(F * n_cand)))   (keep_frac, 0 < F <= 1);
 //   otherwise --ratio R: k = min(n_cand, max(1, round(n_cand / R)))  (m / 64 pages of the prefix).
 // Heads (--quest-heads): `shared` (default) selects per KV head by the max over its query heads
 // of U_b (MLA: one selection for all heads), and all heads of the group read the same pages;

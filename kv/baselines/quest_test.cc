@@ -32,8 +32,9 @@ Made MakeQuest(const LayerGeometry& g, std::map<std::string, std::string> s) {
   return out;
 }
 
-// Spec check 18: T = 1024, D = 32, 2 pages: resident 16.25 and read 3.25 bits per value exactly
-// (the last query: 2 selected pages + its full current page + the 16 boxes).
+// docs/reference/geodesia-kv.md §12.18: T = 1024, D = 32, 2 pages: resident 16.25 and read 3.25
+// bits per value exactly (the last query: 2 selected pages + its full current page + the 16
+// boxes).
 TEST(QuestBaselineTest, ClosedFormRates) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -67,7 +68,7 @@ double PageMaxScore(const LayerStore& s, const float* qh, int h, int64_t p) {
 }
 
 // Boxes are f16 rounded outward, so U_b(q) bounds the true max logit of every page for random
-// queries; and keep rules follow the spec (ceil(F * n_cand), at least 1).
+// queries; and keep rules follow the reference (§4: ceil(F * n_cand), at least 1).
 TEST(QuestBaselineTest, BoundIsAnUpperBound) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);

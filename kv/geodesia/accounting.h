@@ -1,4 +1,4 @@
-// Geodesia-KV rate accounting: the closed forms of spec section 1.5 (bits per 64-token block and
+// Geodesia-KV rate accounting: the closed forms of §1.5 (bits per 64-token block and
 // per value) and the same figures measured on a GradedLayer.
 //
 // beta(L), bits of one block of one KV head (K + V), P = 64, D = head dim, g = group size:
@@ -6,6 +6,8 @@
 // Resident bits of a head = sum_b beta(L_b) + 32 D n_residual + 32 D n_blocks (boxes), the open
 // block charged as a full exact block. Values = 2 T D. Not counted (as in the reference): the
 // index tables, ek/ev, the residual positions.
+//
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #pragma once
 
 #include <array>
@@ -23,7 +25,7 @@ double LevelBitsPerValue(int level, int head_dim, int group_size);
 // residual tokens, and whether boxes are kept (one per block).
 int64_t ResidentBitsClosedForm(const std::array<int64_t, kNumLevels>& level_blocks,
                                int64_t n_residual, int head_dim, int group_size, bool boxes = true);
-// Bits one query head reads (spec 1.5, compressed-Quest): the read blocks' beta plus their
+// Bits one query head reads (§1.5, compressed-Quest): the read blocks' beta plus their
 // residual rows, plus every box (n_blocks of them) when `boxes`.
 int64_t ReadBitsClosedForm(const std::array<int64_t, kNumLevels>& read_level_blocks,
                            int64_t read_residual, int64_t n_blocks, int head_dim, int group_size,

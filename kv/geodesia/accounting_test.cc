@@ -1,4 +1,5 @@
 // Tests of the Geodesia-KV rate accounting against the storage.
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #include "kv/geodesia/accounting.h"
 
 #include <gtest/gtest.h>
@@ -12,7 +13,7 @@
 namespace strata::geodesia {
 namespace {
 
-// Spec check 5.
+// §12.5.
 TEST(GeodesiaAccounting, LevelCostClosedForms) {
   const int D = 128;
   EXPECT_DOUBLE_EQ(LevelBitsPerValue(8, D, 64), 8.5);
@@ -38,7 +39,7 @@ TEST(GeodesiaAccounting, LevelCostClosedForms) {
   for (int L : kLevels) EXPECT_EQ(8 * SlotBytes(L, D, 64), LevelBlockBits(L, D, 64));
 }
 
-// Spec check 6: a cache with a known histogram, residual tokens and boxes; the partial block is
+// §12.6: a cache with a known histogram, residual tokens and boxes; the partial block is
 // charged as 64 exact rows.
 TEST(GeodesiaAccounting, ResidentMatchesStorage) {
   const uint64_t seed = TestSeed();

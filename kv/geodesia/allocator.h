@@ -1,5 +1,5 @@
 // Geodesia-KV budgeted allocator: the Lagrangian lambda-bisection over marginal damage ratios of
-// spec section 2.4, the hot set of 2.2 and the error proxies of 2.3.
+// §2.4, the hot set of §2.2 and the error proxies of §2.3.
 //
 // Per KV head and call, block b sits at ladder index idx_b (kLevels = {16, 8, 4, 2, 1}). Step i
 // moves a block from kLevels[i] to kLevels[i + 1] with ratio
@@ -9,9 +9,11 @@
 // starts at column 0 in requant-once mode (the reference: a block already below 16 never moves
 // again) and at column idx_b in cascade mode. lambda is the smallest candidate ratio whose total
 // bits meet the target (binary search over the sorted ratios; total(lambda) is non-increasing).
-// Ratchet (spec 11.5): kReference applies the smallest candidate even when the current total
+// Ratchet (§11.5): kReference applies the smallest candidate even when the current total
 // already meets the target (each call takes at least the globally cheapest step); kClean takes no
 // step then. Levels only ever move down.
+//
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #pragma once
 
 #include <array>
@@ -72,7 +74,7 @@ std::vector<int> ApplyLambda(const std::vector<AllocBlock>& blocks,
 // [0, ceil(sinks / 64)), blocks >= floor(q_offset / 64) - 1, the last ceil(window / 64) blocks.
 std::vector<char> HotBlocks(int64_t nb, int64_t q_offset, int64_t sinks, int64_t window);
 
-// Error proxies of one block (spec 2.3) from its current rows. k, v: [64, D] f64, the first
+// Error proxies of one block (§2.3) from its current rows. k, v: [64, D] f64, the first
 // n_valid rows valid. ek[i], ev[i] for every ladder index (index 0 = 0). Keys: time groups of
 // min(g, 64) tokens per channel; values: channel groups of g per token.
 struct BlockErrors {

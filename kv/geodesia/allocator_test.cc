@@ -1,3 +1,4 @@
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #include "kv/geodesia/allocator.h"
 
 #include <gtest/gtest.h>
@@ -14,8 +15,8 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Random blocks: masses from a skewed distribution, errors increasing down the ladder (with a
-// random centroid error that may undercut the 2-bit one, as the spec notes), some hot, and (for
-// cascade tests) some already demoted.
+// random centroid error that may undercut the 2-bit one, as §11 notes), some hot, and (for cascade
+// tests) some already demoted.
 std::vector<AllocBlock> RandomBlocks(Rng& rng, int nb, bool some_demoted) {
   std::vector<AllocBlock> v(nb);
   for (auto& b : v) {
@@ -47,7 +48,7 @@ double Objective(const std::vector<AllocBlock>& blocks, const std::vector<int>& 
   return s;
 }
 
-// Spec 12.10-12.11 on random instances of both modes and ratchets: the budget holds when it can,
+// §12.10-§12.11 on random instances of both modes and ratchets: the budget holds when it can,
 // levels never move up, every taken step has ratio <= lambda and every available untaken next
 // step has ratio > lambda; lambda is the smallest candidate that meets the budget; and no swap of
 // one taken step for an untaken step of the same size (same budget) lowers the objective.
@@ -142,8 +143,8 @@ TEST(GeodesiaAllocatorTest, BudgetMonotoneEquiMarginal) {
   }
 }
 
-// Spec 12.11: with B >= 16 the clean ratchet demotes nothing and the reference ratchet takes
-// exactly the step(s) whose ratio equals the global minimum. Spec 12.10: below the all-centroid
+// §12.11: with B >= 16 the clean ratchet demotes nothing and the reference ratchet takes
+// exactly the step(s) whose ratio equals the global minimum. §12.10: below the all-centroid
 // cost every non-hot block becomes a centroid.
 TEST(GeodesiaAllocatorTest, RatchetAndExtremeBudgets) {
   const uint64_t seed = TestSeed();
@@ -199,7 +200,7 @@ TEST(GeodesiaAllocatorTest, HotBlocks) {
   EXPECT_TRUE(hot[0] && hot[1] && !hot[2] && hot[14] && hot[15] && !hot[13]);
 }
 
-// Spec 2.3 proxies against a direct evaluation of the formulas.
+// §2.3 proxies against a direct evaluation of the formulas.
 TEST(GeodesiaAllocatorTest, ErrorProxies) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));

@@ -2,7 +2,7 @@
 // 16 (bf16), 8/4/2 (packed codes + f16 scales) and 1 (f16 centroid), with key boxes, an exact
 // per-token residual overlay and the per-(head, block) tables the packed kernel reads.
 //
-// Layout (GPU-friendly; spec sections 1.2-1.4, 6):
+// Layout (GPU-friendly; §1.2-§1.4, §6):
 //   * one slab per level, shared by all KV heads of the layer, holding fixed-size slots. A slab is
 //     a list of segments of kSegmentBytes (a whole number of slots; the last segment may be
 //     smaller): slot i lives in segment i / seg_slots. Full segments never move, so growing a slab
@@ -24,8 +24,8 @@
 //     for kmin, up for kmax) so that U_b(q) = scale * sum_c max(q_c kmin_c, q_c kmax_c) >=
 //     scale * q.k for every key of the block. (The reference rounds to nearest; outward rounding
 //     differs by at most one f16 ulp and keeps the bound sound.) A closed box never changes,
-//     whatever the block's later level. Only compressed-Quest reads boxes, and the spec charges
-//     them only with its gate on (section 1.5), so GeodesiaPolicy keeps them only then.
+//     whatever the block's later level. Only compressed-Quest reads boxes, and §1.5 charges
+//     them only with its gate on, so GeodesiaPolicy keeps them only then.
 //   * per head: exact residual rows, [n_res, D] bf16 K and V sorted by position.
 //
 // Life of a block: the open (last) block is exact and receives Append()s; when it reaches 64
@@ -34,7 +34,7 @@
 // when more than a quarter of it is free (holes filled from the top, emptied segments released), so
 // allocated bytes really shrink (Compact() forces it).
 //
-// Demotion modes (spec section 11, item 4):
+// Demotion modes (§11.4):
 //   kOnce    (reference): a block is re-encoded once, from its exact bf16 rows, and is then
 //            immutable: only level-16 blocks may be demoted (to any lower level). Nothing beyond the
 //            block's own level-16 slot is kept, and that slot is freed by the demotion.
@@ -45,6 +45,8 @@
 //
 // Thread safety: const methods may run concurrently; mutators need exclusive access. Any mutator
 // (Append, Demote, AddResidual, Compact) invalidates PackedHeadViews and row pointers.
+//
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #pragma once
 
 #include <array>
@@ -198,7 +200,7 @@ class GradedLayer {
   std::vector<Head> heads_;
 };
 
-// scale * sum_c max(q_c kmin_c, q_c kmax_c) in f64: the compressed-Quest page bound (spec 4).
+// scale * sum_c max(q_c kmin_c, q_c kmax_c) in f64: the compressed-Quest page bound (§4).
 // Channels with q_c = 0 add 0 (an infinite box edge, from a key beyond the f16 range, then does
 // not turn the bound into NaN); an infinite edge elsewhere gives an infinite, still sound, bound.
 // (kv/geodesia/box_bound.cc: SIMD; the summation order is that of the CPU's SIMD target.)

@@ -91,7 +91,7 @@ TEST(GeodesiaBlocks, ExactBlocksAreBitExact) {
   }
 }
 
-// Stored lo/step of a quantized block equal the quantizer's on the spec's groups: keys per
+// Stored lo/step of a quantized block equal the quantizer's on the reference groups: keys per
 // (time group, channel), values per (token, channel group); the reconstruction error is within
 // the stated bound.
 TEST(GeodesiaBlocks, QuantizedGroupsAndError) {

@@ -1,4 +1,4 @@
-// Geodesia-KV attention error certificate (spec section 5): a bound on ||o - o_hat||_2 for one
+// Geodesia-KV attention error certificate (§5): a bound on ||o - o_hat||_2 for one
 // query head, where o is exact dense attention and o_hat attention over the compressed cache.
 //
 //   bound = sum_b a_b delta_b + min(2, M+/M- - M-/M+) * max_j ||v_j||_2,
@@ -8,6 +8,8 @@
 // +-20) and clamped to [0, 2]; a block with eps_b = +inf (a hard mask) drives it to 2.
 // Production eps_b = scale * ||q||_2 * ek_b, delta_b = ev_b (the accumulated re-encode errors of
 // GradedLayer); exact residual tokens do not tighten the bound (they keep their block's terms).
+//
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,5 @@
 // Tests of the Geodesia-KV attention error certificate: never violated.
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #include "kv/geodesia/certificate.h"
 
 #include <gtest/gtest.h>
@@ -13,7 +14,7 @@
 namespace strata::geodesia {
 namespace {
 
-// Spec check 21: 20 random (T = 1024, D = 32) configurations with demotion to every level
+// §12.21: 20 random (T = 1024, D = 32) configurations with demotion to every level
 // (cascades included), residual tokens and hard-masked selections; the true ||o - o_hat|| never
 // exceeds the bound + 1e-4, and the l1 term stays <= 2.
 TEST(GeodesiaCertificate, NeverViolated) {

@@ -1,3 +1,4 @@
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #include "kv/geodesia/observer.h"
 
 #include <algorithm>
@@ -34,7 +35,7 @@ void PrefillObserver::Add(const PrefillObservation& obs) {
   const int64_t n = obs.n_keys;
   const int64_t nb = (n + kBlockTokens - 1) / kBlockTokens;
   // The G query heads' contributions to a block (or token) are summed in sorted order, so the
-  // state does not depend on the order of the heads in the group (spec 12.13).
+  // state does not depend on the order of the heads in the group (§12.13).
   std::vector<double> per(static_cast<size_t>(nb) * group_);  // [b][r]
   std::vector<double> tok(group_);
   for (int h = 0; h < n_kv_heads_; ++h) {
@@ -83,7 +84,7 @@ std::vector<double> PrefillObserver::TokenScore(int h, int64_t n) const {
 std::vector<double> BlockMassFromStates(const float* m, const float* d, int64_t n_blocks,
                                         int group) {
   // Each head's share of each block, then per block the G shares summed in sorted order: the
-  // result does not depend on the order of the heads in the group (spec 12.13).
+  // result does not depend on the order of the heads in the group (§12.13).
   std::vector<double> share(static_cast<size_t>(n_blocks) * group, 0.0);  // [b][r]
   for (int r = 0; r < group; ++r) {
     double mx = -INFINITY;

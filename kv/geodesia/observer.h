@@ -1,4 +1,4 @@
-// Geodesia-KV observation: block mass and token scores from the prefill observer (spec 2.1), the
+// Geodesia-KV observation: block mass and token scores from the prefill observer (§2.1), the
 // per-call block mass of the first decode query, and the mass EMA.
 //
 // Prefill, per KV head h with G query heads: every observed query row (one per query head and
@@ -7,10 +7,12 @@
 //   token_score_j = sum over the rows of w_j                 (not the mean)
 // Decode: m_now_b = mean over the G query heads of sum_{j in b} w_j; the EMA is
 //   m_b <- d * m_b + (1 - d) * m_now_b,
-// with the prefill prior applied ONCE, at the first update (spec 11.6: the reference re-applies
+// with the prefill prior applied ONCE, at the first update (§11.6: the reference re-applies
 // it whenever the state grows by a block; we do not). Blocks that appear later start at 0.
 // Sums over the G query heads of a group run in sorted order of the heads' contributions, so
-// permuting the query heads of a group changes no bit of the mass (spec 12.13).
+// permuting the query heads of a group changes no bit of the mass (§12.13).
+//
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #pragma once
 
 #include <cstdint>

@@ -1,3 +1,4 @@
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #include "kv/geodesia/observer.h"
 
 #include <gtest/gtest.h>
@@ -21,7 +22,7 @@ std::vector<float> SoftmaxRows(Rng& rng, int rows, int64_t n) {
   return w;
 }
 
-// Spec 2.1 / 12.12: block mass = mean over the group's observed rows of per-block sums (sums to
+// §2.1 / §12.12: block mass = mean over the group's observed rows of per-block sums (sums to
 // 1), token score = the sum over the rows.
 TEST(GeodesiaObserverTest, PrefillMassAndTokenScore) {
   const uint64_t seed = TestSeed();
@@ -63,7 +64,7 @@ TEST(GeodesiaObserverTest, PrefillMassAndTokenScore) {
   }
 }
 
-// Spec 12.12: one call of current mass m1 on a prior m0 gives d m0 + (1 - d) m1; the prior is
+// §12.12: one call of current mass m1 on a prior m0 gives d m0 + (1 - d) m1; the prior is
 // applied once (a later call that grows the state does not re-apply it; new blocks start at 0).
 TEST(GeodesiaObserverTest, EmaArithmetic) {
   const uint64_t seed = TestSeed();

@@ -1,4 +1,5 @@
 // Tests of the Geodesia-KV packed attention kernel against a float64 reference.
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #include "kv/geodesia/packed_attention.h"
 
 #include <gtest/gtest.h>
@@ -63,7 +64,7 @@ double RelDiff(const std::vector<float>& a, const std::vector<float>& b) {
 using packed_testing::Finalize;
 using packed_testing::RelErr;
 
-// Spec check 22: all five levels, G >= 4 distinct queries, a partial last block (valid = 17),
+// §12.22: all five levels, G >= 4 distinct queries, a partial last block (valid = 17),
 // residual overlay, with and without a selection list; every split count; SIMD and scalar.
 TEST(GeodesiaPacked, MatchesFloat64ReferenceAtAnySplit) {
   const uint64_t seed = TestSeed();
@@ -97,7 +98,7 @@ TEST(GeodesiaPacked, MatchesFloat64ReferenceAtAnySplit) {
         PackedAttendRef(view, q.data(), sh.G, scale, list, n_list, ref.data());
         SoftmaxStateBuffer scalar(sh.G, sh.D);
         PackedAttendScalar(view, q.data(), sh.G, scale, list, n_list, &scalar.states());
-        // Tolerance 1e-4 relative (spec check 22): f32 dot products of length D and f32 online
+        // Tolerance 1e-4 relative (§12.22): f32 dot products of length D and f32 online
         // softmax; observed errors are ~1e-6.
         EXPECT_LE(RelErr(Finalize(scalar), ref), 1e-4) << "scalar pass " << pass;
         std::vector<float> one;
@@ -119,7 +120,7 @@ TEST(GeodesiaPacked, MatchesFloat64ReferenceAtAnySplit) {
   });
 }
 
-// Spec check 7: a centroid block is one key of log-multiplicity ln(n): the same as attending
+// §12.7: a centroid block is one key of log-multiplicity ln(n): the same as attending
 // n copies of the centroid key/value (n = valid tokens not overridden).
 TEST(GeodesiaPacked, CentroidEqualsCopies) {
   const uint64_t seed = TestSeed();
@@ -186,14 +187,14 @@ TEST(GeodesiaPacked, CentroidEqualsCopies) {
       SoftmaxStateBuffer st(G, D), sc(G, D);
       PackedAttend(view, q.data(), G, scale, list, 2, &st.states());
       PackedAttendScalar(view, q.data(), G, scale, list, 2, &sc.states());
-      // 1e-6 relative (spec check 7): only f32 rounding of 128 dot products separates them.
+      // 1e-6 relative (§12.7): only f32 rounding of 128 dot products separates them.
       EXPECT_LE(RelErr(Finalize(st), ref), 1e-6) << "block " << b;
       EXPECT_LE(RelErr(Finalize(sc), ref), 1e-6) << "block " << b;
     }
   });
 }
 
-// Spec check 13: all query heads of a group read one representation, so a head's result does not
+// §12.13: all query heads of a group read one representation, so a head's result does not
 // depend on the other heads read with it nor on their order.
 TEST(GeodesiaPacked, GqaHeadsShareOneReconstruction) {
   const uint64_t seed = TestSeed();

@@ -1,3 +1,4 @@
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #include "kv/geodesia/policy.h"
 
 #include <algorithm>
@@ -236,8 +237,8 @@ Status GeodesiaPolicy::Bind(const std::vector<LayerGeometry>& layers) {
     gc.head_dim = g.k_dim;
     gc.group_size = c_.group;
     gc.demotion = c_.requant;
-    // Boxes only feed the compressed-Quest page bound; the spec charges them only with the gate
-    // on (section 1.5), so a plain Geodesia cache does not keep them (0.25 bits/value at P = 64).
+    // Boxes only feed the compressed-Quest page bound; §1.5 charges them only with the gate on, so
+    // a plain Geodesia cache does not keep them (0.25 bits/value at P = 64).
     gc.boxes = c_.quest();
     auto graded = GradedLayer::Create(gc);
     if (!graded.ok()) return graded.status().WithContext(where);
@@ -608,7 +609,7 @@ Status GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, 
     MergeStates(&dst, tail.at(h));
   }
 
-  // Accounting: the engine's bytes, and the spec's per-query-head bits (section 1.5).
+  // Accounting: the engine's bytes, and the reference per-query-head bits (§1.5).
   const int64_t nb = gl.n_blocks();
   const int64_t box_bytes = quest ? nb * 2 * D * 2 : 0;
   const auto beta = geodesia::LadderBits(D, c_.group);

@@ -1,10 +1,11 @@
 // GeodesiaPolicy: Geodesia-KV over GQA/MHA layers. The cache of record is a GradedLayer per
 // layer (64-token blocks at 16/8/4/2/1 bits, exact residual rows, and key boxes when the
-// compressed-Quest gate is on: nothing else reads them, and the spec charges them only then,
-// section 1.5); a budgeted allocator demotes blocks by observed attention mass (once per KV head
+// compressed-Quest gate is on: nothing else reads them, and the reference charges them only then,
+// §1.5); a budgeted allocator demotes blocks by observed attention mass (once per KV head
 // per call, shared by the group's query heads); reads are the packed kernel over the graded blocks
 // (optionally only the compressed-Quest pages) merged with the exact rows of the current block.
-// Spec: /work/shared/specs/geodesia-kv.md sections 1.5, 2, 3, 4, 11; docs/geodesia.md.
+// Reference: docs/reference/geodesia-kv.md §1.5, §2, §3, §4, §11 (the § numbers here);
+// docs/geodesia.md.
 //
 // Life of a layer:
 //   * before the first compression point (end of the first prefill, or Compress()) the policy is
@@ -26,13 +27,13 @@
 //     BeginCall (a plan the cache applies; their
 //     exact form, when they are still at 16 bits, lives in the graded layer), so resident memory is
 //     the graded layer plus at most a few pages per head.
-// Decisions (spec section 11): prior applied once; boxes refreshed when a block closes (blocks.h);
+// Decisions (§11): prior applied once; boxes refreshed when a block closes (blocks.h);
 // bits >= 16 means "everything exact" (the allocator does not run: the reference ratchet would
 // demote one step per call even at B = 16); with the compressed-Quest gate and the allocator both
 // on, the mass of a call comes from the pages the query really read (unread pages count 0) so that
 // the gate keeps its read savings; without prefill observations no RD residual is chosen; the
 // group's block mass (decode and prefill) sums the G query heads' contributions in sorted order,
-// so that permuting the query heads of a group changes no bit of the state (spec 12.13).
+// so that permuting the query heads of a group changes no bit of the state (§12.13).
 #pragma once
 
 #include <cstdint>
@@ -72,14 +73,14 @@ struct GeodesiaConfig {
 
   bool quest() const { return quest_keep < 1; }
   bool allocate() const { return bits < 16; }
-  // Observed prompt queries: 64 with the RD residual on, else 32 (spec 2.1).
+  // Observed prompt queries: 64 with the RD residual on, else 32 (§2.1).
   int n_obs() const { return rd_frac > 0 ? 64 : 32; }
   std::string ToString() const;
   // cquest: Compressed-Quest defaults (bits 16 = an exact cache, quest-keep 0.125).
   static StatusOr<GeodesiaConfig> FromSpec(const PolicySpec& spec, bool cquest);
 };
 
-// Counters of the spec's rate accounting (section 1.5), summed over reads (queries), layers and
+// Counters of the reference rate accounting (§1.5), summed over reads (queries), layers and
 // query heads. bpv = bits / values.
 struct GeodesiaStats {
   int64_t calls = 0;             // allocator calls (first queries of a call, per layer; each
@@ -140,7 +141,7 @@ class GeodesiaPolicy final : public Policy {
   // Positions of the RD residual of KV head h (ascending; empty when off).
   const std::vector<int64_t>& residual_positions(int layer, int h) const;
   // Allocator runs for KV head h of `layer` so far: one per call (the call's first query) and
-  // per Maintain, shared by the head's G query heads (spec 12.13).
+  // per Maintain, shared by the head's G query heads (§12.13).
   int64_t allocator_runs(int layer, int h) const;
   // Blocks read by query head r at the last read of `layer` (graded blocks, ascending; the exact
   // tail rows are not listed). For tests of the compressed-Quest gate.

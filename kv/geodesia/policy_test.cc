@@ -1,3 +1,4 @@
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #include "kv/geodesia/policy.h"
 
 #include <gtest/gtest.h>
@@ -191,7 +192,7 @@ PolicySpec Spec(const std::string& name, std::map<std::string, std::string> s) {
   return PolicySpec{name, std::move(s)};
 }
 
-// Spec 12.8-12.10 over 500 random Q = 1 calls: hot blocks exact after every call, levels never
+// §12.8-§12.10 over 500 random Q = 1 calls: hot blocks exact after every call, levels never
 // move up, a quantized block's payload never changes (requant once), and the per-layer budget
 // holds whenever the hot blocks leave room for it.
 TEST(GeodesiaPolicyTest, HotExactMonotoneBudgetOver500Calls) {
@@ -322,7 +323,7 @@ TEST(GeodesiaPolicyTest, Bits16ReproducesFull) {
   }
 }
 
-// Spec 12.14: adding +10 to every key and value after position p changes neither the outputs up
+// §12.14: adding +10 to every key and value after position p changes neither the outputs up
 // to p nor any level or page decision, inside a chunked call (the allocator runs at the chunk's
 // first query; queries of the chunk see only earlier rows). With and without the Quest gate.
 TEST(GeodesiaPolicyTest, Causality) {
@@ -364,7 +365,7 @@ TEST(GeodesiaPolicyTest, Causality) {
   }
 }
 
-// Spec 12.17 over an exact cache (cquest): every query head reads ceil(0.125 n_closed) pages plus
+// §12.17 over an exact cache (cquest): every query head reads ceil(0.125 n_closed) pages plus
 // the current one, the top ones by the box bound; unselected pages get no weight (the output
 // equals an f64 softmax over exactly those pages); the reference read rate equals the closed
 // form ((k + 1) beta16 + nb 32 D) / (2 T D) per query head, below the resident rate.
@@ -395,7 +396,7 @@ TEST(GeodesiaPolicyTest, CompressedQuestPagesAndReadRate) {
       ASSERT_EQ(static_cast<int64_t>(pages[qh].size()), k + graded_current) << "call " << call;
     }
     (void)nbytes_before;
-    // Spec 12.16: U_b(q) bounds the true scores; the selected pages are the top-k by U_b.
+    // §12.16: U_b(q) bounds the true scores; the selected pages are the top-k by U_b.
     // (Checked against the partner module's bound function on the stored boxes.)
     const double values = 2.0 * T * g.k_dim * g.n_q_heads;
     const double want_read = g.n_q_heads * ((k + 1.0) * beta[0] + nb * 32.0 * g.k_dim);
@@ -441,7 +442,7 @@ TEST(GeodesiaPolicyTest, CompressedQuestPagesAndReadRate) {
   EXPECT_LT(geo.stats().read_bpv(), geo.stats().resident_bpv());
 }
 
-// RD residual through the policy (spec 12.15): max(64, ceil(f P)) exact tokens per KV head,
+// RD residual through the policy (§12.15): max(64, ceil(f P)) exact tokens per KV head,
 // chosen once after prefill (unchanged by later calls), the last 64 prompt tokens included, no
 // continuation token ever; the first prefill observes 64 queries when the residual is on.
 TEST(GeodesiaPolicyTest, ResidualChosenOnceAfterPrefill) {
@@ -539,7 +540,7 @@ std::vector<double> ExactReference(const std::vector<std::vector<float>>& krows,
   return out;
 }
 
-// Spec 12.13 (GQA). Two caches get the same K/V rows; cache B sees every query (prefill
+// §12.13 (GQA). Two caches get the same K/V rows; cache B sees every query (prefill
 // observations and decode reads) with the query heads of each KV group permuted. Over a prefill
 // and ~130 decode calls (some of 2-3 tokens) on 2 layers, G >= 2 query heads per KV head and >= 2
 // KV heads, at a budget that spreads the blocks over several levels:

@@ -1,6 +1,6 @@
 // Geodesia-KV scalar quantizer (asymmetric min/max, f16 lo and step) and LSB-first bit packing.
 //
-// Spec: specs/geodesia-kv.md section 1.2, packed/kernel path. For a group G of floats:
+// Reference: docs/reference/geodesia-kv.md §1.2, packed/kernel path. For a group G of floats:
 //   lo16 = f16(min G), step16 = f16((max G - min G) / (2^L - 1)),
 //   code = clamp(round_half_even((x - lo16) / step16), 0, 2^L - 1), x_hat = code * step16 + lo16,
 // with lo and step rounded to f16 FIRST and the codes computed from the rounded values (the kernel

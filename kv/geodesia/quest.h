@@ -1,4 +1,4 @@
-// Geodesia-KV compressed-Quest page selection (spec section 4, `query_gate = box_sparse`).
+// Geodesia-KV compressed-Quest page selection (§4, `query_gate = box_sparse`).
 //
 // Per query head: the candidates are the closed pages before the call's first query
 // ((b + 1) * 64 <= q_offset); n_keep = min(n_cand, max(1, ceil(keep_frac * n_cand))) of them with
@@ -6,6 +6,8 @@
 // keys, rounded outward by GradedLayer) are read, plus every page from the current one
 // (floor(q_offset / 64)) on. Sinks and the recent window are not forced. Unselected pages get no
 // weight. Ties: higher bound first, then lower page index.
+//
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #pragma once
 
 #include <cstdint>

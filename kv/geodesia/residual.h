@@ -1,4 +1,4 @@
-// Geodesia-KV rate-distortion exact-token residual (spec section 3): which prompt tokens keep an
+// Geodesia-KV rate-distortion exact-token residual (§3): which prompt tokens keep an
 // exact K/V copy that overrides their block's reconstruction.
 //
 // Run once, after prefill, from the prefill statistics only (target-free):
@@ -10,6 +10,8 @@
 // w = min(tail, P) prompt tokens are always kept, plus the top (capacity - w) pooled scores,
 // capacity = min(P, max(w, ceil(f * P))) with ceil as the reference computes it (+0.999999,
 // truncate). Ties: higher score first, then lower position. Continuation tokens never qualify.
+//
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #pragma once
 
 #include <cstdint>

@@ -1,3 +1,4 @@
+// § numbers cite docs/reference/geodesia-kv.md (the reference behaviour).
 #include "kv/geodesia/residual.h"
 
 #include <gtest/gtest.h>
@@ -12,7 +13,7 @@
 namespace strata::geodesia {
 namespace {
 
-// A direct transcription of the scoring rule of spec section 3: candidates ranked by the
+// A direct transcription of the scoring rule of §3: candidates ranked by the
 // k-window mean of s (windows clipped at the ends, always divided by k).
 std::set<int64_t> DirectSelection(const std::vector<double>& score, const std::vector<double>& vres,
                                   int64_t P, double f, int64_t tail, int k) {
@@ -36,7 +37,7 @@ std::set<int64_t> DirectSelection(const std::vector<double>& score, const std::v
   return out;
 }
 
-// Spec 12.15: the count is max(64, ceil(f P)), the last 64 prompt tokens are in, and the set
+// §12.15: the count is max(64, ceil(f P)), the last 64 prompt tokens are in, and the set
 // equals a direct evaluation of the scoring rule.
 TEST(GeodesiaResidualTest, SelectionMatchesDirectRule) {
   const uint64_t seed = TestSeed();
@@ -65,7 +66,7 @@ TEST(GeodesiaResidualTest, SelectionMatchesDirectRule) {
   }
 }
 
-// Spec 12.15: a token with a 100x value residual and the same mass as its neighbours is selected
+// §12.15: a token with a 100x value residual and the same mass as its neighbours is selected
 // (kernel 1, tail 1, f = 2/64: exactly that token plus the tail).
 TEST(GeodesiaResidualTest, OutlierValueIsSelected) {
   const uint64_t seed = TestSeed();

@@ -2,8 +2,8 @@
 // conformal order statistic) and the entropy gate, as pure functions of labelled calibration rows.
 //
 // RecallTier (recall.h) gathers the labels (which needs the store and the archive); everything
-// here is testable on known inputs. Spec: specs/vestigekv.md §3.1 (basis), §3.3 (decode form),
-// §3.4 (prefix form), §8.2 (open edge cases).
+// here is testable on known inputs. Reference: docs/reference/vestigekv.md §3.1 (basis), §3.3
+// (decode form), §3.4 (prefix form), §8.2 (open edge cases).
 #pragma once
 
 #include <cstdint>

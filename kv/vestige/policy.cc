@@ -1,3 +1,4 @@
+// § numbers cite docs/reference/vestigekv.md (the reference behaviour).
 #include "kv/vestige/policy.h"
 
 #include <functional>
@@ -40,7 +41,7 @@ class TierHook final : public VestigeRecallHook {
   }
 
   int64_t observation_queries(int64_t prompt_len) const override {
-    // Prompt queries [T/2, T) (spec 3.4); RecallTier strides them down to calib-queries.
+    // Prompt queries [T/2, T) (§3.4); RecallTier strides them down to calib-queries.
     return opt_.calibration == RecallCalibration::kPrefix ? prompt_len - prompt_len / 2 : 0;
   }
   void Observe(int layer, const LayerStore& store, const PrefillObservation& obs) override {
@@ -629,7 +630,7 @@ Status VestigePolicy::Read(int layer, const LayerStore& store, const float* q, i
     }
   }
   if (fallback) {
-    // Dense step: the full policy's own read, bit for bit (spec section 9.17), with released
+    // Dense step: the full policy's own read, bit for bit (§9.17), with released
     // pages staged from the file for this step.
     ++fallbacks_;
     info.fallback = true;

@@ -1,6 +1,7 @@
 // VestigePolicy: VestigeKV tier 1 (blockwise low-pass residual selection) over MLA latent rows,
 // the archive of rows it stops reading (RAM or a checksummed file), the tier-2 recall hook, and
-// the read/byte accounting every report uses. Spec: /work/shared/specs/vestigekv.md sections 1-4.
+// the read/byte accounting every report uses. Reference: docs/reference/vestigekv.md §1-§4
+// (the § numbers here).
 //
 // Row sets of one MLA layer with n rows, n_closed = a multiple of `block`:
 //   kept     = sinks [0, 4) ∪ top-m of sigma over all closed rows   (closed rows that are read)
@@ -129,7 +130,7 @@ class VestigeRecallHook {
                      const std::vector<int64_t>& attended, const SoftmaxStates& attended_states,
                      const std::vector<int64_t>& archived, ThreadPool* pool,
                      std::vector<int64_t>* fetched, bool* fallback) = 0;
-  // Scan bytes per archived row per step (spec 1.3: 2r + 4 + 2 d_r = 260 at r = d_r = 64).
+  // Scan bytes per archived row per step (§1.3: 2r + 4 + 2 d_r = 260 at r = d_r = 64).
   virtual int64_t ScanBytesPerArchivedRow(int layer) const = 0;
   virtual int64_t ResidentBytes(int layer) const { return 0; }
   // The first error the tier hit (it then answers with dense fallbacks, which are exact).

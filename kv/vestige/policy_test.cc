@@ -1,3 +1,4 @@
+// § numbers cite docs/reference/vestigekv.md (the reference behaviour).
 #include "kv/vestige/policy.h"
 
 #include <gtest/gtest.h>
@@ -561,7 +562,7 @@ struct ReadTrace {
 //
 // peaked: each query head is, at random, either peaked on the layer's first row (a sink, always
 // kept: low entropy, its target attended) or diffuse (near-uniform: high entropy, its target
-// mostly archived). That is the structure the recall tier's entropy gate is fitted on (spec 3.4:
+// mostly archived). That is the structure the recall tier's entropy gate is fitted on (§3.4:
 // the gate opens above the 3% quantile of the hard rows' entropies and switches itself off when
 // more than 60% of all rows lie above it); i.i.d. normal queries give it none, so it stays off.
 class Stream {

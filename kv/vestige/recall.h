@@ -1,9 +1,9 @@
 // VestigeKV tier 2: a low-rank recall index over an MLA layer's closed rows and its per-step scan.
 //
 // One RecallTier per (sequence, MLA layer). It never reads or copies a row's content except to
-// index it once at close time; archived rows stay in the LayerStore, bit-identical (spec §1.2).
+// index it once at close time; archived rows stay in the LayerStore, bit-identical (§1.2).
 //
-// Index (spec §1.3, §3.1). For every closed row u (kept and archived alike, so a rebalance is an
+// Index (§1.3, §3.1). For every closed row u (kept and archived alike, so a rebalance is an
 // index selection, never a re-projection):
 //   csk_u = V_r c_hat_u   f16 [r]   (projection in f32; |csk| < 6e4 is checked, see IndexClosedRows)
 //   eta_u = ||c_hat_u - V_r^T csk_u||   f32 (from the f32 projection)
@@ -11,7 +11,7 @@
 // the top-r eigenvectors (descending eigenvalue) of the mean-centred Gram of calibration content
 // queries q_c', all heads pooled (LAPACK dsyevr).
 //
-// Scan, per step and head h with absorbed query q_h = [q_c' (d_c) ; q_r (d_r)] (spec §3.2):
+// Scan, per step and head h with absorbed query q_h = [q_c' (d_c) ; q_r (d_r)] (§3.2):
 //   qsk = V_r q_c' (f32),  qres = ||q_c' - V_r^T qsk||
 //   idx_u  = lam * (bf16(q_r) . r_u + f16(qsk) . csk_u)    f32 products and accumulation
 //   cert_u = lam * qres * eta_u / sqrt(d_c - r)
@@ -33,7 +33,7 @@
 //       - lam * (2^-8 sum_i |q_r,i r_u,i| + 2^-10 sum_i |qsk_i csk_u,i| + 2^-16 ||q_c'|| ||c_hat_u||)
 // Calibrated z (~2) is what makes the scan selective; it trades soundness for a recall target.
 //
-// Overflow (spec §3.5): if the union exceeds `capacity` rows, the step either falls back to a dense
+// Overflow (§3.5): if the union exceeds `capacity` rows, the step either falls back to a dense
 // read of all rows (default; exact) or keeps the first `capacity` fired rows in position order
 // (truncate). A query whose qsk leaves the f16 range also falls back (exact, never silent).
 //
@@ -48,6 +48,8 @@
 //     RecallScan s = tier.Scan(store, q, limit, max1, entropy, pool);
 //     s.fallback ? dense read of [0, limit) : ReadRows(store, q, s.rows, s.n, ...) merged into st.
 //   Decode-mode calibration happens inside Scan (it records the step's query).
+//
+// § numbers cite docs/reference/vestigekv.md (the reference behaviour).
 #pragma once
 
 #include <cstdint>
@@ -69,7 +71,7 @@ enum class RecallCalibration {
   kPrefix,  // paper/harness form: prompt queries [T/2, T), z ladder, 0.03 gate quantile (§3.4)
   kDecode,  // serving form: first 8..64 decode queries, conformal order statistic (§3.3)
 };
-// Lower clamp of the fitted z (flag `z-floor`; spec §8.2 leaves it open).
+// Lower clamp of the fitted z (flag `z-floor`; §8.2 leaves it open).
 //   kZero (default): z >= 0. The certificate term can then only add fires, so the recall target
 //     the fit guarantees on calibration rows still holds, and rows indexed after the fit (blocks
 //     closed later, never refitted) are not scored below their sketch idx_u.
@@ -96,7 +98,7 @@ struct RecallOptions {
   int decode_start = 8;
   int decode_max = 64;
   // Keep a bf16 copy of each closed row's branch [d_r] (2 d_r B per row) so the scan never reads
-  // the store (needed when archived pages are released to a file; the spec's default reads the
+  // the store (needed when archived pages are released to a file; the reference default reads the
   // branch from the row's own tail).                                         (recall-sidecar)
   bool branch_sidecar = false;
 

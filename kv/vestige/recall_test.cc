@@ -1,5 +1,7 @@
 // Tests of the VestigeKV recall tier: index vs float64, certificate soundness, the fire rule,
 // the gate, overflow, the csk range check, determinism, calibration flows and a planted recall.
+//
+// § numbers cite docs/reference/vestigekv.md (the reference behaviour).
 #include "kv/vestige/recall.h"
 
 #include <gtest/gtest.h>
@@ -116,7 +118,7 @@ TEST(RecallIndex, CskAndEtaMatchFloat64) {
 
 TEST(RecallIndex, IdentityBasisAndSpanEquality) {
   // Provisional basis = the first r axes; a row inside span(V) has eta ~ 0 and idx = true score
-  // up to the f16/bf16 roundings (spec §9.11).
+  // up to the f16/bf16 roundings (§9.11).
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
   Rng rng(seed);

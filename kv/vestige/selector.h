@@ -2,11 +2,13 @@
 //
 // Per closed block of `block` rows of one MLA layer, sigma_u = || x_u - lowpass(x)_u ||_2 over the
 // selected channels (the last d_r branch columns, or every column for the "fullrow" ablation),
-// where lowpass keeps the real-FFT bins [0, kappa) along the sequence axis (spec section 2.1).
+// where lowpass keeps the real-FFT bins [0, kappa) along the sequence axis (§2.1).
 // Sigma is computed once when a block closes and never changes. The kept set of the closed
 // prefix is the 4 sinks (positions [0, sinks), not counted against m) plus the global top-m of
 // sigma over all closed rows, ties broken by (sigma descending, position ascending); m is
-// recomputed at every close, so rows move both ways between kept and archived (section 2.2).
+// recomputed at every close, so rows move both ways between kept and archived (§2.2).
+//
+// § numbers cite docs/reference/vestigekv.md (the reference behaviour).
 #pragma once
 
 #include <cstdint>

@@ -86,7 +86,7 @@ std::vector<int64_t> OneShot(const std::vector<float>& sigma, int64_t m, int sin
 }
 
 // sigma (KissFFT, f32) vs a float64 direct DFT, on random bf16 blocks of random size and kappa,
-// branch and full-row channel sets. Tolerance 1e-4 absolute (the spec's bar; f32 FFT rounding on
+// branch and full-row channel sets. Tolerance 1e-4 absolute (the reference bar; f32 FFT rounding on
 // O(1) values over <= 4096 points is ~1e-6 relative), scaled by max(1, |ref|).
 TEST(VestigeSelectorTest, SigmaMatchesDirectDftFloat64) {
   const uint64_t seed = TestSeed();

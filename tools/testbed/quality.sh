@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The quality table of models/README.md: `strata eval needle` on the shipped testbed models with the
-# recipe's protocol (shared/specs/testbed-recipe.md, "Eviction evaluation"): kv-tokens needles over
+# recipe's protocol (docs/testbed.md, "Eviction evaluation"): kv-tokens needles over
 # the whole KJV (`bible -l0 gen1:1-rev22:21`, as in training), depth uniform in [0.1, 0.9), every
 # trial kept (no baseline gate), compression at the end of the prefix, greedy answer scored.
 # VestigeKV runs with block 1024 and kappa 4: the cutoff period block/kappa = 256 rows is the
