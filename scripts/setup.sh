@@ -11,6 +11,7 @@ PKGS=(
   libcli11-dev                   # command-line flags
   python3-torch libopenblas0-serial python3-numpy  # testbed trainer and the logit-parity test
   bible-kjv bible-kjv-text       # the testbed's filler text (the `bible` program and its data)
+  clang libclang-rt-dev          # libFuzzer + ASan/UBSan runtimes for the fuzz targets (fuzz/)
 )
 missing=()
 for p in "${PKGS[@]}"; do
