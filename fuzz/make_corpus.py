@@ -379,8 +379,10 @@ def main():
         # keys of the wrong type (a float head_count_kv, a u8 mla_use_nope) taken as absent.
         write(os.path.join(gd, "minor-head-count-kv-u64-2p32p1.gguf"),
               patch_gguf(base, {"llama.attention.head_count_kv": (U64, 2**32 + 1)}))
+        # (on a model with as many KV heads as heads, so the default it falls back to fits)
         write(os.path.join(gd, "minor-head-count-kv-f32.gguf"),
-              patch_gguf(base, {"llama.attention.head_count_kv": (F32, 1.0)}))
+              patch_gguf(os.path.join(gd, "seed-synth-llama-tied-q8.gguf"),
+                         {"llama.attention.head_count_kv": (F32, 2.0)}))
         write(os.path.join(gd, "minor-mla-use-nope-u8.gguf"),
               patch_gguf(os.path.join(gd, "seed-synth-deepseek2-nope-qlora.gguf"),
                          {"deepseek2.attention.mla_use_nope": (U8, 1)}))
