@@ -3,7 +3,11 @@
 # the CLI can read is given to the real binary, `strata inspect` and `strata generate -n 1`, under
 # a virtual-memory limit and a timeout.
 #
-# Usage: corrupt_corpus_test.sh STRATA_BIN WORKDIR
+# Usage: corrupt_corpus_test.sh STRATA_BIN WORKDIR [--asan]
+#
+# --asan (the binary is built with AddressSanitizer, which reserves terabytes of address space,
+# so `ulimit -v` cannot apply): ASan enforces the limit instead: an RSS over 2 GiB or one
+# allocation over 1 GiB ends the run with a fatal ASan report, a failure like any other.
 #
 # WORKDIR receives the corpus (fuzz/make_corpus.py --big) and the unpacked HF directories. Inputs:
 #   gguf/*         a GGUF file, as is
@@ -24,6 +28,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 # models/*.gguf and models/hf/* pass under 512 MiB); each D4/D5 reproducer asks for more.
 limit_kib=${STRATA_CORRUPT_LIMIT_KIB:-1048576}
 timeout_s=${STRATA_CORRUPT_TIMEOUT_S:-30}
+if [ "${3:-}" = "--asan" ]; then
+  limit_kib=unlimited
+  export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}soft_rss_limit_mb=2048:max_allocation_size_mb=1024:allocator_may_return_null=1"
+  timeout_s=${STRATA_CORRUPT_TIMEOUT_S:-120}
+fi
 
 rm -rf "$work"
 mkdir -p "$work/dirs"
@@ -111,5 +120,5 @@ for f in "$work"/safetensors/*; do
   check "safetensors/$(basename "$f")" "$d" "$(expect_of "$f" any)"
 done
 
-echo "corrupt_corpus: $runs runs, $failures failed (limit ${limit_kib} KiB, timeout ${timeout_s} s)"
+echo "corrupt_corpus: $runs runs, $failures failed (ulimit -v ${limit_kib} KiB, timeout ${timeout_s} s)"
 ((failures == 0))
