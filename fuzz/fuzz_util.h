@@ -28,7 +28,8 @@ class MemFile {
   std::string path_;
 };
 
-// A directory made once per process (mkdtemp under $TMPDIR or /tmp) and removed at exit.
+// A directory made once per process (mkdtemp under $TMPDIR or /tmp), removed at a normal exit
+// (libFuzzer's own exits skip destructors, so scripts/fuzz.sh points TMPDIR at a folder it clears).
 const std::string& ScratchDir();
 
 // Writes `bytes` to `path` (replacing it); aborts when the write fails, since a harness that

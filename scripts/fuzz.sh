@@ -50,6 +50,9 @@ for t in "${targets[@]}"; do
     cp "$corpus/$t"/seed-* "${inputs[0]}/"
   fi
   log=build/fuzz/$t.log
+  # fuzz_hf_dir's scratch directory: libFuzzer ends with _Exit, so no destructor removes it.
+  export TMPDIR=$PWD/build/fuzz/tmp
+  rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
   # -max_len: the shipped models (1.3-1.5 MiB) are seeds too; -timeout: an input that runs 25 s
   # is a finding (a hang); -rss_limit_mb: an input that makes a harness use more is a finding
   # (ASan's own overhead included).
@@ -59,6 +62,7 @@ for t in "${targets[@]}"; do
     > "$log" 2>&1
   rc=$?
   set -e
+  rm -rf "$TMPDIR"
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   took=$(sed -n 's/^Done \([0-9]*\) runs in \([0-9]*\) second.*/\2/p' "$log" | tail -1)
   if ((rc == 0)); then
