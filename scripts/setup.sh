@@ -12,6 +12,7 @@ PKGS=(
   python3-torch libopenblas0-serial python3-numpy  # testbed trainer and the logit-parity test
   bible-kjv bible-kjv-text       # the testbed's filler text (the `bible` program and its data)
   librsvg2-bin zlib1g-dev        # chart tests: rsvg-convert renders the SVGs, zlib reads the PNGs
+  clang libclang-rt-dev          # libFuzzer + ASan/UBSan runtimes for the fuzz targets (fuzz/)
 )
 missing=()
 for p in "${PKGS[@]}"; do
