@@ -61,8 +61,11 @@ void WalkGguf(const GgufFile& f, std::string_view text) {
     g_sink = g_sink + f.GetString(key).ok() + f.GetInt(key).ok() + f.GetFloat(key).ok() +
              f.GetBool(key).ok() + f.GetStringArray(key).ok() + f.GetIntArray(key).ok() +
              f.GetFloatArray(key).ok();
-    g_sink = g_sink + f.GetIntOr(key, 0) + f.GetBoolOr(key, false) +
-             f.GetStringOr(key, "").size() + static_cast<uint64_t>(f.GetFloatOr(key, 0) != 0);
+    g_sink = g_sink + f.GetIntOr(key, 0).ok() + f.GetBoolOr(key, false).ok() +
+             f.GetStringOr(key, "").ok() + f.GetFloatOr(key, 0).ok() +
+             f.GetIntIn(key, 0, 1 << 20).ok() + f.GetIntInOr(key, 1, -5, 5).ok();
+    // Walk arrays element by element (the packed and string stores).
+    for (size_t j = 0; j < v.size() && j < 64; ++j) g_sink = g_sink + v.at(j).DebugString().size();
   }
   for (const GgufTensorInfo& info : f.tensors()) {
     auto t = f.Tensor(info.name);
