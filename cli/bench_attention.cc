@@ -162,9 +162,7 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
     }
     specs.push_back(std::move(spec).value());
   }
-  const int threads =
-      o.threads > 0 ? o.threads
-                    : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = o.threads > 0 ? CapThreads("--threads", o.threads, err) : HardwareThreads();
   ThreadPool pool(threads);
   const int64_t n_kv = int64_t{g.n_kv_heads} * g.k_dim;
   std::vector<float> k(n_kv), v(n_kv), q(int64_t{g.n_q_heads} * g.k_dim),

@@ -131,8 +131,8 @@ int RunBenchCapacityMla(const BenchCapacityOptions& o, std::ostream& out, std::o
   if (!cache_or.ok()) return fail("--policy " + policy_text + ": " + cache_or.status().ToString());
   KvCache& cache = **cache_or;
   auto* vp = dynamic_cast<VestigePolicy*>(&cache.policy());
-  ThreadPool pool(o.threads > 0 ? o.threads
-                                : static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  if (o.threads < 0) return fail("--threads must be >= 0, got " + std::to_string(o.threads));
+  ThreadPool pool(o.threads > 0 ? CapThreads("--threads", o.threads, err) : HardwareThreads());
   const MlaRowSource src(o.seed, g);
   std::vector<float> row(g.k_dim);
 

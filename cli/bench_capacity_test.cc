@@ -91,6 +91,18 @@ TEST(BenchCapacityMlaTest, RowsArePureFunctionsOfTheirPosition) {
   }
 }
 
+TEST(BenchCapacityMlaTest, ThreadsAreCappedAtTheHardwareThreads) {
+  const CliResult r = Strata({"bench", "capacity", "--kind", "mla", "--tokens", "64", "--layers",
+                              "1", "--threads", "10000"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: --threads 10000 is more than the"), std::string::npos) << r.err;
+  const CliResult a = Strata({"bench", "attention", "--kind", "mla", "--ctx", "64", "--policy",
+                              "full", "--threads", "10000"});
+  EXPECT_EQ(a.code, 0) << a.err;
+  EXPECT_NE(a.err.find("warning: --threads 10000 is more than the"), std::string::npos) << a.err;
+  EXPECT_EQ(Strata({"bench", "capacity", "--kind", "mla", "--threads", "-1"}).code, 2);
+}
+
 TEST(BenchCapacityMlaTest, BadOptionsAreErrors) {
   CliResult r = Strata({"bench", "capacity", "--kind", "mlaa"});
   EXPECT_EQ(r.code, 2);

@@ -35,10 +35,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int ResolveThreads(int t) {
-  return t > 0 ? t : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
 }  // namespace
 
 LayerGeometry GqaGeometry(int q, int kv, int d) {
@@ -143,7 +139,8 @@ int RunBenchCapacity(const BenchCapacityOptions& opts, std::ostream& out, std::o
   KvCache& cache = **cache_or;
   auto* geo = dynamic_cast<GeodesiaPolicy*>(&cache.policy());
   if (geo == nullptr) return fail("--policy " + o.policy + ": capacity needs geodesia or cquest");
-  ThreadPool pool(ResolveThreads(o.threads));
+  if (o.threads < 0) return fail("--threads must be >= 0, got " + std::to_string(o.threads));
+  ThreadPool pool(o.threads > 0 ? CapThreads("--threads", o.threads, err) : HardwareThreads());
   const int64_t n_kv = int64_t{g.n_kv_heads} * g.k_dim;
   std::vector<RowSource> src;
   for (int l = 0; l < o.layers; ++l) src.emplace_back(o.seed + l, g, 509);
