@@ -275,8 +275,12 @@ void VestigeSelector::Rebalance() {
     std::vector<uint32_t>().swap(order_);
   }
   for (int64_t u = 0; u < std::min<int64_t>(cfg_.sinks, n); ++u) kept_mask_[u] = 1;
+  // Sized exactly (push_back's doubling would hold up to 16 more bytes per closed row).
+  const int64_t n_kept = std::count(kept_mask_.begin(), kept_mask_.end(), uint8_t{1});
   kept_.clear();
   archived_.clear();
+  kept_.reserve(n_kept);
+  archived_.reserve(n - n_kept);
   for (int64_t u = 0; u < n; ++u) (kept_mask_[u] ? kept_ : archived_).push_back(u);
 }
 
