@@ -3,7 +3,7 @@
 set -euo pipefail
 PKGS=(
   cmake ninja-build g++          # build
-  libgtest-dev libbenchmark-dev  # tests, micro-benchmarks
+  libgtest-dev                   # tests (benchmarks are `strata bench`: no benchmark library)
   libhwy-dev                     # portable SIMD with runtime dispatch (kernels/)
   libkissfft-dev                 # real FFT for the VestigeKV selector
   liblapack-dev libopenblas-dev  # symmetric eigensolver (recall basis), prefill GEMM
