@@ -42,24 +42,10 @@ void ExpectUsageErrors(const std::vector<UsageCase>& cases) {
   }
 }
 
-class CliTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::string(fs::temp_directory_path() /
-                           ("strata_cli_test_" + std::to_string(getpid())));
-    fs::create_directories(*dir_);
-    Result r = Strata({"synth", "--arch", "llama", "--seed", "7", "-o", Path("tiny.gguf")});
-    ASSERT_EQ(r.code, 0) << r.err;
-  }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    fs::remove_all(*dir_, ec);
-    delete dir_;
-  }
-  static std::string Path(const std::string& name) { return *dir_ + "/" + name; }
-  static std::string* dir_;
+class CliTest : public TinyModelSuite<CliTest> {
+ public:
+  static constexpr const char* kDirPrefix = "strata_cli_test_";
 };
-std::string* CliTest::dir_ = nullptr;
 
 TEST_F(CliTest, HelpListsCommandsAndUnknownCommandIsAnError) {
   Result h = Strata({"--help"});

@@ -2,6 +2,10 @@
 // both streams.
 #pragma once
 
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -23,5 +27,29 @@ inline CliResult Strata(const std::vector<std::string>& args) {
   r.err = err.str();
   return r;
 }
+
+// A test suite with its own temporary folder holding a synthesized tiny llama (Path("tiny.gguf"),
+// `strata synth --arch llama --seed 7`), removed after the suite. Derive as
+// `class FooTest : public TinyModelSuite<FooTest>` and give FooTest a `static constexpr const
+// char* kDirPrefix`.
+template <typename Suite>
+class TinyModelSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::string(std::filesystem::temp_directory_path() /
+                           (std::string(Suite::kDirPrefix) + std::to_string(getpid())));
+    std::filesystem::create_directories(*dir_);
+    CliResult r = Strata({"synth", "--arch", "llama", "--seed", "7", "-o", Path("tiny.gguf")});
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  static void TearDownTestSuite() {
+    std::error_code ec;
+    std::filesystem::remove_all(*dir_, ec);
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static std::string Path(const std::string& name) { return *dir_ + "/" + name; }
+  static inline std::string* dir_ = nullptr;
+};
 
 }  // namespace strata::cli

@@ -21,27 +21,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class ReportsTest : public ::testing::Test {
+class ReportsTest : public TinyModelSuite<ReportsTest> {
+ public:
+  static constexpr const char* kDirPrefix = "strata_reports_test_";
+
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::string(fs::temp_directory_path() /
-                           ("strata_reports_test_" + std::to_string(getpid())));
-    fs::create_directories(*dir_);
-    CliResult r = Strata({"synth", "--arch", "llama", "--seed", "7", "-o", Path("tiny.gguf")});
-    ASSERT_EQ(r.code, 0) << r.err;
-  }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    fs::remove_all(*dir_, ec);
-    delete dir_;
-  }
-  static std::string Path(const std::string& name) { return *dir_ + "/" + name; }
   static std::string Shipped(const std::string& name) {
     return std::string(STRATA_SOURCE_DIR) + "/models/" + name;
   }
-  static std::string* dir_;
 };
-std::string* ReportsTest::dir_ = nullptr;
 
 std::vector<std::string> Lines(const std::string& text) {
   std::vector<std::string> lines;

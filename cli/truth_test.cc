@@ -34,27 +34,15 @@ bool Has(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
-class TruthTest : public ::testing::Test {
+class TruthTest : public TinyModelSuite<TruthTest> {
+ public:
+  static constexpr const char* kDirPrefix = "strata_truth_test_";
+
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new std::string(fs::temp_directory_path() /
-                           ("strata_truth_test_" + std::to_string(getpid())));
-    fs::create_directories(*dir_);
-    CliResult r = Strata({"synth", "--arch", "llama", "--seed", "7", "-o", Path("tiny.gguf")});
-    ASSERT_EQ(r.code, 0) << r.err;
-  }
-  static void TearDownTestSuite() {
-    std::error_code ec;
-    fs::remove_all(*dir_, ec);
-    delete dir_;
-  }
-  static std::string Path(const std::string& name) { return *dir_ + "/" + name; }
   static nlohmann::json Json(const std::string& path) {
     return nlohmann::json::parse(ReadAll(path), nullptr, /*allow_exceptions=*/false);
   }
-  static std::string* dir_;
 };
-std::string* TruthTest::dir_ = nullptr;
 
 // Defect 1: the testbeds' EOS was llama.cpp's default id 2, the needle value <v0>, so generate
 // stopped the moment the answer began.

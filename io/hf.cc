@@ -548,15 +548,8 @@ class TensorSource {
 
   // The tensor as f32 values, its shape checked against `shape` (torch order).
   StatusOr<std::vector<float>> Read(const std::string& name, const std::vector<int64_t>& shape) {
-    auto it = where_.find(name);
-    if (it == where_.end())
-      return NotFound("required tensor '" + name + "' is not in the checkpoint");
-    ASSIGN_OR_RETURN(TensorView v, it->second->Tensor(name));
-    std::vector<int64_t> got(v.shape.begin(), v.shape.begin() + v.n_dims);
-    if (got != shape) {
-      return InvalidArgument(it->second->path() + ": tensor '" + name + "' has shape " +
-                             ShapeStr(got) + ", config.json implies " + ShapeStr(shape));
-    }
+    RETURN_IF_ERROR(CheckShape(name, shape));
+    ASSIGN_OR_RETURN(TensorView v, where_.at(name)->Tensor(name));
     used_.insert(name);
     const int64_t n = v.numel();
     std::vector<float> out(static_cast<size_t>(n));
