@@ -316,6 +316,17 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
   }
   t.Print(out);
   PrintLegend(columns, out);
+  // Where the resident bytes are, for the policies that hold more than cache pages.
+  bool header = false;
+  for (const Row& r : rows) {
+    const ResidentParts& p = r.achieved.resident_parts;
+    if (p.parts.size() < 2 && p.file_bytes == 0) continue;
+    if (!header) out << "resident by part:\n";
+    header = true;
+    out << "  ctx " << r.ctx << ", " << r.label << ": " << p.ToString() << "\n";
+  }
+  const int64_t peak_rss = PeakRssBytes();
+  out << "process peak RSS: " << FormatBytes(static_cast<double>(peak_rss)) << "\n";
   nlohmann::json warnings = nlohmann::json::array();
   for (const Row& r : rows) {
     if (r.check.warning.empty()) continue;
@@ -330,7 +341,7 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
                         {"geometry", g.ToString()}, {"threads", pool.size()},
                         {"steps", o.steps},     {"warmup", o.warmup},
                         {"policies", pol},      {"results", results},
-                        {"warnings", warnings}};
+                        {"warnings", warnings}, {"peak_rss_bytes", peak_rss}};
     if (Status st = WriteTextFile(o.json_path, DumpJson(j)); !st.ok()) {
       return fail("--json: " + st.ToString());
     }
