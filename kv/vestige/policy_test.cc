@@ -257,7 +257,13 @@ TEST(VestigePolicyTest, PartitionImmutabilityAndMaskedReads) {
     EXPECT_LE(rb.restored_bytes,
               static_cast<int64_t>(Vp(*b).selector(0).kept().size()) * 2 * per_row + 64);
     EXPECT_EQ(rb.store_bytes + rb.released_bytes, a->store(0).resident_bytes());
-    EXPECT_LE(b->ResidentBytes(), a->ResidentBytes());
+    // The file placement trades the archived rows for the attended tier, whose chunks may hold up
+    // to 255 unused rows (kv/vestige/row_chunks.h) and 8 bytes of position per kept row: at
+    // ratio 2 that can exceed what it saves on a few hundred rows.
+    const int64_t tier_slack =
+        int64_t{RowChunks::kChunkRows} * 2 * g.k_dim +
+        8 * static_cast<int64_t>(Vp(*b).selector(0).kept().size());
+    EXPECT_LE(b->ResidentBytes(), a->ResidentBytes() + tier_slack);
     const std::string path = Vp(*b).archive_path(0);
     EXPECT_TRUE(std::filesystem::exists(path));
     b.reset();
