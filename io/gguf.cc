@@ -33,6 +33,10 @@ constexpr uint64_t kDefaultAlignment = 32;
 constexpr uint64_t kMaxCount = uint64_t{1} << 30;         // any single count or length
 constexpr uint64_t kMaxTotalValues = uint64_t{1} << 25;   // scalars, strings, string elements
 constexpr uint64_t kMaxNestedArrays = uint64_t{1} << 16;  // arrays inside arrays, whole file
+// Bytes of array elements (numbers, bools, string texts) in the whole file: real files hold a few
+// MB (a 256k vocabulary's tokens, scores and types: ~10 MB), so a file claiming more is refused
+// before the allocation (a 1 GiB u8 array in a sparse file would otherwise cost 1 GiB).
+constexpr uint64_t kMaxArrayBytes = uint64_t{256} << 20;
 constexpr uint64_t kMaxAlignment = uint64_t{1} << 30;
 
 bool IsPow2(uint64_t a) { return a != 0 && (a & (a - 1)) == 0; }
@@ -157,6 +161,7 @@ struct ValueParser {
   const std::string& key;
   uint64_t& total_values;
   uint64_t& nested_arrays;
+  uint64_t& array_bytes;
   const std::string what = "value of key " + Quote(key);  // built once per key, not per element
 
   // Counts n more values against the file's cap, before anything is allocated for them.
@@ -165,6 +170,17 @@ struct ValueParser {
     if (total_values > kMaxTotalValues) {
       return cur.Error(StatusCode::kOutOfRange, "more than " + std::to_string(kMaxTotalValues) +
                                                     " metadata values (at key " + Quote(key) + ")");
+    }
+    return OkStatus();
+  }
+
+  // Counts n more bytes of array elements against the file's cap, before they are allocated.
+  Status CountBytes(uint64_t n) {
+    array_bytes += n;
+    if (array_bytes > kMaxArrayBytes) {
+      return cur.Error(StatusCode::kOutOfRange,
+                       "metadata arrays hold more than " + std::to_string(kMaxArrayBytes >> 20) +
+                           " MiB (at key " + Quote(key) + ")");
     }
     return OkStatus();
   }
@@ -285,6 +301,7 @@ struct ValueParser {
                            min_bytes);
     }
     if (const uint64_t w = ScalarBytes(t)) {
+      RETURN_IF_ERROR(CountBytes(n * w));
       // Numbers and bools: the file's bytes, as they are.
       v->packed.resize(n * w);
       RETURN_IF_ERROR(cur.ReadBytes(v->packed.data(), n * w, what));
@@ -300,7 +317,10 @@ struct ValueParser {
     } else if (t == GgufType::kString) {
       RETURN_IF_ERROR(Count(n));
       v->strings.resize(n);
-      for (uint64_t j = 0; j < n; ++j) RETURN_IF_ERROR(cur.ReadString(&v->strings[j], what));
+      for (uint64_t j = 0; j < n; ++j) {
+        RETURN_IF_ERROR(cur.ReadString(&v->strings[j], what));
+        RETURN_IF_ERROR(CountBytes(v->strings[j].size()));
+      }
     } else {
       nested_arrays += n;
       if (nested_arrays > kMaxNestedArrays) {
@@ -721,7 +741,7 @@ Status GgufFile::Parse() {
   }
 
   // Metadata.
-  uint64_t total_values = 0, nested_arrays = 0;
+  uint64_t total_values = 0, nested_arrays = 0, array_bytes = 0;
   kv_.reserve(n_kv);
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key;
@@ -736,7 +756,7 @@ Status GgufFile::Parse() {
                        "unknown value type " + std::to_string(type) + " of key " + Quote(key));
     }
     GgufValue v;
-    ValueParser vp{cur, key, total_values, nested_arrays};  // NOLINT
+    ValueParser vp{cur, key, total_values, nested_arrays, array_bytes};  // NOLINT
     RETURN_IF_ERROR(vp.Parse(static_cast<GgufType>(type), 0, &v));
     kv_index_[key] = kv_.size();
     kv_.emplace_back(std::move(key), std::move(v));

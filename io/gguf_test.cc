@@ -1026,6 +1026,24 @@ TEST_F(GgufFileTest, ArrayMemoryIsBoundedByItsBytes) {
 #endif
 }
 
+// An array bigger than the metadata cap (256 MiB) is refused before it is allocated (under ASan's
+// allocation limit a 1 GiB array aborted instead of failing cleanly).
+TEST_F(GgufFileTest, MetadataArraysOverTheCapAreRefused) {
+  constexpr uint64_t kN = (uint64_t{256} << 20) + 1;
+  Bytes b;
+  b.Header(0, 1).Str("arr").U32(9).U32(static_cast<uint32_t>(GgufType::kU8)).U64(kN);
+  const std::string path = dir_ + "/big.gguf";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(b.b.data()), static_cast<std::streamsize>(b.b.size()));
+  }
+  std::filesystem::resize_file(path, b.b.size() + kN);  // sparse
+  auto f = GgufFile::Open(path);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kOutOfRange);
+  EXPECT_PRED2(Contains, f.status().message(), "metadata arrays hold more than 256 MiB");
+}
+
 TEST(GgufMalformed, StringAndNestedArrayCountsAreCappedBeforeAllocation) {
   {
     // 2^25 + 1 empty strings: more values than the cap, refused before the strings are sized.

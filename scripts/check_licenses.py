@@ -32,6 +32,10 @@ LIBRARIES = {
     "libgfortran": ("GCC runtime", "GPL-3.0-or-later WITH GCC-exception-3.1", True),
     "libgomp": ("GCC runtime", "GPL-3.0-or-later WITH GCC-exception-3.1", True),
     "libquadmath": ("GCC libquadmath", "LGPL-2.1-or-later", True),
+    # The sanitizer runtimes of the asan preset (not in release builds): GCC's libsanitizer,
+    # imported from LLVM compiler-rt.
+    "libasan": ("GCC libsanitizer (asan builds only)", "NCSA OR MIT", True),
+    "libubsan": ("GCC libsanitizer (asan builds only)", "NCSA OR MIT", True),
     "libhwy": ("Highway", "Apache-2.0 OR BSD-3-Clause", True),
     "libkissfft-float": ("KissFFT", "BSD-3-Clause", True),
     "libkissfft-double": ("KissFFT", "BSD-3-Clause", True),
