@@ -19,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cli/bench_capacity_mla.h"
 #include "cli/bench_geodesia.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -44,19 +45,6 @@ std::vector<std::string> SplitComma(const std::string& s) {
     if (!x.empty()) out.push_back(x);
   }
   return out;
-}
-
-LayerGeometry MlaGeometry(int heads, int d_c, int d_r) {
-  LayerGeometry g;
-  g.kind = AttnKind::kMla;
-  g.n_q_heads = heads;
-  g.n_kv_heads = 1;
-  g.k_dim = d_c + d_r;
-  g.v_dim = d_c;
-  g.rope_dim = d_r;
-  g.rope = false;
-  g.scale = 1.f / std::sqrt(192.f);  // DeepSeek-V2's q/k head dim: 128 nope + 64 rope
-  return g;
 }
 
 struct Row {
