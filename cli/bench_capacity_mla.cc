@@ -96,7 +96,6 @@ int RunBenchCapacityMla(const BenchCapacityOptions& o, std::ostream& out, std::o
   const int q_heads = o.q_heads > 0 ? o.q_heads : 32;
   const int64_t every = o.every > 0 ? o.every : 4096;
   const std::string policy_text = o.policy.empty() ? "vestige" : o.policy;
-  if (o.tokens < 1) return fail("--tokens must be >= 1, got " + std::to_string(o.tokens));
   if (o.layers < 0 || o.q_heads < 0) {
     return fail("--layers and --q-heads must be >= 1, got " + std::to_string(o.layers) + " and " +
                 std::to_string(o.q_heads));

@@ -107,6 +107,14 @@ TEST(BenchCapacityMlaTest, BadOptionsAreErrors) {
   CliResult r = Strata({"bench", "capacity", "--kind", "mlaa"});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--kind must be gqa or mla, got 'mlaa'"), std::string::npos) << r.err;
+  for (const char* kind : {"mla", "gqa"}) {
+    r = Strata({"bench", "capacity", "--kind", kind, "--tokens", "99999999999999"});
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find("--tokens must be in [1, 2147483648], got 99999999999999"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(Strata({"bench", "capacity", "--kind", kind, "--tokens", "0"}).code, 2);
+  }
   r = Strata({"bench", "capacity", "--kind", "mla", "--every", "100"});
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--every must be a multiple of 64"), std::string::npos) << r.err;

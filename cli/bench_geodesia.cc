@@ -115,6 +115,13 @@ int RunBenchCapacity(const BenchCapacityOptions& opts, std::ostream& out, std::o
     err << "error: " << msg << "\n";
     return kExitUsage;
   };
+  // Positions are held in int32 by the synthetic sources and the selection's scratch; a fill
+  // beyond that would run for days and need terabytes.
+  constexpr int64_t kMaxTokens = int64_t{1} << 31;
+  if (opts.tokens < 1 || opts.tokens > kMaxTokens) {
+    return fail("--tokens must be in [1, " + std::to_string(kMaxTokens) + "], got " +
+                std::to_string(opts.tokens));
+  }
   if (opts.kind == "mla") return RunBenchCapacityMla(opts, out, err);
   if (opts.kind != "gqa") return fail("--kind must be gqa or mla, got '" + opts.kind + "'");
   BenchCapacityOptions o = opts;
@@ -122,7 +129,6 @@ int RunBenchCapacity(const BenchCapacityOptions& opts, std::ostream& out, std::o
   if (o.q_heads == 0) o.q_heads = 28;
   if (o.every == 0) o.every = 1024;
   if (o.policy.empty()) o.policy = "geodesia@2";
-  if (o.tokens < 1) return fail("--tokens must be >= 1, got " + std::to_string(o.tokens));
   if (o.layers < 1) return fail("--layers must be >= 1");
   if (o.kv_heads < 1 || o.q_heads % o.kv_heads != 0) {
     return fail("--q-heads " + std::to_string(o.q_heads) + " must be a multiple of --kv-heads " +
