@@ -213,11 +213,15 @@ void FromF32(DType t, const float* src, void* dst, int64_t n) {
       for (int64_t j = 0; j < n / 32; ++j) {
         float amax = 0.f;
         for (int i = 0; i < 32; ++i) amax = std::fmax(amax, std::fabs(src[j * 32 + i]));
-        const float d = amax / 127.f;
+        float d = amax / 127.f;
+        // A scale beyond f16 (amax > 127 * 65520) is clamped to 65504 and the codes saturate at
+        // +-127 (it used to become Inf); below that the bytes are unchanged.
+        if (!(d < 65520.f)) d = 65504.f;
         const float id = d > 0.f ? 1.f / d : 0.f;
         b[j].d = F32ToF16(d);
         for (int i = 0; i < 32; ++i) {
-          b[j].qs[i] = static_cast<int8_t>(std::lround(src[j * 32 + i] * id));
+          const float v = std::fmin(127.f, std::fmax(-127.f, src[j * 32 + i] * id));
+          b[j].qs[i] = static_cast<int8_t>(std::lround(v));
         }
       }
       return;
@@ -227,8 +231,14 @@ void FromF32(DType t, const float* src, void* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) d[i] = src[i];
       return;
     }
-    default:
-      STRATA_CHECK_MSG(false, "FromF32: %s is not a float type", std::string(DTypeName(t)).c_str());
+    default: {
+      // The other block types go through the quantizer (core/quant_encode.cc); callers that may
+      // see NaN/Inf call QuantizeRow for a Status instead.
+      STRATA_CHECK_MSG(IsQuantized(t), "FromF32: %s is not a float type",
+                       std::string(DTypeName(t)).c_str());
+      const Status s = QuantizeRow(t, src, dst, n);
+      STRATA_CHECK_MSG(s.ok(), "FromF32: %s", s.message().c_str());
+    }
   }
 }
 

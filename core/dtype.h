@@ -103,7 +103,8 @@ uint16_t F16RoundUp(float x);
 
 // Converts n values into f32 (any float or block-quantized storage type; see core/quant.h).
 void ToF32(DType t, const void* src, float* dst, int64_t n);
-// Converts n f32 values into storage type t (F32, F16, BF16 or Q8_0).
+// Converts n f32 values into storage type t (F32, F16, BF16, F64 or a block type of core/quant.h;
+// block types go through QuantizeRow and abort on NaN/Inf, so callers with untrusted data use that).
 void FromF32(DType t, const float* src, void* dst, int64_t n);
 
 }  // namespace strata
