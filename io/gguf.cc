@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/quant.h"
 
 namespace strata {
 
@@ -1055,7 +1056,7 @@ Status GgufWriter::AddTensor(const std::string& name, DType dtype,
 Status GgufWriter::AddTensorF32(const std::string& name, DType dtype,
                                 const std::vector<int64_t>& shape, const float* values) {
   if (dtype != DType::kF32 && dtype != DType::kF16 && dtype != DType::kBF16 &&
-      dtype != DType::kQ8_0 && dtype != DType::kF64) {
+      dtype != DType::kF64 && !IsQuantized(dtype)) {
     return InvalidArgument("tensor " + Quote(name) + ": cannot convert f32 into " +
                            std::string(DTypeName(dtype)));
   }
@@ -1074,7 +1075,12 @@ Status GgufWriter::AddTensorF32(const std::string& name, DType dtype,
                            " block size " + std::to_string(DTypeBlockElems(dtype)));
   }
   std::vector<uint8_t> buf(static_cast<size_t>(DTypeRowBytes(dtype, numel)));
-  FromF32(dtype, values, buf.data(), numel);
+  if (IsQuantized(dtype)) {  // the quantizer refuses NaN/Inf instead of encoding garbage
+    const Status s = QuantizeRow(dtype, values, buf.data(), numel);
+    if (!s.ok()) return InvalidArgument("tensor " + Quote(name) + ": " + s.message());
+  } else {
+    FromF32(dtype, values, buf.data(), numel);
+  }
   return AddTensor(name, dtype, shape, buf.data(), buf.size());
 }
 
