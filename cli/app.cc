@@ -128,6 +128,8 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
   LogitsOptions logits;
   AddConvertCommand(&app, &convert);
   AddLogitsCommand(&app, &logits);
+  QuantizeOptions quantize;
+  AddQuantizeCommand(&app, &quantize);
   CLI::App* bench =
       app.add_subcommand("bench", "Benchmarks, with ratios measured in the same process");
   bench->require_subcommand(1);
@@ -183,6 +185,7 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
     if (app.got_subcommand("synth")) return RunSynth(synth, out, err);
     if (app.got_subcommand("convert")) return RunConvert(convert, out, err);
     if (app.got_subcommand("logits")) return RunLogits(logits, out, err);
+    if (app.got_subcommand("quantize")) return RunQuantize(quantize, out, err);
     if (bench->got_subcommand("decode")) return RunBenchDecode(bench_decode, out, err);
     if (bench->got_subcommand("capacity")) return RunBenchCapacity(bench_capacity, out, err);
     if (app.got_subcommand("eval")) return RunEval(*eval, out, err);

@@ -64,7 +64,7 @@ TEST_F(CliTest, HelpListsCommandsAndUnknownCommandIsAnError) {
   Result u = Strata({"frobnicate"});
   EXPECT_EQ(u.code, 2);
   EXPECT_NE(u.err.find("unknown command 'frobnicate'"), std::string::npos) << u.err;
-  EXPECT_NE(u.err.find("demo, inspect, generate, synth, convert, logits, bench"), std::string::npos)
+  EXPECT_NE(u.err.find("demo, inspect, generate, synth, convert, logits, quantize, bench"), std::string::npos)
       << u.err;
   Result d = Strata({"demo", "--help"});
   EXPECT_EQ(d.code, 0);

@@ -151,6 +151,17 @@ struct ConvertOptions {
 void AddConvertCommand(CLI::App* app, ConvertOptions* o);
 int RunConvert(const ConvertOptions& o, std::ostream& out, std::ostream& err);
 
+struct QuantizeOptions {
+  std::string in_path;
+  std::string out_path;
+  std::string type;        // --type (or the third positional argument, as llama-quantize takes it)
+  std::string type_positional;
+  int threads = 0;         // 0: not given (hardware threads)
+  bool allow_requantize = false;
+};
+void AddQuantizeCommand(CLI::App* app, QuantizeOptions* o);
+int RunQuantize(const QuantizeOptions& o, std::ostream& out, std::ostream& err);
+
 struct LogitsOptions {
   std::string model;
   std::string tokens_path;

@@ -8,22 +8,16 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "core/quant.h"
 #include "io/hf.h"
 #include "io/tokenizer_json.h"
 #include "kv/cache.h"
 #include "model/model.h"
+#include "model/quantize.h"
 
 namespace strata::cli {
 
 namespace {
-StatusOr<DType> ParseWeightDType(const std::string& s) {
-  if (s == "f32") return DType::kF32;
-  if (s == "f16") return DType::kF16;
-  if (s == "bf16") return DType::kBF16;
-  if (s == "q8_0") return DType::kQ8_0;
-  return InvalidArgument("--dtype '" + s + "' is not one of f32, f16, bf16, q8_0");
-}
-
 // Writes every layer's rows as stored (see kLogitsDumpKvHelp for the layout). The caller checked
 // that the policy is `full`; a released page is still reported as an error, never read.
 Status WriteKvDump(const KvCache& cache, const std::string& path, int64_t* bytes_written) {
@@ -82,7 +76,9 @@ void AddConvertCommand(CLI::App* app, ConvertOptions* o) {
       "convert", "Convert an HF checkpoint directory (config.json + *.safetensors) to GGUF");
   cmd->add_option("dir", o->dir, "HF checkpoint directory")->required();
   cmd->add_option("-o,--out", o->out_path, "Output .gguf file")->required();
-  cmd->add_option("--dtype", o->dtype, "Storage of weight matrices: f32, f16, bf16 or q8_0")
+  cmd->add_option("--dtype", o->dtype,
+                  "Storage of weight matrices: f32, f16, bf16, or a llama.cpp file type (q8_0, "
+                  "q4_k_m, q6_k, ...; see `strata quantize --help`)")
       ->capture_default_str();
 }
 
@@ -91,10 +87,11 @@ int RunConvert(const ConvertOptions& o, std::ostream& out, std::ostream& err) {
     err << "error: " << msg << "\n";
     return kExitUsage;
   };
-  auto dtype = ParseWeightDType(o.dtype);
-  if (!dtype.ok()) return fail(dtype.status().message());
+  auto ft = ParseWeightFileType(o.dtype);
+  if (!ft.ok()) return fail(ft.status().message());
+  const bool quantize = IsQuantized(ft->base);
   HfConvertOptions co;
-  co.out_dtype = *dtype;
+  co.out_dtype = quantize ? DType::kF32 : ft->base;  // quantized types: built in f32 first
   auto w = ConvertHfDirectory(o.dir, co);
   if (!w.ok()) return fail("cannot convert '" + o.dir + "': " + w.status().ToString());
   const std::string tok = o.dir + "/" + kTokenizerJsonName;
@@ -102,7 +99,17 @@ int RunConvert(const ConvertOptions& o, std::ostream& out, std::ostream& err) {
   if (has_tok) {
     if (Status st = AddTokenizerJson(tok, &*w); !st.ok()) return fail(st.ToString());
   }
-  if (Status st = w->WriteFile(o.out_path); !st.ok()) return fail(st.ToString());
+  if (quantize) {
+    QuantizeFileOptions qo;
+    qo.type = *ft;
+    qo.threads = HardwareThreads();
+    err << "convert: quantizing to " << ft->name << " ...\n";
+    if (auto rep = WriteQuantized(*w, o.out_path, qo); !rep.ok()) {
+      return fail(rep.status().ToString());
+    }
+  } else if (Status st = w->WriteFile(o.out_path); !st.ok()) {
+    return fail(st.ToString());
+  }
   // Read the result back through the engine's own loader: a conversion that the engine cannot
   // load is an error here, not at the first generate.
   auto m = Model::Load(o.out_path);

@@ -13,6 +13,7 @@
 #include "cli/common.h"
 #include "io/tokenizer_json.h"
 #include "model/model.h"
+#include "model/quantize.h"
 
 namespace strata::cli {
 
@@ -24,19 +25,6 @@ bool SameGeometry(const LayerGeometry& a, const LayerGeometry& b) {
   return a.kind == b.kind && a.n_q_heads == b.n_q_heads && a.n_kv_heads == b.n_kv_heads &&
          a.k_dim == b.k_dim && a.v_dim == b.v_dim && a.rope_dim == b.rope_dim && a.rope == b.rope &&
          a.scale == b.scale;
-}
-
-// llama.cpp's general.file_type values (enum llama_ftype) for the weight types this engine reads;
-// others are printed by number.
-std::string FileTypeName(int64_t t) {
-  switch (t) {
-    case 0: return "ALL_F32";
-    case 1: return "MOSTLY_F16";
-    case 7: return "MOSTLY_Q8_0";
-    case 32: return "MOSTLY_BF16";
-    default:
-      return "type " + std::to_string(t) + " (not one of the F32/F16/Q8_0/BF16 this engine reads)";
-  }
 }
 
 // A metadata value for the listing: scalars in full (strings up to 80 characters, escaped),
@@ -283,7 +271,7 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
     }
     const GgufValue* ft = f.Find("general.file_type");
     const std::string ft_text =
-        ft != nullptr && ft->IsInteger() ? FileTypeName(ft->AsInt()) + " (general.file_type " +
+        ft != nullptr && ft->IsInteger() ? FileTypeIdName(ft->AsInt()) + " (general.file_type " +
                                                std::to_string(ft->AsInt()) + ")"
                                          : "not recorded (no general.file_type)";
     const double bpw = n_weights > 0 ? 8.0 * n_bytes / n_weights : 0;

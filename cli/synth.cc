@@ -6,20 +6,14 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "core/quant.h"
 #include "io/gguf.h"
 #include "io/hf.h"
+#include "model/quantize.h"
 
 namespace strata::cli {
 
 namespace {
-
-StatusOr<DType> ParseDType(const std::string& s) {
-  if (s == "f32") return DType::kF32;
-  if (s == "f16") return DType::kF16;
-  if (s == "bf16") return DType::kBF16;
-  if (s == "q8_0") return DType::kQ8_0;
-  return InvalidArgument("--dtype '" + s + "' is not one of f32, f16, bf16, q8_0");
-}
 
 int64_t Numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
@@ -42,7 +36,9 @@ void AddSynthCommand(CLI::App* app, SynthCliOptions* o) {
                   "Overrides as key=value,...: d_model, layers, heads, kv_heads, head_dim, ff, "
                   "vocab, q_lora, kv_lora, nope_dim, rope_dim, v_dim, experts, experts_used, "
                   "shared_experts, ff_expert, dense_layers, gating, tied, seed");
-  cmd->add_option("--dtype", o->dtype, "Matrix storage: f32, f16, bf16 or q8_0 (GGUF only)")
+  cmd->add_option("--dtype", o->dtype,
+                  "Matrix storage: f32, f16, bf16, or a llama.cpp file type (q8_0, q4_k_m, "
+                  "q6_k, ...; see `strata quantize --help`; GGUF only)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Weight seed")->capture_default_str();
   cmd->add_option("--format", o->format, "gguf (a file) or safetensors (a directory)")
@@ -78,11 +74,17 @@ int RunSynth(const SynthCliOptions& o, std::ostream& out, std::ostream& err) {
   s.nope = o.nope;
   s.seed = o.seed;
   if (Status st = s.ApplyDims(o.dims); !st.ok()) return fail(st.message());
-  auto dt = ParseDType(o.dtype);
-  if (!dt.ok()) return fail(dt.status().message());
-  s.dtype = *dt;
-  if (o.format == "safetensors" && s.dtype == DType::kQ8_0) {
-    return fail("--dtype q8_0 needs --format gguf (safetensors holds f32, f16 or bf16)");
+  auto ft = ParseWeightFileType(o.dtype);
+  if (!ft.ok()) return fail(ft.status().message());
+  if (IsQuantized(ft->base)) {
+    if (o.format == "safetensors") {
+      return fail("--dtype " + o.dtype + " needs --format gguf (safetensors holds f32, f16 or "
+                  "bf16)");
+    }
+    s.dtype = DType::kF32;  // built in f32, then quantized with the file type's mix
+    s.file_type = ft->name;
+  } else {
+    s.dtype = ft->base;
   }
   if (Status st = s.Validate(); !st.ok()) return fail(st.message());
 

@@ -299,7 +299,8 @@ TEST(Licence, ApacheLicenceAndNoticeListTheDependencies) {
 const std::vector<std::vector<std::string>>& Commands() {
   static const auto* kCommands = new std::vector<std::vector<std::string>>{
       {"demo"},          {"inspect"},        {"generate"},         {"synth"},
-      {"convert"},       {"logits"},         {"policies"},         {"eval", "needle"},
+      {"convert"},       {"logits"},         {"quantize"},         {"policies"},
+      {"eval", "needle"},
       {"eval", "ppl"},   {"eval", "kl"},     {"bench", "decode"},  {"bench", "capacity"},
       {"bench", "attention"}};
   return *kCommands;
@@ -315,6 +316,19 @@ std::set<std::string> FlagsIn(const std::string& text, const std::regex& re) {
 }
 
 TEST(Docs, DocsAndHelpNameTheSameFlags) {
+  // Every command `strata --help` lists is one this test (and scripts/update-cli-doc.py) covers.
+  {
+    const CliResult h = Strata({"--help"});
+    std::set<std::string> covered;
+    for (const auto& c : Commands()) covered.insert(c[0]);
+    const std::regex command_line("\n  ([a-z]+) +[A-Z]");
+    for (const std::string& c : FlagsIn(h.out, command_line)) {
+      EXPECT_TRUE(covered.count(c)) << "strata --help lists the command " << c
+                                    << ", which Commands() in cli/truth_test.cc and "
+                                    << "scripts/update-cli-doc.py do not cover";
+    }
+    EXPECT_GE(covered.size(), 10u);
+  }
   const std::string cli_md = ReadAll(Source("docs/cli.md"));
   ASSERT_FALSE(cli_md.empty()) << "docs/cli.md";
   std::set<std::string> all_help_flags;

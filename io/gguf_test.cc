@@ -838,6 +838,34 @@ TEST(GgufMalformed, TensorChecks) {
   }
 }
 
+// Block-quantized tensors: a row that is not a whole number of blocks, and a block count whose
+// bytes overflow the file, are refused naming the tensor and its type.
+TEST(GgufMalformed, QuantizedTensorChecks) {
+  // Baseline: one Q4_K row of 256 (144 bytes) and two IQ4_NL rows of 64 (2 x 36 bytes) parse.
+  ASSERT_TRUE(Parse(OneTensor("q", {256, 1}, 12, 0, 144)).ok());
+  ASSERT_TRUE(Parse(OneTensor("n", {64, 2}, 20, 0, 72)).ok());
+  // 300 is not a multiple of Q4_K's 256.
+  auto f = Parse(OneTensor("blk.0.attn_q.weight", {300, 4}, 12, 0, 4096));
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().message(),
+            "row length 300 of tensor 'blk.0.attn_q.weight' (Q4_K) is not a multiple of the "
+            "block size 256 (file t.gguf)");
+  // 48 is not a multiple of Q5_0's 32.
+  f = Parse(OneTensor("odd", {48}, 6, 0, 64));
+  ASSERT_FALSE(f.ok());
+  EXPECT_PRED2(Contains, f.status().message(), "'odd' (Q5_0)");
+  // One Q6_K row needs 210 bytes; the file holds 200.
+  f = Parse(OneTensor("short", {256}, 14, 0, 200));
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.status().code(), StatusCode::kDataLoss);
+  EXPECT_PRED2(Contains, f.status().message(), "'short'");
+  // 2^39 Q2_K blocks (2^47 elements is beyond the element cap; 2^39 elements x 84/256 bytes is
+  // far beyond the file): refused, never wrapped.
+  f = Parse(OneTensor("huge", {256, uint64_t{1} << 31}, 10, 0, 64));
+  ASSERT_FALSE(f.ok());
+  EXPECT_PRED2(Contains, f.status().message(), "'huge'");
+}
+
 TEST(GgufMalformed, UnsupportedTensorType) {
   // IQ2_XXS (ggml type 16) is a real type Strata does not implement.
   auto f = Parse(OneTensor("blk.0.attn_q.weight", {256, 4}, 16, 0, 4096), "X");

@@ -59,6 +59,38 @@ float StreamSumT(const float* p, size_t n) {
   return s;
 }
 
+// Xor of n u64 words with 8 independent accumulators (the integer twin of StreamSumT).
+template <int kPrefetch>
+uint64_t StreamXorT(const uint64_t* p, size_t n) {
+  const hn::ScalableTag<uint64_t> du;
+  const size_t N = hn::Lanes(du);
+  auto a0 = hn::Zero(du), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  size_t i = 0;
+  for (; i + 8 * N <= n; i += 8 * N) {
+    if constexpr (kPrefetch > 0) {
+      const char* ahead = reinterpret_cast<const char*>(p + i) + kPrefetch;
+      for (size_t b = 0; b < 8 * N * sizeof(uint64_t); b += 64) hwy::Prefetch(ahead + b);
+    }
+    a0 = hn::Xor(a0, hn::LoadU(du, p + i));
+    a1 = hn::Xor(a1, hn::LoadU(du, p + i + N));
+    a2 = hn::Xor(a2, hn::LoadU(du, p + i + 2 * N));
+    a3 = hn::Xor(a3, hn::LoadU(du, p + i + 3 * N));
+    a4 = hn::Xor(a4, hn::LoadU(du, p + i + 4 * N));
+    a5 = hn::Xor(a5, hn::LoadU(du, p + i + 5 * N));
+    a6 = hn::Xor(a6, hn::LoadU(du, p + i + 6 * N));
+    a7 = hn::Xor(a7, hn::LoadU(du, p + i + 7 * N));
+  }
+  a0 = hn::Xor(hn::Xor(hn::Xor(a0, a1), hn::Xor(a2, a3)), hn::Xor(hn::Xor(a4, a5), hn::Xor(a6, a7)));
+  uint64_t s = 0;
+  for (size_t j = 0; j < N; ++j) s ^= hn::ExtractLane(a0, j);
+  for (; i < n; ++i) s ^= p[i];
+  return s;
+}
+
+uint64_t StreamXorImpl(const uint64_t* p, size_t n, int prefetch) {
+  return prefetch ? StreamXorT<1024>(p, n) : StreamXorT<0>(p, n);
+}
+
 float StreamSumImpl(const float* p, size_t n, int prefetch) {
   return prefetch ? StreamSumT<1024>(p, n) : StreamSumT<0>(p, n);
 }
@@ -71,6 +103,7 @@ HWY_AFTER_NAMESPACE();
 namespace strata {
 
 HWY_EXPORT(StreamSumImpl);
+HWY_EXPORT(StreamXorImpl);
 
 float StreamSum(const float* p, size_t n, bool prefetch) {
   return HWY_DYNAMIC_DISPATCH(StreamSumImpl)(p, n, prefetch ? 1 : 0);
@@ -130,6 +163,51 @@ StatusOr<double> MeasureReadBandwidth(size_t bytes, ThreadPool* pool, int reps) 
   }
   volatile float keep = 0;
   for (float v : sink) keep = keep + v;
+  (void)keep;
+  return best;
+}
+
+double MeasureReadBandwidthOf(const void* data, size_t bytes, ThreadPool* pool, int reps) {
+  // Whole u64 words from the first 8-byte boundary (a mapped file's data is page aligned).
+  const uintptr_t a = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t first = (a + 7) & ~uintptr_t{7};
+  if (bytes < (first - a) + 64) return 0;
+  const uint64_t* p = reinterpret_cast<const uint64_t*>(first);
+  const size_t n = (bytes - (first - a)) / 8;
+  const int T = pool ? pool->size() : 1;
+  auto each_reader = [&](const std::function<void(int)>& fn) {
+    if (T == 1) {
+      fn(0);
+      return;
+    }
+    pool->ParallelForGrain(T, 1, [&](int64_t b, int64_t z, int) {
+      for (int64_t k = b; k < z; ++k) fn(static_cast<int>(k));
+    });
+  };
+  std::vector<uint64_t> sink(T, 0);
+  using Clock = std::chrono::steady_clock;
+  std::vector<Clock::time_point> start(T), end(T);
+  double best = 0;
+  for (int prefetch = 0; prefetch < 2; ++prefetch) {
+    for (int r = 0; r < std::max(1, reps); ++r) {
+      std::atomic<int> arrived{0};
+      each_reader([&](int k) {
+        arrived.fetch_add(1, std::memory_order_acq_rel);
+        while (arrived.load(std::memory_order_acquire) < T) {
+        }
+        const size_t b = n * k / T, e = n * (k + 1) / T;
+        start[k] = Clock::now();
+        sink[k] ^= HWY_DYNAMIC_DISPATCH(StreamXorImpl)(p + b, e - b, prefetch);
+        end[k] = Clock::now();
+      });
+      const double s = std::chrono::duration<double>(*std::max_element(end.begin(), end.end()) -
+                                                     *std::min_element(start.begin(), start.end()))
+                           .count();
+      if (s > 0) best = std::max(best, static_cast<double>(n * 8) / s);
+    }
+  }
+  volatile uint64_t keep = 0;
+  for (uint64_t v : sink) keep = keep ^ v;
   (void)keep;
   return best;
 }

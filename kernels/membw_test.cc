@@ -43,5 +43,20 @@ TEST(MembwTest, MeasureReturnsPlausibleRate) {
   EXPECT_LT(multi, 1e13);
 }
 
+TEST(MembwTest, MeasureOfGivenBytesIsPlausibleAtAnyAlignment) {
+  ThreadPool pool(2);
+  std::vector<uint8_t> buf((size_t{8} << 20) + 13, 1);
+  for (size_t off : {size_t{0}, size_t{3}, size_t{13}}) {
+    const double single = MeasureReadBandwidthOf(buf.data() + off, buf.size() - off, nullptr, 2);
+    const double multi = MeasureReadBandwidthOf(buf.data() + off, buf.size() - off, &pool, 2);
+    EXPECT_GT(single, 1e8) << off;
+    EXPECT_LT(single, 1e13) << off;
+    EXPECT_GT(multi, 1e8) << off;
+    EXPECT_LT(multi, 1e13) << off;
+  }
+  // Too few bytes to time: 0, never a division by a zero duration.
+  EXPECT_EQ(MeasureReadBandwidthOf(buf.data(), 40, nullptr, 1), 0.0);
+}
+
 }  // namespace
 }  // namespace strata

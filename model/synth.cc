@@ -3,16 +3,19 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "core/rng.h"
 #include "io/gguf.h"
 #include "io/hf.h"
+#include "model/quantize.h"
 
 namespace strata {
 
@@ -293,14 +296,26 @@ Status SynthGguf(const SynthOptions& o, const std::string& path) {
   Status st = SynthHf(o, tmp);
   if (st.ok()) {
     HfConvertOptions co;
-    co.out_dtype = o.dtype;
+    co.out_dtype = o.file_type.empty() ? o.dtype : DType::kF32;
     auto w = ConvertHfDirectory(tmp, co);
     if (!w.ok()) {
       st = w.status();
     } else {
       w->Set("general.name", GgufValue::String(std::string("strata-synth-") + ArchName(o.arch)));
       AddTokenizer(o, &*w);
-      st = w->WriteFile(path);
+      if (o.file_type.empty()) {
+        st = w->WriteFile(path);
+      } else {
+        StatusOr<FileTypeInfo> ft = ParseFileType(o.file_type);
+        if (!ft.ok()) {
+          st = ft.status();
+        } else {
+          QuantizeFileOptions qo;
+          qo.type = *ft;
+          qo.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+          st = WriteQuantized(*w, path, qo).status();
+        }
+      }
     }
   }
   std::error_code ec;

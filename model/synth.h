@@ -39,6 +39,9 @@ struct SynthOptions {
   float init_std = 0.02f;
   uint64_t seed = 1;
   DType dtype = DType::kF16;  // storage of matrices
+  // Non-empty: a llama.cpp file type ("Q4_K_M", "Q8_0", ...); the model is built in f32 and then
+  // quantized with that type's per-tensor mix (model/quantize.h). GGUF only.
+  std::string file_type;
 
   // "key=value,key=value" over the field names above (d_model, layers, heads, kv_heads,
   // head_dim, ff, vocab, q_lora, kv_lora, nope_dim, rope_dim, v_dim, experts, experts_used,
