@@ -239,8 +239,8 @@ RowResult CheckRow(DType t, const std::vector<float>& x, const std::string& what
       ADD_FAILURE() << "element " << i << " x=" << xi << " decoded " << yi << " step " << step
                     << " D " << sc.d << " Dmin " << sc.dmin << ": " << why;
     }
-    r.sum_sq += (xi - yi) * (xi - yi);
   }
+  for (int64_t i = 0; i < n; ++i) r.sum_sq += (x[i] - static_cast<double>(r.y[i])) * (x[i] - r.y[i]);
   return r;
 }
 
