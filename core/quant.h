@@ -5,8 +5,8 @@
 //   256-element super-blocks (QK_K): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS.
 // DequantizeRow reproduces ggml's reference dequantization bit for bit in f32 (the same operations in
 // the same order), so a file written by llama.cpp decodes to the same floats in both engines.
-// QuantizeRow is Strata's own quantizer (no importance matrix); its error bounds are documented per
-// type below and tested.
+// QuantizeRow is Strata's own quantizer (no importance matrix); its algorithms and per-type error
+// bounds are documented in core/quant_encode.cc and tested in core/quant_encode_test.cc.
 #pragma once
 
 #include <cstdint>
@@ -130,8 +130,11 @@ bool IsQuantized(DType t);
 // reference dequantization. Also accepts F32/F16/BF16 (same as ToF32).
 void DequantizeRow(DType t, const void* src, float* dst, int64_t n);
 
-// Encodes n elements (a whole number of blocks) of f32 into type t. NaN or Inf input is refused
-// with an error naming the first bad element; nothing else fails.
+// Encodes n elements (a whole number of blocks) of f32 into type t (a block type, or F32/F16/BF16
+// as FromF32). NaN or Inf input is refused with an error naming the first bad element and its value
+// (dst is then unspecified); so are an n that is not a whole number of blocks and a t that is not a
+// float or block type. Every finite input encodes (scales beyond f16 are clamped, see
+// core/quant_encode.cc).
 Status QuantizeRow(DType t, const float* src, void* dst, int64_t n);
 
 }  // namespace strata
