@@ -805,8 +805,10 @@ Status ConvertDeepseek2(const Config& cfg, const Common& c, TensorSource* src, E
   int64_t q_lora = 0;
   if (cfg.Has("q_lora_rank")) {
     ASSIGN_OR_RETURN(q_lora, cfg.Positive("q_lora_rank"));
-    w->Set(a + ".attention.q_lora_rank", GgufValue::U32(U32(q_lora)));
   }
+  // Written even without a q LoRA (0: the single attn_q path): llama.cpp requires the key for
+  // every deepseek2 model except those it recognises as "lite" by their layer count.
+  w->Set(a + ".attention.q_lora_rank", GgufValue::U32(U32(q_lora)));
   ASSIGN_OR_RETURN(int64_t kv_lora, cfg.Positive("kv_lora_rank"));
   ASSIGN_OR_RETURN(int64_t nope, cfg.Positive("qk_nope_head_dim"));
   ASSIGN_OR_RETURN(int64_t rope, cfg.Positive("qk_rope_head_dim"));

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Loads GGUF files Strata writes in llama.cpp and compares greedy text with `strata generate`.
+#
+# Issue 17 part 5: every GGUF Strata writes (synth, convert, quantize) must load in llama.cpp and
+# give the same greedy continuation. Not part of CI (llama.cpp is not installed there): without a
+# llama.cpp build it prints why and exits 0.
+#
+# Usage: LLAMA_CPP_BIN=DIR scripts/check_llamacpp.sh [FILE.gguf ...]
+#   LLAMA_CPP_BIN  folder holding llama-completion (or llama-cli), e.g. a llama.cpp build's bin/
+#   STRATA         the strata binary (default: build/release/strata)
+#   PROMPT         the prompt (default: "The quick brown fox"); N tokens (default 40)
+#   QUANT_TYPES    with no files given and `strata quantize` present, also check the synth llama
+#                  and deepseek2 models quantized to these types (default: Q8_0 Q4_0 Q4_K_M Q6_K)
+# With no files it synthesizes the default set (each arch, deepseek2 with and without the NoPE
+# branch, dense and MoE, with a q LoRA, a `strata convert` output) into a temporary folder.
+# Greedy text is compared byte for byte (neither engine prints token ids): a load failure or a
+# different continuation is FAIL. Exit status: 1 if any FAIL, else 0.
+set -uo pipefail
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+strata="${STRATA:-$root/build/release/strata}"
+prompt="${PROMPT:-The quick brown fox}"
+n="${N:-40}"
+
+if [[ -z "${LLAMA_CPP_BIN:-}" ]]; then
+  echo "check_llamacpp: SKIP: LLAMA_CPP_BIN is not set (a folder with llama-completion)"
+  exit 0
+fi
+llama=""
+for b in llama-completion llama-cli; do
+  if [[ -x "$LLAMA_CPP_BIN/$b" ]]; then llama="$LLAMA_CPP_BIN/$b"; break; fi
+done
+if [[ -z "$llama" ]]; then
+  echo "check_llamacpp: SKIP: no llama-completion or llama-cli in LLAMA_CPP_BIN=$LLAMA_CPP_BIN"
+  exit 0
+fi
+if [[ ! -x "$strata" ]]; then
+  echo "check_llamacpp: $strata is not built (cmake --build --preset release --target strata)" >&2
+  exit 2
+fi
+
+tmp="$(mktemp -d /tmp/strata-llamacpp-XXXXXX)"
+trap 'rm -rf "$tmp"' EXIT
+
+files=("$@")
+if [[ ${#files[@]} -eq 0 ]]; then
+  synth() {  # NAME ARGS...: a synth GGUF at $tmp/NAME.gguf
+    local name="$1"; shift
+    if "$strata" synth "$@" -o "$tmp/$name.gguf" >"$tmp/$name.synth.log" 2>&1; then
+      files+=("$tmp/$name.gguf")
+    else
+      echo "check_llamacpp: strata synth $* failed:" >&2; cat "$tmp/$name.synth.log" >&2
+      files+=("$tmp/$name.gguf")  # reported as a FAIL below
+    fi
+  }
+  synth llama --arch llama
+  synth qwen2 --arch qwen2
+  synth deepseek2-dense --arch deepseek2 --dims experts=0
+  synth deepseek2-dense-nope --arch deepseek2 --nope --dims experts=0
+  synth deepseek2-moe --arch deepseek2
+  synth deepseek2-moe-nope --arch deepseek2 --nope
+  synth deepseek2-moe-qlora --arch deepseek2 --dims q_lora=16
+  synth llama-f32 --arch llama --dtype f32
+  synth llama-q8_0 --arch llama --dtype q8_0
+  # A `strata convert` output: an HF checkpoint written by synth, converted.
+  if "$strata" synth --arch deepseek2 --format safetensors -o "$tmp/hf-ds" >/dev/null 2>&1 &&
+     "$strata" convert "$tmp/hf-ds" -o "$tmp/convert-deepseek2.gguf" >/dev/null 2>&1; then
+    files+=("$tmp/convert-deepseek2.gguf")
+  fi
+  if [[ -d "$root/models/hf/gqa" ]] &&
+     "$strata" convert "$root/models/hf/gqa" -o "$tmp/convert-gqa.gguf" >/dev/null 2>&1; then
+    files+=("$tmp/convert-gqa.gguf")
+  fi
+  if "$strata" quantize --help >/dev/null 2>&1; then
+    # Row lengths a multiple of 256 so no K-quant tensor falls back to another type.
+    "$strata" synth --arch llama --dims d_model=256,heads=4,kv_heads=2,head_dim=64,ff=512 \
+      -o "$tmp/q-base-llama.gguf" >/dev/null 2>&1
+    "$strata" synth --arch deepseek2 --dims d_model=256,heads=4,kv_lora=256,nope_dim=32,rope_dim=32,v_dim=64,ff=512,ff_expert=256 \
+      -o "$tmp/q-base-deepseek2.gguf" >/dev/null 2>&1
+    for base in llama deepseek2; do
+      for t in ${QUANT_TYPES:-Q8_0 Q4_0 Q4_K_M Q6_K}; do
+        out="$tmp/quantize-$base-$t.gguf"
+        "$strata" quantize "$tmp/q-base-$base.gguf" "$out" --type "$t" >/dev/null 2>&1
+        files+=("$out")
+      done
+    done
+  fi
+fi
+
+fails=0
+rows=()
+printf '%-34s %-10s %-6s %-6s %s\n' file arch load greedy note
+for f in "${files[@]}"; do
+  name="$(basename "$f")"
+  if [[ ! -f "$f" ]]; then
+    printf '%-34s %-10s %-6s %-6s %s\n' "$name" "?" "FAIL" "-" "not written"; fails=$((fails + 1))
+    continue
+  fi
+  arch="$("$strata" inspect "$f" --json "$tmp/i.json" >/dev/null 2>&1 && python3 -c \
+    'import json,sys; print(json.load(open(sys.argv[1]))["config"]["architecture"])' "$tmp/i.json")"
+  [[ -n "$arch" ]] || arch="?"
+  extra=()
+  # deepseek2: llama.cpp's CPU repacking changes nothing here but costs time on tiny files.
+  [[ "$arch" == deepseek2 ]] && extra+=(--no-repack)
+  "$strata" generate -m "$f" -p "$prompt" -n "$n" --temp 0 --threads 1 --json "$tmp/s.json" \
+    >/dev/null 2>"$tmp/s.err"
+  s_rc=$?
+  "$llama" -m "$f" -p "$prompt" -n "$n" --temp 0 -t 1 --no-warmup --no-display-prompt \
+    -no-cnv --seed 1 "${extra[@]}" </dev/null >"$tmp/l.out" 2>"$tmp/l.err"
+  l_rc=$?
+  if [[ $l_rc -ne 0 ]]; then
+    why="$(grep -m1 -iE 'error|failed|missing|key not found' "$tmp/l.err" | cut -c1-90)"
+    printf '%-34s %-10s %-6s %-6s %s\n' "$name" "$arch" "FAIL" "-" "llama.cpp: ${why:-rc $l_rc}"
+    fails=$((fails + 1)); continue
+  fi
+  if [[ $s_rc -ne 0 ]]; then
+    printf '%-34s %-10s %-6s %-6s %s\n' "$name" "$arch" "PASS" "FAIL" \
+      "strata: $(head -c 90 "$tmp/s.err")"
+    fails=$((fails + 1)); continue
+  fi
+  # llama-completion prints " [end of text]" after an EOS; strata stops there silently.
+  note="$(python3 - "$tmp/s.json" "$tmp/l.out" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))["text"].encode()
+l = open(sys.argv[2], "rb").read()
+for tail in (b"\n", b" [end of text]"):
+    if l.endswith(tail):
+        l = l[: -len(tail)]
+if s == l:
+    print("same %d bytes" % len(s))
+else:
+    i = next((k for k in range(min(len(s), len(l))) if s[k] != l[k]), min(len(s), len(l)))
+    print("DIFF at byte %d: strata %r | llama.cpp %r" % (i, s[i:i + 24], l[i:i + 24]))
+EOF
+)"
+  if [[ "$note" == same* ]]; then
+    printf '%-34s %-10s %-6s %-6s %s\n' "$name" "$arch" "PASS" "PASS" "$note"
+  else
+    printf '%-34s %-10s %-6s %-6s %s\n' "$name" "$arch" "PASS" "FAIL" "$note"
+    fails=$((fails + 1))
+  fi
+done
+echo "check_llamacpp: ${#files[@]} files, $fails failed"
+[[ $fails -eq 0 ]]
