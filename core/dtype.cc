@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "core/quant.h"
 
 namespace strata {
 
@@ -11,7 +12,18 @@ std::string_view DTypeName(DType t) {
   switch (t) {
     case DType::kF32: return "F32";
     case DType::kF16: return "F16";
+    case DType::kQ4_0: return "Q4_0";
+    case DType::kQ4_1: return "Q4_1";
+    case DType::kQ5_0: return "Q5_0";
+    case DType::kQ5_1: return "Q5_1";
     case DType::kQ8_0: return "Q8_0";
+    case DType::kQ2_K: return "Q2_K";
+    case DType::kQ3_K: return "Q3_K";
+    case DType::kQ4_K: return "Q4_K";
+    case DType::kQ5_K: return "Q5_K";
+    case DType::kQ6_K: return "Q6_K";
+    case DType::kIQ4_NL: return "IQ4_NL";
+    case DType::kIQ4_XS: return "IQ4_XS";
     case DType::kI8: return "I8";
     case DType::kI16: return "I16";
     case DType::kI32: return "I32";
@@ -36,19 +48,44 @@ bool IsSupportedDType(uint32_t t) {
   switch (static_cast<DType>(t)) {
     case DType::kF32: case DType::kF16: case DType::kQ8_0: case DType::kI8: case DType::kI16:
     case DType::kI32: case DType::kI64: case DType::kF64: case DType::kBF16:
+    case DType::kQ4_0: case DType::kQ4_1: case DType::kQ5_0: case DType::kQ5_1:
+    case DType::kQ2_K: case DType::kQ3_K: case DType::kQ4_K: case DType::kQ5_K:
+    case DType::kQ6_K: case DType::kIQ4_NL: case DType::kIQ4_XS:
       return true;
   }
   return false;
 }
 
-int64_t DTypeBlockElems(DType t) { return t == DType::kQ8_0 ? 32 : 1; }
+int64_t DTypeBlockElems(DType t) {
+  switch (t) {
+    case DType::kQ4_0: case DType::kQ4_1: case DType::kQ5_0: case DType::kQ5_1:
+    case DType::kQ8_0: case DType::kIQ4_NL:
+      return 32;
+    case DType::kQ2_K: case DType::kQ3_K: case DType::kQ4_K: case DType::kQ5_K:
+    case DType::kQ6_K: case DType::kIQ4_XS:
+      return 256;
+    default:
+      return 1;
+  }
+}
 
 int64_t DTypeBlockBytes(DType t) {
   switch (t) {
     case DType::kF32: return 4;
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
+    case DType::kQ4_0: return 18;
+    case DType::kQ4_1: return 20;
+    case DType::kQ5_0: return 22;
+    case DType::kQ5_1: return 24;
     case DType::kQ8_0: return 34;
+    case DType::kQ2_K: return 84;
+    case DType::kQ3_K: return 110;
+    case DType::kQ4_K: return 144;
+    case DType::kQ5_K: return 176;
+    case DType::kQ6_K: return 210;
+    case DType::kIQ4_NL: return 18;
+    case DType::kIQ4_XS: return 136;
     case DType::kI8: return 1;
     case DType::kI16: return 2;
     case DType::kI32: return 4;
@@ -143,22 +180,15 @@ void ToF32(DType t, const void* src, float* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(s[i]);
       return;
     }
-    case DType::kQ8_0: {
-      STRATA_CHECK(n % 32 == 0);
-      const BlockQ8_0* b = static_cast<const BlockQ8_0*>(src);
-      for (int64_t j = 0; j < n / 32; ++j) {
-        const float d = F16ToF32(b[j].d);
-        for (int i = 0; i < 32; ++i) dst[j * 32 + i] = d * b[j].qs[i];
-      }
-      return;
-    }
     case DType::kF64: {
       const double* s = static_cast<const double*>(src);
       for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(s[i]);
       return;
     }
     default:
-      STRATA_CHECK_MSG(false, "ToF32: %s is not a float type", std::string(DTypeName(t)).c_str());
+      STRATA_CHECK_MSG(IsQuantized(t), "ToF32: %s is not a float type",
+                       std::string(DTypeName(t)).c_str());
+      DequantizeRow(t, src, dst, n);
   }
 }
 

@@ -11,7 +11,18 @@ namespace strata {
 enum class DType : uint32_t {
   kF32 = 0,
   kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
   kQ8_0 = 8,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kIQ4_NL = 20,
+  kIQ4_XS = 23,
   kI8 = 24,
   kI16 = 25,
   kI32 = 26,
@@ -24,7 +35,8 @@ std::string_view DTypeName(DType t);
 // Name of a GGML type id, known or not ("Q4_K", "type 99").
 std::string GgmlTypeName(uint32_t ggml_type);
 bool IsSupportedDType(uint32_t ggml_type);
-// Elements per block (32 for Q8_0, 1 otherwise) and bytes per block.
+// Elements per block (32 for Q4_0..Q8_0 and IQ4_NL, 256 for the K-quants and IQ4_XS, 1 for
+// scalar types) and bytes per block.
 int64_t DTypeBlockElems(DType t);
 int64_t DTypeBlockBytes(DType t);
 // Bytes for n elements; n must be a multiple of the block size.
@@ -89,7 +101,7 @@ inline float F16ToF32(uint16_t h) {
 uint16_t F16RoundDown(float x);
 uint16_t F16RoundUp(float x);
 
-// Converts n values into f32 (any float storage type).
+// Converts n values into f32 (any float or block-quantized storage type; see core/quant.h).
 void ToF32(DType t, const void* src, float* dst, int64_t n);
 // Converts n f32 values into storage type t (F32, F16, BF16 or Q8_0).
 void FromF32(DType t, const float* src, void* dst, int64_t n);

@@ -93,7 +93,8 @@ TEST(DTypeTest, Q8_0RoundTripWithinHalfStep) {
   EXPECT_EQ(DTypeRowBytes(DType::kQ8_0, 64), 68);
   EXPECT_EQ(GgmlTypeName(12), "Q4_K");
   EXPECT_EQ(GgmlTypeName(999), "type 999");
-  EXPECT_FALSE(IsSupportedDType(12));
+  EXPECT_TRUE(IsSupportedDType(12));
+  EXPECT_FALSE(IsSupportedDType(16));  // IQ2_XXS: not implemented
 }
 
 // Half an f16 ulp of |x| (f16 has 10 mantissa bits; subnormal spacing 2^-24).

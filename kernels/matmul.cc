@@ -41,6 +41,7 @@
 #include "core/buffer.h"
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/quant.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/matmul.cc"
@@ -221,6 +222,22 @@ void MatVecQ8Rows(const TensorView& w, const float* x, float* y, int64_t r0, int
   for (int64_t r = r0; r < r1; ++r, row += rb) y[r] = DotOneQ8(row, x, k);
 }
 
+// Any other block-quantized type: each row is dequantized exactly (DequantizeRow) into scratch and
+// dotted as f32, so MatVec == DotRow == MatMul still holds bit for bit.
+float DotOneDequant(DType t, const uint8_t* row, const float* x, int64_t k) {
+  thread_local AlignedBuffer<float> f;
+  if (f.size() < static_cast<size_t>(k)) f.Resize(k);
+  DequantizeRow(t, row, f.data(), k);
+  return DotOne<LoadF32>(reinterpret_cast<const uint8_t*>(f.data()), x, k);
+}
+
+void MatVecDequantRows(const TensorView& w, const float* x, float* y, int64_t r0, int64_t r1) {
+  const int64_t k = w.cols();
+  const int64_t rb = w.row_bytes();
+  const uint8_t* row = w.row(r0);
+  for (int64_t r = r0; r < r1; ++r, row += rb) y[r] = DotOneDequant(w.dtype, row, x, k);
+}
+
 void MatVecRangeImpl(const TensorView& w, const float* x, float* y, int64_t r0, int64_t r1) {
   switch (w.dtype) {
     case DType::kF32:
@@ -232,7 +249,8 @@ void MatVecRangeImpl(const TensorView& w, const float* x, float* y, int64_t r0, 
     case DType::kQ8_0:
       return MatVecQ8Rows(w, x, y, r0, r1);
     default:
-      STRATA_CHECK_MSG(false, "MatVec: unsupported weight dtype %d", int(w.dtype));
+      STRATA_CHECK_MSG(IsQuantized(w.dtype), "MatVec: unsupported weight dtype %d", int(w.dtype));
+      return MatVecDequantRows(w, x, y, r0, r1);
   }
 }
 
@@ -248,7 +266,8 @@ float DotRowImpl(DType t, const void* row, const float* x, int64_t n) {
     case DType::kQ8_0:
       return DotOneQ8(w, x, n);
     default:
-      STRATA_CHECK_MSG(false, "DotRow: unsupported weight dtype %d", int(t));
+      STRATA_CHECK_MSG(IsQuantized(t), "DotRow: unsupported weight dtype %d", int(t));
+      return DotOneDequant(t, w, x, n);
   }
   return 0.f;
 }
@@ -306,8 +325,13 @@ void ToClassMajor(DType t, const void* row, int64_t k, float* dst) {
       return ToClassMajorT<LoadBF16>(p, k, dst);
     case DType::kQ8_0:
       return ToClassMajorT<LoadQ8>(p, k, dst);
-    default:
-      STRATA_CHECK_MSG(false, "MatMul: unsupported weight dtype %d", int(t));
+    default: {
+      STRATA_CHECK_MSG(IsQuantized(t), "MatMul: unsupported weight dtype %d", int(t));
+      thread_local AlignedBuffer<float> f;
+      if (f.size() < static_cast<size_t>(k)) f.Resize(k);
+      DequantizeRow(t, row, f.data(), k);
+      return ToClassMajorT<LoadF32>(reinterpret_cast<const uint8_t*>(f.data()), k, dst);
+    }
   }
 }
 
@@ -458,10 +482,10 @@ constexpr int64_t kRowGrain = 16;
 
 void CheckWeight(const TensorView& w) {
   STRATA_CHECK_MSG(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16 ||
-                       w.dtype == DType::kQ8_0,
+                       IsQuantized(w.dtype),
                    "unsupported weight dtype %d", int(w.dtype));
-  if (w.dtype == DType::kQ8_0)
-    STRATA_CHECK_MSG(w.cols() % 32 == 0, "Q8_0 cols %lld", (long long)w.cols());
+  STRATA_CHECK_MSG(w.cols() % DTypeBlockElems(w.dtype) == 0, "%s cols %lld",
+                   std::string(DTypeName(w.dtype)).c_str(), (long long)w.cols());
 }
 }  // namespace
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/quant.h"
 #include "io/hf.h"
 #include "io/tokenizer_json.h"
 #include "kernels/matmul.h"
@@ -77,9 +78,10 @@ StatusOr<TensorView> Model::OptionalWeight(const std::string& name,
                            ", expected " + ShapeStr(shape));
   }
   if (info->dtype != DType::kF32 && info->dtype != DType::kF16 && info->dtype != DType::kBF16 &&
-      info->dtype != DType::kQ8_0) {
+      !IsQuantized(info->dtype)) {
     return Unimplemented("tensor " + name + " has type " + std::string(DTypeName(info->dtype)) +
-                         "; weights must be F32, F16, BF16 or Q8_0");
+                         "; weights must be F32, F16, BF16 or a block-quantized type (Q4_0 ... "
+                         "Q8_0, Q2_K ... Q6_K, IQ4_NL, IQ4_XS)");
   }
   return file_->Tensor(name);
 }
