@@ -1,4 +1,5 @@
-// SHA-256 (FIPS 180-4) of a byte buffer, incremental or one-shot; used to compare test data by digest.
+// SHA-256 (FIPS 180-4) of a byte buffer, incremental or one-shot; used to compare test data by
+// digest.
 #pragma once
 
 #include <array>
