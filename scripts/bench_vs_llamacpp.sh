@@ -8,8 +8,8 @@
 #   THREADS        decode thread counts (default: "1 2"); TOKENS decode tokens (default 64)
 #   PREFILL        prompt tokens of the prefill run (default 2048; 0 skips prefill)
 # Decode: llama-bench -p 0 -n TOKENS -t T against `strata bench decode --ctx 0 --threads T`.
-# Prefill: llama-bench -p PREFILL -n 0 against `strata generate -n 1` on a prompt of about PREFILL
-# tokens (its prompt_tokens / prefill_seconds; it runs on all THREADS' largest count).
+# Prefill: `strata generate -n 1` on a prompt of about PREFILL tokens (its prompt_tokens /
+# prefill_seconds) against llama-bench -p <those tokens> -n 0, at the largest of THREADS.
 # Both engines run one after the other on an otherwise idle machine: run it when nothing else is.
 set -uo pipefail
 
@@ -62,14 +62,19 @@ for f in "$@"; do
   done
   if [[ "$prefill" -gt 0 ]]; then
     t="${threads##* }"
-    # About one token per word on the synth and testbed vocabularies; the real count is reported.
-    prompt="$(python3 -c 'import sys; print(" ".join(["the"] * int(sys.argv[1])))' "$((prefill - 1))")"
-    s="?"
-    if "$strata" generate -m "$f" -p "$prompt" -n 1 --threads "$t" -c $((prefill + 8)) \
-         --json "$tmp/sg.json" >/dev/null 2>"$tmp/sg.err"; then
-      s="$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%.1f" % (d["prompt_tokens"] / d["prefill_seconds"]))' "$tmp/sg.json")"
-    fi
-    l="$(llama_tps "$f" -p "$prefill" -n 0 -t "$t")"
-    printf '%-28s %-8s %3s %12s %12s %7s\n' "$name" "pp$prefill" "$t" "$s" "$l" "$(ratio "$s" "$l")"
+    # A prompt of about PREFILL tokens: words are cut to fit the count strata reports, and
+    # llama-bench then prefills exactly that many tokens.
+    s="?" np="$prefill"
+    for words in "$prefill" $((prefill / 2)) $((prefill / 4)); do
+      prompt="$(python3 -c 'import sys; print(" ".join(["the"] * int(sys.argv[1])))' "$words")"
+      if "$strata" generate -m "$f" -p "$prompt" -n 1 --threads "$t" --json "$tmp/sg.json" \
+           >/dev/null 2>"$tmp/sg.err"; then
+        read -r np s < <(python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
+print(d["prompt_tokens"], "%.1f" % (d["prompt_tokens"] / d["prefill_seconds"]))' "$tmp/sg.json")
+        [[ "$np" -le $((prefill + prefill / 8)) ]] && break
+      fi
+    done
+    l="$(llama_tps "$f" -p "$np" -n 0 -t "$t")"
+    printf '%-28s %-8s %3s %12s %12s %7s\n' "$name" "pp$np" "$t" "$s" "$l" "$(ratio "$s" "$l")"
   fi
 done

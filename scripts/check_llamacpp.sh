@@ -15,7 +15,9 @@
 # branch, dense and MoE, with a q LoRA, a `strata convert` output) into a temporary folder.
 # Greedy text is compared byte for byte (neither engine prints token ids), strata with an f16 KV
 # cache like llama.cpp's default: a load failure or a different continuation is FAIL, except for
-# NoPE files (mla_use_nope), which llama.cpp loads but computes as RoPE ("n/a").
+# NoPE files (mla_use_nope), which llama.cpp loads but computes as RoPE ("n/a"). For quantized
+# files the "deq" column also runs llama.cpp on its own F32 dequantization of the file (format
+# fidelity without llama.cpp's 8-bit activation rounding, which alone can flip near-ties).
 # Exit status: 1 if any FAIL, else 0.
 set -uo pipefail
 
@@ -89,50 +91,24 @@ if [[ ${#files[@]} -eq 0 ]]; then
   fi
 fi
 
-fails=0
-rows=()
-printf '%-34s %-10s %-6s %-6s %s\n' file arch load greedy note
-for f in "${files[@]}"; do
-  name="$(basename "$f")"
-  if [[ ! -f "$f" ]]; then
-    printf '%-34s %-10s %-6s %-6s %s\n' "$name" "?" "FAIL" "-" "not written"; fails=$((fails + 1))
-    continue
-  fi
-  arch="?" nope="False"
-  if "$strata" inspect "$f" --json "$tmp/i.json" >/dev/null 2>&1; then
-    read -r arch nope < <(python3 -c 'import json,sys; c = json.load(open(sys.argv[1]))["config"]
-print(c["architecture"], c.get("mla_nope", False))' "$tmp/i.json")
-  fi
-  extra=()
-  # deepseek2: llama.cpp's CPU repacking changes nothing here but costs time on tiny files.
-  [[ "$arch" == deepseek2 ]] && extra+=(--no-repack)
-  # --kv-type f16: llama.cpp's default cache type (strata's default bf16 rounds K and V more coarsely
-  # and flips near-ties of random-weight models within 40 tokens).
-  "$strata" generate -m "$f" -p "$prompt" -n "$n" --temp 0 --threads 1 --kv-type f16 \
-    >"$tmp/s.out" 2>"$tmp/s.err"
-  s_rc=$?
-  # llama-completion prints through an asynchronous log thread; on a loaded machine its stdout was
-  # seen cut short (no closing newlines) once in a few runs: such a run is repeated, up to 3 times.
-  for try in 1 2 3; do
-    "$llama" -m "$f" -p "$prompt" -n "$n" --temp 0 -t 1 --no-warmup --no-display-prompt \
+# llama-completion prints through an asynchronous log thread; on a loaded machine its stdout was
+# seen cut short (no closing newlines) once in a few runs: such a run is repeated, up to 3 times.
+run_llama() {  # FILE -> $tmp/l.out, $tmp/l.err; returns llama's exit status
+  local rc=0
+  for _ in 1 2 3; do
+    "$llama" -m "$1" -p "$prompt" -n "$n" --temp 0 -t 1 --no-warmup --no-display-prompt \
       -no-cnv --seed 1 "${extra[@]}" </dev/null >"$tmp/l.out" 2>"$tmp/l.err"
-    l_rc=$?
-    [[ $l_rc -ne 0 || "$(tail -c 2 "$tmp/l.out" | od -An -c | tr -d ' ')" == '\n\n' ]] && break
+    rc=$?
+    [[ $rc -ne 0 || "$(tail -c 2 "$tmp/l.out" | od -An -c | tr -d ' ')" == '\n\n' ]] && break
   done
-  if [[ $l_rc -ne 0 ]]; then
-    why="$(grep -m1 -iE 'error|failed|missing|key not found' "$tmp/l.err" | cut -c1-90)"
-    printf '%-34s %-10s %-6s %-6s %s\n' "$name" "$arch" "FAIL" "-" "llama.cpp: ${why:-rc $l_rc}"
-    fails=$((fails + 1)); continue
-  fi
-  if [[ $s_rc -ne 0 ]]; then
-    printf '%-34s %-10s %-6s %-6s %s\n' "$name" "$arch" "PASS" "FAIL" \
-      "strata: $(head -c 90 "$tmp/s.err")"
-    fails=$((fails + 1)); continue
-  fi
-  # Raw bytes on both sides (byte tokens need not be UTF-8). strata prints the prompt, the text and
-  # a newline; llama-completion (--no-display-prompt) the text and two newlines, or after an EOS
-  # (where strata stops silently) " [end of text]" and newlines.
-  note="$(python3 - "$tmp/s.out" "$tmp/l.out" "$prompt" <<'EOF'
+  return $rc
+}
+
+# Raw bytes on both sides (byte tokens need not be UTF-8). strata prints the prompt, the text and
+# a newline; llama-completion (--no-display-prompt) the text and two newlines, or after an EOS
+# (where strata stops silently) " [end of text]" and newlines.
+compare() {
+  python3 - "$tmp/s.out" "$tmp/l.out" "$prompt" <<'EOF'
 import sys
 s = open(sys.argv[1], "rb").read()
 l = open(sys.argv[2], "rb").read()
@@ -151,18 +127,68 @@ if s == l:
 else:
     i = next((k for k in range(min(len(s), len(l))) if s[k] != l[k]), min(len(s), len(l)))
     print("same first %d of %d/%d bytes, then strata %r | llama.cpp %r"
-          % (i, len(s), len(l), s[i:i + 12], l[i:i + 12]))
+          % (i, len(s), len(l), s[i:i + 8], l[i:i + 8]))
 EOF
-)"
-  if [[ "$note" == identical* ]]; then
-    printf '%-34s %-10s %-6s %-6s %s\n' "$name" "$arch" "PASS" "PASS" "$note"
+}
+
+fmt='%-30s %-10s %-5s %-6s %-5s %s\n'
+fails=0
+printf "$fmt" file arch load greedy deq note
+for f in "${files[@]}"; do
+  name="$(basename "$f")"
+  if [[ ! -f "$f" ]]; then
+    printf "$fmt" "$name" "?" "FAIL" "-" "-" "not written"
+    fails=$((fails + 1)); continue
+  fi
+  arch="?" nope="False" quant="False"
+  if "$strata" inspect "$f" --json "$tmp/i.json" >/dev/null 2>&1; then
+    read -r arch nope quant < <(python3 -c 'import json,sys; d = json.load(open(sys.argv[1]))
+q = any(t["type"] not in ("F32", "F16", "BF16") for t in d["tensors"])
+print(d["config"]["architecture"], d["config"].get("mla_nope", False), q)' "$tmp/i.json")
+  fi
+  extra=()
+  # deepseek2: llama.cpp's CPU repacking changes nothing here but costs time on tiny files.
+  [[ "$arch" == deepseek2 ]] && extra+=(--no-repack)
+  # --kv-type f16: llama.cpp's default cache type (strata's default bf16 rounds K and V more coarsely
+  # and flips near-ties of random-weight models within 40 tokens).
+  "$strata" generate -m "$f" -p "$prompt" -n "$n" --temp 0 --threads 1 --kv-type f16 \
+    >"$tmp/s.out" 2>"$tmp/s.err"
+  s_rc=$?
+  if ! run_llama "$f"; then
+    why="$(grep -m1 -iE 'error|failed|missing|key not found' "$tmp/l.err" | cut -c1-110)"
+    printf "$fmt" "$name" "$arch" "FAIL" "-" "-" "llama.cpp: ${why:-exit status not 0}"
+    fails=$((fails + 1)); continue
+  fi
+  if [[ $s_rc -ne 0 ]]; then
+    printf "$fmt" "$name" "$arch" "PASS" "FAIL" "-" "strata: $(head -c 90 "$tmp/s.err")"
+    fails=$((fails + 1)); continue
+  fi
+  note="$(compare)"
+  greedy=FAIL
+  [[ "$note" == identical* ]] && greedy=PASS
+  # Quantized files: llama.cpp rounds activations to 8-bit blocks in its quantized matmuls, which
+  # flips near-ties of random-weight models. The "deq" column separates that from the format: the
+  # file dequantized by llama.cpp itself (llama-quantize --allow-requantize FILE OUT F32), run in
+  # llama.cpp, against strata on the quantized file.
+  deq="-"
+  if [[ "$quant" == True && -x "$LLAMA_CPP_BIN/llama-quantize" ]]; then
+    deq=FAIL
+    if "$LLAMA_CPP_BIN/llama-quantize" --allow-requantize "$f" "$tmp/deq.gguf" F32 1 \
+         >"$tmp/q.log" 2>&1 && run_llama "$tmp/deq.gguf"; then
+      dnote="$(compare)"
+      [[ "$dnote" == identical* ]] && deq=PASS
+      [[ "$greedy" == PASS ]] || note="$note; deq: $dnote"
+    fi
+  fi
+  if [[ "$greedy" == PASS && "$deq" != FAIL ]]; then
+    printf "$fmt" "$name" "$arch" "PASS" "PASS" "$deq" "$note"
   elif [[ "$nope" == True ]]; then
     # llama.cpp has no NoPE branch: it rotates the rope part as for the RoPE twin, so the
     # continuations differ by design. Loading is what is checked.
-    printf '%-34s %-10s %-6s %-6s %s\n' "$name" "$arch" "PASS" "n/a" \
+    printf "$fmt" "$name" "$arch" "PASS" "n/a" "$deq" \
       "mla_use_nope: llama.cpp ignores the key (rotates); $note"
   else
-    printf '%-34s %-10s %-6s %-6s %s\n' "$name" "$arch" "PASS" "FAIL" "$note"
+    printf "$fmt" "$name" "$arch" "PASS" "$greedy" "$deq" "$note"
     fails=$((fails + 1))
   fi
 done
