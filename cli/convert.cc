@@ -101,6 +101,10 @@ int RunConvert(const ConvertOptions& o, std::ostream& out, std::ostream& err) {
   const bool has_tok = std::filesystem::exists(tok);
   if (has_tok) {
     if (Status st = AddTokenizerJson(tok, &*w); !st.ok()) return fail(st.ToString());
+  } else {
+    // llama.cpp refuses a file without tokenizer.ggml.model; "none" is its word for no vocabulary
+    // (it then makes vocab_size dummy tokens), and Strata reads it as no tokenizer.
+    w->Set("tokenizer.ggml.model", GgufValue::String("none"));
   }
   if (Status st = w->WriteFile(o.out_path); !st.ok()) return fail(st.ToString());
   // Read the result back through the engine's own loader: a conversion that the engine cannot

@@ -17,7 +17,8 @@
 # cache like llama.cpp's default: a load failure or a different continuation is FAIL, except for
 # NoPE files (mla_use_nope), which llama.cpp loads but computes as RoPE ("n/a"). For quantized
 # files the "deq" column also runs llama.cpp on its own F32 dequantization of the file (format
-# fidelity without llama.cpp's 8-bit activation rounding, which alone can flip near-ties).
+# fidelity without llama.cpp's 8-bit activation rounding, which alone can flip near-ties). A file
+# without a tokenizer is only loaded (by llama-bench).
 # Exit status: 1 if any FAIL, else 0.
 set -uo pipefail
 
@@ -140,11 +141,25 @@ for f in "${files[@]}"; do
     printf "$fmt" "$name" "?" "FAIL" "-" "-" "not written"
     fails=$((fails + 1)); continue
   fi
-  arch="?" nope="False" quant="False"
+  arch="?" nope="False" quant="False" vocab="True"
   if "$strata" inspect "$f" --json "$tmp/i.json" >/dev/null 2>&1; then
-    read -r arch nope quant < <(python3 -c 'import json,sys; d = json.load(open(sys.argv[1]))
+    read -r arch nope quant vocab < <(python3 -c 'import json,sys; d = json.load(open(sys.argv[1]))
 q = any(t["type"] not in ("F32", "F16", "BF16") for t in d["tensors"])
-print(d["config"]["architecture"], d["config"].get("mla_nope", False), q)' "$tmp/i.json")
+print(d["config"]["architecture"], d["config"].get("mla_nope", False), q, d["tokenizer"] is not None)' \
+      "$tmp/i.json")
+  fi
+  if [[ "$vocab" == False ]]; then
+    # No tokenizer (tokenizer.ggml.model "none"): neither engine takes a text prompt, so only
+    # loading is checked, with llama-bench (one generated token from llama.cpp's own ids).
+    if [[ -x "$LLAMA_CPP_BIN/llama-bench" ]] &&
+       "$LLAMA_CPP_BIN/llama-bench" -m "$f" -p 0 -n 1 -t 1 -r 1 >"$tmp/b.out" 2>&1; then
+      printf "$fmt" "$name" "$arch" "PASS" "n/a" "-" "no tokenizer: loaded and ran by llama-bench"
+    else
+      printf "$fmt" "$name" "$arch" "FAIL" "n/a" "-" \
+        "no tokenizer; llama-bench: $(grep -m1 -iE 'error|failed' "$tmp/b.out" | cut -c1-90)"
+      fails=$((fails + 1))
+    fi
+    continue
   fi
   extra=()
   # deepseek2: llama.cpp's CPU repacking changes nothing here but costs time on tiny files.
