@@ -118,6 +118,7 @@ if s.startswith(p):
     s = s[len(p):]
 if s.endswith(b"\n"):
     s = s[:-1]
+s = s.replace(b"\0", b"")  # llama.cpp prints pieces as C strings: the byte token <0x00> is lost
 eot = l.rfind(b" [end of text]")
 if eot >= 0 and not l[eot + 14:].strip(b"\n"):
     l = l[:eot]
