@@ -16,6 +16,7 @@
 #include "cli/cli_testing.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "io/gguf.h"
 #include "kv/cache.h"
 #include "kv/registry.h"
 #include "model/model.h"
@@ -915,6 +916,35 @@ TEST_F(CliTest, ConvertAndLogits) {
   Result b3 = Strata({"convert", Path("nope_dir"), "-o", Path("x.gguf")});
   EXPECT_EQ(b3.code, 2);
   EXPECT_NE(b3.err.find("nope_dir"), std::string::npos) << b3.err;
+}
+
+// convert without a strata_tokenizer.json writes tokenizer.ggml.model = "none": llama.cpp refuses
+// a file without the key (issue 17 part 5) and reads "none" as no vocabulary; Strata loads it as
+// a model without a tokenizer (generate from text is refused, logits from ids work).
+TEST_F(CliTest, ConvertWithoutTokenizerWritesVocabNone) {
+  const std::string hf = Path("hf_notok");
+  Result s = Strata({"synth", "--format", "safetensors", "--dtype", "f32", "-o", hf});
+  ASSERT_EQ(s.code, 0) << s.err;
+  const std::string gguf = Path("notok.gguf");
+  Result c = Strata({"convert", hf, "-o", gguf});
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.out.find("tokenizer: none"), std::string::npos) << c.out;
+  auto f = GgufFile::Open(gguf);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ((*f)->GetString("tokenizer.ggml.model").value(), "none");
+  auto m = Model::Load(gguf);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ((*m)->tokenizer(), nullptr);
+  Result g = Strata({"generate", "-m", gguf, "-p", "hi", "-n", "1"});
+  EXPECT_EQ(g.code, 2);
+  EXPECT_NE(g.err.find("has no tokenizer"), std::string::npos) << g.err;
+  {
+    std::ofstream t(Path("notok_ids.txt"));
+    t << "1 5 17\n";
+  }
+  Result l = Strata({"logits", "-m", gguf, "--tokens", Path("notok_ids.txt"), "--out",
+                     Path("notok.f32")});
+  EXPECT_EQ(l.code, 0) << l.err;
 }
 
 TEST_F(CliTest, BinaryExitCodes) {

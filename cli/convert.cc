@@ -98,6 +98,10 @@ int RunConvert(const ConvertOptions& o, std::ostream& out, std::ostream& err) {
   const bool has_tok = std::filesystem::exists(tok);
   if (has_tok) {
     if (Status st = AddTokenizerJson(tok, &*w); !st.ok()) return fail(st.ToString());
+  } else {
+    // llama.cpp refuses a file without tokenizer.ggml.model; "none" is its word for no vocabulary
+    // (it then makes vocab_size dummy tokens), and Strata reads it as no tokenizer.
+    w->Set("tokenizer.ggml.model", GgufValue::String("none"));
   }
   if (quantize) {
     QuantizeFileOptions qo;

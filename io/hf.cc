@@ -805,8 +805,10 @@ Status ConvertDeepseek2(const Config& cfg, const Common& c, TensorSource* src, E
   int64_t q_lora = 0;
   if (cfg.Has("q_lora_rank")) {
     ASSIGN_OR_RETURN(q_lora, cfg.Positive("q_lora_rank"));
-    w->Set(a + ".attention.q_lora_rank", GgufValue::U32(U32(q_lora)));
   }
+  // Written even without a q LoRA (0: the single attn_q path): llama.cpp requires the key for
+  // every deepseek2 model except those it recognises as "lite" by their layer count.
+  w->Set(a + ".attention.q_lora_rank", GgufValue::U32(U32(q_lora)));
   ASSIGN_OR_RETURN(int64_t kv_lora, cfg.Positive("kv_lora_rank"));
   ASSIGN_OR_RETURN(int64_t nope, cfg.Positive("qk_nope_head_dim"));
   ASSIGN_OR_RETURN(int64_t rope, cfg.Positive("qk_rope_head_dim"));
@@ -830,8 +832,15 @@ Status ConvertDeepseek2(const Config& cfg, const Common& c, TensorSource* src, E
   ASSIGN_OR_RETURN(int64_t n_dense, cfg.InRangeOr("first_k_dense_replace", 0, 0, c.n_layer));
   ASSIGN_OR_RETURN(int64_t n_expert, cfg.InRangeOr("n_routed_experts", 0, 0, kMaxDim));
   ASSIGN_OR_RETURN(int64_t moe_freq, cfg.InRangeOr("moe_layer_freq", 1, 1, kMaxDim));
-  w->Set(a + ".leading_dense_block_count", GgufValue::U32(U32(n_dense)));
+  // Without routed experts every layer is dense; llama.cpp reads that from the leading dense count
+  // (a layer past it must be MoE) and requires the two expert keys below even then, as its own
+  // converter writes them for dense deepseek2 models (intermediate_size, 0 shared).
+  w->Set(a + ".leading_dense_block_count", GgufValue::U32(U32(n_expert > 0 ? n_dense : c.n_layer)));
   int64_t moe_ff = 0, n_shared = 0;
+  if (n_expert == 0) {
+    w->Set(a + ".expert_feed_forward_length", GgufValue::U32(U32(c.n_ff)));
+    w->Set(a + ".expert_shared_count", GgufValue::U32(0));
+  }
   if (n_expert > 0) {
     ASSIGN_OR_RETURN(moe_ff, cfg.Positive("moe_intermediate_size"));
     ASSIGN_OR_RETURN(int64_t n_used, cfg.InRange("num_experts_per_tok", 1, n_expert));

@@ -693,7 +693,8 @@ TEST(HfConvertTest, Deepseek2MlaSplitMoeStackingAndNope) {
   ASSERT_NE(g, nullptr);
   const std::string a = "deepseek2.";
   EXPECT_EQ(KeyString(*g, "general.architecture"), "deepseek2");
-  EXPECT_FALSE(g->Has(a + "attention.q_lora_rank"));
+  // 0, not absent: llama.cpp refuses a deepseek2 file without the key.
+  EXPECT_EQ(KeyInt(*g, a + "attention.q_lora_rank"), 0);
   EXPECT_EQ(KeyInt(*g, a + "attention.kv_lora_rank"), m.kv_lora);
   EXPECT_EQ(KeyInt(*g, a + "attention.key_length"), m.kv_lora + m.rope);
   EXPECT_EQ(KeyInt(*g, a + "attention.value_length"), m.kv_lora);
@@ -819,6 +820,33 @@ TEST(HfConvertTest, Deepseek2QLoraAndRopeOnByDefault) {
             ck.Get("model.layers.1.self_attn.q_a_layernorm.weight").values);
   EXPECT_EQ(GgufValues(*g, "blk.1.attn_q_b.weight"),
             ck.Get("model.layers.1.self_attn.q_b_proj.weight").values);
+}
+
+// A deepseek2 without routed experts: every layer dense. llama.cpp takes that from the leading
+// dense count and requires the expert FFN length and shared count even then (issue 17 part 5).
+TEST(HfConvertTest, Deepseek2DenseWritesWhatLlamaCppRequires) {
+  Rng rng(TestSeed());
+  TempDir tmp;
+  DsDims m;
+  m.n_expert = 0;
+  m.n_dense = m.n_layer;
+  Checkpoint ck(&rng, DType::kF32);
+  AddDsTensors(ck, m, /*score_bias=*/false);
+  json cfg = DsConfig(m);
+  cfg["first_k_dense_replace"] = 1;  // moot without experts
+  ck.Write(tmp.dir(), cfg);
+  auto w = ConvertHfDirectory(tmp.dir(), {DType::kF32});
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  auto g = ToGguf(*w);
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(KeyInt(*g, "deepseek2.leading_dense_block_count"), m.n_layer);
+  EXPECT_EQ(KeyInt(*g, "deepseek2.expert_feed_forward_length"), m.ff);
+  EXPECT_EQ(KeyInt(*g, "deepseek2.expert_shared_count"), 0);
+  EXPECT_EQ(KeyInt(*g, "deepseek2.attention.q_lora_rank"), 0);
+  EXPECT_FALSE(g->Has("deepseek2.expert_count"));
+  for (int64_t l = 0; l < m.n_layer; ++l) {
+    EXPECT_NE(g->FindTensor("blk." + std::to_string(l) + ".ffn_gate.weight"), nullptr) << l;
+  }
 }
 
 TEST(HfConvertTest, ErrorsNameTheProblem) {

@@ -717,6 +717,10 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f) {
     int64_t v = k.def;
     if (f.Has(k.key)) {
       ASSIGN_OR_RETURN(v, f.GetInt(k.key));
+      // "No such token": a signed -1 (older Strata files) or u32 0xFFFFFFFF, the bits of
+      // llama.cpp's LLAMA_TOKEN_NULL, which Strata writes now because llama.cpp reads ids as u32
+      // only (it refuses an i32 key; an out-of-range u32 makes it warn and use its default).
+      if (v == 0xFFFFFFFFll && f.Find(k.key)->type == GgufType::kU32) v = -1;
     }
     if (v < -1 || v >= n) {
       return InvalidArgument(std::string(k.key) + " = " + std::to_string(v) +

@@ -66,9 +66,11 @@ Status AddTokenizerJson(const std::string& path, GgufWriter* w) {
     if (v < -1 || v >= static_cast<int64_t>(n)) {
       return bad(field, "= " + std::to_string(v) + " is not a token id (or -1: none)");
     }
-    // -1 is written as a signed -1, never dropped: an absent key takes llama.cpp's default
-    // (eos 2 for "llama"), which on the testbeds is the needle value <v0>.
-    w->Set(key, v >= 0 ? GgufValue::U32(static_cast<uint32_t>(v)) : GgufValue::I32(-1));
+    // -1 (none) is written as u32 0xFFFFFFFF (LLAMA_TOKEN_NULL's bits), never dropped: an absent
+    // key takes the "llama" default (eos 2), which on the testbeds is the needle value <v0>. A
+    // signed -1 would be clearer but llama.cpp refuses a special-token key that is not u32; it
+    // loads this one (warning, and using its own default id; Strata reads it back as none).
+    w->Set(key, GgufValue::U32(static_cast<uint32_t>(v >= 0 ? v : 0xFFFFFFFFll)));
     return OkStatus();
   };
   RETURN_IF_ERROR(id("bos_token_id", "tokenizer.ggml.bos_token_id"));

@@ -773,7 +773,7 @@ TEST(TokenizerGguf, ErrorsNameTheKey) {
 
 // "No EOS" must survive the trip tokenizer JSON -> GGUF -> Tokenizer: an eos_token_id of -1 that
 // was dropped from the GGUF took llama.cpp's default eos 2, which on the testbeds is the needle
-// value <v0> (generation stopped at the answer).
+// value <v0> (generation stopped at the answer). It is written as u32 0xFFFFFFFF.
 TEST(TokenizerGguf, JsonEosMinusOneMeansNone) {
   const TokenizerData d = SpmData();
   const std::string path = ::testing::TempDir() + "/strata_tokenizer_no_eos.json";
@@ -798,10 +798,38 @@ TEST(TokenizerGguf, JsonEosMinusOneMeansNone) {
     GgufWriter w;
     ASSERT_TRUE(AddTokenizerJson(path, &w).ok());
     LOAD_GGUF_OR_SKIP(f, w);
+    // As u32 0xFFFFFFFF (LLAMA_TOKEN_NULL's bits): llama.cpp refuses a special-token id that is
+    // not u32 (issue 17 part 5).
+    const GgufValue* eos = f.Find("tokenizer.ggml.eos_token_id");
+    ASSERT_NE(eos, nullptr);
+    EXPECT_EQ(eos->type, GgufType::kU32);
+    EXPECT_EQ(f.GetInt("tokenizer.ggml.eos_token_id").value(), 0xFFFFFFFFll);
     auto t = Tokenizer::FromGguf(f);
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     EXPECT_EQ((*t)->eos_id(), -1);
     EXPECT_EQ((*t)->bos_id(), 0);
+  }
+  {
+    // Files Strata wrote before that carry a signed -1; both mean none.
+    GgufWriter w;
+    w.Set("tokenizer.ggml.model", GgufValue::String("llama"));
+    w.Set("tokenizer.ggml.tokens", GgufValue::StringArray(d.tokens));
+    w.Set("tokenizer.ggml.eos_token_id", GgufValue::I32(-1));
+    LOAD_GGUF_OR_SKIP(f, w);
+    auto t = Tokenizer::FromGguf(f);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ((*t)->eos_id(), -1);
+  }
+  {
+    // Only the u32 image of -1 means none: a large u32 id past the vocabulary is still refused.
+    GgufWriter w;
+    w.Set("tokenizer.ggml.model", GgufValue::String("llama"));
+    w.Set("tokenizer.ggml.tokens", GgufValue::StringArray(d.tokens));
+    w.Set("tokenizer.ggml.eos_token_id", GgufValue::U32(0xFFFFFFFEu));
+    LOAD_GGUF_OR_SKIP(f, w);
+    auto t = Tokenizer::FromGguf(f);
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(t.status().message().find("4294967294"), std::string::npos) << t.status().ToString();
   }
   {
     write_json("3");

@@ -188,5 +188,20 @@ TEST(ModelConfigTest, LeadingDenseAndQLoraAreChecked) {
   EXPECT_NE(m.status().message().find("attn_q_a"), std::string::npos) << m.status().message();
 }
 
+// Strata writes deepseek2.attention.q_lora_rank = 0 when there is no q LoRA (llama.cpp needs the
+// key); files from elsewhere may lack it. Both are the single attn_q path and load.
+TEST(ModelConfigTest, QLoraRankZeroAndAbsentAreTheSameModel) {
+  ASSERT_TRUE(Base(Arch::kDeepseek2).Has("deepseek2.attention.q_lora_rank"));
+  for (std::optional<GgufValue> v : {std::optional<GgufValue>(GgufValue::U32(0)),
+                                     std::optional<GgufValue>()}) {
+    auto g = With(Arch::kDeepseek2, "deepseek2.attention.q_lora_rank", v);
+    EXPECT_EQ(g->Has("deepseek2.attention.q_lora_rank"), v.has_value());
+    auto c = ModelConfig::FromGguf(*g);
+    ASSERT_OK(c.status());
+    EXPECT_EQ(c->q_lora_rank, 0);
+    EXPECT_OK(Model::FromGguf(std::move(g)).status());
+  }
+}
+
 }  // namespace
 }  // namespace strata

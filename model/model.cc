@@ -102,7 +102,11 @@ Status Model::LoadCommon() {
   bool has_output = false;
   ASSIGN_OR_RETURN(output_, OptionalWeight("output.weight", {config_.n_vocab, c.d_model}, &has_output));
   if (!has_output) output_ = tok_embd_;  // tied embeddings
-  if (file_->Has("tokenizer.ggml.model")) {
+  // "none" (llama.cpp's name for no vocabulary; `strata convert` writes it without a tokenizer).
+  const GgufValue* tok_model = file_->Find("tokenizer.ggml.model");
+  const bool no_vocab = tok_model != nullptr && tok_model->type == GgufType::kString &&
+                        file_->GetString("tokenizer.ggml.model").value() == "none";
+  if (tok_model != nullptr && !no_vocab) {
     ASSIGN_OR_RETURN(tokenizer_, Tokenizer::FromGguf(*file_));
     if (tokenizer_->vocab_size() > config_.n_vocab) {
       return InvalidArgument("tokenizer has " + std::to_string(tokenizer_->vocab_size()) +
