@@ -60,14 +60,14 @@ TEST_F(QuantizeCliTest, EveryFileTypeLoadsAndStaysCloseToF32) {
   const std::vector<float> ref = AllLogits(Path("f32.gguf"));
   ASSERT_FALSE(ref.empty());
   // Relative RMS distance of all logits to the f32 model's, measured on this model (seed 3; Q4_0
-  // 0.249, Q4_1 0.295, Q5_0 0.190, Q5_1 0.155, IQ4_NL 0.276, IQ4_XS 0.268, Q2_K 0.565, Q2_K_S
-  // 0.583, Q3_K_S 0.356, Q3_K_M 0.341, Q3_K_L 0.336, Q4_K_S 0.283, Q4_K_M 0.287, Q5_K_S 0.147,
+  // 0.249, Q4_1 0.295, Q5_0 0.190, Q5_1 0.155, IQ4_NL 0.276, IQ4_XS 0.268, Q2_K 0.565,
+  // Q3_K_S 0.356, Q3_K_M 0.341, Q3_K_L 0.336, Q4_K_S 0.283, Q4_K_M 0.287, Q5_K_S 0.147,
   // Q5_K_M 0.146, Q6_K 0.086, Q8_0 0.029, F16 0.0031, BF16 0.015), allowed 1.5x. A random
   // 2-layer model's logits are a chaotic function of its weights, so at close bit rates the
   // order is not the bits' order (Q4_1 > Q4_0 here); the weights' own RMS errors are
   // (core/quant_encode_test.cc).
   const std::map<std::string, double> tol = {
-      {"Q2_K", 0.85},   {"Q2_K_S", 0.87}, {"Q3_K_S", 0.53}, {"Q3_K_M", 0.51}, {"Q3_K_L", 0.50},
+      {"Q2_K", 0.85},   {"Q3_K_S", 0.53}, {"Q3_K_M", 0.51}, {"Q3_K_L", 0.50},
       {"Q4_0", 0.37},   {"Q4_1", 0.44},   {"IQ4_NL", 0.41}, {"IQ4_XS", 0.40}, {"Q4_K_S", 0.42},
       {"Q4_K_M", 0.43}, {"Q5_0", 0.29},   {"Q5_1", 0.23},   {"Q5_K_S", 0.22}, {"Q5_K_M", 0.22},
       {"Q6_K", 0.13},   {"Q8_0", 0.043},  {"F16", 0.005},   {"BF16", 0.023}};

@@ -27,7 +27,6 @@ const std::vector<FileTypeInfo>& FileTypes() {
       {"IQ4_NL", 25, DType::kIQ4_NL, "4.50 bpw, 32-blocks on a non-linear 4-bit code book"},
       {"IQ4_XS", 30, DType::kIQ4_XS, "4.25 bpw, 256-blocks, non-linear 4-bit, 6-bit sub-scales"},
       {"Q2_K", 10, DType::kQ2_K, "2-bit K-quant, attn_v/ffn_down/attn_output at Q3_K/Q4_K"},
-      {"Q2_K_S", 21, DType::kQ2_K, "2-bit K-quant, smaller mix"},
       {"Q3_K_S", 11, DType::kQ3_K, "3-bit K-quant, every matrix Q3_K (output Q6_K)"},
       {"Q3_K_M", 12, DType::kQ3_K, "3-bit K-quant, attn_v/ffn_down/attn_output at Q4_K/Q5_K"},
       {"Q3_K_L", 13, DType::kQ3_K, "3-bit K-quant, attn_v/ffn_down/attn_output at Q5_K"},
@@ -136,8 +135,6 @@ DType TensorTypePlanner::MixType(const std::string& name, int64_t row_len) {
     const int n = info_.n_attention_wv;
     if (ft == "Q2_K") {
       t = info_.n_gqa >= 4 ? DType::kQ4_K : DType::kQ3_K;
-    } else if (ft == "Q2_K_S" && info_.n_gqa >= 4) {
-      t = DType::kQ4_K;
     } else if (ft == "Q3_K_M") {
       t = i < 2 ? DType::kQ5_K : DType::kQ4_K;
     } else if (ft == "Q3_K_L") {
@@ -163,8 +160,6 @@ DType TensorTypePlanner::MixType(const std::string& name, int64_t row_len) {
     const int n = info_.n_layer;
     if (ft == "Q2_K") {
       t = DType::kQ3_K;
-    } else if (ft == "Q2_K_S") {
-      if (i < n / 8) t = DType::kQ4_K;
     } else if (ft == "Q3_K_M") {
       t = i < n / 16 ? DType::kQ5_K : DType::kQ4_K;
     } else if (ft == "Q3_K_L") {
@@ -216,7 +211,8 @@ StatusOr<DType> TensorTypePlanner::Choose(const std::string& name,
   if (row_len % DTypeBlockElems(t) != 0) {
     // llama.cpp's fallbacks for rows that are not a whole number of 256-blocks.
     switch (t) {
-      case DType::kQ2_K: case DType::kQ3_K: case DType::kIQ4_XS: t = DType::kIQ4_NL; break;
+      case DType::kIQ4_XS: t = DType::kIQ4_NL; break;
+      case DType::kQ2_K: case DType::kQ3_K: t = DType::kQ4_0; break;
       case DType::kQ4_K: t = DType::kQ5_0; break;
       case DType::kQ5_K: t = DType::kQ5_1; break;
       case DType::kQ6_K: t = DType::kQ8_0; break;

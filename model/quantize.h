@@ -22,7 +22,8 @@ struct FileTypeInfo {
   const char* what;  // one line for --help
 };
 
-// Every file type Strata writes, in llama-quantize's listing order.
+// Every file type Strata writes. Not Q2_K_S and the IQ1/IQ2/IQ3 types: llama-quantize refuses to
+// make them without an importance matrix, which Strata does not compute.
 const std::vector<FileTypeInfo>& FileTypes();
 // Case-insensitive ("q4_k_m" == "Q4_K_M"); InvalidArgument listing the valid names otherwise.
 StatusOr<FileTypeInfo> ParseFileType(const std::string& name);

@@ -5,7 +5,9 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "core/quant.h"
 #include "core/rng.h"
@@ -139,7 +141,8 @@ TEST(TensorTypePlannerTest, RowsThatAreNotWholeSuperBlocksFallBack) {
   EXPECT_EQ(p["blk.1.attn_q.weight"], DType::kQ5_0);    // Q4_K -> Q5_0
   EXPECT_EQ(p["blk.0.attn_v.weight"], DType::kQ8_0);    // Q6_K -> Q8_0
   EXPECT_EQ(p["output.weight"], DType::kQ8_0);
-  EXPECT_EQ(Plan("Q3_K_S", 8, false, 1, 320)["blk.1.attn_q.weight"], DType::kIQ4_NL);
+  EXPECT_EQ(Plan("Q3_K_S", 8, false, 1, 320)["blk.1.attn_q.weight"], DType::kQ4_0);
+  EXPECT_EQ(Plan("IQ4_XS", 8, false, 1, 320)["blk.1.attn_q.weight"], DType::kIQ4_NL);
   EXPECT_EQ(Plan("Q5_K_S", 8, false, 1, 320)["blk.1.attn_q.weight"], DType::kQ5_1);
   // 40 columns: no 32-block either: F16.
   EXPECT_EQ(Plan("Q4_K_M", 8, false, 1, 40)["blk.1.attn_q.weight"], DType::kF16);
@@ -157,6 +160,58 @@ TEST(TensorTypePlannerTest, MoeFfnDownReadsTheLayerFromItsName) {
   EXPECT_EQ(*p.Choose("blk.2.ffn_down_exps.weight", {4, 512, 512}, &q), DType::kQ4_K);
   EXPECT_EQ(*p.Choose("blk.3.ffn_down_exps.weight", {4, 512, 512}, &q), DType::kQ6_K);
   EXPECT_EQ(*p.Choose("blk.3.ffn_down_shexp.weight", {512, 512}, &q), DType::kQ6_K);
+}
+
+// The mix against llama-quantize's own choices: testdata/quant/mix.json holds the type of every
+// tensor llama-quantize wrote for each file type, on a 16-layer llama (GQA 4) and an 8-layer
+// deepseek2 MoE made by strata synth (the commands are in the file). The planner, run over the
+// same models' tensors in file order, must choose the same type for every tensor.
+TEST(TensorTypePlannerTest, MatchesLlamaQuantizeOnEveryTensor) {
+  std::ifstream in(std::string(STRATA_SOURCE_DIR) + "/testdata/quant/mix.json");
+  ASSERT_TRUE(in.good());
+  const nlohmann::json mix = nlohmann::json::parse(in);
+  struct M {
+    const char* name;
+    Arch arch;
+    const char* dims;
+  };
+  const M models[] = {
+      {"llama", Arch::kLlama, "d_model=256,layers=16,heads=4,kv_heads=1,head_dim=64,ff=256,vocab=260"},
+      {"deepseek2", Arch::kDeepseek2,
+       "d_model=256,layers=8,experts=4,experts_used=2,ff_expert=256,ff=256,kv_lora=256,"
+       "nope_dim=64,rope_dim=64,v_dim=64,heads=4"},
+  };
+  int checked = 0;
+  for (const M& m : models) {
+    SynthOptions o;
+    o.arch = m.arch;
+    o.dtype = DType::kF16;
+    ASSERT_OK(o.ApplyDims(m.dims));
+    const std::string path = TempPath(std::string("mix-") + m.name + ".gguf");
+    ASSERT_OK(SynthGguf(o, path));
+    auto f = GgufFile::Open(path);
+    ASSERT_OK(f);
+    auto info = ReadMixModelInfo(**f);
+    ASSERT_OK(info);
+    ASSERT_TRUE(mix["models"].contains(m.name));
+    for (const auto& [type, want] : mix["models"][m.name].items()) {
+      SCOPED_TRACE(std::string(m.name) + " " + type);
+      auto ft = ParseFileType(type);
+      ASSERT_OK(ft);
+      TensorTypePlanner p(*ft, *info);
+      ASSERT_EQ(want.size(), (*f)->tensors().size());
+      for (const GgufTensorInfo& t : (*f)->tensors()) {
+        bool q = false;
+        auto got = p.Choose(t.name, t.shape, &q);
+        ASSERT_OK(got);
+        const DType stored = q ? *got : t.dtype == DType::kF16 ? DType::kF32 : t.dtype;
+        ASSERT_TRUE(want.contains(t.name)) << t.name;
+        EXPECT_EQ(DTypeName(stored), want[t.name].get<std::string>()) << t.name;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000);
 }
 
 }  // namespace
