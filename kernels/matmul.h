@@ -1,6 +1,8 @@
-// Weight-times-activation products for every weight storage type (F32, F16, BF16, Q8_0).
-// Decode is memory-bound: MatVec streams each weight byte once; MatMul (prefill) reuses each
-// weight row across a tile of tokens. Scalar references live beside them for tests.
+// Weight-times-activation products for every weight storage type (F32, F16, BF16 and the block-
+// quantized types of core/quant.h). Decode is memory-bound: MatVec streams each weight byte once;
+// MatMul (prefill) reuses each weight row across a tile of tokens. Scalar references live beside
+// them for tests. Quantized weights use int8 activation blocks and integer dot products
+// (kernels/quant_dot.h, with its error bound); F32/F16/BF16 use f32 arithmetic on exact weights.
 #pragma once
 
 #include <cstdint>
@@ -24,14 +26,24 @@ struct MatVecJob {
 void MatVecMany(const MatVecJob* jobs, int n_jobs, const float* x, ThreadPool* pool);
 
 // Y[t, r] = sum_c W[r, c] * X[t, c] for t in [0, n). X rows have stride x_stride (elements), Y rows
-// y_stride. Each weight row is read once per tile of tokens.
+// y_stride. Each weight row is read once per tile of tokens. For every dtype, row and token the
+// result equals MatVec of that token bit for bit.
 void MatMul(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
             int64_t y_stride, ThreadPool* pool);
+
+// The other prefill path for quantized weights, kept to measure against MatMul (strata bench
+// kernels): tiles of rows dequantized exactly to f32 (DequantizeRow) for the f32 class-major GEMM
+// with the f32 activations. Not bit-equal to MatMul on quantized weights (no activation rounding:
+// it is within MatVecRef's f32 tolerance of the float64 product instead); same as MatMul on
+// F32/F16/BF16.
+void MatMulDequantF32(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
+                      int64_t y_stride, ThreadPool* pool);
 
 // Scalar references (float64 accumulation).
 void MatVecRef(const TensorView& w, const float* x, float* y);
 
-// Dot product of a weight row (any dtype, n elements) with f32 x, SIMD; used by MatVec and tests.
+// Dot product of a weight row (any dtype, n elements) with f32 x, SIMD; equals MatVec's row bit
+// for bit (quantized types: x is quantized to int8 blocks first, as MatVec does).
 float DotRow(DType t, const void* row, const float* x, int64_t n);
 
 }  // namespace strata
