@@ -395,11 +395,6 @@ inline float DotRef(DType t, const uint8_t* row, const Act& a, int64_t k) {
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
-#if HWY_TARGET == HWY_AVX3_DL
-// Highway 1.0.3's AVX3_DL target string names AVX-VNNI (the VEX form) but its runtime check is
-// for AVX-512 VNNI (Ice Lake has only the latter): compile vpdpbusd as the EVEX form only.
-#pragma GCC target("avx512vnni,no-avxvnni")
-#endif
 namespace strata {
 namespace HWY_NAMESPACE {
 
@@ -417,6 +412,9 @@ HWY_INLINE void PrefetchSpan(const uint8_t* p, int64_t bytes) {
 
 using V = __m256i;
 
+// f16 -> f32 by F16C (exact, the same value as F16ToF32).
+HWY_INLINE float F16(const uint8_t* p) { return _cvtsh_ss(qdot::LdU16(p)); }
+
 HWY_INLINE V Bcast8(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
 HWY_INLINE V Ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 HWY_INLINE __m128i Ld128(const void* p) {
@@ -429,7 +427,12 @@ HWY_INLINE __m128i Ld128(const void* p) {
 // DotS8, whose |c| <= 128).
 HWY_INLINE V DotU8(V u, V q) {
 #if HWY_TARGET == HWY_AVX3_DL
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, q);
+  // The EVEX (AVX-512 VNNI) encoding, written out: Highway 1.0.3's AVX3_DL target enables AVX-VNNI
+  // too, so GCC would emit the VEX form of _mm256_dpbusd_epi32, which CPUs with AVX-512 VNNI but
+  // no AVX-VNNI (Ice Lake, Zen 4) lack; Highway's runtime check for AVX3_DL is AVX-512 VNNI.
+  V acc = _mm256_setzero_si256();
+  asm("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(q));
+  return acc;
 #else
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), _mm256_set1_epi16(1));
 #endif
@@ -585,9 +588,9 @@ HWY_INLINE float Dot32(const uint8_t* row, const Act& a, int64_t nb) {
     const float dx = qdot::LdF32(a.d, b);
     float t;
     if constexpr (K::kMin) {
-      t = qdot::TermMin(qdot::LdF16(p), qdot::LdF16(p + 2), dx, isum, s);
+      t = qdot::TermMin(F16(p), F16(p + 2), dx, isum, s);
     } else {
-      t = qdot::Term(qdot::LdF16(p), dx, isum);
+      t = qdot::Term(F16(p), dx, isum);
     }
     lanes[b & 7] = lanes[b & 7] + t;
   }
@@ -639,7 +642,7 @@ HWY_INLINE float DotQ2_K(const uint8_t* row, const Act& a, int64_t nb) {
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0xf));
     const int32_t isum = HSum(Scaled16(v, lo));
     const int32_t msum = HSum(ScaledSums16(hi, a, b));
-    acc[b & 7] = acc[b & 7] + qdot::TermKMin(qdot::LdF16(p + 80), qdot::LdF16(p + 82),
+    acc[b & 7] = acc[b & 7] + qdot::TermKMin(F16(p + 80), F16(p + 82),
                                              qdot::LdF32(a.d, b), isum, msum);
   }
   return qdot::Tree8(acc);
@@ -683,7 +686,7 @@ HWY_INLINE float DotQ3_K(const uint8_t* row, const Act& a, int64_t nb) {
     const __m128i sc = Q3Scales(p + 96);
     // Codes are (value + 4): subtract 4 * sum_g sc_g * s16_g.
     const V t = _mm256_sub_epi32(Scaled16(v, sc), _mm256_slli_epi32(ScaledSums16(sc, a, b), 2));
-    acc[b & 7] = acc[b & 7] + qdot::TermK(qdot::LdF16(p + 108), qdot::LdF32(a.d, b), HSum(t));
+    acc[b & 7] = acc[b & 7] + qdot::TermK(F16(p + 108), qdot::LdF32(a.d, b), HSum(t));
   }
   return qdot::Tree8(acc);
 }
@@ -730,7 +733,7 @@ HWY_INLINE float DotQ45_K(const uint8_t* row, const Act& a, int64_t nb) {
     K4Scales(p + 4, &sc, &mn);
     const int32_t isum = HSum(_mm256_mullo_epi32(Reduce8(v), sc));
     const int32_t msum = HSum(_mm256_mullo_epi32(Ld256(a.s32 + 32 * b), mn));
-    acc[b & 7] = acc[b & 7] + qdot::TermKMin(qdot::LdF16(p), qdot::LdF16(p + 2),
+    acc[b & 7] = acc[b & 7] + qdot::TermKMin(F16(p), F16(p + 2),
                                              qdot::LdF32(a.d, b), isum, msum);
   }
   return qdot::Tree8(acc);
@@ -762,7 +765,7 @@ HWY_INLINE float DotQ6_K(const uint8_t* row, const Act& a, int64_t nb) {
     const __m128i sc = Ld128(p + 192);
     // Codes are (value + 32).
     const V t = _mm256_sub_epi32(Scaled16(v, sc), _mm256_slli_epi32(ScaledSums16(sc, a, b), 5));
-    acc[b & 7] = acc[b & 7] + qdot::TermK(qdot::LdF16(p + 208), qdot::LdF32(a.d, b), HSum(t));
+    acc[b & 7] = acc[b & 7] + qdot::TermK(F16(p + 208), qdot::LdF32(a.d, b), HSum(t));
   }
   return qdot::Tree8(acc);
 }
@@ -790,48 +793,114 @@ HWY_INLINE float DotIQ4_XS(const uint8_t* row, const Act& a, int64_t nb) {
     const V sc = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)),
                                   _mm256_set1_epi32(32));
     const int32_t isum = HSum(_mm256_mullo_epi32(Reduce8(v), sc));
-    acc[b & 7] = acc[b & 7] + qdot::TermK(qdot::LdF16(p), qdot::LdF32(a.d, b), isum);
+    acc[b & 7] = acc[b & 7] + qdot::TermK(F16(p), qdot::LdF32(a.d, b), isum);
   }
   return qdot::Tree8(acc);
 }
 
-HWY_INLINE float DotAny(DType t, const uint8_t* row, const Act& a, int64_t k) {
-  const int64_t nb = k / DTypeBlockElems(t);
+// Row kernels: f(row, activations, weight blocks).
+using RowFn = float (*)(const uint8_t*, const Act&, int64_t);
+
+HWY_INLINE RowFn GetRowFn(DType t) {
   switch (t) {
-    case DType::kQ4_0: return Dot32<KQ4_0>(row, a, nb);
-    case DType::kQ4_1: return Dot32<KQ4_1>(row, a, nb);
-    case DType::kQ5_0: return Dot32<KQ5_0>(row, a, nb);
-    case DType::kQ5_1: return Dot32<KQ5_1>(row, a, nb);
-    case DType::kQ8_0: return Dot32<KQ8_0>(row, a, nb);
-    case DType::kIQ4_NL: return Dot32<KIQ4_NL>(row, a, nb);
-    case DType::kQ2_K: return DotQ2_K(row, a, nb);
-    case DType::kQ3_K: return DotQ3_K(row, a, nb);
-    case DType::kQ4_K: return DotQ45_K<false>(row, a, nb);
-    case DType::kQ5_K: return DotQ45_K<true>(row, a, nb);
-    case DType::kQ6_K: return DotQ6_K(row, a, nb);
-    case DType::kIQ4_XS: return DotIQ4_XS(row, a, nb);
+    case DType::kQ4_0: return &Dot32<KQ4_0>;
+    case DType::kQ4_1: return &Dot32<KQ4_1>;
+    case DType::kQ5_0: return &Dot32<KQ5_0>;
+    case DType::kQ5_1: return &Dot32<KQ5_1>;
+    case DType::kQ8_0: return &Dot32<KQ8_0>;
+    case DType::kIQ4_NL: return &Dot32<KIQ4_NL>;
+    case DType::kQ2_K: return &DotQ2_K;
+    case DType::kQ3_K: return &DotQ3_K;
+    case DType::kQ4_K: return &DotQ45_K<false>;
+    case DType::kQ5_K: return &DotQ45_K<true>;
+    case DType::kQ6_K: return &DotQ6_K;
+    case DType::kIQ4_XS: return &DotIQ4_XS;
     default:
-      return qdot::DotRef(t, row, a, k);
+      STRATA_CHECK_MSG(false, "QuantDot: %s is not a block-quantized type",
+                       std::string(DTypeName(t)).c_str());
   }
+  return nullptr;
 }
 
 #else  // not x86 AVX2+: the scalar reference (same floats).
 
-HWY_INLINE float DotAny(DType t, const uint8_t* row, const Act& a, int64_t k) {
-  return qdot::DotRef(t, row, a, k);
+using RowFn = float (*)(const uint8_t*, const Act&, int64_t);
+
+template <DType kT>
+float RefRowT(const uint8_t* row, const Act& a, int64_t nb) {
+  return qdot::DotRef(kT, row, a, nb * DTypeBlockElems(kT));
+}
+
+HWY_INLINE RowFn GetRowFn(DType t) {
+  switch (t) {
+    case DType::kQ4_0: return &RefRowT<DType::kQ4_0>;
+    case DType::kQ4_1: return &RefRowT<DType::kQ4_1>;
+    case DType::kQ5_0: return &RefRowT<DType::kQ5_0>;
+    case DType::kQ5_1: return &RefRowT<DType::kQ5_1>;
+    case DType::kQ8_0: return &RefRowT<DType::kQ8_0>;
+    case DType::kIQ4_NL: return &RefRowT<DType::kIQ4_NL>;
+    case DType::kQ2_K: return &RefRowT<DType::kQ2_K>;
+    case DType::kQ3_K: return &RefRowT<DType::kQ3_K>;
+    case DType::kQ4_K: return &RefRowT<DType::kQ4_K>;
+    case DType::kQ5_K: return &RefRowT<DType::kQ5_K>;
+    case DType::kQ6_K: return &RefRowT<DType::kQ6_K>;
+    case DType::kIQ4_XS: return &RefRowT<DType::kIQ4_XS>;
+    default:
+      STRATA_CHECK_MSG(false, "QuantDot: %s is not a block-quantized type",
+                       std::string(DTypeName(t)).c_str());
+  }
+  return nullptr;
 }
 
 #endif
 
+// Activation blocks of be elements (see QuantizeActivations): d = max|x| / 127,
+// q = nearest-even(x / d), all IEEE-exact or correctly rounded operations, so every target writes
+// the same bytes. A block with Inf or NaN gets d = NaN and q = 0.
+void QuantizeBlocksImpl(int64_t be, const float* x, int64_t k, int8_t* q, uint8_t* d_out) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<int32_t, decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(df)> d8;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));  // divides 32
+  for (int64_t b = 0; b < k / be; ++b) {
+    const float* xb = x + b * be;
+    int8_t* qb = q + b * be;
+    auto vmax = hn::Zero(df);
+    auto nonfinite = hn::Zero(df);  // x * 0 is NaN exactly for Inf and NaN
+    for (int64_t i = 0; i < be; i += n) {
+      const auto v = hn::LoadU(df, xb + i);
+      vmax = hn::Max(vmax, hn::Abs(v));
+      nonfinite = hn::Add(nonfinite, hn::Mul(v, hn::Zero(df)));
+    }
+    float d = hn::GetLane(hn::MaxOfLanes(df, vmax)) / 127.f;
+    if (!hn::AllFalse(df, hn::IsNaN(nonfinite))) d = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(d_out + 4 * b, &d, 4);
+    if (!(d > 0.f)) {  // zero block, or non-finite
+      std::memset(qb, 0, be);
+      continue;
+    }
+    const auto dv = hn::Set(df, d);
+    const auto lo = hn::Set(di, -127), hi = hn::Set(di, 127);
+    for (int64_t i = 0; i < be; i += n) {
+      const auto r = hn::NearestInt(hn::Div(hn::LoadU(df, xb + i), dv));
+      hn::StoreU(hn::DemoteTo(d8, hn::Min(hn::Max(r, lo), hi)), d8, qb + i);
+    }
+  }
+}
+
 float QuantDotImpl(DType t, const void* row, const void* act, int64_t k) {
-  return DotAny(t, static_cast<const uint8_t*>(row), qdot::MakeAct(t, act, k), k);
+  return GetRowFn(t)(static_cast<const uint8_t*>(row), qdot::MakeAct(t, act, k),
+                     k / DTypeBlockElems(t));
 }
 
 void QuantDotRowsImpl(DType t, const void* rows, int64_t row_bytes, const void* act, int64_t k,
                       float* y, int64_t n_rows) {
   const Act a = qdot::MakeAct(t, act, k);
+  const RowFn f = GetRowFn(t);
+  const int64_t nb = k / DTypeBlockElems(t);
   const uint8_t* row = static_cast<const uint8_t*>(rows);
-  for (int64_t r = 0; r < n_rows; ++r, row += row_bytes) y[r] = DotAny(t, row, a, k);
+  for (int64_t r = 0; r < n_rows; ++r, row += row_bytes) y[r] = f(row, a, nb);
 }
 
 // Tokens per tile: a tile's activations (~1.1 k bytes per token at k = 1024) stay in L2 while each
@@ -842,6 +911,8 @@ void QuantMatMulRowsImpl(const TensorView& w, const uint8_t* acts, int64_t act_s
                          int64_t n_tok, float* y, int64_t y_stride, int64_t r0, int64_t r1) {
   const DType t = w.dtype;
   const int64_t k = w.cols();
+  const RowFn f = GetRowFn(t);
+  const int64_t nb = k / DTypeBlockElems(t);
   Act a[kTokTile];
   for (int64_t t0 = 0; t0 < n_tok; t0 += kTokTile) {
     const int64_t nt = std::min(kTokTile, n_tok - t0);
@@ -849,7 +920,7 @@ void QuantMatMulRowsImpl(const TensorView& w, const uint8_t* acts, int64_t act_s
     for (int64_t r = r0; r < r1; ++r) {
       const uint8_t* row = w.row(r);
       float* yr = y + t0 * y_stride + r;
-      for (int64_t j = 0; j < nt; ++j) yr[j * y_stride] = DotAny(t, row, a[j], k);
+      for (int64_t j = 0; j < nt; ++j) yr[j * y_stride] = f(row, a[j], nb);
     }
   }
 }
@@ -864,6 +935,7 @@ namespace strata {
 HWY_EXPORT(QuantDotImpl);
 HWY_EXPORT(QuantDotRowsImpl);
 HWY_EXPORT(QuantMatMulRowsImpl);
+HWY_EXPORT(QuantizeBlocksImpl);
 
 bool HasQuantDot(DType t) { return IsQuantized(t); }
 
@@ -878,32 +950,6 @@ void CheckK(DType t, int64_t k) {
                    static_cast<long long>(k), std::string(DTypeName(t)).c_str());
 }
 
-// One activation block of n elements: d = max|x| / 127, q = round-half-even(x / d) (|q| <= 127).
-// A block with Inf or NaN gets d = NaN (every product with it is NaN, as the f32 path would give).
-void QuantizeBlock(const float* x, int n, int8_t* q, float* d_out) {
-  float amax = 0.f;
-  bool finite = true;
-  for (int i = 0; i < n; ++i) {
-    const float v = std::fabs(x[i]);
-    if (!(v <= std::numeric_limits<float>::max())) finite = false;
-    amax = std::max(amax, v);
-  }
-  if (!finite) {
-    std::memset(q, 0, n);
-    *d_out = std::numeric_limits<float>::quiet_NaN();
-    return;
-  }
-  const float d = amax / 127.f;
-  *d_out = d;
-  if (d == 0.f) {
-    std::memset(q, 0, n);
-    return;
-  }
-  for (int i = 0; i < n; ++i) {
-    const float r = std::nearbyint(x[i] / d);
-    q[i] = static_cast<int8_t>(std::clamp(r, -127.f, 127.f));
-  }
-}
 }  // namespace
 
 int64_t ActivationBytes(DType weight_type, int64_t k) {
@@ -917,11 +963,7 @@ void QuantizeActivations(DType weight_type, const float* x, int64_t k, void* out
   uint8_t* base = static_cast<uint8_t*>(out);
   int8_t* q = reinterpret_cast<int8_t*>(base);
   const int64_t be = qdot::ActBlock(weight_type);
-  for (int64_t b = 0; b < k / be; ++b) {
-    float d;
-    QuantizeBlock(x + b * be, static_cast<int>(be), q + b * be, &d);
-    std::memcpy(base + l.d + 4 * b, &d, 4);
-  }
+  HWY_DYNAMIC_DISPATCH(QuantizeBlocksImpl)(be, x, k, q, base + l.d);
   if (be == 256) {
     for (int64_t g = 0; g < k / 16; ++g) {
       int32_t s = 0;

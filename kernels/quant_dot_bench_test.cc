@@ -137,6 +137,28 @@ TEST(QuantDotBench, DISABLED_MatVecBandwidth) {
   }
 }
 
+// The arithmetic ceiling: MatVec over a 64 x 2048 matrix that stays in L2, in GB/s of weight
+// bytes and ns per 256 weights (one thread).
+TEST(QuantDotBench, DISABLED_MatVecInCache) {
+  Rng rng(19);
+  const int64_t rows = 64, cols = 2048, reps = 3000;
+  std::printf("%-7s %9s %12s\n", "type", "GB/s", "ns/256 w");
+  for (DType t : BenchTypes()) {
+    Matrix w = MakeMatrix(t, rows, cols, rng);
+    std::vector<float> x(cols), y(rows);
+    for (auto& e : x) e = static_cast<float>(rng.Normal());
+    double best = 1e30;
+    for (int pass = 0; pass < 5; ++pass) {
+      const auto t0 = Clock::now();
+      for (int i = 0; i < reps; ++i) MatVec(w.view, x.data(), y.data(), nullptr);
+      best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / reps);
+    }
+    std::printf("%-7s %9.2f %12.2f\n", std::string(DTypeName(t)).c_str(),
+                w.bytes.size() / best / 1e9, best * 1e9 / (rows * cols / 256.0));
+    std::fflush(stdout);
+  }
+}
+
 TEST(QuantDotBench, DISABLED_Prefill) {
   Rng rng(18);
   const int64_t n = 2048;

@@ -90,6 +90,25 @@ TEST(QuantDotTest, SimdEqualsScalarReferenceBitForBit) {
   });
 }
 
+// The activation quantizer writes the same bytes on every SIMD target (all its operations are
+// exact or correctly rounded), so the integer dots above see the same q everywhere.
+TEST(QuantDotTest, ActivationsEqualOnEveryTarget) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  for (DType t : {DType::kQ4_0, DType::kQ6_K}) {
+    const int64_t k = 256 * (1 + static_cast<int64_t>(rng.Below(8)));
+    const std::vector<float> x = RandomActivations(rng, k);
+    std::vector<uint8_t> first;
+    ForEachQuantTarget([&] {
+      std::vector<uint8_t> a(ActivationBytes(t, k));
+      QuantizeActivations(t, x.data(), k, a.data());
+      if (first.empty()) first = a;
+      ASSERT_EQ(a, first) << DTypeName(t) << " k=" << k;
+    });
+  }
+}
+
 // The float64 error contract of quant_dot.h, and a tighter check against the product with the
 // int8 activations themselves (only the f32 term remains there, which catches any wrong code,
 // scale or offset: one wrong code moves the result by ~d_w d_x, far beyond that term).
