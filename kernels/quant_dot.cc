@@ -493,6 +493,24 @@ HWY_INLINE V Iq4Table() {
   return _mm256_set_m128i(t, t);
 }
 
+// With vpdpbusd (no int16 saturation) the signed codes are multiplied as unsigned c + 128 and
+// 128 * sum(q) is taken out afterwards: one xor (or none: a biased table) instead of abs + sign.
+#if HWY_TARGET == HWY_AVX3_DL
+constexpr bool kBiasSigned = true;
+#else
+constexpr bool kBiasSigned = false;
+#endif
+
+HWY_INLINE V Iq4TableBiased() {
+  return _mm256_xor_si256(Iq4Table(), Bcast8(0x80));
+}
+
+// Signed codes c times q, in the form the offset of K::kOffShift expects.
+HWY_INLINE V DotSigned(V c_or_biased, V q) {
+  if constexpr (kBiasSigned) return DotU8(c_or_biased, q);
+  return DotS8(c_or_biased, q);
+}
+
 // ---- 32-element formats: K::Partials(block, q) gives the 8 int32 partials of sum(code * q) with
 // unsigned codes (before the offset) or signed codes. ----
 struct KQ4_0 {
@@ -531,18 +549,20 @@ struct KQ5_1 {
 };
 struct KQ8_0 {
   static constexpr int64_t kBytes = sizeof(BlockQ8_0);
-  static constexpr int kOffShift = -1;
+  static constexpr int kOffShift = kBiasSigned ? 7 : -1;
   static constexpr bool kMin = false;
   HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) {
-    return DotS8(Ld256(p + 2), Ld256(q));
+    const V c = Ld256(p + 2);
+    return DotSigned(kBiasSigned ? _mm256_xor_si256(c, Bcast8(0x80)) : c, Ld256(q));
   }
 };
 struct KIQ4_NL {
   static constexpr int64_t kBytes = sizeof(BlockIQ4_NL);
-  static constexpr int kOffShift = -1;
+  static constexpr int kOffShift = kBiasSigned ? 7 : -1;
   static constexpr bool kMin = false;
   HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) {
-    return DotS8(_mm256_shuffle_epi8(Iq4Table(), Nibbles16(p + 2)), Ld256(q));
+    const V tbl = kBiasSigned ? Iq4TableBiased() : Iq4Table();
+    return DotSigned(_mm256_shuffle_epi8(tbl, Nibbles16(p + 2)), Ld256(q));
   }
 };
 
@@ -772,14 +792,18 @@ HWY_INLINE float DotQ6_K(const uint8_t* row, const Act& a, int64_t nb) {
 
 HWY_INLINE float DotIQ4_XS(const uint8_t* row, const Act& a, int64_t nb) {
   float acc[8] = {};
-  const V tbl = Iq4Table();
+  const V tbl = kBiasSigned ? Iq4TableBiased() : Iq4Table();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = row + b * sizeof(BlockIQ4_XS);
     PrefetchSpan(p, sizeof(BlockIQ4_XS));
     const int8_t* q = a.q + 256 * b;
     V v[8];
     for (int ib = 0; ib < 8; ++ib) {
-      v[ib] = DotS8(_mm256_shuffle_epi8(tbl, Nibbles16(p + 8 + 16 * ib)), Ld256(q + 32 * ib));
+      v[ib] = DotSigned(_mm256_shuffle_epi8(tbl, Nibbles16(p + 8 + 16 * ib)), Ld256(q + 32 * ib));
+    }
+    V sub = Reduce8(v);
+    if constexpr (kBiasSigned) {
+      sub = _mm256_sub_epi32(sub, _mm256_slli_epi32(Ld256(a.s32 + 32 * b), 7));
     }
     // Scale ib: nibble ib of scales_l (4 ib bits in), 2 bits at 2 ib of scales_h; minus 32.
     const V lo = _mm256_and_si256(
@@ -792,7 +816,7 @@ HWY_INLINE float DotIQ4_XS(const uint8_t* row, const Act& a, int64_t nb) {
         _mm256_set1_epi32(3));
     const V sc = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)),
                                   _mm256_set1_epi32(32));
-    const int32_t isum = HSum(_mm256_mullo_epi32(Reduce8(v), sc));
+    const int32_t isum = HSum(_mm256_mullo_epi32(sub, sc));
     acc[b & 7] = acc[b & 7] + qdot::TermK(F16(p), qdot::LdF32(a.d, b), isum);
   }
   return qdot::Tree8(acc);
