@@ -32,6 +32,18 @@
 //       0.66-0.95, F32 weights (now copied to the class-major scratch) 0.67-1.0. MatVecMany: q/k/v
 //       and gate/up as one pool job in decode (1 thread: no change; 2 threads on the loaded host,
 //       where every dispatch waits for a time slice: 1.6x on the 125M llama matrices).
+//   v4  Quantized weights (Q4_0 ... IQ4_XS and Q8_0, issue 17): MatVec/MatVecMany/DotRow quantize x
+//       once per call to int8 blocks and run the integer row dots of kernels/quant_dot.h (Q8_0's
+//       exact f32-activation kernel is gone: it now carries the int8 activation error, as in
+//       llama.cpp). Prefill: both paths measured on 2048 tokens, 1 thread, shapes 768x768,
+//       2048x768, 768x2048 of the 125M llama (QuantDotBench.DISABLED_Prefill, GFLOP/s, host
+//       heavily loaded): int8 per (row, token) with the row reused from L1 (MatMulInt8) Q4_0
+//       20.0/23.8/24.2, Q8_0 23.4/26.7/32.9, Q4_K 16.5/22.1/21.0, Q6_K 22.2/15.6/24.0; rows
+//       dequantized to f32 for the class-major GEMM Q4_0 77.0/35.0/25.7, Q8_0 33.9/38.5/32.9,
+//       Q4_K 30.0/36.2/32.3, Q6_K 34.8/28.9/32.2 (F16 30.8/34.3/24.8). MatMul takes the f32 path
+//       (the int8 path re-unpacks each weight row per token; a register-tiled int8 GEMM that
+//       unpacks once for several tokens is the next step), so MatMul == MatVec bit for bit now
+//       holds for F32/F16/BF16 and for n = 1; MatMulInt8 == MatVec for every dtype.
 #include "kernels/matmul.h"
 
 #include <algorithm>
@@ -506,14 +518,22 @@ void MatMul(const TensorView& w, const float* x, int64_t n, int64_t x_stride, fl
     MatVec(w, x, y, pool);
     return;
   }
+  // Quantized weights too: tiles of rows dequantized exactly to f32 for the class-major GEMM,
+  // measured faster than the int8 path (MatMulInt8) on every prefill shape of the 125M llama
+  // (see the version log).
+  HWY_DYNAMIC_DISPATCH(MatMulImpl)(w, x, n, x_stride, y, y_stride, kRowGrain, pool);
+}
+
+void MatMulInt8(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
+                int64_t y_stride, ThreadPool* pool) {
+  CheckWeight(w);
+  if (n <= 0) return;
   if (!IsQuantized(w.dtype)) {
-    HWY_DYNAMIC_DISPATCH(MatMulImpl)(w, x, n, x_stride, y, y_stride, kRowGrain, pool);
+    MatMul(w, x, n, x_stride, y, y_stride, pool);
     return;
   }
-  // Quantized: every token's activations quantized once (as MatVec does), then each (row, token)
-  // is the MatVec integer dot, with each row reused from L1 across a tile of tokens. Measured
-  // faster than dequantizing tiles to f32 for the class-major GEMM (MatMulDequantF32); see the
-  // version log.
+  // Every token's activations quantized once (as MatVec does), then each (row, token) is the
+  // MatVec integer dot, with each row reused from L1 across a tile of tokens.
   const int64_t k = w.cols();
   const int64_t ab = ActivationBytes(w.dtype, k);
   AlignedBuffer<uint8_t> acts(static_cast<size_t>(n * ab));
@@ -536,13 +556,6 @@ void MatMul(const TensorView& w, const float* x, int64_t n, int64_t x_stride, fl
     return;
   }
   pool->ParallelForGrain(w.rows(), kRowGrain, [&](int64_t b, int64_t e, int) { rows(b, e); });
-}
-
-void MatMulDequantF32(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
-                      int64_t y_stride, ThreadPool* pool) {
-  CheckWeight(w);
-  if (n <= 0) return;
-  HWY_DYNAMIC_DISPATCH(MatMulImpl)(w, x, n, x_stride, y, y_stride, kRowGrain, pool);
 }
 
 float DotRow(DType t, const void* row, const float* x, int64_t n) {

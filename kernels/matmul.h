@@ -26,18 +26,22 @@ struct MatVecJob {
 void MatVecMany(const MatVecJob* jobs, int n_jobs, const float* x, ThreadPool* pool);
 
 // Y[t, r] = sum_c W[r, c] * X[t, c] for t in [0, n). X rows have stride x_stride (elements), Y rows
-// y_stride. Each weight row is read once per tile of tokens. For every dtype, row and token the
-// result equals MatVec of that token bit for bit.
+// y_stride. Each weight row is read once per tile of tokens: tiles of rows are converted exactly
+// to f32 (quantized types: DequantizeRow) for an f32 register-tiled GEMM with the f32 activations.
+// Equalities: for F32/F16/BF16 every (row, token) equals MatVec of that token bit for bit (n = 1
+// is MatVec itself, for every dtype). For quantized weights and n >= 2 there is no activation
+// rounding: the result is within f32 rounding of the float64 product of the dequantized weights
+// (MatVecRef), while MatVec carries the int8 activation error of kernels/quant_dot.h, so the two
+// differ by at most that bound. (Measured faster than MatMulInt8, which keeps MatVec's numbers.)
 void MatMul(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
             int64_t y_stride, ThreadPool* pool);
 
-// The other prefill path for quantized weights, kept to measure against MatMul (strata bench
-// kernels): tiles of rows dequantized exactly to f32 (DequantizeRow) for the f32 class-major GEMM
-// with the f32 activations. Not bit-equal to MatMul on quantized weights (no activation rounding:
-// it is within MatVecRef's f32 tolerance of the float64 product instead); same as MatMul on
-// F32/F16/BF16.
-void MatMulDequantF32(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
-                      int64_t y_stride, ThreadPool* pool);
+// The int8 prefill path for quantized weights, kept for the measurement against MatMul (see
+// kernels/quant_dot_bench_test.cc): every token's activations quantized to int8 blocks and each
+// (row, token) the MatVec integer dot, so it equals MatVec per token bit for bit for every dtype
+// (F32/F16/BF16: it is MatMul).
+void MatMulInt8(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
+                int64_t y_stride, ThreadPool* pool);
 
 // Scalar references (float64 accumulation).
 void MatVecRef(const TensorView& w, const float* x, float* y);

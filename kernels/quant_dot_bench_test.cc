@@ -5,7 +5,8 @@
 // q/k/v, o, gate/up, down and the 32000 x 768 output; random blocks, ~50-210 MB per type, larger
 // than the caches) on one thread, as GB/s of weight bytes and as a fraction of the read bandwidth
 // (MeasureReadBandwidth) measured between passes. Prefill: GFLOP/s of a 2048-token MatMul on the
-// 768 x 768, 2048 x 768 and 768 x 2048 (rows x cols) shapes, int8 path vs dequantize-to-f32 path.
+// 768 x 768, 2048 x 768 and 768 x 2048 (rows x cols) shapes, the int8 path (MatMulInt8) vs the
+// dequantize-to-f32 path (MatMul).
 // STRATA_BENCH_TYPES=Q4_0,Q8_0 limits the types.
 #include <gtest/gtest.h>
 
@@ -175,9 +176,9 @@ TEST(QuantDotBench, DISABLED_Prefill) {
         for (int i = 0; i < 3; ++i) {
           const auto t0 = Clock::now();
           if (deq) {
-            MatMulDequantF32(w.view, x.data(), n, cols, y.data(), rows, nullptr);
-          } else {
             MatMul(w.view, x.data(), n, cols, y.data(), rows, nullptr);
+          } else {
+            MatMulInt8(w.view, x.data(), n, cols, y.data(), rows, nullptr);
           }
           best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
         }

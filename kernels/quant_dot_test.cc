@@ -194,8 +194,9 @@ TensorView View(DType t, const uint8_t* data, int64_t rows, int64_t cols) {
   return v;
 }
 
-// MatVec (any pool) == DotRow == MatVecMany == MatMul per token, bit for bit, for every quantized
-// type on odd row counts: every path runs QuantDot's row function on the same int8 activations.
+// MatVec (any pool) == DotRow == MatMulInt8 per token, bit for bit, for every quantized type on
+// odd row counts: every path runs QuantDot's row function on the same int8 activations. (MatMul
+// itself takes the f32 path for n >= 2; see MatMulMatchesReferenceAndMatVecBound.)
 TEST(QuantDotTest, MatVecDotRowMatMulBitExact) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
@@ -216,8 +217,8 @@ TEST(QuantDotTest, MatVecDotRowMatMulBitExact) {
         std::copy(xj.begin(), xj.end(), x.begin() + 1 + j * xs);
       }
       std::vector<float> ym(n * (rows + 1), -1.f), ym3(n * (rows + 1), -1.f);
-      MatMul(w, x.data() + 1, n, xs, ym.data(), rows + 1, nullptr);
-      MatMul(w, x.data() + 1, n, xs, ym3.data(), rows + 1, &p3);
+      MatMulInt8(w, x.data() + 1, n, xs, ym.data(), rows + 1, nullptr);
+      MatMulInt8(w, x.data() + 1, n, xs, ym3.data(), rows + 1, &p3);
       for (int64_t j = 0; j < n; ++j) {
         const float* xj = x.data() + 1 + j * xs;
         std::vector<float> y0(rows), y2(rows), y3(rows);
@@ -234,7 +235,7 @@ TEST(QuantDotTest, MatVecDotRowMatMulBitExact) {
           ASSERT_EQ(F32Bits(ym3[j * (rows + 1) + r]), F32Bits(d))
               << DTypeName(t) << " n=" << n << " t=" << j << " r=" << r;
         }
-        ASSERT_EQ(ym[j * (rows + 1) + rows], -1.f) << "MatMul wrote past the rows";
+        ASSERT_EQ(ym[j * (rows + 1) + rows], -1.f) << "MatMulInt8 wrote past the rows";
       }
     }
   });
@@ -282,9 +283,9 @@ TEST(QuantDotTest, MatVecManyMixedTypes) {
   }
 }
 
-// The dequantize-to-f32 prefill path (kept for the benchmark comparison) is the f32 product of
-// the exact dequantized weights: within the f32 tolerance of MatVecRef's float64 sums.
-TEST(QuantDotTest, MatMulDequantF32MatchesReference) {
+// MatMul (the prefill path: rows dequantized exactly to f32, f32 GEMM with the f32 activations)
+// is within f32 rounding of MatVecRef's float64 sums; n = 1 is MatVec (int8 activations).
+TEST(QuantDotTest, MatMulMatchesReferenceAndMatVecAtOneToken) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
   Rng rng(seed);
@@ -295,7 +296,7 @@ TEST(QuantDotTest, MatMulDequantF32MatchesReference) {
     const TensorView w = View(t, wbuf.data(), rows, k);
     std::vector<float> x(n * k), y(n * rows), yref(rows), wrow(k);
     for (auto& v : x) v = static_cast<float>(rng.Normal());
-    MatMulDequantF32(w, x.data(), n, k, y.data(), rows, &p2);
+    MatMul(w, x.data(), n, k, y.data(), rows, &p2);
     for (int64_t j = 0; j < n; ++j) {
       MatVecRef(w, x.data() + j * k, yref.data());
       for (int64_t r = 0; r < rows; ++r) {
@@ -306,6 +307,10 @@ TEST(QuantDotTest, MatMulDequantF32MatchesReference) {
             << DTypeName(t) << " t=" << j << " r=" << r;
       }
     }
+    std::vector<float> y1(rows), yv(rows);
+    MatMul(w, x.data(), 1, k, y1.data(), rows, nullptr);
+    MatVec(w, x.data(), yv.data(), nullptr);
+    for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(F32Bits(y1[r]), F32Bits(yv[r])) << DTypeName(t);
   }
 }
 
