@@ -22,11 +22,12 @@
 //       bytes from cache: F16 56, Q8_0 37, Q6_K 22, Q4_0/Q4_1/Q5_0/Q4_K/Q5_K 15-16, IQ4_XS 13,
 //       Q3_K 11, Q2_K 9: below a ~40 GB/s one-core read bandwidth for every type but Q8_0.
 //   v2  AVX3/AVX3_DL nibbles by one broadcast load + vpsrlvw (3 instructions instead of 4), the
-//       K-quants' two block sums in one reduction (HSum2) and d/dmin by one f16 conversion. Hot
-//       loops now: Q4_0 87, Q4_1 105, Q5_0 128, Q5_1 146, IQ4_NL 95, Q2_K 93, Q4_K 105, Q5_K 121,
-//       IQ4_XS 107 (others unchanged). The 2-vCPU host (SMT siblings under a hypervisor) varies by
-//       +-50 % between runs even in thread CPU time, so the 8-10 % fewer instructions are not
-//       resolved by timing; results are bit-identical (same integer sums).
+//       K-quants' two block sums in one reduction (HSum2), d/dmin by one f16 conversion, and the
+//       Q4_K/Q5_K scales and mins unpacked in SIMD. Hot loops now: Q4_0 87, Q4_1 105, Q5_0 128,
+//       Q5_1 146, IQ4_NL 95, Q2_K 93, Q4_K 90, Q5_K 106, IQ4_XS 107 (others unchanged). The 2-vCPU
+//       host (SMT siblings under a hypervisor) varies by +-50 % between runs even in thread CPU
+//       time, so the 8-20 % fewer instructions are not resolved by timing; results are
+//       bit-identical (same integer sums).
 // This file compiles one more Highway target than the rest of the project, AVX3_DL (AVX-512 VNNI,
 // for vpdpbusd); dispatch tables are per translation unit, so the others are unaffected.
 #undef HWY_DISABLED_TARGETS
@@ -751,15 +752,23 @@ HWY_INLINE float DotQ3_K(const uint8_t* row, const Act& a, int64_t nb) {
   return qdot::Tree8(acc);
 }
 
-// Q4_K/Q5_K scales and mins: bytes 0-7 of *sc / *mn (see qdot::K4ScaleMin), as int32 vectors.
+// Q4_K/Q5_K scales and mins (see qdot::K4ScaleMin) as int32 vectors, from the 12 packed bytes
+// as u32 words w0, w1, w2: scales 0-3 = w0 & 0x3f.., mins 0-3 = w1 & 0x3f..; scales 4-7 =
+// (w2 & 0x0f..) | (w0 >> 6 & 0x03..) << 4, mins 4-7 = (w2 >> 4 & 0x0f..) | (w1 >> 6 & 0x03..) << 4.
+// In SIMD lanes [sc 0-3, sc 4-7, mn 0-3, mn 4-7]. The 16-byte load reads 4 bytes of the codes
+// that follow the scales in the block (ignored).
 HWY_INLINE void K4Scales(const uint8_t* s, V* sc, V* mn) {
-  const uint32_t w0 = qdot::LdU32(s), w1 = qdot::LdU32(s + 4), w2 = qdot::LdU32(s + 8);
-  const uint32_t k6 = 0x3f3f3f3fu, k4 = 0x0f0f0f0fu, k2 = 0x03030303u;
-  const uint32_t sc_lo = w0 & k6, mn_lo = w1 & k6;
-  const uint32_t sc_hi = (w2 & k4) | (((w0 >> 6) & k2) << 4);
-  const uint32_t mn_hi = ((w2 >> 4) & k4) | (((w1 >> 6) & k2) << 4);
-  *sc = _mm256_cvtepu8_epi32(_mm_setr_epi32(static_cast<int>(sc_lo), static_cast<int>(sc_hi), 0, 0));
-  *mn = _mm256_cvtepu8_epi32(_mm_setr_epi32(static_cast<int>(mn_lo), static_cast<int>(mn_hi), 0, 0));
+  const __m128i w = Ld128(s);
+  const __m128i x = _mm_srlv_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0)),
+                                   _mm_setr_epi32(0, 0, 0, 4));  // [w0, w2, w1, w2 >> 4]
+  const __m128i low = _mm_and_si128(
+      x, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+  const __m128i y = _mm_srli_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0)), 6);
+  const __m128i high = _mm_slli_epi32(_mm_and_si128(y, _mm_setr_epi32(0, 0x03030303, 0,
+                                                                      0x03030303)), 4);
+  const __m128i u = _mm_or_si128(low, high);
+  *sc = _mm256_cvtepu8_epi32(u);
+  *mn = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(u, u));
 }
 
 template <bool kFive>
