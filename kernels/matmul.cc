@@ -32,6 +32,18 @@
 //       0.66-0.95, F32 weights (now copied to the class-major scratch) 0.67-1.0. MatVecMany: q/k/v
 //       and gate/up as one pool job in decode (1 thread: no change; 2 threads on the loaded host,
 //       where every dispatch waits for a time slice: 1.6x on the 125M llama matrices).
+//   v4  Quantized weights (Q4_0 ... IQ4_XS and Q8_0, issue 17): MatVec/MatVecMany/DotRow quantize x
+//       once per call to int8 blocks and run the integer row dots of kernels/quant_dot.h (Q8_0's
+//       exact f32-activation kernel is gone: it now carries the int8 activation error, as in
+//       llama.cpp). Prefill: both paths measured on 2048 tokens, 1 thread, shapes 768x768,
+//       2048x768, 768x2048 of the 125M llama (QuantDotBench.DISABLED_Prefill, GFLOP/s, host
+//       heavily loaded): int8 per (row, token) with the row reused from L1 (MatMulInt8) Q4_0
+//       20.0/23.8/24.2, Q8_0 23.4/26.7/32.9, Q4_K 16.5/22.1/21.0, Q6_K 22.2/15.6/24.0; rows
+//       dequantized to f32 for the class-major GEMM Q4_0 77.0/35.0/25.7, Q8_0 33.9/38.5/32.9,
+//       Q4_K 30.0/36.2/32.3, Q6_K 34.8/28.9/32.2 (F16 30.8/34.3/24.8). MatMul takes the f32 path
+//       (the int8 path re-unpacks each weight row per token; a register-tiled int8 GEMM that
+//       unpacks once for several tokens is the next step), so MatMul == MatVec bit for bit now
+//       holds for F32/F16/BF16 and for n = 1; MatMulInt8 == MatVec for every dtype.
 #include "kernels/matmul.h"
 
 #include <algorithm>
@@ -42,6 +54,7 @@
 #include "core/check.h"
 #include "core/dtype.h"
 #include "core/quant.h"
+#include "kernels/quant_dot.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/matmul.cc"
@@ -158,53 +171,6 @@ HWY_INLINE float DotOne(const uint8_t* w, const float* x, int64_t k) {
   return Finish<L>(df, SumAcc(acc), w, x, c + rem * n, k);
 }
 
-constexpr bool kPrefetchQ8 = true;  // see kPrefetchBytes
-
-// One Q8_0 row (k % 32 == 0, 32 % N == 0): weights dequantized as float(q) * d (exact in f32),
-// then the shared order over f32, so the result equals DotOne on the dequantized row. A round of
-// kAcc vectors covers whole blocks (kAcc N is 64 or 32), so it walks block pointers with constant
-// offsets; the scale is widened by the SIMD f16 conversion (decode of small rows is bound by
-// instructions per byte here, not by the memory).
-HWY_INLINE float DotOneQ8(const uint8_t* w, const float* x, int64_t k) {
-  const DF df;
-  const hn::Rebind<int8_t, DF> di8;
-  const hn::Rebind<int32_t, DF> di32;
-  const hn::Rebind<uint16_t, DF> du16;
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
-  const int64_t vpb = 32 / n;        // vectors per block
-  // Blocks per round: kAcc vectors (1 block, 32 vectors, on the 1-lane scalar target).
-  const int64_t bpr = std::max<int64_t>(1, kAcc * n / 32);
-  const BlockQ8_0* blk = reinterpret_cast<const BlockQ8_0*>(w);
-  const int64_t nb = k / 32;
-  VF acc[kAcc];
-  for (int a = 0; a < kAcc; ++a) acc[a] = hn::Zero(df);
-  // Accumulates block p (at column 32 * (p - blk)); its vector j is vector a0 + j mod kAcc of a
-  // round.
-  auto block = [&](const BlockQ8_0* p, const float* xb, int a0) HWY_ATTR {
-    const VF dv = hn::PromoteTo(df, hn::BitCast(dh, hn::Set(du16, p->d)));
-    for (int64_t j = 0; j < vpb; ++j) {
-      const VF q = hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, p->qs + j * n)));
-      const int a = static_cast<int>((a0 + j) % kAcc);
-      acc[a] = hn::MulAdd(hn::Mul(q, dv), hn::LoadU(df, xb + j * n), acc[a]);
-    }
-  };
-  int64_t b = 0;
-  for (; b + bpr <= nb; b += bpr) {
-    if constexpr (kPrefetchQ8) {
-      const uint8_t* p = reinterpret_cast<const uint8_t*>(blk + b) + kPrefetchBytes;
-      for (int64_t i = 0; i < bpr * static_cast<int64_t>(sizeof(BlockQ8_0)); i += 64) {
-        hwy::Prefetch(p + i);
-      }
-    }
-    for (int64_t g = 0; g < bpr; ++g) {
-      block(blk + b + g, x + (b + g) * 32, static_cast<int>(g * vpb));
-    }
-  }
-  for (int64_t a = 0; b < nb; ++b, a += vpb) block(blk + b, x + b * 32, static_cast<int>(a));
-  return hn::GetLane(hn::SumOfLanes(df, SumAcc(acc)));
-}
-
 // Rows [r0, r1) one after another: each row is one address-ordered stream (the v1 tiles of 4
 // interleaved rows defeated the hardware prefetchers on short rows).
 template <class L>
@@ -215,29 +181,6 @@ void MatVecRows(const TensorView& w, const float* x, float* y, int64_t r0, int64
   for (int64_t r = r0; r < r1; ++r, row += rb) y[r] = DotOne<L, true>(row, x, k);
 }
 
-void MatVecQ8Rows(const TensorView& w, const float* x, float* y, int64_t r0, int64_t r1) {
-  const int64_t k = w.cols();
-  const int64_t rb = w.row_bytes();
-  const uint8_t* row = w.row(r0);
-  for (int64_t r = r0; r < r1; ++r, row += rb) y[r] = DotOneQ8(row, x, k);
-}
-
-// Any other block-quantized type: each row is dequantized exactly (DequantizeRow) into scratch and
-// dotted as f32, so MatVec == DotRow == MatMul still holds bit for bit.
-float DotOneDequant(DType t, const uint8_t* row, const float* x, int64_t k) {
-  thread_local AlignedBuffer<float> f;
-  if (f.size() < static_cast<size_t>(k)) f.Resize(k);
-  DequantizeRow(t, row, f.data(), k);
-  return DotOne<LoadF32>(reinterpret_cast<const uint8_t*>(f.data()), x, k);
-}
-
-void MatVecDequantRows(const TensorView& w, const float* x, float* y, int64_t r0, int64_t r1) {
-  const int64_t k = w.cols();
-  const int64_t rb = w.row_bytes();
-  const uint8_t* row = w.row(r0);
-  for (int64_t r = r0; r < r1; ++r, row += rb) y[r] = DotOneDequant(w.dtype, row, x, k);
-}
-
 void MatVecRangeImpl(const TensorView& w, const float* x, float* y, int64_t r0, int64_t r1) {
   switch (w.dtype) {
     case DType::kF32:
@@ -246,11 +189,9 @@ void MatVecRangeImpl(const TensorView& w, const float* x, float* y, int64_t r0, 
       return MatVecRows<LoadF16>(w, x, y, r0, r1);
     case DType::kBF16:
       return MatVecRows<LoadBF16>(w, x, y, r0, r1);
-    case DType::kQ8_0:
-      return MatVecQ8Rows(w, x, y, r0, r1);
     default:
-      STRATA_CHECK_MSG(IsQuantized(w.dtype), "MatVec: unsupported weight dtype %d", int(w.dtype));
-      return MatVecDequantRows(w, x, y, r0, r1);
+      // Quantized weights take the integer kernels (kernels/quant_dot.h) before dispatch here.
+      STRATA_CHECK_MSG(false, "MatVec: unsupported weight dtype %d", int(w.dtype));
   }
 }
 
@@ -263,11 +204,8 @@ float DotRowImpl(DType t, const void* row, const float* x, int64_t n) {
       return DotOne<LoadF16>(w, x, n);
     case DType::kBF16:
       return DotOne<LoadBF16>(w, x, n);
-    case DType::kQ8_0:
-      return DotOneQ8(w, x, n);
     default:
-      STRATA_CHECK_MSG(IsQuantized(t), "DotRow: unsupported weight dtype %d", int(t));
-      return DotOneDequant(t, w, x, n);
+      STRATA_CHECK_MSG(false, "DotRow: unsupported weight dtype %d", int(t));
   }
   return 0.f;
 }
@@ -480,6 +418,22 @@ HWY_EXPORT(DotRowImpl);
 namespace {
 constexpr int64_t kRowGrain = 16;
 
+// The calling thread's quantized activations: slot 0 for the 32-element activation blocks, 1 for
+// the 256-element ones (MatVecMany may mix both, e.g. Q4_K and Q6_K in a Q4_K_M layer). The pool
+// workers read the caller's buffer while the caller waits in ParallelForGrain.
+uint8_t* ActBuffer(DType t, int64_t k) {
+  thread_local AlignedBuffer<uint8_t> buf[2];
+  AlignedBuffer<uint8_t>& b = buf[ActivationBlockElems(t) == 256 ? 1 : 0];
+  const int64_t bytes = ActivationBytes(t, k);
+  if (b.size() < static_cast<size_t>(bytes)) b.Resize(bytes);
+  return b.data();
+}
+
+// Rows [r0, r1) of a quantized weight against quantized activations.
+void QuantRows(const TensorView& w, const uint8_t* act, float* y, int64_t r0, int64_t r1) {
+  if (r1 > r0) QuantDotRows(w.dtype, w.row(r0), w.row_bytes(), act, w.cols(), y + r0, r1 - r0);
+}
+
 void CheckWeight(const TensorView& w) {
   STRATA_CHECK_MSG(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16 ||
                        IsQuantized(w.dtype),
@@ -492,6 +446,18 @@ void CheckWeight(const TensorView& w) {
 void MatVec(const TensorView& w, const float* x, float* y, ThreadPool* pool) {
   CheckWeight(w);
   const int64_t rows = w.rows();
+  if (IsQuantized(w.dtype)) {
+    // x is quantized once to int8 blocks, then every row is an integer dot product.
+    uint8_t* act = ActBuffer(w.dtype, w.cols());
+    QuantizeActivations(w.dtype, x, w.cols(), act);
+    if (pool == nullptr || pool->size() == 1 || rows < 2 * kRowGrain) {
+      QuantRows(w, act, y, 0, rows);
+      return;
+    }
+    pool->ParallelForGrain(rows, kRowGrain,
+                           [&](int64_t b, int64_t e, int) { QuantRows(w, act, y, b, e); });
+    return;
+  }
   if (pool == nullptr || pool->size() == 1 || rows < 2 * kRowGrain) {
     HWY_DYNAMIC_DISPATCH(MatVecRangeImpl)(w, x, y, 0, rows);
     return;
@@ -509,13 +475,28 @@ void MatVecMany(const MatVecJob* jobs, int n_jobs, const float* x, ThreadPool* p
                      (long long)jobs[j].w.cols(), (long long)jobs[0].w.cols());
     total += jobs[j].w.rows();
   }
+  // x quantized once per activation block size the quantized jobs need (at most two).
+  uint8_t* act[2] = {nullptr, nullptr};
+  for (int j = 0; j < n_jobs; ++j) {
+    const DType t = jobs[j].w.dtype;
+    if (!IsQuantized(t)) continue;
+    uint8_t*& a = act[ActivationBlockElems(t) == 256 ? 1 : 0];
+    if (a == nullptr) {
+      a = ActBuffer(t, jobs[0].w.cols());
+      QuantizeActivations(t, x, jobs[0].w.cols(), a);
+    }
+  }
   // Rows [b, e) of the concatenation, job by job.
   auto run = [&](int64_t b, int64_t e) {
     int64_t off = 0;
     for (int j = 0; j < n_jobs && off < e; ++j) {
       const int64_t rows = jobs[j].w.rows();
       const int64_t lo = std::max(b, off), hi = std::min(e, off + rows);
-      if (lo < hi) {
+      const DType t = jobs[j].w.dtype;
+      if (lo < hi && IsQuantized(t)) {
+        QuantRows(jobs[j].w, act[ActivationBlockElems(t) == 256 ? 1 : 0], jobs[j].y, lo - off,
+                  hi - off);
+      } else if (lo < hi) {
         HWY_DYNAMIC_DISPATCH(MatVecRangeImpl)(jobs[j].w, x, jobs[j].y, lo - off, hi - off);
       }
       off += rows;
@@ -537,10 +518,52 @@ void MatMul(const TensorView& w, const float* x, int64_t n, int64_t x_stride, fl
     MatVec(w, x, y, pool);
     return;
   }
+  // Quantized weights too: tiles of rows dequantized exactly to f32 for the class-major GEMM,
+  // measured faster than the int8 path (MatMulInt8) on every prefill shape of the 125M llama
+  // (see the version log).
   HWY_DYNAMIC_DISPATCH(MatMulImpl)(w, x, n, x_stride, y, y_stride, kRowGrain, pool);
 }
 
+void MatMulInt8(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
+                int64_t y_stride, ThreadPool* pool) {
+  CheckWeight(w);
+  if (n <= 0) return;
+  if (!IsQuantized(w.dtype)) {
+    MatMul(w, x, n, x_stride, y, y_stride, pool);
+    return;
+  }
+  // Every token's activations quantized once (as MatVec does), then each (row, token) is the
+  // MatVec integer dot, with each row reused from L1 across a tile of tokens.
+  const int64_t k = w.cols();
+  const int64_t ab = ActivationBytes(w.dtype, k);
+  AlignedBuffer<uint8_t> acts(static_cast<size_t>(n * ab));
+  auto quantize = [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      QuantizeActivations(w.dtype, x + t * x_stride, k, acts.data() + t * ab);
+    }
+  };
+  auto rows = [&](int64_t b, int64_t e) {
+    QuantMatMulRows(w, acts.data(), ab, n, y, y_stride, b, e);
+  };
+  if (pool == nullptr || pool->size() == 1) {
+    quantize(0, n);
+    rows(0, w.rows());
+    return;
+  }
+  pool->ParallelForGrain(n, 8, [&](int64_t b, int64_t e, int) { quantize(b, e); });
+  if (w.rows() < 2 * kRowGrain) {
+    rows(0, w.rows());
+    return;
+  }
+  pool->ParallelForGrain(w.rows(), kRowGrain, [&](int64_t b, int64_t e, int) { rows(b, e); });
+}
+
 float DotRow(DType t, const void* row, const float* x, int64_t n) {
+  if (IsQuantized(t)) {
+    uint8_t* act = ActBuffer(t, n);
+    QuantizeActivations(t, x, n, act);
+    return QuantDot(t, row, act, n);
+  }
   return HWY_DYNAMIC_DISPATCH(DotRowImpl)(t, row, x, n);
 }
 

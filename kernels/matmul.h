@@ -1,6 +1,8 @@
-// Weight-times-activation products for every weight storage type (F32, F16, BF16, Q8_0).
-// Decode is memory-bound: MatVec streams each weight byte once; MatMul (prefill) reuses each
-// weight row across a tile of tokens. Scalar references live beside them for tests.
+// Weight-times-activation products for every weight storage type (F32, F16, BF16 and the block-
+// quantized types of core/quant.h). Decode is memory-bound: MatVec streams each weight byte once;
+// MatMul (prefill) reuses each weight row across a tile of tokens. Scalar references live beside
+// them for tests. Quantized weights use int8 activation blocks and integer dot products
+// (kernels/quant_dot.h, with its error bound); F32/F16/BF16 use f32 arithmetic on exact weights.
 #pragma once
 
 #include <cstdint>
@@ -24,14 +26,28 @@ struct MatVecJob {
 void MatVecMany(const MatVecJob* jobs, int n_jobs, const float* x, ThreadPool* pool);
 
 // Y[t, r] = sum_c W[r, c] * X[t, c] for t in [0, n). X rows have stride x_stride (elements), Y rows
-// y_stride. Each weight row is read once per tile of tokens.
+// y_stride. Each weight row is read once per tile of tokens: tiles of rows are converted exactly
+// to f32 (quantized types: DequantizeRow) for an f32 register-tiled GEMM with the f32 activations.
+// Equalities: for F32/F16/BF16 every (row, token) equals MatVec of that token bit for bit (n = 1
+// is MatVec itself, for every dtype). For quantized weights and n >= 2 there is no activation
+// rounding: the result is within f32 rounding of the float64 product of the dequantized weights
+// (MatVecRef), while MatVec carries the int8 activation error of kernels/quant_dot.h, so the two
+// differ by at most that bound. (Measured faster than MatMulInt8, which keeps MatVec's numbers.)
 void MatMul(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
             int64_t y_stride, ThreadPool* pool);
+
+// The int8 prefill path for quantized weights, kept for the measurement against MatMul (see
+// kernels/quant_dot_bench_test.cc): every token's activations quantized to int8 blocks and each
+// (row, token) the MatVec integer dot, so it equals MatVec per token bit for bit for every dtype
+// (F32/F16/BF16: it is MatMul).
+void MatMulInt8(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
+                int64_t y_stride, ThreadPool* pool);
 
 // Scalar references (float64 accumulation).
 void MatVecRef(const TensorView& w, const float* x, float* y);
 
-// Dot product of a weight row (any dtype, n elements) with f32 x, SIMD; used by MatVec and tests.
+// Dot product of a weight row (any dtype, n elements) with f32 x, SIMD; equals MatVec's row bit
+// for bit (quantized types: x is quantized to int8 blocks first, as MatVec does).
 float DotRow(DType t, const void* row, const float* x, int64_t n);
 
 }  // namespace strata

@@ -1,0 +1,1079 @@
+// Integer dot products of the ggml block formats with int8 activation blocks (see quant_dot.h).
+//
+// Version log (2-core AMD EPYC Zen 5 host, AVX-512 VNNI, shared with other builds: load 6-8):
+//   v1  One row kernel per type. x86 (AVX2, AVX3, AVX3_DL): each 32-element group of weight codes
+//       is unpacked in registers to unsigned bytes (or signed bytes for Q8_0/IQ4 with the
+//       abs/sign trick; biased by 128 under VNNI) and multiplied with the int8 activations by
+//       vpdpbusd (AVX3_DL) or vpmaddubsw + vpmaddwd (AVX2/AVX3), 8 int32 partial sums per group;
+//       8 groups are reduced to 8 exact group sums by a vphaddd tree; the code offsets (Q4_0's
+//       8 ...) are taken out as offset * sum(q) from the activation block sums; 32-element formats
+//       then apply the block scales 8 blocks at a time in f32 lanes (lane j = accumulator j of
+//       the shared order), the K-quants multiply the group sums by their integer scales and apply
+//       d, dmin once per 256. Other targets (SSE4, EMU128) run the scalar reference, which gives
+//       the same floats. The activation quantizer is Highway code (division, nearest-even).
+//       Instructions in the hot loop (objdump, AVX3_DL; per 8 blocks of 32 or per 256-block):
+//       Q4_0 95 (0.66 per weight byte), Q4_1 113 (0.71), Q5_0 135 (0.77), Q5_1 153 (0.80),
+//       Q8_0 73 (0.27), IQ4_NL 103 (0.72), Q2_K 103 (1.23), Q3_K 134 (1.22), Q4_K 115 (0.80),
+//       Q5_K 131 (0.74), Q6_K 103 (0.49), IQ4_XS 114 (0.84); F16's f32 loop is ~0.1 per byte.
+//       In-cache ceiling (QuantDotBench.DISABLED_MatVecInCache, thread CPU time, 64 x 2048):
+//       ns per 256 weights F16 9.1, Q4_0 8.8, Q4_1 9.9, Q5_0 11.0, Q5_1 12.7, Q8_0 7.3, Q2_K 9.6,
+//       Q3_K 10.3, Q4_K 9.2, Q5_K 10.7, Q6_K 9.6, IQ4_NL 9.4, IQ4_XS 10.1 (~23-33 cycles at 2.6
+//       GHz: 4-5 instructions per cycle, i.e. instruction-throughput bound), so GB/s of weight
+//       bytes from cache: F16 56, Q8_0 37, Q6_K 22, Q4_0/Q4_1/Q5_0/Q4_K/Q5_K 15-16, IQ4_XS 13,
+//       Q3_K 11, Q2_K 9: below a ~40 GB/s one-core read bandwidth for every type but Q8_0.
+//   v2  AVX3/AVX3_DL nibbles by one broadcast load + vpsrlvw (3 instructions instead of 4), the
+//       K-quants' two block sums in one reduction (HSum2), d/dmin by one f16 conversion, and the
+//       Q4_K/Q5_K scales and mins unpacked in SIMD. Hot loops now: Q4_0 87, Q4_1 105, Q5_0 128,
+//       Q5_1 146, IQ4_NL 95, Q2_K 93, Q4_K 90, Q5_K 106, IQ4_XS 107 (others unchanged). The 2-vCPU
+//       host (SMT siblings under a hypervisor) varies by +-50 % between runs even in thread CPU
+//       time, so the 8-20 % fewer instructions are not resolved by timing; results are
+//       bit-identical (same integer sums).
+// This file compiles one more Highway target than the rest of the project, AVX3_DL (AVX-512 VNNI,
+// for vpdpbusd); dispatch tables are per translation unit, so the others are unaffected.
+#undef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS HWY_SSSE3
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL
+#endif
+
+#include "kernels/quant_dot.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "core/check.h"
+#include "core/quant.h"
+
+#ifndef STRATA_KERNELS_QUANT_DOT_SHARED_
+#define STRATA_KERNELS_QUANT_DOT_SHARED_
+namespace strata {
+namespace qdot {
+
+inline int64_t Up64(int64_t v) { return (v + 63) & ~int64_t{63}; }
+
+// Activation buffer layout (byte offsets from its start): q int8 [k] at 0, then d f32 [k / be],
+// then (256-element blocks only) int32 sums of every 16 elements [k / 16], then int32 sums of every
+// 32 elements [k / 32], each section starting at a multiple of 64 bytes.
+struct Layout {
+  int64_t d = 0, s16 = 0, s32 = 0, bytes = 0;
+};
+
+inline int64_t ActBlock(DType t) {
+  switch (t) {
+    case DType::kQ2_K: case DType::kQ3_K: case DType::kQ4_K: case DType::kQ5_K:
+    case DType::kQ6_K: case DType::kIQ4_XS:
+      return 256;
+    default:
+      return 32;
+  }
+}
+
+inline Layout GetLayout(DType t, int64_t k) {
+  const int64_t be = ActBlock(t);
+  Layout l;
+  l.d = Up64(k);
+  int64_t o = Up64(l.d + 4 * (k / be));
+  if (be == 256) {
+    l.s16 = o;
+    o = Up64(o + 4 * (k / 16));
+  }
+  l.s32 = o;
+  l.bytes = Up64(o + 4 * (k / 32));
+  return l;
+}
+
+// A read-only view of quantized activations; fields are read with memcpy (no alignment needed).
+struct Act {
+  const int8_t* q;
+  const uint8_t* d;
+  const uint8_t* s16;
+  const uint8_t* s32;
+};
+
+inline Act MakeAct(DType t, const void* p, int64_t k) {
+  const Layout l = GetLayout(t, k);
+  const uint8_t* b = static_cast<const uint8_t*>(p);
+  return {reinterpret_cast<const int8_t*>(b), b + l.d, b + l.s16, b + l.s32};
+}
+
+inline float LdF32(const uint8_t* p, int64_t i) {
+  float v;
+  std::memcpy(&v, p + 4 * i, 4);
+  return v;
+}
+inline int32_t LdI32(const uint8_t* p, int64_t i) {
+  int32_t v;
+  std::memcpy(&v, p + 4 * i, 4);
+  return v;
+}
+inline uint16_t LdU16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline uint32_t LdU32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline float LdF16(const uint8_t* p) { return F16ToF32(LdU16(p)); }
+
+// The shared f32 order: block b into accumulator b % 8, then a fixed tree.
+inline float Tree8(const float* a) {
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+// The block terms (every operation rounded on its own: kernels/CMakeLists.txt builds this file with
+// -ffp-contract=off, since GCC would otherwise fuse them differently inside and outside the SIMD
+// targets, and no std::fma is used).
+inline float Term(float dw, float dx, int32_t isum) {
+  return (dw * dx) * static_cast<float>(isum);
+}
+inline float TermMin(float dw, float mw, float dx, int32_t isum, int32_t s) {
+  return (dw * dx) * static_cast<float>(isum) + mw * (dx * static_cast<float>(s));
+}
+inline float TermK(float d, float dx, int32_t isum) { return (d * dx) * static_cast<float>(isum); }
+inline float TermKMin(float d, float dmin, float dx, int32_t isum, int32_t msum) {
+  return (d * dx) * static_cast<float>(isum) - (dmin * dx) * static_cast<float>(msum);
+}
+
+// ---- Scalar reference: the formats' value formulas, written directly (codes minus their
+// offset, times q), so the SIMD offset and reduction tricks are checked against plain sums. ----
+
+inline float RefQ4_0(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockQ4_0);
+    const uint8_t* qs = p + 2;
+    const int8_t* q = a.q + 32 * b;
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j) {
+      s += ((qs[j] & 0xf) - 8) * q[j] + ((qs[j] >> 4) - 8) * q[j + 16];
+    }
+    acc[b & 7] = acc[b & 7] + Term(LdF16(p), LdF32(a.d, b), s);
+  }
+  return Tree8(acc);
+}
+
+inline float RefQ4_1(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockQ4_1);
+    const uint8_t* qs = p + 4;
+    const int8_t* q = a.q + 32 * b;
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j) s += (qs[j] & 0xf) * q[j] + (qs[j] >> 4) * q[j + 16];
+    acc[b & 7] = acc[b & 7] + TermMin(LdF16(p), LdF16(p + 2), LdF32(a.d, b), s, LdI32(a.s32, b));
+  }
+  return Tree8(acc);
+}
+
+// 5-bit code of element j of a Q5 block (qh = the 32 high bits, qs = the nibbles).
+inline int Q5Code(uint32_t qh, const uint8_t* qs, int j) {
+  const int lo = j < 16 ? (qs[j] & 0xf) : (qs[j - 16] >> 4);
+  return lo | static_cast<int>(((qh >> j) & 1) << 4);
+}
+
+inline float RefQ5_0(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockQ5_0);
+    const uint32_t qh = LdU32(p + 2);
+    const int8_t* q = a.q + 32 * b;
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) s += (Q5Code(qh, p + 6, j) - 16) * q[j];
+    acc[b & 7] = acc[b & 7] + Term(LdF16(p), LdF32(a.d, b), s);
+  }
+  return Tree8(acc);
+}
+
+inline float RefQ5_1(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockQ5_1);
+    const uint32_t qh = LdU32(p + 4);
+    const int8_t* q = a.q + 32 * b;
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) s += Q5Code(qh, p + 8, j) * q[j];
+    acc[b & 7] = acc[b & 7] + TermMin(LdF16(p), LdF16(p + 2), LdF32(a.d, b), s, LdI32(a.s32, b));
+  }
+  return Tree8(acc);
+}
+
+inline float RefQ8_0(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockQ8_0);
+    const int8_t* w = reinterpret_cast<const int8_t*>(p + 2);
+    const int8_t* q = a.q + 32 * b;
+    int32_t s = 0;
+    for (int j = 0; j < 32; ++j) s += w[j] * q[j];
+    acc[b & 7] = acc[b & 7] + Term(LdF16(p), LdF32(a.d, b), s);
+  }
+  return Tree8(acc);
+}
+
+inline float RefIQ4_NL(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockIQ4_NL);
+    const uint8_t* qs = p + 2;
+    const int8_t* q = a.q + 32 * b;
+    int32_t s = 0;
+    for (int j = 0; j < 16; ++j) {
+      s += kIq4nlValues[qs[j] & 0xf] * q[j] + kIq4nlValues[qs[j] >> 4] * q[j + 16];
+    }
+    acc[b & 7] = acc[b & 7] + Term(LdF16(p), LdF32(a.d, b), s);
+  }
+  return Tree8(acc);
+}
+
+// Q2_K and the low bits of Q3_K: element e = 128 h + 32 s + l has bits [2 s, 2 s + 2) of
+// qs[32 h + l]; its 16-element sub-block is e / 16.
+inline int Q2Bits(const uint8_t* qs, int e) {
+  const int h = e / 128, s = (e % 128) / 32, l = e % 32;
+  return (qs[32 * h + l] >> (2 * s)) & 3;
+}
+
+inline float RefQ2_K(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockQ2_K);
+    const uint8_t* sc = p;
+    const uint8_t* qs = p + 16;
+    const int8_t* q = a.q + 256 * b;
+    int32_t isum = 0, msum = 0;
+    for (int g = 0; g < 16; ++g) {
+      int32_t s = 0;
+      for (int e = 16 * g; e < 16 * g + 16; ++e) s += Q2Bits(qs, e) * q[e];
+      isum += (sc[g] & 0xf) * s;
+      msum += (sc[g] >> 4) * LdI32(a.s16, 16 * b + g);
+    }
+    acc[b & 7] = acc[b & 7] + TermKMin(LdF16(p + 80), LdF16(p + 82), LdF32(a.d, b), isum, msum);
+  }
+  return Tree8(acc);
+}
+
+// The 16 signed 6-bit scales of Q3_K (value - 32), as in core/quant.cc.
+inline int Q3Scale(const uint8_t* packed, int j) {
+  const int lo = j < 8 ? (packed[j] & 0xf) : (packed[j - 8] >> 4);
+  const int hi = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
+inline float RefQ3_K(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockQ3_K);
+    const uint8_t* hm = p;
+    const uint8_t* qs = p + 32;
+    const int8_t* q = a.q + 256 * b;
+    int32_t isum = 0;
+    for (int g = 0; g < 16; ++g) {
+      int32_t s = 0;
+      for (int e = 16 * g; e < 16 * g + 16; ++e) {
+        const int h = e / 128, sh = (e % 128) / 32, l = e % 32;
+        const int high = (hm[l] >> (4 * h + sh)) & 1;
+        s += (Q2Bits(qs, e) - (high ? 0 : 4)) * q[e];
+      }
+      isum += Q3Scale(p + 96, g) * s;
+    }
+    acc[b & 7] = acc[b & 7] + TermK(LdF16(p + 108), LdF32(a.d, b), isum);
+  }
+  return Tree8(acc);
+}
+
+// Scale and min j of Q4_K/Q5_K (6 bits each, packed in 12 bytes), as in core/quant.cc.
+inline void K4ScaleMin(const uint8_t* q, int j, int* sc, int* mn) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *mn = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
+    *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// Q4_K/Q5_K element e = 64 c + 32 h + l: nibble h of qs[32 c + l], fifth bit 2 c + h of qh[l];
+// sub-block e / 32.
+inline float RefQ45_K(const uint8_t* row, const Act& a, int64_t nb, bool five) {
+  const int64_t bytes = five ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+  float acc[8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * bytes;
+    const uint8_t* qh = p + 16;
+    const uint8_t* qs = p + (five ? 48 : 16);
+    const int8_t* q = a.q + 256 * b;
+    int32_t isum = 0, msum = 0;
+    for (int g = 0; g < 8; ++g) {
+      int sc, mn;
+      K4ScaleMin(p + 4, g, &sc, &mn);
+      int32_t s = 0;
+      for (int e = 32 * g; e < 32 * g + 32; ++e) {
+        const int c = e / 64, h = (e % 64) / 32, l = e % 32;
+        int code = (qs[32 * c + l] >> (4 * h)) & 0xf;
+        if (five) code |= ((qh[l] >> (2 * c + h)) & 1) << 4;
+        s += code * q[e];
+      }
+      isum += sc * s;
+      msum += mn * LdI32(a.s32, 8 * b + g);
+    }
+    acc[b & 7] = acc[b & 7] + TermKMin(LdF16(p), LdF16(p + 2), LdF32(a.d, b), isum, msum);
+  }
+  return Tree8(acc);
+}
+
+// Q6_K element e = 128 h + 32 k + l: low nibble of ql[64 h + l + 32 (k % 2)] (low for k < 2,
+// high otherwise), high 2 bits at bits [2 k, 2 k + 2) of qh[32 h + l]; scale of sub-block e / 16.
+inline float RefQ6_K(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockQ6_K);
+    const uint8_t* ql = p;
+    const uint8_t* qh = p + 128;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
+    const int8_t* q = a.q + 256 * b;
+    int32_t isum = 0;
+    for (int g = 0; g < 16; ++g) {
+      int32_t s = 0;
+      for (int e = 16 * g; e < 16 * g + 16; ++e) {
+        const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+        const int lo = (ql[64 * h + l + 32 * (k % 2)] >> (4 * (k / 2))) & 0xf;
+        const int hi = (qh[32 * h + l] >> (2 * k)) & 3;
+        s += ((lo | (hi << 4)) - 32) * q[e];
+      }
+      isum += sc[g] * s;
+    }
+    acc[b & 7] = acc[b & 7] + TermK(LdF16(p + 208), LdF32(a.d, b), isum);
+  }
+  return Tree8(acc);
+}
+
+inline int Iq4xsScale(const uint8_t* p, int ib) {
+  const int lo = (p[4 + ib / 2] >> (4 * (ib % 2))) & 0xf;
+  const int hi = (LdU16(p + 2) >> (2 * ib)) & 3;
+  return (lo | (hi << 4)) - 32;
+}
+
+inline float RefIQ4_XS(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockIQ4_XS);
+    const int8_t* q = a.q + 256 * b;
+    int32_t isum = 0;
+    for (int ib = 0; ib < 8; ++ib) {
+      const uint8_t* qs = p + 8 + 16 * ib;
+      const int8_t* qb = q + 32 * ib;
+      int32_t s = 0;
+      for (int j = 0; j < 16; ++j) {
+        s += kIq4nlValues[qs[j] & 0xf] * qb[j] + kIq4nlValues[qs[j] >> 4] * qb[j + 16];
+      }
+      isum += Iq4xsScale(p, ib) * s;
+    }
+    acc[b & 7] = acc[b & 7] + TermK(LdF16(p), LdF32(a.d, b), isum);
+  }
+  return Tree8(acc);
+}
+
+inline float DotRef(DType t, const uint8_t* row, const Act& a, int64_t k) {
+  const int64_t nb = k / DTypeBlockElems(t);
+  switch (t) {
+    case DType::kQ4_0: return RefQ4_0(row, a, nb);
+    case DType::kQ4_1: return RefQ4_1(row, a, nb);
+    case DType::kQ5_0: return RefQ5_0(row, a, nb);
+    case DType::kQ5_1: return RefQ5_1(row, a, nb);
+    case DType::kQ8_0: return RefQ8_0(row, a, nb);
+    case DType::kQ2_K: return RefQ2_K(row, a, nb);
+    case DType::kQ3_K: return RefQ3_K(row, a, nb);
+    case DType::kQ4_K: return RefQ45_K(row, a, nb, false);
+    case DType::kQ5_K: return RefQ45_K(row, a, nb, true);
+    case DType::kQ6_K: return RefQ6_K(row, a, nb);
+    case DType::kIQ4_NL: return RefIQ4_NL(row, a, nb);
+    case DType::kIQ4_XS: return RefIQ4_XS(row, a, nb);
+    default:
+      STRATA_CHECK_MSG(false, "QuantDot: %s is not a block-quantized type",
+                       std::string(DTypeName(t)).c_str());
+  }
+  return 0.f;
+}
+
+}  // namespace qdot
+}  // namespace strata
+#endif  // STRATA_KERNELS_QUANT_DOT_SHARED_
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/quant_dot.cc"
+#include "hwy/cache_control.h"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace strata {
+namespace HWY_NAMESPACE {
+
+using qdot::Act;
+
+// Software prefetch distance for the streamed weight rows (as kernels/matmul.cc's kPrefetchBytes).
+constexpr int64_t kPrefetchBytes = 8192;
+
+HWY_INLINE void PrefetchSpan(const uint8_t* p, int64_t bytes) {
+  for (int64_t i = 0; i < bytes; i += 64) hwy::Prefetch(p + kPrefetchBytes + i);
+}
+
+#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX2
+#define STRATA_QDOT_X86 1
+
+using V = __m256i;
+
+// f16 -> f32 by F16C (exact, the same value as F16ToF32).
+HWY_INLINE float F16(const uint8_t* p) { return _cvtsh_ss(qdot::LdU16(p)); }
+
+HWY_INLINE V Bcast8(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
+HWY_INLINE V Ld256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+HWY_INLINE __m128i Ld128(const void* p) {
+  return _mm_loadu_si128(static_cast<const __m128i*>(p));
+}
+
+// 8 int32 partial sums of u (unsigned bytes) times q (signed bytes): lane j = bytes 4j..4j+3.
+// maddubs adds byte pairs into saturating int16: exact while 2 * u * |q| <= 32767, i.e. u <= 128
+// for |q| <= 127, which every caller keeps (unpacked codes are < 64; signed codes go through
+// DotS8, whose |c| <= 128).
+HWY_INLINE V DotU8(V u, V q) {
+#if HWY_TARGET == HWY_AVX3_DL
+  // The EVEX (AVX-512 VNNI) encoding, written out: Highway 1.0.3's AVX3_DL target enables AVX-VNNI
+  // too, so GCC would emit the VEX form of _mm256_dpbusd_epi32, which CPUs with AVX-512 VNNI but
+  // no AVX-VNNI (Ice Lake, Zen 4) lack; Highway's runtime check for AVX3_DL is AVX-512 VNNI.
+  V acc = _mm256_setzero_si256();
+  asm("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(q));
+  return acc;
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), _mm256_set1_epi16(1));
+#endif
+}
+
+// Signed codes c times q: |c| times q with c's sign.
+HWY_INLINE V DotS8(V c, V q) { return DotU8(_mm256_abs_epi8(c), _mm256_sign_epi8(q, c)); }
+
+HWY_INLINE int32_t HSum(V v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// (sum of the lanes of a, sum of the lanes of b) in one reduction.
+HWY_INLINE void HSum2(V a, V b, int32_t* sa, int32_t* sb) {
+  const V h = _mm256_hadd_epi32(a, b);  // [a01 a23 b01 b23 | a45 a67 b45 b67]
+  __m128i x = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+  x = _mm_hadd_epi32(x, x);  // [sum a, sum b, sum a, sum b]
+  *sa = _mm_cvtsi128_si32(x);
+  *sb = _mm_extract_epi32(x, 1);
+}
+
+// The two f16 fields at p (d) and p + 2 (dmin or m), as f32 by one conversion.
+HWY_INLINE void F16Pair(const uint8_t* p, float* a, float* b) {
+  const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(qdot::LdU32(p))));
+  *a = _mm_cvtss_f32(f);
+  *b = _mm_cvtss_f32(_mm_movehdup_ps(f));
+}
+
+// Lane j = the sum of the 8 lanes of v[j].
+HWY_INLINE V Reduce8(const V* v) {
+  const V t0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+  const V t1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(t0, t1, 0x20),
+                          _mm256_permute2x128_si256(t0, t1, 0x31));
+}
+
+// For 4 vectors each covering two 16-element groups (lanes 0-3, 4-7): the 8 group sums in the
+// order [g0, g2, g4, g6, g1, g3, g5, g7] (g0, g1 from v[0], ...).
+HWY_INLINE V Reduce4Halves(const V* v) {
+  return _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+}
+
+// Nibbles of 16 bytes: low nibbles in bytes 0-15, high nibbles in bytes 16-31 (the element order
+// of the 32-element formats and of an IQ4_XS sub-block).
+HWY_INLINE V Nibbles16(const uint8_t* p) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  // One broadcast load and a per-half shift (AVX-512BW vpsrlvw): 3 instructions instead of 4.
+  const V x = _mm256_broadcastsi128_si256(Ld128(p));
+  const V sh = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+  return _mm256_and_si256(_mm256_srlv_epi16(x, sh), Bcast8(0xf));
+#else
+  const __m128i x = Ld128(p);
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), Bcast8(0xf));
+#endif
+}
+
+// Byte i = 0xff where bit i of m is set.
+HWY_INLINE V BitsToBytes(uint32_t m) {
+  const V v = _mm256_set1_epi32(static_cast<int>(m));
+  const V shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2,
+                                  2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const V bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, shuf), bit), bit);
+}
+
+// Bit `from` of every byte moved to bit `to` (other bits cleared). 16-bit shifts: the selected bit
+// stays within its byte for |from - to| <= 4 as used here.
+template <int kFrom, int kTo>
+HWY_INLINE V BitTo(V v) {
+  const V m = Bcast8(1 << kTo);
+  if constexpr (kFrom < kTo) return _mm256_and_si256(_mm256_slli_epi16(v, kTo - kFrom), m);
+  if constexpr (kFrom > kTo) return _mm256_and_si256(_mm256_srli_epi16(v, kFrom - kTo), m);
+  return _mm256_and_si256(v, m);
+}
+
+HWY_INLINE V Iq4Table() {
+  const __m128i t = Ld128(kIq4nlValues);
+  return _mm256_set_m128i(t, t);
+}
+
+// With vpdpbusd (no int16 saturation) the signed codes are multiplied as unsigned c + 128 and
+// 128 * sum(q) is taken out afterwards: one xor (or none: a biased table) instead of abs + sign.
+#if HWY_TARGET == HWY_AVX3_DL
+constexpr bool kBiasSigned = true;
+#else
+constexpr bool kBiasSigned = false;
+#endif
+
+HWY_INLINE V Iq4TableBiased() {
+  return _mm256_xor_si256(Iq4Table(), Bcast8(0x80));
+}
+
+// Signed codes c times q, in the form the offset of K::kOffShift expects.
+HWY_INLINE V DotSigned(V c_or_biased, V q) {
+  if constexpr (kBiasSigned) return DotU8(c_or_biased, q);
+  return DotS8(c_or_biased, q);
+}
+
+// ---- 32-element formats: K::Partials(block, q) gives the 8 int32 partials of sum(code * q) with
+// unsigned codes (before the offset) or signed codes. ----
+struct KQ4_0 {
+  static constexpr int64_t kBytes = sizeof(BlockQ4_0);
+  static constexpr int kOffShift = 3;  // code offset 8
+  static constexpr bool kMin = false;
+  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) {
+    return DotU8(Nibbles16(p + 2), Ld256(q));
+  }
+};
+struct KQ4_1 {
+  static constexpr int64_t kBytes = sizeof(BlockQ4_1);
+  static constexpr int kOffShift = -1;
+  static constexpr bool kMin = true;
+  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) {
+    return DotU8(Nibbles16(p + 4), Ld256(q));
+  }
+};
+struct KQ5_0 {
+  static constexpr int64_t kBytes = sizeof(BlockQ5_0);
+  static constexpr int kOffShift = 4;  // code offset 16
+  static constexpr bool kMin = false;
+  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) {
+    const V hi = _mm256_and_si256(BitsToBytes(qdot::LdU32(p + 2)), Bcast8(0x10));
+    return DotU8(_mm256_or_si256(Nibbles16(p + 6), hi), Ld256(q));
+  }
+};
+struct KQ5_1 {
+  static constexpr int64_t kBytes = sizeof(BlockQ5_1);
+  static constexpr int kOffShift = -1;
+  static constexpr bool kMin = true;
+  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) {
+    const V hi = _mm256_and_si256(BitsToBytes(qdot::LdU32(p + 4)), Bcast8(0x10));
+    return DotU8(_mm256_or_si256(Nibbles16(p + 8), hi), Ld256(q));
+  }
+};
+struct KQ8_0 {
+  static constexpr int64_t kBytes = sizeof(BlockQ8_0);
+  static constexpr int kOffShift = kBiasSigned ? 7 : -1;
+  static constexpr bool kMin = false;
+  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) {
+    const V c = Ld256(p + 2);
+    return DotSigned(kBiasSigned ? _mm256_xor_si256(c, Bcast8(0x80)) : c, Ld256(q));
+  }
+};
+struct KIQ4_NL {
+  static constexpr int64_t kBytes = sizeof(BlockIQ4_NL);
+  static constexpr int kOffShift = kBiasSigned ? 7 : -1;
+  static constexpr bool kMin = false;
+  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) {
+    const V tbl = kBiasSigned ? Iq4TableBiased() : Iq4Table();
+    return DotSigned(_mm256_shuffle_epi8(tbl, Nibbles16(p + 2)), Ld256(q));
+  }
+};
+
+// 8 f16 fields at byte offset `off` of 8 consecutive blocks, as f32.
+template <int64_t kBytes>
+HWY_INLINE __m256 Halfs8(const uint8_t* p) {
+  using qdot::LdU16;
+  const __m128i h = _mm_setr_epi16(
+      static_cast<short>(LdU16(p)), static_cast<short>(LdU16(p + kBytes)),
+      static_cast<short>(LdU16(p + 2 * kBytes)), static_cast<short>(LdU16(p + 3 * kBytes)),
+      static_cast<short>(LdU16(p + 4 * kBytes)), static_cast<short>(LdU16(p + 5 * kBytes)),
+      static_cast<short>(LdU16(p + 6 * kBytes)), static_cast<short>(LdU16(p + 7 * kBytes)));
+  return _mm256_cvtph_ps(h);
+}
+
+template <class K>
+HWY_INLINE float Dot32(const uint8_t* row, const Act& a, int64_t nb) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    const uint8_t* p = row + b * K::kBytes;
+    PrefetchSpan(p, 8 * K::kBytes);
+    V v[8];
+    for (int j = 0; j < 8; ++j) v[j] = K::Partials(p + j * K::kBytes, a.q + 32 * (b + j));
+    V isum = Reduce8(v);
+    const V s = Ld256(a.s32 + 4 * b);
+    if constexpr (K::kOffShift >= 0) isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(s, K::kOffShift));
+    const __m256 dx = _mm256_loadu_ps(reinterpret_cast<const float*>(a.d + 4 * b));
+    __m256 t = _mm256_mul_ps(_mm256_mul_ps(Halfs8<K::kBytes>(p), dx), _mm256_cvtepi32_ps(isum));
+    if constexpr (K::kMin) {
+      t = _mm256_add_ps(t, _mm256_mul_ps(Halfs8<K::kBytes>(p + 2),
+                                         _mm256_mul_ps(dx, _mm256_cvtepi32_ps(s))));
+    }
+    acc = _mm256_add_ps(acc, t);
+  }
+  float lanes[8];
+  _mm256_storeu_ps(lanes, acc);
+  for (; b < nb; ++b) {
+    const uint8_t* p = row + b * K::kBytes;
+    const int32_t s = qdot::LdI32(a.s32, b);
+    int32_t isum = HSum(K::Partials(p, a.q + 32 * b));
+    if constexpr (K::kOffShift >= 0) isum -= s << K::kOffShift;
+    const float dx = qdot::LdF32(a.d, b);
+    float t;
+    if constexpr (K::kMin) {
+      t = qdot::TermMin(F16(p), F16(p + 2), dx, isum, s);
+    } else {
+      t = qdot::Term(F16(p), dx, isum);
+    }
+    lanes[b & 7] = lanes[b & 7] + t;
+  }
+  return qdot::Tree8(lanes);
+}
+
+// ---- K-quants: one super-block of 256 at a time; block term in scalar f32. ----
+
+// 16 int8 scales (natural order) -> the two int32 vectors in Reduce4Halves order.
+HWY_INLINE void ScalesHalvesOrder(__m128i sc, V* a, V* b) {
+  const __m128i perm = _mm_shuffle_epi8(
+      sc, _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15));
+  *a = _mm256_cvtepi8_epi32(perm);
+  *b = _mm256_cvtepi8_epi32(_mm_srli_si128(perm, 8));
+}
+
+// sum_g sc_g * s16_g over the 16 groups of super-block b (sc: 16 int8 in natural order).
+HWY_INLINE V ScaledSums16(__m128i sc, const Act& a, int64_t b) {
+  const V s0 = Ld256(a.s16 + 64 * b), s1 = Ld256(a.s16 + 64 * b + 32);
+  return _mm256_add_epi32(_mm256_mullo_epi32(s0, _mm256_cvtepi8_epi32(sc)),
+                          _mm256_mullo_epi32(s1, _mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
+}
+
+// Group sums of 8 vectors of two 16-element groups each, times their scales (sc natural order).
+HWY_INLINE V Scaled16(const V* v, __m128i sc) {
+  V sa, sb;
+  ScalesHalvesOrder(sc, &sa, &sb);
+  return _mm256_add_epi32(_mm256_mullo_epi32(Reduce4Halves(v), sa),
+                          _mm256_mullo_epi32(Reduce4Halves(v + 4), sb));
+}
+
+HWY_INLINE float DotQ2_K(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockQ2_K);
+    PrefetchSpan(p, sizeof(BlockQ2_K));
+    const int8_t* q = a.q + 256 * b;
+    V v[8];
+    for (int h = 0; h < 2; ++h) {
+      const V x = Ld256(p + 16 + 32 * h);
+      const V m3 = Bcast8(3);
+      v[4 * h + 0] = DotU8(_mm256_and_si256(x, m3), Ld256(q + 128 * h));
+      v[4 * h + 1] = DotU8(_mm256_and_si256(_mm256_srli_epi16(x, 2), m3), Ld256(q + 128 * h + 32));
+      v[4 * h + 2] = DotU8(_mm256_and_si256(_mm256_srli_epi16(x, 4), m3), Ld256(q + 128 * h + 64));
+      v[4 * h + 3] = DotU8(_mm256_and_si256(_mm256_srli_epi16(x, 6), m3), Ld256(q + 128 * h + 96));
+    }
+    const __m128i sc = Ld128(p);
+    const __m128i lo = _mm_and_si128(sc, _mm_set1_epi8(0xf));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0xf));
+    int32_t isum, msum;
+    HSum2(Scaled16(v, lo), ScaledSums16(hi, a, b), &isum, &msum);
+    float d, dmin;
+    F16Pair(p + 80, &d, &dmin);
+    acc[b & 7] = acc[b & 7] + qdot::TermKMin(d, dmin, qdot::LdF32(a.d, b), isum, msum);
+  }
+  return qdot::Tree8(acc);
+}
+
+// The 16 Q3_K scales minus 32, as int8 in natural order (see qdot::Q3Scale).
+HWY_INLINE __m128i Q3Scales(const uint8_t* s) {
+  const uint32_t a0 = qdot::LdU32(s), a1 = qdot::LdU32(s + 4), a2 = qdot::LdU32(s + 8);
+  const uint32_t k4 = 0x0f0f0f0fu, k2 = 0x03030303u;
+  const uint32_t w0 = (a0 & k4) | ((a2 & k2) << 4);
+  const uint32_t w1 = (a1 & k4) | (((a2 >> 2) & k2) << 4);
+  const uint32_t w2 = ((a0 >> 4) & k4) | (((a2 >> 4) & k2) << 4);
+  const uint32_t w3 = ((a1 >> 4) & k4) | (((a2 >> 6) & k2) << 4);
+  const __m128i u = _mm_setr_epi32(static_cast<int>(w0), static_cast<int>(w1),
+                                   static_cast<int>(w2), static_cast<int>(w3));
+  return _mm_sub_epi8(u, _mm_set1_epi8(32));
+}
+
+template <int kS>
+HWY_INLINE V Q3Codes(V x, V hm, int h) {
+  const V low = _mm256_and_si256(_mm256_srli_epi16(x, 2 * kS), Bcast8(3));
+  const V high = h == 0 ? BitTo<kS, 2>(hm) : BitTo<4 + kS, 2>(hm);
+  return _mm256_or_si256(low, high);
+}
+
+HWY_INLINE float DotQ3_K(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockQ3_K);
+    PrefetchSpan(p, sizeof(BlockQ3_K));
+    const int8_t* q = a.q + 256 * b;
+    const V hm = Ld256(p);
+    V v[8];
+    for (int h = 0; h < 2; ++h) {
+      const V x = Ld256(p + 32 + 32 * h);
+      v[4 * h + 0] = DotU8(Q3Codes<0>(x, hm, h), Ld256(q + 128 * h));
+      v[4 * h + 1] = DotU8(Q3Codes<1>(x, hm, h), Ld256(q + 128 * h + 32));
+      v[4 * h + 2] = DotU8(Q3Codes<2>(x, hm, h), Ld256(q + 128 * h + 64));
+      v[4 * h + 3] = DotU8(Q3Codes<3>(x, hm, h), Ld256(q + 128 * h + 96));
+    }
+    const __m128i sc = Q3Scales(p + 96);
+    // Codes are (value + 4): subtract 4 * sum_g sc_g * s16_g.
+    const V t = _mm256_sub_epi32(Scaled16(v, sc), _mm256_slli_epi32(ScaledSums16(sc, a, b), 2));
+    acc[b & 7] = acc[b & 7] + qdot::TermK(F16(p + 108), qdot::LdF32(a.d, b), HSum(t));
+  }
+  return qdot::Tree8(acc);
+}
+
+// Q4_K/Q5_K scales and mins (see qdot::K4ScaleMin) as int32 vectors, from the 12 packed bytes
+// as u32 words w0, w1, w2: scales 0-3 = w0 & 0x3f.., mins 0-3 = w1 & 0x3f..; scales 4-7 =
+// (w2 & 0x0f..) | (w0 >> 6 & 0x03..) << 4, mins 4-7 = (w2 >> 4 & 0x0f..) | (w1 >> 6 & 0x03..) << 4.
+// In SIMD lanes [sc 0-3, sc 4-7, mn 0-3, mn 4-7]. The 16-byte load reads 4 bytes of the codes
+// that follow the scales in the block (ignored).
+HWY_INLINE void K4Scales(const uint8_t* s, V* sc, V* mn) {
+  const __m128i w = Ld128(s);
+  const __m128i x = _mm_srlv_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0)),
+                                   _mm_setr_epi32(0, 0, 0, 4));  // [w0, w2, w1, w2 >> 4]
+  const __m128i low = _mm_and_si128(
+      x, _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+  const __m128i y = _mm_srli_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0)), 6);
+  const __m128i high = _mm_slli_epi32(_mm_and_si128(y, _mm_setr_epi32(0, 0x03030303, 0,
+                                                                      0x03030303)), 4);
+  const __m128i u = _mm_or_si128(low, high);
+  *sc = _mm256_cvtepu8_epi32(u);
+  *mn = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(u, u));
+}
+
+template <bool kFive>
+HWY_INLINE float DotQ45_K(const uint8_t* row, const Act& a, int64_t nb) {
+  constexpr int64_t kBytes = kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+  float acc[8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * kBytes;
+    PrefetchSpan(p, kBytes);
+    const int8_t* q = a.q + 256 * b;
+    const uint8_t* qs = p + (kFive ? 48 : 16);
+    V v[8];
+    [[maybe_unused]] const V qh = kFive ? Ld256(p + 16) : _mm256_setzero_si256();
+    auto chunk = [&](auto c_tag) {
+      constexpr int c = decltype(c_tag)::value;
+      const V x = Ld256(qs + 32 * c);
+      V lo = _mm256_and_si256(x, Bcast8(0xf));
+      V hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), Bcast8(0xf));
+      if constexpr (kFive) {
+        lo = _mm256_or_si256(lo, BitTo<2 * c, 4>(qh));
+        hi = _mm256_or_si256(hi, BitTo<2 * c + 1, 4>(qh));
+      }
+      v[2 * c] = DotU8(lo, Ld256(q + 64 * c));
+      v[2 * c + 1] = DotU8(hi, Ld256(q + 64 * c + 32));
+    };
+    chunk(std::integral_constant<int, 0>());
+    chunk(std::integral_constant<int, 1>());
+    chunk(std::integral_constant<int, 2>());
+    chunk(std::integral_constant<int, 3>());
+    V sc, mn;
+    K4Scales(p + 4, &sc, &mn);
+    int32_t isum, msum;
+    HSum2(_mm256_mullo_epi32(Reduce8(v), sc), _mm256_mullo_epi32(Ld256(a.s32 + 32 * b), mn), &isum,
+          &msum);
+    float d, dmin;
+    F16Pair(p, &d, &dmin);
+    acc[b & 7] = acc[b & 7] + qdot::TermKMin(d, dmin, qdot::LdF32(a.d, b), isum, msum);
+  }
+  return qdot::Tree8(acc);
+}
+
+HWY_INLINE float DotQ6_K(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockQ6_K);
+    PrefetchSpan(p, sizeof(BlockQ6_K));
+    const int8_t* q = a.q + 256 * b;
+    V v[8];
+    const V m4 = Bcast8(0xf), m30 = Bcast8(0x30);
+    for (int h = 0; h < 2; ++h) {
+      const V l0 = Ld256(p + 64 * h), l1 = Ld256(p + 64 * h + 32), hh = Ld256(p + 128 + 32 * h);
+      const V u0 = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                   _mm256_and_si256(_mm256_slli_epi16(hh, 4), m30));
+      const V u1 = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_and_si256(_mm256_slli_epi16(hh, 2), m30));
+      const V u2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_and_si256(hh, m30));
+      const V u3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_and_si256(_mm256_srli_epi16(hh, 2), m30));
+      v[4 * h + 0] = DotU8(u0, Ld256(q + 128 * h));
+      v[4 * h + 1] = DotU8(u1, Ld256(q + 128 * h + 32));
+      v[4 * h + 2] = DotU8(u2, Ld256(q + 128 * h + 64));
+      v[4 * h + 3] = DotU8(u3, Ld256(q + 128 * h + 96));
+    }
+    const __m128i sc = Ld128(p + 192);
+    // Codes are (value + 32).
+    const V t = _mm256_sub_epi32(Scaled16(v, sc), _mm256_slli_epi32(ScaledSums16(sc, a, b), 5));
+    acc[b & 7] = acc[b & 7] + qdot::TermK(F16(p + 208), qdot::LdF32(a.d, b), HSum(t));
+  }
+  return qdot::Tree8(acc);
+}
+
+HWY_INLINE float DotIQ4_XS(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  const V tbl = kBiasSigned ? Iq4TableBiased() : Iq4Table();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockIQ4_XS);
+    PrefetchSpan(p, sizeof(BlockIQ4_XS));
+    const int8_t* q = a.q + 256 * b;
+    V v[8];
+    for (int ib = 0; ib < 8; ++ib) {
+      v[ib] = DotSigned(_mm256_shuffle_epi8(tbl, Nibbles16(p + 8 + 16 * ib)), Ld256(q + 32 * ib));
+    }
+    V sub = Reduce8(v);
+    if constexpr (kBiasSigned) {
+      sub = _mm256_sub_epi32(sub, _mm256_slli_epi32(Ld256(a.s32 + 32 * b), 7));
+    }
+    // Scale ib: nibble ib of scales_l (4 ib bits in), 2 bits at 2 ib of scales_h; minus 32.
+    const V lo = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(qdot::LdU32(p + 4))),
+                          _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+        _mm256_set1_epi32(0xf));
+    const V hi = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(qdot::LdU16(p + 2)),
+                          _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        _mm256_set1_epi32(3));
+    const V sc = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)),
+                                  _mm256_set1_epi32(32));
+    const int32_t isum = HSum(_mm256_mullo_epi32(sub, sc));
+    acc[b & 7] = acc[b & 7] + qdot::TermK(F16(p), qdot::LdF32(a.d, b), isum);
+  }
+  return qdot::Tree8(acc);
+}
+
+// Row kernels: f(row, activations, weight blocks).
+using RowFn = float (*)(const uint8_t*, const Act&, int64_t);
+
+HWY_INLINE RowFn GetRowFn(DType t) {
+  switch (t) {
+    case DType::kQ4_0: return &Dot32<KQ4_0>;
+    case DType::kQ4_1: return &Dot32<KQ4_1>;
+    case DType::kQ5_0: return &Dot32<KQ5_0>;
+    case DType::kQ5_1: return &Dot32<KQ5_1>;
+    case DType::kQ8_0: return &Dot32<KQ8_0>;
+    case DType::kIQ4_NL: return &Dot32<KIQ4_NL>;
+    case DType::kQ2_K: return &DotQ2_K;
+    case DType::kQ3_K: return &DotQ3_K;
+    case DType::kQ4_K: return &DotQ45_K<false>;
+    case DType::kQ5_K: return &DotQ45_K<true>;
+    case DType::kQ6_K: return &DotQ6_K;
+    case DType::kIQ4_XS: return &DotIQ4_XS;
+    default:
+      STRATA_CHECK_MSG(false, "QuantDot: %s is not a block-quantized type",
+                       std::string(DTypeName(t)).c_str());
+  }
+  return nullptr;
+}
+
+#else  // not x86 AVX2+: the scalar reference (same floats).
+
+using RowFn = float (*)(const uint8_t*, const Act&, int64_t);
+
+template <DType kT>
+float RefRowT(const uint8_t* row, const Act& a, int64_t nb) {
+  return qdot::DotRef(kT, row, a, nb * DTypeBlockElems(kT));
+}
+
+HWY_INLINE RowFn GetRowFn(DType t) {
+  switch (t) {
+    case DType::kQ4_0: return &RefRowT<DType::kQ4_0>;
+    case DType::kQ4_1: return &RefRowT<DType::kQ4_1>;
+    case DType::kQ5_0: return &RefRowT<DType::kQ5_0>;
+    case DType::kQ5_1: return &RefRowT<DType::kQ5_1>;
+    case DType::kQ8_0: return &RefRowT<DType::kQ8_0>;
+    case DType::kIQ4_NL: return &RefRowT<DType::kIQ4_NL>;
+    case DType::kQ2_K: return &RefRowT<DType::kQ2_K>;
+    case DType::kQ3_K: return &RefRowT<DType::kQ3_K>;
+    case DType::kQ4_K: return &RefRowT<DType::kQ4_K>;
+    case DType::kQ5_K: return &RefRowT<DType::kQ5_K>;
+    case DType::kQ6_K: return &RefRowT<DType::kQ6_K>;
+    case DType::kIQ4_XS: return &RefRowT<DType::kIQ4_XS>;
+    default:
+      STRATA_CHECK_MSG(false, "QuantDot: %s is not a block-quantized type",
+                       std::string(DTypeName(t)).c_str());
+  }
+  return nullptr;
+}
+
+#endif
+
+// Activation blocks of be elements (see QuantizeActivations): d = max|x| / 127,
+// q = nearest-even(x / d), all IEEE-exact or correctly rounded operations, so every target writes
+// the same bytes. A block with Inf or NaN gets d = NaN and q = 0.
+void QuantizeBlocksImpl(int64_t be, const float* x, int64_t k, int8_t* q, uint8_t* d_out) {
+  namespace hn = hwy::HWY_NAMESPACE;
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<int32_t, decltype(df)> di;
+  const hn::Rebind<int8_t, decltype(df)> d8;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));  // divides 32
+  for (int64_t b = 0; b < k / be; ++b) {
+    const float* xb = x + b * be;
+    int8_t* qb = q + b * be;
+    auto vmax = hn::Zero(df);
+    auto nonfinite = hn::Zero(df);  // x * 0 is NaN exactly for Inf and NaN
+    for (int64_t i = 0; i < be; i += n) {
+      const auto v = hn::LoadU(df, xb + i);
+      vmax = hn::Max(vmax, hn::Abs(v));
+      nonfinite = hn::Add(nonfinite, hn::Mul(v, hn::Zero(df)));
+    }
+    float d = hn::GetLane(hn::MaxOfLanes(df, vmax)) / 127.f;
+    if (!hn::AllFalse(df, hn::IsNaN(nonfinite))) d = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(d_out + 4 * b, &d, 4);
+    if (!(d > 0.f)) {  // zero block, or non-finite
+      std::memset(qb, 0, be);
+      continue;
+    }
+    const auto dv = hn::Set(df, d);
+    const auto lo = hn::Set(di, -127), hi = hn::Set(di, 127);
+    for (int64_t i = 0; i < be; i += n) {
+      const auto r = hn::NearestInt(hn::Div(hn::LoadU(df, xb + i), dv));
+      hn::StoreU(hn::DemoteTo(d8, hn::Min(hn::Max(r, lo), hi)), d8, qb + i);
+    }
+  }
+}
+
+float QuantDotImpl(DType t, const void* row, const void* act, int64_t k) {
+  return GetRowFn(t)(static_cast<const uint8_t*>(row), qdot::MakeAct(t, act, k),
+                     k / DTypeBlockElems(t));
+}
+
+void QuantDotRowsImpl(DType t, const void* rows, int64_t row_bytes, const void* act, int64_t k,
+                      float* y, int64_t n_rows) {
+  const Act a = qdot::MakeAct(t, act, k);
+  const RowFn f = GetRowFn(t);
+  const int64_t nb = k / DTypeBlockElems(t);
+  const uint8_t* row = static_cast<const uint8_t*>(rows);
+  for (int64_t r = 0; r < n_rows; ++r, row += row_bytes) y[r] = f(row, a, nb);
+}
+
+// Tokens per tile: a tile's activations (~1.1 k bytes per token at k = 1024) stay in L2 while each
+// weight row of the range is read once per tile and reused from L1 for every token.
+constexpr int64_t kTokTile = 64;
+
+void QuantMatMulRowsImpl(const TensorView& w, const uint8_t* acts, int64_t act_stride,
+                         int64_t n_tok, float* y, int64_t y_stride, int64_t r0, int64_t r1) {
+  const DType t = w.dtype;
+  const int64_t k = w.cols();
+  const RowFn f = GetRowFn(t);
+  const int64_t nb = k / DTypeBlockElems(t);
+  Act a[kTokTile];
+  for (int64_t t0 = 0; t0 < n_tok; t0 += kTokTile) {
+    const int64_t nt = std::min(kTokTile, n_tok - t0);
+    for (int64_t j = 0; j < nt; ++j) a[j] = qdot::MakeAct(t, acts + (t0 + j) * act_stride, k);
+    for (int64_t r = r0; r < r1; ++r) {
+      const uint8_t* row = w.row(r);
+      float* yr = y + t0 * y_stride + r;
+      for (int64_t j = 0; j < nt; ++j) yr[j * y_stride] = f(row, a[j], nb);
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace strata
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace strata {
+
+HWY_EXPORT(QuantDotImpl);
+HWY_EXPORT(QuantDotRowsImpl);
+HWY_EXPORT(QuantMatMulRowsImpl);
+HWY_EXPORT(QuantizeBlocksImpl);
+
+bool HasQuantDot(DType t) { return IsQuantized(t); }
+
+int64_t ActivationBlockElems(DType weight_type) { return qdot::ActBlock(weight_type); }
+
+namespace {
+void CheckK(DType t, int64_t k) {
+  STRATA_CHECK_MSG(IsQuantized(t), "quantized dot: %s is not a block-quantized type",
+                   std::string(DTypeName(t)).c_str());
+  STRATA_CHECK_MSG(k >= 0 && k % DTypeBlockElems(t) == 0,
+                   "quantized dot: %lld elements of %s is not a whole number of blocks",
+                   static_cast<long long>(k), std::string(DTypeName(t)).c_str());
+}
+
+}  // namespace
+
+int64_t ActivationBytes(DType weight_type, int64_t k) {
+  CheckK(weight_type, k);
+  return qdot::GetLayout(weight_type, k).bytes;
+}
+
+void QuantizeActivations(DType weight_type, const float* x, int64_t k, void* out) {
+  CheckK(weight_type, k);
+  const qdot::Layout l = qdot::GetLayout(weight_type, k);
+  uint8_t* base = static_cast<uint8_t*>(out);
+  int8_t* q = reinterpret_cast<int8_t*>(base);
+  const int64_t be = qdot::ActBlock(weight_type);
+  HWY_DYNAMIC_DISPATCH(QuantizeBlocksImpl)(be, x, k, q, base + l.d);
+  if (be == 256) {
+    for (int64_t g = 0; g < k / 16; ++g) {
+      int32_t s = 0;
+      for (int i = 0; i < 16; ++i) s += q[16 * g + i];
+      std::memcpy(base + l.s16 + 4 * g, &s, 4);
+    }
+  }
+  for (int64_t g = 0; g < k / 32; ++g) {
+    int32_t s = 0;
+    for (int i = 0; i < 32; ++i) s += q[32 * g + i];
+    std::memcpy(base + l.s32 + 4 * g, &s, 4);
+  }
+}
+
+float QuantDot(DType t, const void* row, const void* act, int64_t k) {
+  CheckK(t, k);
+  return HWY_DYNAMIC_DISPATCH(QuantDotImpl)(t, row, act, k);
+}
+
+float QuantDotRef(DType t, const void* row, const void* act, int64_t k) {
+  CheckK(t, k);
+  return qdot::DotRef(t, static_cast<const uint8_t*>(row), qdot::MakeAct(t, act, k), k);
+}
+
+void QuantDotRows(DType t, const void* rows, int64_t row_bytes, const void* act, int64_t k,
+                  float* y, int64_t n_rows) {
+  CheckK(t, k);
+  HWY_DYNAMIC_DISPATCH(QuantDotRowsImpl)(t, rows, row_bytes, act, k, y, n_rows);
+}
+
+void QuantMatMulRows(const TensorView& w, const uint8_t* acts, int64_t act_stride, int64_t n_tok,
+                     float* y, int64_t y_stride, int64_t r0, int64_t r1) {
+  CheckK(w.dtype, w.cols());
+  HWY_DYNAMIC_DISPATCH(QuantMatMulRowsImpl)(w, acts, act_stride, n_tok, y, y_stride, r0, r1);
+}
+
+}  // namespace strata
+#endif  // HWY_ONCE
