@@ -755,9 +755,9 @@ HWY_INLINE float DotQ3_K(const uint8_t* row, const Act& a, int64_t nb) {
 // Q4_K/Q5_K scales and mins (see qdot::K4ScaleMin) as int32 vectors, from the 12 packed bytes
 // as u32 words w0, w1, w2: scales 0-3 = w0 & 0x3f.., mins 0-3 = w1 & 0x3f..; scales 4-7 =
 // (w2 & 0x0f..) | (w0 >> 6 & 0x03..) << 4, mins 4-7 = (w2 >> 4 & 0x0f..) | (w1 >> 6 & 0x03..) << 4.
-// In SIMD lanes [sc 0-3, sc 4-7, mn 0-3, mn 4-7]. The 16-byte load reads 4 bytes of the codes
+// As bytes [sc 0-7, mn 0-7] (K4ScaleBytes) or int32 vectors (K4Scales). The 16-byte load reads 4 bytes of the codes
 // that follow the scales in the block (ignored).
-HWY_INLINE void K4Scales(const uint8_t* s, V* sc, V* mn) {
+HWY_INLINE __m128i K4ScaleBytes(const uint8_t* s) {
   const __m128i w = Ld128(s);
   const __m128i x = _mm_srlv_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0)),
                                    _mm_setr_epi32(0, 0, 0, 4));  // [w0, w2, w1, w2 >> 4]
@@ -766,7 +766,11 @@ HWY_INLINE void K4Scales(const uint8_t* s, V* sc, V* mn) {
   const __m128i y = _mm_srli_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0)), 6);
   const __m128i high = _mm_slli_epi32(_mm_and_si128(y, _mm_setr_epi32(0, 0x03030303, 0,
                                                                       0x03030303)), 4);
-  const __m128i u = _mm_or_si128(low, high);
+  return _mm_or_si128(low, high);
+}
+
+HWY_INLINE void K4Scales(const uint8_t* s, V* sc, V* mn) {
+  const __m128i u = K4ScaleBytes(s);
   *sc = _mm256_cvtepu8_epi32(u);
   *mn = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(u, u));
 }
@@ -809,6 +813,120 @@ HWY_INLINE float DotQ45_K(const uint8_t* row, const Act& a, int64_t nb) {
   }
   return qdot::Tree8(acc);
 }
+
+#if HWY_TARGET == HWY_AVX3_DL
+// acc + 512-bit vpdpbusd / vpdpwssd, written out: Highway 1.0.3's AVX3_DL target string has no
+// avx512vnni (see DotU8), so the intrinsics do not inline; zmm operands are EVEX-only anyway.
+HWY_INLINE __m512i Dpbusd512(__m512i acc, __m512i u, __m512i q) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "vm"(q));
+  return acc;
+}
+HWY_INLINE __m512i Dpwssd512(__m512i acc, __m512i a, __m512i b) {
+  asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
+  return acc;
+}
+
+// [32 bytes at lo | 32 bytes at hi] in one 512-bit vector.
+HWY_INLINE __m512i Ld2x256(const void* lo, const void* hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(Ld256(lo)), Ld256(hi), 1);
+}
+
+// Q4_K on AVX-512 VNNI (v3), 64 code bytes per step. The low nibbles of qs[64 s .. 64 s + 63] are
+// sub-blocks 4 s and 4 s + 2 (32 bytes each), the high nibbles 4 s + 1 and 4 s + 3, so one 512-bit
+// vpdpbusd per nibble half gives 16 int32 lanes, 8 per sub-block (each a sum of 4 code * q
+// products, |v| <= 15 * 127 * 4 < 2^15). As int16 pairs (v, sign) such a lane times (sc, 0) is
+// v * sc, so vpmaddwd / vpdpwssd against vectors of the sub-block scales in the matching lanes
+// (placed by one masked vpermb each) accumulates sum_s sc_s * dot_s without reducing per
+// sub-block. The integer totals isum and msum, and all f32 operations, are those of RefQ45_K.
+HWY_INLINE float DotQ4_K_Vnni(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  const __m512i m4 = _mm512_set1_epi8(0xf);
+  // Dword i of scale vector k holds the scale of the sub-block of lane i of product k.
+  const __m512i i0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
+  const __m512i i1 = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m512i i2 = _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6);
+  const __m512i i3 = _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7);
+  constexpr __mmask64 kLow = 0x1111111111111111ull;  // byte 0 of every dword
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockQ4_K);
+    PrefetchSpan(p, sizeof(BlockQ4_K));
+    const int8_t* q = a.q + 256 * b;
+    const __m512i x0 = _mm512_loadu_si512(p + 16), x1 = _mm512_loadu_si512(p + 80);
+    const __m512i z = _mm512_setzero_si512();
+    const __m512i r0 = Dpbusd512(z, _mm512_and_si512(x0, m4), Ld2x256(q, q + 64));
+    const __m512i r1 = Dpbusd512(
+        z, _mm512_and_si512(_mm512_srli_epi16(x0, 4), m4), Ld2x256(q + 32, q + 96));
+    const __m512i r2 = Dpbusd512(z, _mm512_and_si512(x1, m4), Ld2x256(q + 128, q + 192));
+    const __m512i r3 = Dpbusd512(
+        z, _mm512_and_si512(_mm512_srli_epi16(x1, 4), m4), Ld2x256(q + 160, q + 224));
+    const __m128i u = K4ScaleBytes(p + 4);
+    const __m512i uz = _mm512_castsi128_si512(u);
+    const __m512i s0 = _mm512_maskz_permutexvar_epi8(kLow, i0, uz);
+    const __m512i s1 = _mm512_maskz_permutexvar_epi8(kLow, i1, uz);
+    const __m512i s2 = _mm512_maskz_permutexvar_epi8(kLow, i2, uz);
+    const __m512i s3 = _mm512_maskz_permutexvar_epi8(kLow, i3, uz);
+    const __m512i t = _mm512_add_epi32(Dpwssd512(_mm512_madd_epi16(r0, s0), r1, s1),
+                                       Dpwssd512(_mm512_madd_epi16(r2, s2), r3, s3));
+    const V t8 = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+    const V mn = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(u, u));
+    int32_t isum, msum;
+    HSum2(t8, _mm256_mullo_epi32(Ld256(a.s32 + 32 * b), mn), &isum, &msum);
+    float d, dmin;
+    F16Pair(p, &d, &dmin);
+    acc[b & 7] = acc[b & 7] + qdot::TermKMin(d, dmin, qdot::LdF32(a.d, b), isum, msum);
+  }
+  return qdot::Tree8(acc);
+}
+
+// Q6_K on AVX-512 VNNI (v3). For half h, the low nibbles of ql[64 h .. 64 h + 63] are elements
+// 128 h + 0..63 in order and the high nibbles 128 h + 64..127; their top two bits are bits 0-1 /
+// 2-3 (resp. 4-5 / 6-7) of qh[32 h .. 32 h + 31], so [qh | qh >> 2] serves both 64-byte halves.
+// Lane i of a product covers 4 elements of one 16-element group, whose int8 scale is placed in the
+// lane as the int16 pair (sc, 0) by a masked vpermw; the code offset 32 is taken out as
+// 32 * sum_g sc_g * s16_g. Same integer total and f32 operations as RefQ6_K.
+HWY_INLINE float DotQ6_K_Vnni(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  const __m512i m4 = _mm512_set1_epi8(0xf), m30 = _mm512_set1_epi8(0x30);
+  // Word 2 i of scale vector k: the scale of lane i of product k (groups 4 k' .. 4 k' + 3).
+  const __m512i i0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(4));
+  const __m512i i2 = _mm512_add_epi32(i0, _mm512_set1_epi32(8));
+  const __m512i i3 = _mm512_add_epi32(i0, _mm512_set1_epi32(12));
+  constexpr __mmask32 kEven = 0x55555555u;  // word 0 of every dword
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockQ6_K);
+    PrefetchSpan(p, sizeof(BlockQ6_K));
+    const int8_t* q = a.q + 256 * b;
+    const __m512i z = _mm512_setzero_si512();
+    __m512i r[4];
+    for (int h = 0; h < 2; ++h) {
+      const __m512i l = _mm512_loadu_si512(p + 64 * h);
+      const V hh = Ld256(p + 128 + 32 * h);
+      const __m512i hs =
+          _mm512_inserti64x4(_mm512_castsi256_si512(hh), _mm256_srli_epi16(hh, 2), 1);
+      // (l & 0x0f) | hi, by one ternary-logic op (select l where the mask bit is set).
+      const __m512i c0 = _mm512_ternarylogic_epi32(
+          m4, l, _mm512_and_si512(_mm512_slli_epi16(hs, 4), m30), 0xca);
+      const __m512i c1 = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(l, 4),
+                                                   _mm512_and_si512(hs, m30), 0xca);
+      r[2 * h] = Dpbusd512(z, c0, _mm512_loadu_si512(q + 128 * h));
+      r[2 * h + 1] = Dpbusd512(z, c1, _mm512_loadu_si512(q + 128 * h + 64));
+    }
+    const __m128i sc8 = Ld128(p + 192);
+    const __m512i sw = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
+    const __m512i t = _mm512_add_epi32(
+        Dpwssd512(_mm512_madd_epi16(r[0], _mm512_maskz_permutexvar_epi16(kEven, i0, sw)),
+                            r[1], _mm512_maskz_permutexvar_epi16(kEven, i1, sw)),
+        Dpwssd512(_mm512_madd_epi16(r[2], _mm512_maskz_permutexvar_epi16(kEven, i2, sw)),
+                            r[3], _mm512_maskz_permutexvar_epi16(kEven, i3, sw)));
+    const __m512i off = _mm512_mullo_epi32(_mm512_loadu_si512(a.s16 + 64 * b),
+                                           _mm512_cvtepi8_epi32(sc8));
+    const int32_t isum = _mm512_reduce_add_epi32(_mm512_sub_epi32(t, _mm512_slli_epi32(off, 5)));
+    acc[b & 7] = acc[b & 7] + qdot::TermK(F16(p + 208), qdot::LdF32(a.d, b), isum);
+  }
+  return qdot::Tree8(acc);
+}
+#endif
 
 HWY_INLINE float DotQ6_K(const uint8_t* row, const Act& a, int64_t nb) {
   float acc[8] = {};
@@ -886,9 +1004,17 @@ HWY_INLINE RowFn GetRowFn(DType t) {
     case DType::kIQ4_NL: return &Dot32<KIQ4_NL>;
     case DType::kQ2_K: return &DotQ2_K;
     case DType::kQ3_K: return &DotQ3_K;
+#if HWY_TARGET == HWY_AVX3_DL
+    case DType::kQ4_K: return &DotQ4_K_Vnni;
+#else
     case DType::kQ4_K: return &DotQ45_K<false>;
+#endif
     case DType::kQ5_K: return &DotQ45_K<true>;
+#if HWY_TARGET == HWY_AVX3_DL
+    case DType::kQ6_K: return &DotQ6_K_Vnni;
+#else
     case DType::kQ6_K: return &DotQ6_K;
+#endif
     case DType::kIQ4_XS: return &DotIQ4_XS;
     default:
       STRATA_CHECK_MSG(false, "QuantDot: %s is not a block-quantized type",
