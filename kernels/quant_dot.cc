@@ -826,48 +826,61 @@ HWY_INLINE __m512i Dpwssd512(__m512i acc, __m512i a, __m512i b) {
   return acc;
 }
 
-// [32 bytes at lo | 32 bytes at hi] in one 512-bit vector.
-HWY_INLINE __m512i Ld2x256(const void* lo, const void* hi) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(Ld256(lo)), Ld256(hi), 1);
-}
-
-// Q4_K on AVX-512 VNNI (v3), 64 code bytes per step. The low nibbles of qs[64 s .. 64 s + 63] are
-// sub-blocks 4 s and 4 s + 2 (32 bytes each), the high nibbles 4 s + 1 and 4 s + 3, so one 512-bit
-// vpdpbusd per nibble half gives 16 int32 lanes, 8 per sub-block (each a sum of 4 code * q
-// products, |v| <= 15 * 127 * 4 < 2^15). As int16 pairs (v, sign) such a lane times (sc, 0) is
-// v * sc, so vpmaddwd / vpdpwssd against vectors of the sub-block scales in the matching lanes
-// (placed by one masked vpermb each) accumulates sum_s sc_s * dot_s without reducing per
+// Q4_K/Q5_K on AVX-512 VNNI (v3), 64 elements per step. Chunk c (qs[32 c .. 32 c + 31]) holds
+// sub-blocks 2 c (low nibbles) and 2 c + 1 (high nibbles): broadcast to both 256-bit halves and
+// shifted by 0 / 4 per half (vpsrlvw), it is elements 64 c .. 64 c + 63 in order, so one 512-bit
+// vpdpbusd with the 64 activation bytes gives 16 int32 lanes, 8 per sub-block (each a sum of 4
+// code * q products, |v| <= 31 * 127 * 4 < 2^15). Q5_K's fifth bits (bit 2 c / 2 c + 1 of qh[l])
+// are one vptestmb against the broadcast qh and a masked add of 16. As int16 pairs (v, sign) a
+// lane times (sc, 0) is v * sc, so vpmaddwd / vpdpwssd against the sub-block scales placed in the
+// matching lanes (one masked vpermb each) accumulates sum_s sc_s * dot_s without reducing per
 // sub-block. The integer totals isum and msum, and all f32 operations, are those of RefQ45_K.
-HWY_INLINE float DotQ4_K_Vnni(const uint8_t* row, const Act& a, int64_t nb) {
+template <bool kFive>
+HWY_INLINE float DotQ45_K_Vnni(const uint8_t* row, const Act& a, int64_t nb) {
+  constexpr int64_t kBytes = kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
   float acc[8] = {};
   const __m512i m4 = _mm512_set1_epi8(0xf);
-  // Dword i of scale vector k holds the scale of the sub-block of lane i of product k.
-  const __m512i i0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
-  const __m512i i1 = _mm512_setr_epi32(1, 1, 1, 1, 1, 1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3);
-  const __m512i i2 = _mm512_setr_epi32(4, 4, 4, 4, 4, 4, 4, 4, 6, 6, 6, 6, 6, 6, 6, 6);
-  const __m512i i3 = _mm512_setr_epi32(5, 5, 5, 5, 5, 5, 5, 5, 7, 7, 7, 7, 7, 7, 7, 7);
+  const __m512i shift = _mm512_setr_epi64(0, 0, 0, 0, 0x0004000400040004ll, 0x0004000400040004ll,
+                                          0x0004000400040004ll, 0x0004000400040004ll);
+  // Dword i of scale vector c holds the index of the scale of lane i of product c.
+  const __m512i i0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+  const __m512i two = _mm512_set1_epi32(2);
   constexpr __mmask64 kLow = 0x1111111111111111ull;  // byte 0 of every dword
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* p = row + b * sizeof(BlockQ4_K);
-    PrefetchSpan(p, sizeof(BlockQ4_K));
+    const uint8_t* p = row + b * kBytes;
+    PrefetchSpan(p, kBytes);
     const int8_t* q = a.q + 256 * b;
-    const __m512i x0 = _mm512_loadu_si512(p + 16), x1 = _mm512_loadu_si512(p + 80);
-    const __m512i z = _mm512_setzero_si512();
-    const __m512i r0 = Dpbusd512(z, _mm512_and_si512(x0, m4), Ld2x256(q, q + 64));
-    const __m512i r1 = Dpbusd512(
-        z, _mm512_and_si512(_mm512_srli_epi16(x0, 4), m4), Ld2x256(q + 32, q + 96));
-    const __m512i r2 = Dpbusd512(z, _mm512_and_si512(x1, m4), Ld2x256(q + 128, q + 192));
-    const __m512i r3 = Dpbusd512(
-        z, _mm512_and_si512(_mm512_srli_epi16(x1, 4), m4), Ld2x256(q + 160, q + 224));
+    const uint8_t* qs = p + (kFive ? 48 : 16);
+    [[maybe_unused]] __m512i qh;
+    if constexpr (kFive) qh = _mm512_broadcast_i64x4(Ld256(p + 16));
     const __m128i u = K4ScaleBytes(p + 4);
     const __m512i uz = _mm512_castsi128_si512(u);
-    const __m512i s0 = _mm512_maskz_permutexvar_epi8(kLow, i0, uz);
-    const __m512i s1 = _mm512_maskz_permutexvar_epi8(kLow, i1, uz);
-    const __m512i s2 = _mm512_maskz_permutexvar_epi8(kLow, i2, uz);
-    const __m512i s3 = _mm512_maskz_permutexvar_epi8(kLow, i3, uz);
-    const __m512i t = _mm512_add_epi32(Dpwssd512(_mm512_madd_epi16(r0, s0), r1, s1),
-                                       Dpwssd512(_mm512_madd_epi16(r2, s2), r3, s3));
-    const V t8 = _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+    __m512i t[2];
+    __m512i idx = i0;
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      __m512i code = _mm512_and_si512(
+          _mm512_srlv_epi16(_mm512_broadcast_i64x4(Ld256(qs + 32 * c)), shift), m4);
+      if constexpr (kFive) {
+        const __m512i bit = _mm512_setr_epi64(
+            0x0101010101010101ll << (2 * c), 0x0101010101010101ll << (2 * c),
+            0x0101010101010101ll << (2 * c), 0x0101010101010101ll << (2 * c),
+            0x0101010101010101ll << (2 * c + 1), 0x0101010101010101ll << (2 * c + 1),
+            0x0101010101010101ll << (2 * c + 1), 0x0101010101010101ll << (2 * c + 1));
+        code = _mm512_mask_add_epi8(code, _mm512_test_epi8_mask(qh, bit), code,
+                                    _mm512_set1_epi8(16));
+      }
+      const __m512i r = Dpbusd512(_mm512_setzero_si512(), code, _mm512_loadu_si512(q + 64 * c));
+      const __m512i sv = _mm512_maskz_permutexvar_epi8(kLow, idx, uz);
+      if (c < 2) {
+        t[c] = _mm512_madd_epi16(r, sv);
+      } else {
+        t[c - 2] = Dpwssd512(t[c - 2], r, sv);
+      }
+      idx = _mm512_add_epi32(idx, two);
+    }
+    const __m512i ts = _mm512_add_epi32(t[0], t[1]);
+    const V t8 = _mm256_add_epi32(_mm512_castsi512_si256(ts), _mm512_extracti64x4_epi64(ts, 1));
     const V mn = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(u, u));
     int32_t isum, msum;
     HSum2(t8, _mm256_mullo_epi32(Ld256(a.s32 + 32 * b), mn), &isum, &msum);
@@ -1005,11 +1018,15 @@ HWY_INLINE RowFn GetRowFn(DType t) {
     case DType::kQ2_K: return &DotQ2_K;
     case DType::kQ3_K: return &DotQ3_K;
 #if HWY_TARGET == HWY_AVX3_DL
-    case DType::kQ4_K: return &DotQ4_K_Vnni;
+    case DType::kQ4_K: return &DotQ45_K_Vnni<false>;
 #else
     case DType::kQ4_K: return &DotQ45_K<false>;
 #endif
+#if HWY_TARGET == HWY_AVX3_DL
+    case DType::kQ5_K: return &DotQ45_K_Vnni<true>;
+#else
     case DType::kQ5_K: return &DotQ45_K<true>;
+#endif
 #if HWY_TARGET == HWY_AVX3_DL
     case DType::kQ6_K: return &DotQ6_K_Vnni;
 #else
