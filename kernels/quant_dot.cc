@@ -882,11 +882,14 @@ HWY_INLINE float DotQ45_K_Vnni(const uint8_t* row, const Act& a, int64_t nb) {
     const __m512i ts = _mm512_add_epi32(t[0], t[1]);
     const V t8 = _mm256_add_epi32(_mm512_castsi512_si256(ts), _mm512_extracti64x4_epi64(ts, 1));
     const V mn = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(u, u));
-    int32_t isum, msum;
-    HSum2(t8, _mm256_mullo_epi32(Ld256(a.s32 + 32 * b), mn), &isum, &msum);
-    float d, dmin;
-    F16Pair(p, &d, &dmin);
-    acc[b & 7] = acc[b & 7] + qdot::TermKMin(d, dmin, qdot::LdF32(a.d, b), isum, msum);
+    // qdot::TermKMin in xmm lanes: [d, dmin] * dx * [float(isum), float(msum)], lane 0 - lane 1.
+    const V h = _mm256_hadd_epi32(t8, _mm256_mullo_epi32(Ld256(a.s32 + 32 * b), mn));
+    __m128i sums = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    sums = _mm_hadd_epi32(sums, sums);  // [isum, msum, isum, msum]
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(qdot::LdU32(p))));
+    const __m128 tt = _mm_mul_ps(_mm_mul_ps(dd, _mm_set1_ps(qdot::LdF32(a.d, b))),
+                                 _mm_cvtepi32_ps(sums));
+    acc[b & 7] = acc[b & 7] + _mm_cvtss_f32(_mm_sub_ss(tt, _mm_movehdup_ps(tt)));
   }
   return qdot::Tree8(acc);
 }
@@ -917,11 +920,12 @@ HWY_INLINE float DotQ6_K_Vnni(const uint8_t* row, const Act& a, int64_t nb) {
       const V hh = Ld256(p + 128 + 32 * h);
       const __m512i hs =
           _mm512_inserti64x4(_mm512_castsi256_si512(hh), _mm256_srli_epi16(hh, 2), 1);
-      // (l & 0x0f) | hi, by one ternary-logic op (select l where the mask bit is set).
+      // (l & 0x0f) | hi, by one ternary-logic op: C ? B : A bitwise with C = 0x0f (the
+      // overwritten operand is the temporary A, so the mask needs no copy).
       const __m512i c0 = _mm512_ternarylogic_epi32(
-          m4, l, _mm512_and_si512(_mm512_slli_epi16(hs, 4), m30), 0xca);
-      const __m512i c1 = _mm512_ternarylogic_epi32(m4, _mm512_srli_epi16(l, 4),
-                                                   _mm512_and_si512(hs, m30), 0xca);
+          _mm512_and_si512(_mm512_slli_epi16(hs, 4), m30), l, m4, 0xd8);
+      const __m512i c1 = _mm512_ternarylogic_epi32(_mm512_and_si512(hs, m30),
+                                                   _mm512_srli_epi16(l, 4), m4, 0xd8);
       r[2 * h] = Dpbusd512(z, c0, _mm512_loadu_si512(q + 128 * h));
       r[2 * h + 1] = Dpbusd512(z, c1, _mm512_loadu_si512(q + 128 * h + 64));
     }
