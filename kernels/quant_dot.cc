@@ -814,38 +814,41 @@ HWY_INLINE float DotQ45_K(const uint8_t* row, const Act& a, int64_t nb) {
   return qdot::Tree8(acc);
 }
 
-#if HWY_TARGET == HWY_AVX3_DL
-// acc + 512-bit vpdpbusd / vpdpwssd, written out: Highway 1.0.3's AVX3_DL target string has no
-// avx512vnni (see DotU8), so the intrinsics do not inline; zmm operands are EVEX-only anyway.
-HWY_INLINE __m512i Dpbusd512(__m512i acc, __m512i u, __m512i q) {
-  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "vm"(q));
-  return acc;
-}
+#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3
+// acc + 512-bit vpdpwssd (int16 pairs times int16 pairs into int32), written out: Highway 1.0.3's
+// AVX3_DL target string has no avx512vnni (see DotU8), so the intrinsic does not inline; zmm
+// operands are EVEX-only anyway.
+// On AVX3 (no VNNI): vpmaddwd + vpaddd, the same exact int32 sums.
 HWY_INLINE __m512i Dpwssd512(__m512i acc, __m512i a, __m512i b) {
+#if HWY_TARGET == HWY_AVX3_DL
   asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
   return acc;
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
 }
 
-// Q4_K/Q5_K on AVX-512 VNNI (v3), 64 elements per step. Chunk c (qs[32 c .. 32 c + 31]) holds
-// sub-blocks 2 c (low nibbles) and 2 c + 1 (high nibbles): broadcast to both 256-bit halves and
-// shifted by 0 / 4 per half (vpsrlvw), it is elements 64 c .. 64 c + 63 in order, so one 512-bit
-// vpdpbusd with the 64 activation bytes gives 16 int32 lanes, 8 per sub-block (each a sum of 4
-// code * q products, |v| <= 31 * 127 * 4 < 2^15). Q5_K's fifth bits (bit 2 c / 2 c + 1 of qh[l])
-// are one vptestmb against the broadcast qh and a masked add of 16. As int16 pairs (v, sign) a
-// lane times (sc, 0) is v * sc, so vpmaddwd / vpdpwssd against the sub-block scales placed in the
-// matching lanes (one masked vpermb each) accumulates sum_s sc_s * dot_s without reducing per
-// sub-block. The integer totals isum and msum, and all f32 operations, are those of RefQ45_K.
+// Q4_K/Q5_K on AVX-512 (v3; AVX3 and AVX3_DL), 64 elements per step. Chunk c (qs[32 c ..
+// 32 c + 31]) holds sub-blocks 2 c (low nibbles) and 2 c + 1 (high nibbles): broadcast to both
+// 256-bit halves and shifted by 0 / 4 per half (vpsrlvw), it is elements 64 c .. 64 c + 63 in
+// activation order. Q5_K's fifth bits (bit 2 c / 2 c + 1 of qh[l]) are one vptestmb against the
+// broadcast qh and a masked add of 16. vpmaddubsw with the 64 activation bytes gives 32 int16
+// pair sums (16 per sub-block, exact: |v| <= 2 * 31 * 127), and vpmaddwd / vpdpwssd against the
+// sub-block scales placed in the matching words (one masked vpermb each; vpermw on AVX3)
+// accumulates sum_s sc_s * dot_s in int32 lanes without a reduction per sub-block. The integer
+// totals isum and msum, and all f32 operations, are those of RefQ45_K.
 template <bool kFive>
-HWY_INLINE float DotQ45_K_Vnni(const uint8_t* row, const Act& a, int64_t nb) {
+HWY_INLINE float DotQ45_K_512(const uint8_t* row, const Act& a, int64_t nb) {
   constexpr int64_t kBytes = kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
   float acc[8] = {};
   const __m512i m4 = _mm512_set1_epi8(0xf);
   const __m512i shift = _mm512_setr_epi64(0, 0, 0, 0, 0x0004000400040004ll, 0x0004000400040004ll,
                                           0x0004000400040004ll, 0x0004000400040004ll);
-  // Dword i of scale vector c holds the index of the scale of lane i of product c.
-  const __m512i i0 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m512i two = _mm512_set1_epi32(2);
-  constexpr __mmask64 kLow = 0x1111111111111111ull;  // byte 0 of every dword
+  // Word w of scale vector c holds the index of the scale of word w of product c.
+  const __m512i i0 = _mm512_setr_epi64(0, 0, 0, 0, 0x0001000100010001ll, 0x0001000100010001ll,
+                                       0x0001000100010001ll, 0x0001000100010001ll);
+  const __m512i two = _mm512_set1_epi16(2);
+  [[maybe_unused]] constexpr __mmask64 kLow = 0x5555555555555555ull;  // byte 0 of every word
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = row + b * kBytes;
     PrefetchSpan(p, kBytes);
@@ -854,7 +857,11 @@ HWY_INLINE float DotQ45_K_Vnni(const uint8_t* row, const Act& a, int64_t nb) {
     [[maybe_unused]] __m512i qh;
     if constexpr (kFive) qh = _mm512_broadcast_i64x4(Ld256(p + 16));
     const __m128i u = K4ScaleBytes(p + 4);
+#if HWY_TARGET == HWY_AVX3_DL
     const __m512i uz = _mm512_castsi128_si512(u);
+#else
+    const __m512i uz = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));  // for vpermw
+#endif
     __m512i t[2];
     __m512i idx = i0;
 #pragma GCC unroll 4
@@ -870,14 +877,19 @@ HWY_INLINE float DotQ45_K_Vnni(const uint8_t* row, const Act& a, int64_t nb) {
         code = _mm512_mask_add_epi8(code, _mm512_test_epi8_mask(qh, bit), code,
                                     _mm512_set1_epi8(16));
       }
-      const __m512i r = Dpbusd512(_mm512_setzero_si512(), code, _mm512_loadu_si512(q + 64 * c));
-      const __m512i sv = _mm512_maskz_permutexvar_epi8(kLow, idx, uz);
+      // Byte pairs into int16 (|v| <= 2 * 31 * 127, no saturation), then scale * pair sums.
+      const __m512i v = _mm512_maddubs_epi16(code, _mm512_loadu_si512(q + 64 * c));
+#if HWY_TARGET == HWY_AVX3_DL
+      const __m512i sv = _mm512_maskz_permutexvar_epi8(kLow, idx, uz);  // AVX512-VBMI
+#else
+      const __m512i sv = _mm512_permutexvar_epi16(idx, uz);
+#endif
       if (c < 2) {
-        t[c] = _mm512_madd_epi16(r, sv);
+        t[c] = _mm512_madd_epi16(v, sv);
       } else {
-        t[c - 2] = Dpwssd512(t[c - 2], r, sv);
+        t[c - 2] = Dpwssd512(t[c - 2], v, sv);
       }
-      idx = _mm512_add_epi32(idx, two);
+      idx = _mm512_add_epi16(idx, two);
     }
     const __m512i ts = _mm512_add_epi32(t[0], t[1]);
     const V t8 = _mm256_add_epi32(_mm512_castsi512_si256(ts), _mm512_extracti64x4_epi64(ts, 1));
@@ -894,26 +906,27 @@ HWY_INLINE float DotQ45_K_Vnni(const uint8_t* row, const Act& a, int64_t nb) {
   return qdot::Tree8(acc);
 }
 
-// Q6_K on AVX-512 VNNI (v3). For half h, the low nibbles of ql[64 h .. 64 h + 63] are elements
-// 128 h + 0..63 in order and the high nibbles 128 h + 64..127; their top two bits are bits 0-1 /
-// 2-3 (resp. 4-5 / 6-7) of qh[32 h .. 32 h + 31], so [qh | qh >> 2] serves both 64-byte halves.
-// Lane i of a product covers 4 elements of one 16-element group, whose int8 scale is placed in the
-// lane as the int16 pair (sc, 0) by a masked vpermw; the code offset 32 is taken out as
-// 32 * sum_g sc_g * s16_g. Same integer total and f32 operations as RefQ6_K.
-HWY_INLINE float DotQ6_K_Vnni(const uint8_t* row, const Act& a, int64_t nb) {
+// Q6_K on AVX-512 (v3; AVX3 and AVX3_DL). For half h, the low nibbles of ql[64 h .. 64 h + 63]
+// are elements 128 h + 0..63 in order and the high nibbles 128 h + 64..127; their top two bits are
+// bits 0-1 / 2-3 (resp. 4-5 / 6-7) of qh[32 h .. 32 h + 31], so [qh | qh >> 2] serves both 64-byte
+// halves. vpmaddubsw gives int16 pair sums (exact: |v| <= 2 * 63 * 127), 8 words per 16-element
+// group; vpmaddwd / vpdpwssd against the group's int8 scales placed in the matching words (vpermw)
+// sums them into int32 lanes; the code offset 32 is taken out as 32 * sum_g sc_g * s16_g. Same
+// integer total and f32 operations as RefQ6_K.
+HWY_INLINE float DotQ6_K_512(const uint8_t* row, const Act& a, int64_t nb) {
   float acc[8] = {};
   const __m512i m4 = _mm512_set1_epi8(0xf), m30 = _mm512_set1_epi8(0x30);
-  // Word 2 i of scale vector k: the scale of lane i of product k (groups 4 k' .. 4 k' + 3).
-  const __m512i i0 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-  const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(4));
-  const __m512i i2 = _mm512_add_epi32(i0, _mm512_set1_epi32(8));
-  const __m512i i3 = _mm512_add_epi32(i0, _mm512_set1_epi32(12));
-  constexpr __mmask32 kEven = 0x55555555u;  // word 0 of every dword
+  // Word w of scale vector k: the scale of word w of product k (group 4 k + w / 8).
+  const __m512i i0 = _mm512_setr_epi64(0, 0, 0x0001000100010001ll, 0x0001000100010001ll,
+                                       0x0002000200020002ll, 0x0002000200020002ll,
+                                       0x0003000300030003ll, 0x0003000300030003ll);
+  const __m512i i1 = _mm512_add_epi16(i0, _mm512_set1_epi16(4));
+  const __m512i i2 = _mm512_add_epi16(i0, _mm512_set1_epi16(8));
+  const __m512i i3 = _mm512_add_epi16(i0, _mm512_set1_epi16(12));
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* p = row + b * sizeof(BlockQ6_K);
     PrefetchSpan(p, sizeof(BlockQ6_K));
     const int8_t* q = a.q + 256 * b;
-    const __m512i z = _mm512_setzero_si512();
     __m512i r[4];
     for (int h = 0; h < 2; ++h) {
       const __m512i l = _mm512_loadu_si512(p + 64 * h);
@@ -926,16 +939,17 @@ HWY_INLINE float DotQ6_K_Vnni(const uint8_t* row, const Act& a, int64_t nb) {
           _mm512_and_si512(_mm512_slli_epi16(hs, 4), m30), l, m4, 0xd8);
       const __m512i c1 = _mm512_ternarylogic_epi32(_mm512_and_si512(hs, m30),
                                                    _mm512_srli_epi16(l, 4), m4, 0xd8);
-      r[2 * h] = Dpbusd512(z, c0, _mm512_loadu_si512(q + 128 * h));
-      r[2 * h + 1] = Dpbusd512(z, c1, _mm512_loadu_si512(q + 128 * h + 64));
+      // Byte pairs into int16: |v| <= 2 * 63 * 127, no saturation.
+      r[2 * h] = _mm512_maddubs_epi16(c0, _mm512_loadu_si512(q + 128 * h));
+      r[2 * h + 1] = _mm512_maddubs_epi16(c1, _mm512_loadu_si512(q + 128 * h + 64));
     }
     const __m128i sc8 = Ld128(p + 192);
     const __m512i sw = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
     const __m512i t = _mm512_add_epi32(
-        Dpwssd512(_mm512_madd_epi16(r[0], _mm512_maskz_permutexvar_epi16(kEven, i0, sw)),
-                            r[1], _mm512_maskz_permutexvar_epi16(kEven, i1, sw)),
-        Dpwssd512(_mm512_madd_epi16(r[2], _mm512_maskz_permutexvar_epi16(kEven, i2, sw)),
-                            r[3], _mm512_maskz_permutexvar_epi16(kEven, i3, sw)));
+        Dpwssd512(_mm512_madd_epi16(r[0], _mm512_permutexvar_epi16(i0, sw)), r[1],
+                  _mm512_permutexvar_epi16(i1, sw)),
+        Dpwssd512(_mm512_madd_epi16(r[2], _mm512_permutexvar_epi16(i2, sw)), r[3],
+                  _mm512_permutexvar_epi16(i3, sw)));
     const __m512i off = _mm512_mullo_epi32(_mm512_loadu_si512(a.s16 + 64 * b),
                                            _mm512_cvtepi8_epi32(sc8));
     const int32_t isum = _mm512_reduce_add_epi32(_mm512_sub_epi32(t, _mm512_slli_epi32(off, 5)));
@@ -1021,18 +1035,18 @@ HWY_INLINE RowFn GetRowFn(DType t) {
     case DType::kIQ4_NL: return &Dot32<KIQ4_NL>;
     case DType::kQ2_K: return &DotQ2_K;
     case DType::kQ3_K: return &DotQ3_K;
-#if HWY_TARGET == HWY_AVX3_DL
-    case DType::kQ4_K: return &DotQ45_K_Vnni<false>;
+#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3
+    case DType::kQ4_K: return &DotQ45_K_512<false>;
 #else
     case DType::kQ4_K: return &DotQ45_K<false>;
 #endif
-#if HWY_TARGET == HWY_AVX3_DL
-    case DType::kQ5_K: return &DotQ45_K_Vnni<true>;
+#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3
+    case DType::kQ5_K: return &DotQ45_K_512<true>;
 #else
     case DType::kQ5_K: return &DotQ45_K<true>;
 #endif
-#if HWY_TARGET == HWY_AVX3_DL
-    case DType::kQ6_K: return &DotQ6_K_Vnni;
+#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3
+    case DType::kQ6_K: return &DotQ6_K_512;
 #else
     case DType::kQ6_K: return &DotQ6_K;
 #endif
