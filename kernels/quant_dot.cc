@@ -28,6 +28,21 @@
 //       host (SMT siblings under a hypervisor) varies by +-50 % between runs even in thread CPU
 //       time, so the 8-20 % fewer instructions are not resolved by timing; results are
 //       bit-identical (same integer sums).
+//   v3  Q4_K, Q5_K, Q6_K on AVX3_DL and AVX3 in 512-bit vectors (DotQ45_K_512, DotQ6_K_512): the
+//       codes of 64 consecutive elements are built in activation order (Q4_K/Q5_K: one 32-byte
+//       chunk broadcast to both halves and shifted 0 / 4 per half; Q6_K: 64 ql bytes and
+//       [qh | qh >> 2]), multiplied by vpmaddubsw into int16 pair sums, and the sub-block scales are
+//       applied by vpmaddwd / vpdpwssd against scale words placed by one vpermb (vpermw) per 64
+//       elements: no per-sub-block reduction tree and no int32 multiplies of group sums. The
+//       per-super-block integer totals and f32 operations are unchanged (the term in xmm lanes), so
+//       results are bit-identical to v2 and to the reference. AVX2 keeps the v2 kernels.
+//       Hot loop (objdump, AVX3_DL): Q4_K 90 -> 63, Q5_K 106 -> 78, Q6_K 103 -> 70 (AVX3: Q4_K 66,
+//       Q6_K 72). Measured against the v2 binary, interleaved in the same minutes (host load ~4):
+//       QuantDotBench.DISABLED_MatVecInCache GB/s Q4_K 16.6 -> 21.0, Q5_K 18.1 -> 23.4, Q6_K
+//       24.4 -> 33.0 (ns per 256 weights 8.7 -> 6.8, 9.7 -> 7.5, 8.6 -> 6.4);
+//       DISABLED_MatVecBandwidth (streamed from DRAM, 56-82 MB) Q4_K 18.2 -> 23.1 GB/s (0.47 ->
+//       0.65 of the probe), Q6_K 26.0 -> 33.7 (0.70 -> 0.85), Q5_K 19.6 -> 24.1. Decode of the 125M
+//       llama, 1 thread: see the commit message / README table (host noise is +-20 %).
 // This file compiles one more Highway target than the rest of the project, AVX3_DL (AVX-512 VNNI,
 // for vpdpbusd); dispatch tables are per translation unit, so the others are unaffected.
 #undef HWY_DISABLED_TARGETS
