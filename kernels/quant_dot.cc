@@ -35,11 +35,15 @@
 //       applied by vpmaddwd / vpdpwssd against scale words placed by one vpermb (vpermw) per 64
 //       elements: no per-sub-block reduction tree and no int32 multiplies of group sums. The
 //       per-super-block integer totals and f32 operations are unchanged (the term in xmm lanes), so
-//       results are bit-identical to v2 and to the reference. AVX2 keeps the v2 kernels.
-//       Hot loop (objdump, AVX3_DL): Q4_K 90 -> 63, Q5_K 106 -> 78, Q6_K 103 -> 70 (AVX3: Q4_K 66,
-//       Q6_K 72). Measured against the v2 binary, interleaved in the same minutes (host load ~4):
-//       QuantDotBench.DISABLED_MatVecInCache GB/s Q4_K 16.6 -> 21.0, Q5_K 18.1 -> 23.4, Q6_K
-//       24.4 -> 33.0 (ns per 256 weights 8.7 -> 6.8, 9.7 -> 7.5, 8.6 -> 6.4);
+//       results are bit-identical to v2 and to the reference. AVX2 keeps the v2 kernels. Q4_K/Q5_K
+//       take two super-blocks per iteration so that their two reductions and f32 terms share
+//       instructions (one vphaddd, [d0, dmin0, d1, dmin1] in one vcvtph2ps).
+//       Hot loop (objdump, AVX3_DL, per super-block): Q4_K 90 -> 60.5, Q5_K 106 -> 76, Q6_K
+//       103 -> 70 (AVX3: Q4_K 66 before the pairing, Q6_K 72). Measured against the v2 binary,
+//       interleaved in the same minutes (host load ~4):
+//       QuantDotBench.DISABLED_MatVecInCache GB/s Q4_K 17.3 -> 23.3, Q5_K 18.4 -> 25.4, Q6_K
+//       25.2 -> 33.6 (ns per 256 weights 8.4 -> 6.2, 9.7 -> 7.0, 8.6 -> 6.4; before the pairing
+//       Q4_K was 21.0 against 16.6 for v2);
 //       DISABLED_MatVecBandwidth (streamed from DRAM, 56-82 MB) Q4_K 18.2 -> 23.1 GB/s (0.47 ->
 //       0.65 of the probe), Q6_K 26.0 -> 33.7 (0.70 -> 0.85), Q5_K 19.6 -> 24.1. Decode of the 125M
 //       llama, 1 thread: see the commit message / README table (host noise is +-20 %).
@@ -864,7 +868,8 @@ HWY_INLINE float DotQ45_K_512(const uint8_t* row, const Act& a, int64_t nb) {
                                        0x0001000100010001ll, 0x0001000100010001ll);
   const __m512i two = _mm512_set1_epi16(2);
   [[maybe_unused]] constexpr __mmask64 kLow = 0x5555555555555555ull;  // byte 0 of every word
-  for (int64_t b = 0; b < nb; ++b) {
+  // Super-block b's integer totals as [i0, i1, m0, m1] (isum = i0 + i1, msum = m0 + m1).
+  auto sums_of = [&](int64_t b) HWY_ATTR {
     const uint8_t* p = row + b * kBytes;
     PrefetchSpan(p, kBytes);
     const int8_t* q = a.q + 256 * b;
@@ -909,10 +914,28 @@ HWY_INLINE float DotQ45_K_512(const uint8_t* row, const Act& a, int64_t nb) {
     const __m512i ts = _mm512_add_epi32(t[0], t[1]);
     const V t8 = _mm256_add_epi32(_mm512_castsi512_si256(ts), _mm512_extracti64x4_epi64(ts, 1));
     const V mn = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(u, u));
-    // qdot::TermKMin in xmm lanes: [d, dmin] * dx * [float(isum), float(msum)], lane 0 - lane 1.
     const V h = _mm256_hadd_epi32(t8, _mm256_mullo_epi32(Ld256(a.s32 + 32 * b), mn));
-    __m128i sums = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-    sums = _mm_hadd_epi32(sums, sums);  // [isum, msum, isum, msum]
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+  };
+  // qdot::TermKMin in xmm lanes: [d, dmin] * dx * [float(isum), float(msum)], then lane 0 - lane
+  // 1 (and lane 2 - lane 3 for the second super-block of a pair): the same f32 operations.
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const __m128i sums = _mm_hadd_epi32(sums_of(b), sums_of(b + 1));  // [is0, ms0, is1, ms1]
+    const uint8_t* p = row + b * kBytes;
+    const __m128 dd = _mm_cvtph_ps(_mm_insert_epi32(
+        _mm_cvtsi32_si128(static_cast<int>(qdot::LdU32(p))),
+        static_cast<int>(qdot::LdU32(p + kBytes)), 1));  // [d0, dmin0, d1, dmin1]
+    const __m128 dx2 = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(a.d + 4 * b)));
+    const __m128 tt = _mm_mul_ps(_mm_mul_ps(dd, _mm_unpacklo_ps(dx2, dx2)), _mm_cvtepi32_ps(sums));
+    const __m128 r = _mm_sub_ps(tt, _mm_movehdup_ps(tt));
+    acc[b & 7] = acc[b & 7] + _mm_cvtss_f32(r);
+    acc[(b + 1) & 7] = acc[(b + 1) & 7] + _mm_cvtss_f32(_mm_movehl_ps(r, r));
+  }
+  if (b < nb) {
+    const __m128i x = sums_of(b);
+    const __m128i sums = _mm_hadd_epi32(x, x);
+    const uint8_t* p = row + b * kBytes;
     const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(qdot::LdU32(p))));
     const __m128 tt = _mm_mul_ps(_mm_mul_ps(dd, _mm_set1_ps(qdot::LdF32(a.d, b))),
                                  _mm_cvtepi32_ps(sums));
