@@ -46,7 +46,9 @@
 //       Q4_K was 21.0 against 16.6 for v2);
 //       DISABLED_MatVecBandwidth (streamed from DRAM, 56-82 MB) Q4_K 18.2 -> 23.1 GB/s (0.47 ->
 //       0.65 of the probe), Q6_K 26.0 -> 33.7 (0.70 -> 0.85), Q5_K 19.6 -> 24.1. Decode of the 125M
-//       llama, 1 thread: see the commit message / README table (host noise is +-20 %).
+//       llama, 1 thread, ctx 0, 128 tokens (strata bench decode vs llama-bench -n 128 -t 1,
+//       interleaved, 5 rounds, medians; host noise is +-20 %): Q4_K_M v2 227, v3 354, llama.cpp
+//       282 tok/s (0.80x -> 1.26x; per-round ratios 1.21-1.32); Q6_K v3 304-351 vs 234-243.
 // This file compiles one more Highway target than the rest of the project, AVX3_DL (AVX-512 VNNI,
 // for vpdpbusd); dispatch tables are per translation unit, so the others are unaffected.
 #undef HWY_DISABLED_TARGETS
