@@ -28,6 +28,27 @@
 //       host (SMT siblings under a hypervisor) varies by +-50 % between runs even in thread CPU
 //       time, so the 8-20 % fewer instructions are not resolved by timing; results are
 //       bit-identical (same integer sums).
+//   v3  Q4_K, Q5_K, Q6_K on AVX3_DL and AVX3 in 512-bit vectors (DotQ45_K_512, DotQ6_K_512): the
+//       codes of 64 consecutive elements are built in activation order (Q4_K/Q5_K: one 32-byte
+//       chunk broadcast to both halves and shifted 0 / 4 per half; Q6_K: 64 ql bytes and
+//       [qh | qh >> 2]), multiplied by vpmaddubsw into int16 pair sums, and the sub-block scales are
+//       applied by vpmaddwd / vpdpwssd against scale words placed by one vpermb (vpermw) per 64
+//       elements: no per-sub-block reduction tree and no int32 multiplies of group sums. The
+//       per-super-block integer totals and f32 operations are unchanged (the term in xmm lanes), so
+//       results are bit-identical to v2 and to the reference. AVX2 keeps the v2 kernels. Q4_K/Q5_K
+//       take two super-blocks per iteration so that their two reductions and f32 terms share
+//       instructions (one vphaddd, [d0, dmin0, d1, dmin1] in one vcvtph2ps).
+//       Hot loop (objdump, AVX3_DL, per super-block): Q4_K 90 -> 60.5, Q5_K 106 -> 76, Q6_K
+//       103 -> 70 (AVX3: Q4_K 66 before the pairing, Q6_K 72). Measured against the v2 binary,
+//       interleaved in the same minutes (host load ~4):
+//       QuantDotBench.DISABLED_MatVecInCache GB/s Q4_K 17.3 -> 23.3, Q5_K 18.4 -> 25.4, Q6_K
+//       25.2 -> 33.6 (ns per 256 weights 8.4 -> 6.2, 9.7 -> 7.0, 8.6 -> 6.4; before the pairing
+//       Q4_K was 21.0 against 16.6 for v2);
+//       DISABLED_MatVecBandwidth (streamed from DRAM, 56-82 MB) Q4_K 18.2 -> 23.1 GB/s (0.47 ->
+//       0.65 of the probe), Q6_K 26.0 -> 33.7 (0.70 -> 0.85), Q5_K 19.6 -> 24.1. Decode of the 125M
+//       llama, 1 thread, ctx 0, 128 tokens (strata bench decode vs llama-bench -n 128 -t 1,
+//       interleaved, 5 rounds, medians; host noise is +-20 %): Q4_K_M v2 227, v3 354, llama.cpp
+//       282 tok/s (0.80x -> 1.26x; per-round ratios 1.21-1.32); Q6_K v3 304-351 vs 234-243.
 // This file compiles one more Highway target than the rest of the project, AVX3_DL (AVX-512 VNNI,
 // for vpdpbusd); dispatch tables are per translation unit, so the others are unaffected.
 #undef HWY_DISABLED_TARGETS
@@ -755,9 +776,9 @@ HWY_INLINE float DotQ3_K(const uint8_t* row, const Act& a, int64_t nb) {
 // Q4_K/Q5_K scales and mins (see qdot::K4ScaleMin) as int32 vectors, from the 12 packed bytes
 // as u32 words w0, w1, w2: scales 0-3 = w0 & 0x3f.., mins 0-3 = w1 & 0x3f..; scales 4-7 =
 // (w2 & 0x0f..) | (w0 >> 6 & 0x03..) << 4, mins 4-7 = (w2 >> 4 & 0x0f..) | (w1 >> 6 & 0x03..) << 4.
-// In SIMD lanes [sc 0-3, sc 4-7, mn 0-3, mn 4-7]. The 16-byte load reads 4 bytes of the codes
+// As bytes [sc 0-7, mn 0-7] (K4ScaleBytes) or int32 vectors (K4Scales). The 16-byte load reads 4 bytes of the codes
 // that follow the scales in the block (ignored).
-HWY_INLINE void K4Scales(const uint8_t* s, V* sc, V* mn) {
+HWY_INLINE __m128i K4ScaleBytes(const uint8_t* s) {
   const __m128i w = Ld128(s);
   const __m128i x = _mm_srlv_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(2, 1, 2, 0)),
                                    _mm_setr_epi32(0, 0, 0, 4));  // [w0, w2, w1, w2 >> 4]
@@ -766,7 +787,11 @@ HWY_INLINE void K4Scales(const uint8_t* s, V* sc, V* mn) {
   const __m128i y = _mm_srli_epi32(_mm_shuffle_epi32(w, _MM_SHUFFLE(1, 1, 0, 0)), 6);
   const __m128i high = _mm_slli_epi32(_mm_and_si128(y, _mm_setr_epi32(0, 0x03030303, 0,
                                                                       0x03030303)), 4);
-  const __m128i u = _mm_or_si128(low, high);
+  return _mm_or_si128(low, high);
+}
+
+HWY_INLINE void K4Scales(const uint8_t* s, V* sc, V* mn) {
+  const __m128i u = K4ScaleBytes(s);
   *sc = _mm256_cvtepu8_epi32(u);
   *mn = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(u, u));
 }
@@ -809,6 +834,170 @@ HWY_INLINE float DotQ45_K(const uint8_t* row, const Act& a, int64_t nb) {
   }
   return qdot::Tree8(acc);
 }
+
+#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3
+// acc + 512-bit vpdpwssd (int16 pairs times int16 pairs into int32), written out: Highway 1.0.3's
+// AVX3_DL target string has no avx512vnni (see DotU8), so the intrinsic does not inline; zmm
+// operands are EVEX-only anyway.
+// On AVX3 (no VNNI): vpmaddwd + vpaddd, the same exact int32 sums.
+HWY_INLINE __m512i Dpwssd512(__m512i acc, __m512i a, __m512i b) {
+#if HWY_TARGET == HWY_AVX3_DL
+  asm("vpdpwssd %2, %1, %0" : "+v"(acc) : "v"(a), "vm"(b));
+  return acc;
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+}
+
+// Q4_K/Q5_K on AVX-512 (v3; AVX3 and AVX3_DL), 64 elements per step. Chunk c (qs[32 c ..
+// 32 c + 31]) holds sub-blocks 2 c (low nibbles) and 2 c + 1 (high nibbles): broadcast to both
+// 256-bit halves and shifted by 0 / 4 per half (vpsrlvw), it is elements 64 c .. 64 c + 63 in
+// activation order. Q5_K's fifth bits (bit 2 c / 2 c + 1 of qh[l]) are one vptestmb against the
+// broadcast qh and a masked add of 16. vpmaddubsw with the 64 activation bytes gives 32 int16
+// pair sums (16 per sub-block, exact: |v| <= 2 * 31 * 127), and vpmaddwd / vpdpwssd against the
+// sub-block scales placed in the matching words (one masked vpermb each; vpermw on AVX3)
+// accumulates sum_s sc_s * dot_s in int32 lanes without a reduction per sub-block. The integer
+// totals isum and msum, and all f32 operations, are those of RefQ45_K.
+template <bool kFive>
+HWY_INLINE float DotQ45_K_512(const uint8_t* row, const Act& a, int64_t nb) {
+  constexpr int64_t kBytes = kFive ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+  float acc[8] = {};
+  const __m512i m4 = _mm512_set1_epi8(0xf);
+  const __m512i shift = _mm512_setr_epi64(0, 0, 0, 0, 0x0004000400040004ll, 0x0004000400040004ll,
+                                          0x0004000400040004ll, 0x0004000400040004ll);
+  // Word w of scale vector c holds the index of the scale of word w of product c.
+  const __m512i i0 = _mm512_setr_epi64(0, 0, 0, 0, 0x0001000100010001ll, 0x0001000100010001ll,
+                                       0x0001000100010001ll, 0x0001000100010001ll);
+  const __m512i two = _mm512_set1_epi16(2);
+  [[maybe_unused]] constexpr __mmask64 kLow = 0x5555555555555555ull;  // byte 0 of every word
+  // Super-block b's integer totals as [i0, i1, m0, m1] (isum = i0 + i1, msum = m0 + m1).
+  auto sums_of = [&](int64_t b) HWY_ATTR {
+    const uint8_t* p = row + b * kBytes;
+    PrefetchSpan(p, kBytes);
+    const int8_t* q = a.q + 256 * b;
+    const uint8_t* qs = p + (kFive ? 48 : 16);
+    [[maybe_unused]] __m512i qh;
+    if constexpr (kFive) qh = _mm512_broadcast_i64x4(Ld256(p + 16));
+    const __m128i u = K4ScaleBytes(p + 4);
+#if HWY_TARGET == HWY_AVX3_DL
+    const __m512i uz = _mm512_castsi128_si512(u);
+#else
+    const __m512i uz = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(u));  // for vpermw
+#endif
+    __m512i t[2];
+    __m512i idx = i0;
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) {
+      __m512i code = _mm512_and_si512(
+          _mm512_srlv_epi16(_mm512_broadcast_i64x4(Ld256(qs + 32 * c)), shift), m4);
+      if constexpr (kFive) {
+        const __m512i bit = _mm512_setr_epi64(
+            0x0101010101010101ll << (2 * c), 0x0101010101010101ll << (2 * c),
+            0x0101010101010101ll << (2 * c), 0x0101010101010101ll << (2 * c),
+            0x0101010101010101ll << (2 * c + 1), 0x0101010101010101ll << (2 * c + 1),
+            0x0101010101010101ll << (2 * c + 1), 0x0101010101010101ll << (2 * c + 1));
+        code = _mm512_mask_add_epi8(code, _mm512_test_epi8_mask(qh, bit), code,
+                                    _mm512_set1_epi8(16));
+      }
+      // Byte pairs into int16 (|v| <= 2 * 31 * 127, no saturation), then scale * pair sums.
+      const __m512i v = _mm512_maddubs_epi16(code, _mm512_loadu_si512(q + 64 * c));
+#if HWY_TARGET == HWY_AVX3_DL
+      const __m512i sv = _mm512_maskz_permutexvar_epi8(kLow, idx, uz);  // AVX512-VBMI
+#else
+      const __m512i sv = _mm512_permutexvar_epi16(idx, uz);
+#endif
+      if (c < 2) {
+        t[c] = _mm512_madd_epi16(v, sv);
+      } else {
+        t[c - 2] = Dpwssd512(t[c - 2], v, sv);
+      }
+      idx = _mm512_add_epi16(idx, two);
+    }
+    const __m512i ts = _mm512_add_epi32(t[0], t[1]);
+    const V t8 = _mm256_add_epi32(_mm512_castsi512_si256(ts), _mm512_extracti64x4_epi64(ts, 1));
+    const V mn = _mm256_cvtepu8_epi32(_mm_unpackhi_epi64(u, u));
+    const V h = _mm256_hadd_epi32(t8, _mm256_mullo_epi32(Ld256(a.s32 + 32 * b), mn));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+  };
+  // qdot::TermKMin in xmm lanes: [d, dmin] * dx * [float(isum), float(msum)], then lane 0 - lane
+  // 1 (and lane 2 - lane 3 for the second super-block of a pair): the same f32 operations.
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const __m128i sums = _mm_hadd_epi32(sums_of(b), sums_of(b + 1));  // [is0, ms0, is1, ms1]
+    const uint8_t* p = row + b * kBytes;
+    const __m128 dd = _mm_cvtph_ps(_mm_insert_epi32(
+        _mm_cvtsi32_si128(static_cast<int>(qdot::LdU32(p))),
+        static_cast<int>(qdot::LdU32(p + kBytes)), 1));  // [d0, dmin0, d1, dmin1]
+    const __m128 dx2 = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(a.d + 4 * b)));
+    const __m128 tt = _mm_mul_ps(_mm_mul_ps(dd, _mm_unpacklo_ps(dx2, dx2)), _mm_cvtepi32_ps(sums));
+    const __m128 r = _mm_sub_ps(tt, _mm_movehdup_ps(tt));
+    acc[b & 7] = acc[b & 7] + _mm_cvtss_f32(r);
+    acc[(b + 1) & 7] = acc[(b + 1) & 7] + _mm_cvtss_f32(_mm_movehl_ps(r, r));
+  }
+  if (b < nb) {
+    const __m128i x = sums_of(b);
+    const __m128i sums = _mm_hadd_epi32(x, x);
+    const uint8_t* p = row + b * kBytes;
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(qdot::LdU32(p))));
+    const __m128 tt = _mm_mul_ps(_mm_mul_ps(dd, _mm_set1_ps(qdot::LdF32(a.d, b))),
+                                 _mm_cvtepi32_ps(sums));
+    acc[b & 7] = acc[b & 7] + _mm_cvtss_f32(_mm_sub_ss(tt, _mm_movehdup_ps(tt)));
+  }
+  return qdot::Tree8(acc);
+}
+
+// Q6_K on AVX-512 (v3; AVX3 and AVX3_DL). For half h, the low nibbles of ql[64 h .. 64 h + 63]
+// are elements 128 h + 0..63 in order and the high nibbles 128 h + 64..127; their top two bits are
+// bits 0-1 / 2-3 (resp. 4-5 / 6-7) of qh[32 h .. 32 h + 31], so [qh | qh >> 2] serves both 64-byte
+// halves. vpmaddubsw gives int16 pair sums (exact: |v| <= 2 * 63 * 127), 8 words per 16-element
+// group; vpmaddwd / vpdpwssd against the group's int8 scales placed in the matching words (vpermw)
+// sums them into int32 lanes; the code offset 32 is taken out as 32 * sum_g sc_g * s16_g. Same
+// integer total and f32 operations as RefQ6_K.
+HWY_INLINE float DotQ6_K_512(const uint8_t* row, const Act& a, int64_t nb) {
+  float acc[8] = {};
+  const __m512i m4 = _mm512_set1_epi8(0xf), m30 = _mm512_set1_epi8(0x30);
+  // Word w of scale vector k: the scale of word w of product k (group 4 k + w / 8).
+  const __m512i i0 = _mm512_setr_epi64(0, 0, 0x0001000100010001ll, 0x0001000100010001ll,
+                                       0x0002000200020002ll, 0x0002000200020002ll,
+                                       0x0003000300030003ll, 0x0003000300030003ll);
+  const __m512i i1 = _mm512_add_epi16(i0, _mm512_set1_epi16(4));
+  const __m512i i2 = _mm512_add_epi16(i0, _mm512_set1_epi16(8));
+  const __m512i i3 = _mm512_add_epi16(i0, _mm512_set1_epi16(12));
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* p = row + b * sizeof(BlockQ6_K);
+    PrefetchSpan(p, sizeof(BlockQ6_K));
+    const int8_t* q = a.q + 256 * b;
+    __m512i r[4];
+    for (int h = 0; h < 2; ++h) {
+      const __m512i l = _mm512_loadu_si512(p + 64 * h);
+      const V hh = Ld256(p + 128 + 32 * h);
+      const __m512i hs =
+          _mm512_inserti64x4(_mm512_castsi256_si512(hh), _mm256_srli_epi16(hh, 2), 1);
+      // (l & 0x0f) | hi, by one ternary-logic op: C ? B : A bitwise with C = 0x0f (the
+      // overwritten operand is the temporary A, so the mask needs no copy).
+      const __m512i c0 = _mm512_ternarylogic_epi32(
+          _mm512_and_si512(_mm512_slli_epi16(hs, 4), m30), l, m4, 0xd8);
+      const __m512i c1 = _mm512_ternarylogic_epi32(_mm512_and_si512(hs, m30),
+                                                   _mm512_srli_epi16(l, 4), m4, 0xd8);
+      // Byte pairs into int16: |v| <= 2 * 63 * 127, no saturation.
+      r[2 * h] = _mm512_maddubs_epi16(c0, _mm512_loadu_si512(q + 128 * h));
+      r[2 * h + 1] = _mm512_maddubs_epi16(c1, _mm512_loadu_si512(q + 128 * h + 64));
+    }
+    const __m128i sc8 = Ld128(p + 192);
+    const __m512i sw = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
+    const __m512i t = _mm512_add_epi32(
+        Dpwssd512(_mm512_madd_epi16(r[0], _mm512_permutexvar_epi16(i0, sw)), r[1],
+                  _mm512_permutexvar_epi16(i1, sw)),
+        Dpwssd512(_mm512_madd_epi16(r[2], _mm512_permutexvar_epi16(i2, sw)), r[3],
+                  _mm512_permutexvar_epi16(i3, sw)));
+    const __m512i off = _mm512_mullo_epi32(_mm512_loadu_si512(a.s16 + 64 * b),
+                                           _mm512_cvtepi8_epi32(sc8));
+    const int32_t isum = _mm512_reduce_add_epi32(_mm512_sub_epi32(t, _mm512_slli_epi32(off, 5)));
+    acc[b & 7] = acc[b & 7] + qdot::TermK(F16(p + 208), qdot::LdF32(a.d, b), isum);
+  }
+  return qdot::Tree8(acc);
+}
+#endif
 
 HWY_INLINE float DotQ6_K(const uint8_t* row, const Act& a, int64_t nb) {
   float acc[8] = {};
@@ -886,9 +1075,21 @@ HWY_INLINE RowFn GetRowFn(DType t) {
     case DType::kIQ4_NL: return &Dot32<KIQ4_NL>;
     case DType::kQ2_K: return &DotQ2_K;
     case DType::kQ3_K: return &DotQ3_K;
+#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3
+    case DType::kQ4_K: return &DotQ45_K_512<false>;
+#else
     case DType::kQ4_K: return &DotQ45_K<false>;
+#endif
+#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3
+    case DType::kQ5_K: return &DotQ45_K_512<true>;
+#else
     case DType::kQ5_K: return &DotQ45_K<true>;
+#endif
+#if HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3
+    case DType::kQ6_K: return &DotQ6_K_512;
+#else
     case DType::kQ6_K: return &DotQ6_K;
+#endif
     case DType::kIQ4_XS: return &DotIQ4_XS;
     default:
       STRATA_CHECK_MSG(false, "QuantDot: %s is not a block-quantized type",

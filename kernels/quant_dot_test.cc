@@ -90,6 +90,41 @@ TEST(QuantDotTest, SimdEqualsScalarReferenceBitForBit) {
   });
 }
 
+// The largest intermediate sums the SIMD kernels form (int16 pair sums of vpmaddubsw, int16 lanes
+// fed to vpmaddwd / vpdpwssd): every code at its maximum (all code bits set), the largest
+// sub-block scales (and Q6_K's -128 / 127), activations all q = +127 or all -127, and a row of
+// 40 blocks (full SIMD groups plus a tail). A saturating or wrapping intermediate would make
+// QuantDot differ from the plain integer sums of the reference.
+TEST(QuantDotTest, ExtremeCodesAndActivationsBitForBit) {
+  ForEachQuantTarget([&] {
+    for (DType t : kQuantTypes) {
+      const int64_t nb = 40, k = nb * DTypeBlockElems(t);
+      const QuantBlockInfo info = BlockInfo(t);
+      std::vector<uint8_t> row(nb * DTypeBlockBytes(t));
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* p = row.data() + b * DTypeBlockBytes(t);
+        std::memset(p, 0xff, DTypeBlockBytes(t));  // codes and integer scales at their maximum
+        if (t == DType::kQ6_K && b % 2 == 1) std::memset(p + info.sc_lo, 0x80, 16);  // -128
+        if (t == DType::kQ6_K && b % 4 == 2) std::memset(p + info.sc_lo, 0x7f, 16);  // +127
+        for (int f = 0; f < info.n_f16; ++f) {
+          const uint16_t one = F32ToF16(1.f);
+          std::memcpy(p + info.f16[f], &one, 2);
+        }
+      }
+      for (float sign : {1.f, -1.f}) {
+        const std::vector<float> x(k, sign);  // q = +-127 everywhere
+        std::vector<uint8_t> act(ActivationBytes(t, k));
+        QuantizeActivations(t, x.data(), k, act.data());
+        const float ref = QuantDotRef(t, row.data(), act.data(), k);
+        const float got = QuantDot(t, row.data(), act.data(), k);
+        ASSERT_TRUE(std::isfinite(ref)) << DTypeName(t);
+        ASSERT_EQ(F32Bits(got), F32Bits(ref))
+            << DTypeName(t) << " sign " << sign << " got " << got << " ref " << ref;
+      }
+    }
+  });
+}
+
 // The activation quantizer writes the same bytes on every SIMD target (all its operations are
 // exact or correctly rounded), so the integer dots above see the same q everywhere.
 TEST(QuantDotTest, ActivationsEqualOnEveryTarget) {
