@@ -109,6 +109,47 @@ float StreamSum(const float* p, size_t n, bool prefetch) {
   return HWY_DYNAMIC_DISPATCH(StreamSumImpl)(p, n, prefetch ? 1 : 0);
 }
 
+namespace {
+// Runs fn(k) for reader k = 0..T-1 on the pool's threads (the caller alone when T == 1).
+void EachReader(ThreadPool* pool, int T, const std::function<void(int)>& fn) {
+  if (T == 1) {
+    fn(0);
+    return;
+  }
+  pool->ParallelForGrain(T, 1, [&](int64_t a, int64_t z, int) {
+    for (int64_t k = a; k < z; ++k) fn(static_cast<int>(k));
+  });
+}
+
+// Best bytes/s over `reps` passes without and with software prefetch: read(k, prefetch) reads
+// reader k's part. All readers start together (a spin barrier); a pass lasts from the first start
+// to the last end, so a reader that runs late (descheduled) counts against the figure.
+double BestPass(ThreadPool* pool, int T, int reps, double bytes,
+                const std::function<void(int, int)>& read) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<Clock::time_point> start(T), end(T);
+  double best = 0;
+  for (int prefetch = 0; prefetch < 2; ++prefetch) {
+    for (int r = 0; r < std::max(1, reps); ++r) {
+      std::atomic<int> arrived{0};
+      EachReader(pool, T, [&](int k) {
+        arrived.fetch_add(1, std::memory_order_acq_rel);
+        while (arrived.load(std::memory_order_acquire) < T) {
+        }
+        start[k] = Clock::now();
+        read(k, prefetch);
+        end[k] = Clock::now();
+      });
+      const double s = std::chrono::duration<double>(*std::max_element(end.begin(), end.end()) -
+                                                     *std::min_element(start.begin(), start.end()))
+                           .count();
+      if (s > 0) best = std::max(best, bytes / s);
+    }
+  }
+  return best;
+}
+}  // namespace
+
 StatusOr<double> MeasureReadBandwidth(size_t bytes, ThreadPool* pool, int reps) {
   const size_t n = std::max<size_t>(bytes / sizeof(float), 1024);
   const int T = pool ? pool->size() : 1;
@@ -118,49 +159,15 @@ StatusOr<double> MeasureReadBandwidth(size_t bytes, ThreadPool* pool, int reps) 
   if (!region.ok()) return region.status().WithContext("bandwidth probe buffer");
   float* p = reinterpret_cast<float*>(region->data());
   // Each reader's part, first touched by that reader.
-  auto part = [&](int k, size_t* b, size_t* e) {
-    *b = n * k / T;
-    *e = n * (k + 1) / T;
-  };
-  auto each_reader = [&](const std::function<void(int)>& fn) {
-    if (T == 1) {
-      fn(0);
-      return;
-    }
-    pool->ParallelForGrain(T, 1, [&](int64_t a, int64_t z, int) {
-      for (int64_t k = a; k < z; ++k) fn(static_cast<int>(k));
-    });
-  };
-  each_reader([&](int k) {
-    size_t b, e;
-    part(k, &b, &e);
-    for (size_t i = b; i < e; ++i) p[i] = static_cast<float>(i & 7);
+  EachReader(pool, T, [&](int k) {
+    for (size_t i = n * k / T; i < n * (k + 1) / T; ++i) p[i] = static_cast<float>(i & 7);
   });
   std::vector<float> sink(T, 0.f);
-  using Clock = std::chrono::steady_clock;
-  std::vector<Clock::time_point> start(T), end(T);
-  double best = 0;
-  for (int prefetch = 0; prefetch < 2; ++prefetch) {
-    for (int r = 0; r < std::max(1, reps); ++r) {
-      // All readers start together (a spin barrier); the time is from the first start to the
-      // last end, so a reader that runs late (descheduled) counts against the figure.
-      std::atomic<int> arrived{0};
-      each_reader([&](int k) {
-        arrived.fetch_add(1, std::memory_order_acq_rel);
-        while (arrived.load(std::memory_order_acquire) < T) {
-        }
-        size_t b, e;
-        part(k, &b, &e);
-        start[k] = Clock::now();
-        sink[k] += StreamSum(p + b, e - b, prefetch != 0);
-        end[k] = Clock::now();
-      });
-      const double s = std::chrono::duration<double>(*std::max_element(end.begin(), end.end()) -
-                                                     *std::min_element(start.begin(), start.end()))
-                           .count();
-      if (s > 0) best = std::max(best, static_cast<double>(n * sizeof(float)) / s);
-    }
-  }
+  const double best = BestPass(pool, T, reps, static_cast<double>(n * sizeof(float)),
+                               [&](int k, int prefetch) {
+                                 const size_t b = n * k / T, e = n * (k + 1) / T;
+                                 sink[k] += StreamSum(p + b, e - b, prefetch != 0);
+                               });
   volatile float keep = 0;
   for (float v : sink) keep = keep + v;
   (void)keep;
@@ -175,37 +182,11 @@ double MeasureReadBandwidthOf(const void* data, size_t bytes, ThreadPool* pool, 
   const uint64_t* p = reinterpret_cast<const uint64_t*>(first);
   const size_t n = (bytes - (first - a)) / 8;
   const int T = pool ? pool->size() : 1;
-  auto each_reader = [&](const std::function<void(int)>& fn) {
-    if (T == 1) {
-      fn(0);
-      return;
-    }
-    pool->ParallelForGrain(T, 1, [&](int64_t b, int64_t z, int) {
-      for (int64_t k = b; k < z; ++k) fn(static_cast<int>(k));
-    });
-  };
   std::vector<uint64_t> sink(T, 0);
-  using Clock = std::chrono::steady_clock;
-  std::vector<Clock::time_point> start(T), end(T);
-  double best = 0;
-  for (int prefetch = 0; prefetch < 2; ++prefetch) {
-    for (int r = 0; r < std::max(1, reps); ++r) {
-      std::atomic<int> arrived{0};
-      each_reader([&](int k) {
-        arrived.fetch_add(1, std::memory_order_acq_rel);
-        while (arrived.load(std::memory_order_acquire) < T) {
-        }
-        const size_t b = n * k / T, e = n * (k + 1) / T;
-        start[k] = Clock::now();
-        sink[k] ^= HWY_DYNAMIC_DISPATCH(StreamXorImpl)(p + b, e - b, prefetch);
-        end[k] = Clock::now();
-      });
-      const double s = std::chrono::duration<double>(*std::max_element(end.begin(), end.end()) -
-                                                     *std::min_element(start.begin(), start.end()))
-                           .count();
-      if (s > 0) best = std::max(best, static_cast<double>(n * 8) / s);
-    }
-  }
+  const double best = BestPass(pool, T, reps, static_cast<double>(n * 8), [&](int k, int prefetch) {
+    const size_t b = n * k / T, e = n * (k + 1) / T;
+    sink[k] ^= HWY_DYNAMIC_DISPATCH(StreamXorImpl)(p + b, e - b, prefetch);
+  });
   volatile uint64_t keep = 0;
   for (uint64_t v : sink) keep = keep ^ v;
   (void)keep;
