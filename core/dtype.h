@@ -43,7 +43,9 @@ int64_t DTypeBlockBytes(DType t);
 int64_t DTypeRowBytes(DType t, int64_t n);
 
 // Q8_0 block: 32 int8 codes with one f16 scale, value = d * q.
-struct BlockQ8_0 {
+// Packed: blocks sit at any byte offset (see core/quant.h).
+#define STRATA_PACKED __attribute__((packed))
+struct STRATA_PACKED BlockQ8_0 {
   uint16_t d;
   int8_t qs[32];
 };

@@ -16,19 +16,22 @@
 
 namespace strata {
 
+// Blocks sit at any byte offset in a file or a row (18- and 22-byte blocks put every other one at an
+// odd address), so their f16 fields are read through byte-aligned (packed) types.
+
 constexpr int kQK = 32;    // elements per block of the 32-element formats
 constexpr int kQK_K = 256;  // elements per K-quant super-block
 
 // value = d * (q - 8), q in [0, 15]; element i < 16 in the low nibble of qs[i], i >= 16 in the high
 // nibble of qs[i - 16].
-struct BlockQ4_0 {
+struct STRATA_PACKED BlockQ4_0 {
   uint16_t d;
   uint8_t qs[kQK / 2];
 };
 static_assert(sizeof(BlockQ4_0) == 18);
 
 // value = d * q + m, q in [0, 15]; nibble order as Q4_0.
-struct BlockQ4_1 {
+struct STRATA_PACKED BlockQ4_1 {
   uint16_t d;
   uint16_t m;
   uint8_t qs[kQK / 2];
@@ -37,7 +40,7 @@ static_assert(sizeof(BlockQ4_1) == 20);
 
 // value = d * (q - 16), q in [0, 31]: low 4 bits as Q4_0, bit 4 of element i is bit i of qh
 // (little-endian u32).
-struct BlockQ5_0 {
+struct STRATA_PACKED BlockQ5_0 {
   uint16_t d;
   uint8_t qh[4];
   uint8_t qs[kQK / 2];
@@ -45,7 +48,7 @@ struct BlockQ5_0 {
 static_assert(sizeof(BlockQ5_0) == 22);
 
 // value = d * q + m, q in [0, 31]; bits as Q5_0.
-struct BlockQ5_1 {
+struct STRATA_PACKED BlockQ5_1 {
   uint16_t d;
   uint16_t m;
   uint8_t qh[4];
@@ -55,7 +58,7 @@ static_assert(sizeof(BlockQ5_1) == 24);
 
 // 16 sub-blocks of 16: scales[j] low nibble = scale, high nibble = min; 2-bit codes in qs (see the
 // element order in quant.cc); value = d * scale * q - dmin * min.
-struct BlockQ2_K {
+struct STRATA_PACKED BlockQ2_K {
   uint8_t scales[kQK_K / 16];
   uint8_t qs[kQK_K / 4];
   uint16_t d;
@@ -65,7 +68,7 @@ static_assert(sizeof(BlockQ2_K) == 84);
 
 // 16 sub-blocks of 16 with 6-bit signed scales (packed in 12 bytes); 2 low bits in qs, the high
 // bit in hmask; value = d * (scale - 32) * (q - (high bit ? 0 : 4)).
-struct BlockQ3_K {
+struct STRATA_PACKED BlockQ3_K {
   uint8_t hmask[kQK_K / 8];
   uint8_t qs[kQK_K / 4];
   uint8_t scales[12];
@@ -74,7 +77,7 @@ struct BlockQ3_K {
 static_assert(sizeof(BlockQ3_K) == 110);
 
 // 8 sub-blocks of 32 with 6-bit scales and mins packed in 12 bytes; value = d * sc * q - dmin * m.
-struct BlockQ4_K {
+struct STRATA_PACKED BlockQ4_K {
   uint16_t d;
   uint16_t dmin;
   uint8_t scales[12];
@@ -83,7 +86,7 @@ struct BlockQ4_K {
 static_assert(sizeof(BlockQ4_K) == 144);
 
 // As Q4_K with a fifth bit per element in qh.
-struct BlockQ5_K {
+struct STRATA_PACKED BlockQ5_K {
   uint16_t d;
   uint16_t dmin;
   uint8_t scales[12];
@@ -94,7 +97,7 @@ static_assert(sizeof(BlockQ5_K) == 176);
 
 // 16 sub-blocks of 16 with int8 scales; 6-bit codes (4 low bits in ql, 2 high in qh);
 // value = d * scale * (q - 32).
-struct BlockQ6_K {
+struct STRATA_PACKED BlockQ6_K {
   uint8_t ql[kQK_K / 2];
   uint8_t qh[kQK_K / 4];
   int8_t scales[kQK_K / 16];
@@ -103,7 +106,7 @@ struct BlockQ6_K {
 static_assert(sizeof(BlockQ6_K) == 210);
 
 // value = d * kIq4nlValues[q], nibble order as Q4_0.
-struct BlockIQ4_NL {
+struct STRATA_PACKED BlockIQ4_NL {
   uint16_t d;
   uint8_t qs[kQK / 2];
 };
@@ -111,7 +114,7 @@ static_assert(sizeof(BlockIQ4_NL) == 18);
 
 // 8 sub-blocks of 32 with 6-bit scales (low 4 bits in scales_l, high 2 in scales_h);
 // value = d * (ls - 32) * kIq4nlValues[q], nibble order per sub-block as Q4_0.
-struct BlockIQ4_XS {
+struct STRATA_PACKED BlockIQ4_XS {
   uint16_t d;
   uint16_t scales_h;
   uint8_t scales_l[kQK_K / 64];

@@ -403,14 +403,18 @@ void PackHigh32(const uint8_t* c, uint8_t* qh) {
 void EncodeQ4_0(const float* x, BlockQ4_0* b, int64_t nb) {
   uint8_t c[kQK];
   for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    EncodeSymLegacy<4>(x, &b[i].d, c);
+    uint16_t d;
+    EncodeSymLegacy<4>(x, &d, c);
+    b[i].d = d;
     PackNibbles32(c, b[i].qs);
   }
 }
 void EncodeQ5_0(const float* x, BlockQ5_0* b, int64_t nb) {
   uint8_t c[kQK];
   for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    EncodeSymLegacy<5>(x, &b[i].d, c);
+    uint16_t d;
+    EncodeSymLegacy<5>(x, &d, c);
+    b[i].d = d;
     PackNibbles32(c, b[i].qs);
     PackHigh32(c, b[i].qh);
   }
@@ -418,14 +422,20 @@ void EncodeQ5_0(const float* x, BlockQ5_0* b, int64_t nb) {
 void EncodeQ4_1(const float* x, BlockQ4_1* b, int64_t nb) {
   uint8_t c[kQK];
   for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    EncodeAsymLegacy<4>(x, &b[i].d, &b[i].m, c);
+    uint16_t d, m;
+    EncodeAsymLegacy<4>(x, &d, &m, c);
+    b[i].d = d;
+    b[i].m = m;
     PackNibbles32(c, b[i].qs);
   }
 }
 void EncodeQ5_1(const float* x, BlockQ5_1* b, int64_t nb) {
   uint8_t c[kQK];
   for (int64_t i = 0; i < nb; ++i, x += kQK) {
-    EncodeAsymLegacy<5>(x, &b[i].d, &b[i].m, c);
+    uint16_t d, m;
+    EncodeAsymLegacy<5>(x, &d, &m, c);
+    b[i].d = d;
+    b[i].m = m;
     PackNibbles32(c, b[i].qs);
     PackHigh32(c, b[i].qh);
   }

@@ -928,7 +928,9 @@ HWY_INLINE float DotQ45_K_512(const uint8_t* row, const Act& a, int64_t nb) {
     const __m128 dd = _mm_cvtph_ps(_mm_insert_epi32(
         _mm_cvtsi32_si128(static_cast<int>(qdot::LdU32(p))),
         static_cast<int>(qdot::LdU32(p + kBytes)), 1));  // [d0, dmin0, d1, dmin1]
-    const __m128 dx2 = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(a.d + 4 * b)));
+    // Two f32 scales (8 bytes, any alignment: _mm_loadl_epi64 reads through an unaligned type).
+    const __m128 dx2 =
+        _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a.d + 4 * b)));
     const __m128 tt = _mm_mul_ps(_mm_mul_ps(dd, _mm_unpacklo_ps(dx2, dx2)), _mm_cvtepi32_ps(sums));
     const __m128 r = _mm_sub_ps(tt, _mm_movehdup_ps(tt));
     acc[b & 7] = acc[b & 7] + _mm_cvtss_f32(r);
