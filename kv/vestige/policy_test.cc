@@ -242,6 +242,10 @@ TEST(VestigePolicyTest, PartitionImmutabilityAndMaskedReads) {
       EXPECT_EQ(pa.last_read(0).rows_archived, static_cast<int64_t>(t + 1 - set.size()));
     }
     ASSERT_TRUE(Vp(*b).archive_status().ok()) << Vp(*b).archive_status().ToString();
+    // A page holding a row of the open call is released only when the next call starts (the
+    // call's queries may still read it): start one, with no rows (seed 9717148597991973646 ended
+    // on the row that closed page 9, and the check failed in 2 of 40 seeds before this).
+    NextCall(b.get(), 0);
     // Every closed page left RAM; the kept rows are held once, in the attended tier.
     for (int64_t pg = 0; pg < Vp(*b).n_closed(0) / LayerStore::kPageRows; ++pg) {
       EXPECT_FALSE(b->store(0).page_resident(0, pg)) << "page " << pg;
