@@ -1,0 +1,57 @@
+// Chat templates without a Jinja engine: built-in renderers for the chat formats of the supported
+// model families, recognised from a model's `tokenizer.chat_template` text by fingerprint.
+//
+// A real template is a Jinja program; running arbitrary Jinja is out of scope. Instead each
+// family's published template is re-implemented as a small C++ renderer whose output is tested
+// byte for byte against @huggingface/jinja running the real template (testdata/chat/ref.json).
+// Detect() maps a template text to a renderer through substrings that only that family's template
+// contains (as llama.cpp's llm_chat_detect_template does), most specific first.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace strata {
+
+struct ChatMessage {
+  std::string role;  // "system" | "user" | "assistant"
+  std::string content;
+};
+
+class ChatTemplate {
+ public:
+  // "chatml", "qwen2.5", "qwen3", "llama3", "deepseek2", "deepseek3", "kimi-k2".
+  static std::vector<std::string> BuiltinNames();
+  // The built-in renderer `name`; the error lists BuiltinNames().
+  static StatusOr<ChatTemplate> ByName(std::string_view name);
+  // The built-in renderer whose fingerprint `jinja_source` carries. Error: "unrecognised chat
+  // template (first 60 chars...); use --chat-template NAME, one of ...".
+  static StatusOr<ChatTemplate> Detect(std::string_view jinja_source);
+
+  // Checks what the template accepts: every role is system/user/assistant, and the order is one
+  // the template renders (e.g. a system message only first). Errors name the message index and
+  // the bad role. Render() on messages that fail Validate() still returns text (rendering them
+  // as the Jinja template would where it does not raise), but callers should validate first.
+  Status Validate(const std::vector<ChatMessage>& messages) const;
+
+  // The prompt text for `messages`; with add_generation_prompt, the assistant header is appended.
+  // bos_text/eos_text: the tokenizer's BOS/EOS token texts (templates such as Llama 3 and
+  // DeepSeek write bos_token). The text contains control tokens as text, so encode it with
+  // parse_special.
+  std::string Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                     std::string_view bos_text, std::string_view eos_text) const;
+
+  const std::string& name() const { return name_; }
+
+ private:
+  enum class Kind { kChatMl, kQwen25, kQwen3, kLlama3, kDeepSeek2, kDeepSeek3, kKimiK2 };
+  ChatTemplate(Kind kind, std::string name) : kind_(kind), name_(std::move(name)) {}
+
+  Kind kind_;
+  std::string name_;
+};
+
+}  // namespace strata
