@@ -10,6 +10,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -23,7 +24,8 @@ struct ChatMessage {
 
 class ChatTemplate {
  public:
-  // "chatml", "qwen2.5", "qwen3", "llama3", "deepseek2", "deepseek3", "kimi-k2".
+  // "chatml", "qwen2", "qwen2.5", "qwen3", "llama3", "llama3.1", "deepseek2", "deepseek3",
+  // "kimi-k2" (also Kimi Linear).
   static std::vector<std::string> BuiltinNames();
   // The built-in renderer `name`; the error lists BuiltinNames().
   static StatusOr<ChatTemplate> ByName(std::string_view name);
@@ -31,10 +33,12 @@ class ChatTemplate {
   // template (first 60 chars...); use --chat-template NAME, one of ...".
   static StatusOr<ChatTemplate> Detect(std::string_view jinja_source);
 
-  // Checks what the template accepts: every role is system/user/assistant, and the order is one
-  // the template renders (e.g. a system message only first). Errors name the message index and
-  // the bad role. Render() on messages that fail Validate() still returns text (rendering them
-  // as the Jinja template would where it does not raise), but callers should validate first.
+  // Checks what the templates accept: at least one message (the Jinja originals index
+  // messages[0]) and every role one of system/user/assistant (tool turns are not supported).
+  // Errors name the message index and the bad role. None of the built-in families rejects an
+  // order: like their Jinja originals they render a system message anywhere (DeepSeek V3 moves
+  // every system text to the front), repeated roles, and a conversation that starts with the
+  // assistant. Render() never fails; on messages that fail Validate() it renders what it can.
   Status Validate(const std::vector<ChatMessage>& messages) const;
 
   // The prompt text for `messages`; with add_generation_prompt, the assistant header is appended.
@@ -47,7 +51,17 @@ class ChatTemplate {
   const std::string& name() const { return name_; }
 
  private:
-  enum class Kind { kChatMl, kQwen25, kQwen3, kLlama3, kDeepSeek2, kDeepSeek3, kKimiK2 };
+  enum class Kind {
+    kChatMl,
+    kQwen2,
+    kQwen25,
+    kQwen3,
+    kLlama3,
+    kLlama31,
+    kDeepSeek2,
+    kDeepSeek3,
+    kKimiK2,
+  };
   ChatTemplate(Kind kind, std::string name) : kind_(kind), name_(std::move(name)) {}
 
   Kind kind_;
