@@ -66,6 +66,9 @@ class ChatTemplate {
 
   Kind kind_;
   std::string name_;
+  // qwen2 only: the system prompt written when the conversation has none. Detect() takes it
+  // from the template (Qwen1.5 and Qwen2 differ only in this text); ByName() uses Qwen2's.
+  std::string default_system_;
 };
 
 }  // namespace strata

@@ -69,23 +69,31 @@ TEST(ChatTemplateTest, RendersLikeTheJinjaTemplates) {
     const std::string file = r.at("template");
     const nlohmann::json& info = ref.at("templates").at(file);
     const std::string builtin = info.at("builtin");
-    auto tmpl = ChatTemplate::ByName(builtin);
-    ASSERT_OK(tmpl);
+    // The way a model's template is used: recognised from its text, then rendered.
+    auto detected = ChatTemplate::Detect(ReadFile(kChatDir + file));
+    ASSERT_OK(detected);
+    ASSERT_EQ(detected->name(), builtin) << file;
     const std::string conv = r.at("conversation");
     const bool gen = r.at("add_generation_prompt");
     const std::string want = r.at("text");
-    const std::string got = tmpl->Render(Conversation(conv), gen, info.at("bos").get<std::string>(),
-                                         info.at("eos").get<std::string>());
-    EXPECT_EQ(Visible(got), Visible(want))
+    const std::string bos = info.at("bos"), eos = info.at("eos");
+    EXPECT_EQ(Visible(detected->Render(Conversation(conv), gen, bos, eos)), Visible(want))
         << file << " (" << builtin << ") conversation " << conv << " gen=" << gen;
+    // --chat-template NAME renders the family's canonical template the same way.
+    if (info.value("by_name", true)) {
+      auto named = ChatTemplate::ByName(builtin);
+      ASSERT_OK(named);
+      EXPECT_EQ(Visible(named->Render(Conversation(conv), gen, bos, eos)), Visible(want))
+          << file << " by name " << builtin << " conversation " << conv << " gen=" << gen;
+    }
     builtins_covered.insert(builtin);
     ++compared;
   }
   const std::vector<std::string> names = ChatTemplate::BuiltinNames();
   EXPECT_EQ(builtins_covered, std::set<std::string>(names.begin(), names.end()))
       << "every built-in is checked against a real template";
-  // 13 conversations x 2 generation-prompt settings for 9 files, 13 for llama3-lenml.
-  EXPECT_EQ(compared, 9 * 13 * 2 + 13);
+  // 13 conversations x 2 generation-prompt settings for 10 files, 13 for llama3-lenml.
+  EXPECT_EQ(compared, 10 * 13 * 2 + 13);
 }
 
 TEST(ChatTemplateTest, DetectsEveryTemplateFile) {
@@ -167,9 +175,10 @@ TEST(ChatTemplateTest, RefusesLookalikesItWouldRenderWrongly) {
   // DeepSeek R1: DeepSeek V3 markers plus think-block stripping.
   EXPECT_FALSE(ChatTemplate::Detect("{{'<\xEF\xBD\x9CUser\xEF\xBD\x9C>'}}{{'<\xEF\xBD\x9C"
                                     "Assistant\xEF\xBD\x9C>'}}{% set c = c.split('</think>')[-1] "
-                                    "%}{{'<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81"
+                                    "%}{{'<\xEF\xBD\x9C"
+                                    "end\xE2\x96\x81of\xE2\x96\x81"
                                     "sentence\xEF\xBD\x9C>'}}")
-                  .ok());
+                   .ok());
   // Plain ChatML whose system turn is `'<|im_start|>system\n' + content` is still chatml.
   auto plain = ChatTemplate::Detect(
       "{% for m in messages %}{% if m.role == 'system' %}{{ '<|im_start|>system\\n' + m.content + "
@@ -179,6 +188,38 @@ TEST(ChatTemplateTest, RefusesLookalikesItWouldRenderWrongly) {
   EXPECT_EQ(plain->name(), "chatml");
 }
 
+TEST(ChatTemplateTest, Qwen2ShapeTakesTheDefaultSystemPrompt) {
+  const std::string qwen15 = ReadFile(kChatDir + "qwen1.5.jinja");
+  // The same template spelled with escaped newlines, a quote escaped in the prompt, and a
+  // trailing newline.
+  std::string custom;
+  for (const char c : qwen15) {
+    if (c == '\n') {
+      custom += "\\n";
+    } else {
+      custom.push_back(c);
+    }
+  }
+  const std::string plain_prompt = "You are a helpful assistant";
+  custom.replace(custom.find(plain_prompt), plain_prompt.size(), "Be Bob\\'s helper.\\nAlways.");
+  custom += "\n";
+  auto t = ChatTemplate::Detect(custom);
+  ASSERT_OK(t);
+  EXPECT_EQ(t->name(), "qwen2");
+  EXPECT_EQ(
+      t->Render({{"user", "hi"}}, true, "", ""),
+      "<|im_start|>system\nBe Bob's helper.\nAlways.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+      "<|im_start|>assistant\n");
+  // An unescaped quote would end the Jinja string: not this shape.
+  std::string broken = qwen15;
+  broken.replace(broken.find(plain_prompt), plain_prompt.size(), "Bob's");
+  EXPECT_FALSE(ChatTemplate::Detect(broken).ok());
+  // Anything else changed (here the open last turn of the first Qwen1.5 revision) is refused.
+  std::string other = qwen15;
+  other.replace(other.find("{% endfor %}"), 0, "{% if loop.last %}{% endif %}");
+  EXPECT_FALSE(ChatTemplate::Detect(other).ok());
+}
+
 TEST(ChatTemplateTest, ValidateNamesTheBadRole) {
   auto tmpl = ChatTemplate::ByName("qwen3");
   ASSERT_OK(tmpl);
@@ -186,8 +227,7 @@ TEST(ChatTemplateTest, ValidateNamesTheBadRole) {
   const Status bad = tmpl->Validate({{"user", "u"}, {"tool", "42"}});
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.message().find("message 1 has role \"tool\""), std::string::npos)
-      << bad.message();
+  EXPECT_NE(bad.message().find("message 1 has role \"tool\""), std::string::npos) << bad.message();
   EXPECT_NE(bad.message().find("qwen3"), std::string::npos) << bad.message();
   const Status upper = tmpl->Validate({{"User", "u"}});
   ASSERT_FALSE(upper.ok());

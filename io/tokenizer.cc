@@ -879,12 +879,27 @@ namespace {
 // special_eog_ids), and the texts it takes as the FIM pad / repo / file-separator tokens when
 // their keys are absent (those end generation too).
 constexpr const char* kEogTexts[] = {
-    "<|eot_id|>",     "<|im_end|>",      "<|end|>",         "<|return|>",
-    "<|call|>",       "<|flush|>",       "<|calls|>",       "<end_of_turn>",
-    "<|endoftext|>",  "</s>",            "<|eom_id|>",      "<EOT>",
-    "_<EOT>",         "[EOT]",           "[EOS]",           "<|end_of_text|>",
-    "<end_of_utterance>", "<eos>",       "<turn|>",         "<|tool_response>",
-    "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>",  // DeepSeek
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",  // DeepSeek
     "[e~[",
 };
 constexpr const char* kFimPadTexts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};

@@ -19,8 +19,9 @@ const { Template } = require("@huggingface/jinja");
 const root = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const chatDir = join(root, "testdata", "chat");
 
-// Which built-in renders each file, the BOS/EOS texts of that family's tokenizer, and whether
-// only the renderings with a generation prompt are comparable (an early Llama 3 revision always
+// Which built-in renders each file (Detect() must pick it), the BOS/EOS texts of that family's
+// tokenizer, whether ByName(builtin) renders it too, and whether only the renderings with a
+// generation prompt are comparable (an early Llama 3 revision always
 // appended the assistant header; the built-in follows the fixed template).
 const kBos = {
   llama: "<|begin_of_text|>",
@@ -35,6 +36,9 @@ const kEos = {
 const kTemplates = {
   "chatml.jinja": { builtin: "chatml", bos: "", eos: kEos.qwen },
   "qwen2.jinja": { builtin: "qwen2", bos: "", eos: kEos.qwen },
+  // Qwen1.5's: the Qwen2 template with another default system prompt, which Detect() reads from
+  // the template text; ByName("qwen2") has Qwen2's prompt, so only the detected one matches.
+  "qwen1.5.jinja": { builtin: "qwen2", bos: "", eos: kEos.qwen, by_name: false },
   "qwen2.5.jinja": { builtin: "qwen2.5", bos: "", eos: kEos.qwen },
   "qwen3.jinja": { builtin: "qwen3", bos: "", eos: kEos.qwen },
   "llama3.jinja": { builtin: "llama3", bos: kBos.llama, eos: kEos.llama },
