@@ -43,8 +43,12 @@ class ChatTemplate {
 
   // The prompt text for `messages`; with add_generation_prompt, the assistant header is appended.
   // bos_text/eos_text: the tokenizer's BOS/EOS token texts (templates such as Llama 3 and
-  // DeepSeek write bos_token). The text contains control tokens as text, so encode it with
-  // parse_special.
+  // DeepSeek write bos_token; pass "" when the tokenizer has none). The text contains control
+  // tokens as text and BOS where the family wants it, so encode it with parse_special and
+  // without adding another BOS. The rendering of a conversation is not always a prefix of the
+  // rendering of its continuation (Qwen3 drops the think blocks of older turns; Kimi K2 leaves
+  // the last turn open without a generation prompt), so a chat loop that keeps its cache should
+  // compare token ids, not assume an append-only prompt.
   std::string Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                      std::string_view bos_text, std::string_view eos_text) const;
 
