@@ -397,9 +397,10 @@ std::string ChatTemplate::Render(const std::vector<ChatMessage>& messages,
           AppendChatMl(m.role, m.content, &out);
         }
       }
-      // enable_thinking is left undefined, as apply_chat_template does by default: no empty
-      // think block is prefilled.
-      if (add_generation_prompt) out += "<|im_start|>assistant\n";
+      if (add_generation_prompt) {
+        out += "<|im_start|>assistant\n";
+        if (disable_thinking_) out += "<think>\n\n</think>\n\n";
+      }
       break;
     }
 

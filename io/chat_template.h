@@ -54,6 +54,12 @@ class ChatTemplate {
 
   const std::string& name() const { return name_; }
 
+  // Qwen3's `enable_thinking` switch. Left unset (the default, as apply_chat_template leaves it)
+  // or set to true, the model decides whether to think; set to false, the generation prompt is
+  // followed by an empty "<think>\n\n</think>\n\n" block so the model answers directly. The
+  // other families have no such switch and ignore it.
+  void set_enable_thinking(bool enable) { disable_thinking_ = !enable; }
+
  private:
   enum class Kind {
     kChatMl,
@@ -73,6 +79,7 @@ class ChatTemplate {
   // qwen2 only: the system prompt written when the conversation has none. Detect() takes it
   // from the template (Qwen1.5 and Qwen2 differ only in this text); ByName() uses Qwen2's.
   std::string default_system_;
+  bool disable_thinking_ = false;  // qwen3: enable_thinking=false was asked for
 };
 
 }  // namespace strata

@@ -73,16 +73,20 @@ TEST(ChatTemplateTest, RendersLikeTheJinjaTemplates) {
     auto detected = ChatTemplate::Detect(ReadFile(kChatDir + file));
     ASSERT_OK(detected);
     ASSERT_EQ(detected->name(), builtin) << file;
+    const bool thinking = r.value("enable_thinking", true);
+    if (!thinking) detected->set_enable_thinking(false);
     const std::string conv = r.at("conversation");
     const bool gen = r.at("add_generation_prompt");
     const std::string want = r.at("text");
     const std::string bos = info.at("bos"), eos = info.at("eos");
     EXPECT_EQ(Visible(detected->Render(Conversation(conv), gen, bos, eos)), Visible(want))
-        << file << " (" << builtin << ") conversation " << conv << " gen=" << gen;
+        << file << " (" << builtin << ") conversation " << conv << " gen=" << gen
+        << " enable_thinking=" << thinking;
     // --chat-template NAME renders the family's canonical template the same way.
     if (info.value("by_name", true)) {
       auto named = ChatTemplate::ByName(builtin);
       ASSERT_OK(named);
+      if (!thinking) named->set_enable_thinking(false);
       EXPECT_EQ(Visible(named->Render(Conversation(conv), gen, bos, eos)), Visible(want))
           << file << " by name " << builtin << " conversation " << conv << " gen=" << gen;
     }
@@ -92,8 +96,9 @@ TEST(ChatTemplateTest, RendersLikeTheJinjaTemplates) {
   const std::vector<std::string> names = ChatTemplate::BuiltinNames();
   EXPECT_EQ(builtins_covered, std::set<std::string>(names.begin(), names.end()))
       << "every built-in is checked against a real template";
-  // 13 conversations x 2 generation-prompt settings for 10 files, 13 for llama3-lenml.
-  EXPECT_EQ(compared, 10 * 13 * 2 + 13);
+  // 13 conversations x 2 generation-prompt settings for 10 files, 13 for llama3-lenml; 3 of the
+  // conversations again with enable_thinking=false.
+  EXPECT_EQ(compared, 10 * (13 + 3) * 2 + (13 + 3));
 }
 
 TEST(ChatTemplateTest, DetectsEveryTemplateFile) {

@@ -93,13 +93,19 @@ const kConversations = {
   special_text: [U("<|im_start|> and <|eot_id|> written as text"), A("fine")],
 };
 
-function render(source, info, messages, addGenerationPrompt) {
-  return new Template(source).render({
+// Conversations also rendered with enable_thinking=false (Qwen3's switch; the other templates
+// must ignore it).
+const kNoThinkConversations = ["system_user", "multi_turn", "think_history"];
+
+function render(source, info, messages, addGenerationPrompt, enableThinking) {
+  const context = {
     messages,
     add_generation_prompt: addGenerationPrompt,
     bos_token: info.bos,
     eos_token: info.eos,
-  });
+  };
+  if (enableThinking !== undefined) context.enable_thinking = enableThinking;
+  return new Template(source).render(context);
 }
 
 const files = readdirSync(chatDir).filter((f) => f.endsWith(".jinja")).sort();
@@ -119,6 +125,12 @@ for (const f of files) {
         template: f, conversation: name, add_generation_prompt: gen,
         text: render(source, info, messages, gen),
       });
+      if (kNoThinkConversations.includes(name)) {
+        out.renders.push({
+          template: f, conversation: name, add_generation_prompt: gen, enable_thinking: false,
+          text: render(source, info, messages, gen, false),
+        });
+      }
     }
   }
 }
