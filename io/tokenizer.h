@@ -107,7 +107,8 @@ class Tokenizer {
   // End-of-generation tokens (llama.cpp's special_eog_ids): EOS, EOT, EOM and the FIM pad,
   // repo and file-separator ids, plus every token whose text is a known end-of-turn marker
   // (<|eot_id|>, <|im_end|>, <|end|>, <end_of_turn>, <|endoftext|>, <|eom_id|>, <EOT>,
-  // <｜end▁of▁sentence｜>, [EOS], [EOT], ...). Sorted ascending.
+  // <｜end▁of▁sentence｜>, [EOS], [EOT], ...). Sorted ascending. llama.cpp also retypes such a
+  // token as control when the file did not; Strata keeps the stored type.
   const std::vector<int32_t>& eog_ids() const { return eog_ids_; }
   bool IsEog(int32_t id) const;
   // tokenizer.chat_template, "" when the file has none.
