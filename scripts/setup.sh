@@ -9,6 +9,7 @@ PKGS=(
   liblapack-dev libopenblas-dev  # symmetric eigensolver (recall basis), prefill GEMM
   nlohmann-json3-dev             # config.json, JSON reports
   libcli11-dev                   # command-line flags
+  libcpp-httplib-dev             # the HTTP server (serve/, `strata serve`)
   python3-torch libopenblas0-serial python3-numpy  # testbed trainer and the logit-parity test
   bible-kjv bible-kjv-text       # the testbed's filler text (the `bible` program and its data)
   librsvg2-bin zlib1g-dev        # chart tests: rsvg-convert renders the SVGs, zlib reads the PNGs
