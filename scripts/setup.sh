@@ -25,3 +25,13 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# The server's real-client test (serve/server_test.cc) drives `strata serve` with the official
+# openai npm package, installed from its lock file into a test-only folder; skipped without npm.
+if command -v npm >/dev/null 2>&1; then
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  if [ ! -f "$root/tools/serveref/node_modules/openai/package.json" ]; then
+    echo "setup: installing the openai npm client into tools/serveref (test only)" >&2
+    (cd "$root/tools/serveref" && npm ci --no-audit --no-fund --silent)
+  fi
+fi

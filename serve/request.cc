@@ -254,6 +254,10 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, Endpoint
     if (!v->is_boolean()) return WrongType("stream", *v, "a boolean");
     out->stream = v->get<bool>();
   }
+  if (const json* v = field("ignore_eos")) {
+    if (!v->is_boolean()) return WrongType("ignore_eos", *v, "a boolean");
+    out->ignore_eos = v->get<bool>();
+  }
   if (const json* v = field("stream_options")) {
     if (!v->is_object()) return WrongType("stream_options", *v, "an object");
     if (auto u = v->find("include_usage"); u != v->end() && !u->is_null()) {

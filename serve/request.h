@@ -40,6 +40,7 @@ struct GenerationRequest {
   bool seed_given = false;
   std::vector<std::string> stop;       // up to kMaxStops non-empty strings
   bool stream = false;
+  bool ignore_eos = false;             // llama.cpp's extension: generate through EOG tokens
   bool include_usage = false;          // stream_options.include_usage
   std::string policy;                  // strata.policy; "" = the server's default
 };

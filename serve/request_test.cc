@@ -24,7 +24,7 @@ TEST(Request, ParsesEveryField) {
   GenerationRequest g;
   ASSERT_FALSE(ParseGenerationRequest(
       R"({"model":"tiny","prompt":"hi","max_tokens":7,"temperature":0.5,"top_p":0.9,
-          "stop":["a","bc"],"seed":42,"n":1,"stream":true,"stream_options":{"include_usage":true},
+          "stop":["a","bc"],"seed":42,"n":1,"stream":true,"ignore_eos":true,"stream_options":{"include_usage":true},
           "strata":{"policy":"vestige:ratio=32"},"user":"x","presence_penalty":0})",
       Endpoint::kCompletions, kCtx, &g));
   EXPECT_EQ(g.prompt, "hi");
@@ -35,6 +35,7 @@ TEST(Request, ParsesEveryField) {
   EXPECT_TRUE(g.seed_given);
   EXPECT_EQ(g.stop, (std::vector<std::string>{"a", "bc"}));
   EXPECT_TRUE(g.stream);
+  EXPECT_TRUE(g.ignore_eos);
   EXPECT_TRUE(g.include_usage);
   EXPECT_EQ(g.policy, "vestige:ratio=32");
   // Defaults: OpenAI's temperature 1, no max_tokens (the endpoint's default), one stop string.
@@ -90,6 +91,7 @@ TEST(Request, EveryBadInputIsA4xxNamingTheField) {
       {R"({"prompt": "x", "stop": [""]})", 400, "stop", "must not be empty"},
       {R"({"prompt": "x", "stream": "yes"})", 400, "stream", "must be a boolean"},
       {R"({"prompt": "x", "seed": "s"})", 400, "seed", "must be an integer"},
+      {R"({"prompt": "x", "ignore_eos": 1})", 400, "ignore_eos", "must be a boolean"},
       {R"({"prompt": "x", "echo": true})", 400, "echo", "not supported"},
       {R"({"prompt": "x", "model": "gpt-4"})", 404, "model", "'gpt-4' does not exist"},
       {R"({"prompt": "x", "model": 3})", 400, "model", "must be a string"},

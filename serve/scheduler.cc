@@ -10,6 +10,13 @@ namespace strata::serve {
 
 namespace {
 
+// The most a decode step can add to a cache's resident bytes: one row per layer, or a whole new
+// page of them when the row starts one (the store allocates LayerStore::kPageRows rows at once).
+int64_t StepGrowth(const KvCache& c) {
+  const int64_t rows = c.n_tokens() % LayerStore::kPageRows == 0 ? LayerStore::kPageRows : 1;
+  return c.FullBytesPerToken() * rows;
+}
+
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
@@ -226,7 +233,7 @@ void Scheduler::Step() {
       continue;
     }
     const int32_t id = s->sampler_->Sample(s->logits_.data(), n_vocab_);
-    if (tok_->IsEog(id)) {
+    if (!s->ignore_eos && tok_->IsEog(id)) {
       End(s, "stop", "");
       continue;
     }
@@ -250,16 +257,16 @@ void Scheduler::Step() {
     batch.push_back(s);
     ids.push_back(id);
   }
-  // The budget: a decoded token adds at most one full row per layer. When the step could take
-  // the resident total over the budget, the youngest sequences stop first (the older ones have
-  // run longer and are nearer their end).
+  // The budget: a decoded token adds at most StepGrowth bytes to its cache. When the step could
+  // take the resident total over the budget, the youngest sequences stop first (the older ones
+  // have run longer and are nearer their end).
   int64_t total = 0;
   for (const auto& sp : running_) {
     if (sp->cache) total += sp->cache->ResidentBytes();
   }
   if (prefilling_) total += prefilling_->reserve_;
   int64_t growth = 0;
-  for (Sequence* s : batch) growth += s->cache->FullBytesPerToken();
+  for (Sequence* s : batch) growth += StepGrowth(*s->cache);
   while (!batch.empty() && total + growth > o_.kv_budget) {
     size_t youngest = 0;
     for (size_t i = 1; i < batch.size(); ++i) {
@@ -267,7 +274,7 @@ void Scheduler::Step() {
     }
     Sequence* s = batch[youngest];
     const int64_t held = s->cache->ResidentBytes();
-    growth -= s->cache->FullBytesPerToken();
+    growth -= StepGrowth(*s->cache);
     metrics_->CountBudgetStop();
     End(s, "length",
         "stopped: the next token would take the KV cache past the server's budget (--kv-budget " +

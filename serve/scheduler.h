@@ -61,6 +61,7 @@ class Sequence {
   int64_t max_tokens = 16;
   SamplerOptions sampler;
   std::vector<std::string> stop;
+  bool ignore_eos = false;         // end-of-generation tokens do not end it (fixed-length runs)
   std::unique_ptr<KvCache> cache;  // bound to its policy; released by the scheduler at the end
   std::string policy_name;         // Policy::name(), the metrics label
   Clock::time_point arrival = Clock::now();

@@ -301,6 +301,7 @@ void Server::Routes() {
       if (!g.seed_given) seq->sampler.seed = (uint64_t{std::random_device{}()} << 32) ^
                                              std::random_device{}();
       seq->stop = g.stop;
+      seq->ignore_eos = g.ignore_eos;
       seq->policy_name = (*cache)->policy().name();
       seq->cache = std::move(cache).value();
       seq->arrival = Clock::now();
