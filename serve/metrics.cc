@@ -79,6 +79,14 @@ void Metrics::CountBudgetStop() {
   std::lock_guard<std::mutex> l(mu_);
   ++budget_stops_;
 }
+void Metrics::CountInterleavedStep() {
+  std::lock_guard<std::mutex> l(mu_);
+  ++interleaved_steps_;
+}
+int64_t Metrics::interleaved_steps() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return interleaved_steps_;
+}
 void Metrics::ObserveTimeToFirstToken(double s) {
   std::lock_guard<std::mutex> l(mu_);
   ttft_.Observe(s);
@@ -123,6 +131,9 @@ std::string Metrics::Text() const {
   Header(&o, "strata_kv_budget_stops_total", "counter",
          "Sequences stopped (finish_reason length) because the KV budget was exhausted.");
   o += "strata_kv_budget_stops_total " + std::to_string(budget_stops_) + "\n";
+  Header(&o, "strata_prefill_interleaved_steps_total", "counter",
+         "Decode steps of the running sequences taken between chunks of a new prompt's prefill.");
+  o += "strata_prefill_interleaved_steps_total " + std::to_string(interleaved_steps_) + "\n";
   Header(&o, "strata_queue_depth", "gauge", "Requests waiting for a decode slot.");
   o += "strata_queue_depth " + std::to_string(gauges_.queue_depth) + "\n";
   Header(&o, "strata_active_sequences", "gauge", "Sequences holding a decode slot.");

@@ -35,6 +35,8 @@ class Metrics {
   void AddTokens(int64_t prompt, int64_t completion);
   void CountCancelled();
   void CountBudgetStop();
+  // A decode step of the running sequences taken between two chunks of a new prompt's prefill.
+  void CountInterleavedStep();
   void ObserveTimeToFirstToken(double seconds);
   void ObserveInterToken(double seconds);
   // Set by the scheduler after every step.
@@ -50,6 +52,7 @@ class Metrics {
   Gauges gauges() const;
   int64_t requests(const std::string& endpoint, int status) const;
   int64_t cancelled() const;
+  int64_t interleaved_steps() const;
 
   // The Prometheus text exposition.
   std::string Text() const;
@@ -57,7 +60,8 @@ class Metrics {
  private:
   mutable std::mutex mu_;
   std::map<std::pair<std::string, int>, int64_t> requests_;
-  int64_t prompt_tokens_ = 0, completion_tokens_ = 0, cancelled_ = 0, budget_stops_ = 0;
+  int64_t prompt_tokens_ = 0, completion_tokens_ = 0, cancelled_ = 0, budget_stops_ = 0,
+          interleaved_steps_ = 0;
   Histogram ttft_, itl_;
   Gauges gauges_;
 };

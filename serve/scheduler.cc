@@ -366,7 +366,10 @@ void Scheduler::Loop() {
       // the streams (the prefill stays one Model::Prefill call, so its result is the same as
       // `strata generate`'s).
       auto between_chunks = [&](int64_t done, int64_t total) {
-        if (done < total && !running_.empty()) Step();
+        if (done < total && !running_.empty()) {
+          metrics_->CountInterleavedStep();
+          Step();
+        }
       };
       Status st = model_->Prefill(s->prompt.data(), n, o_.chunk, s->cache.get(), pool_,
                                   s->logits_.data(), nullptr, between_chunks);

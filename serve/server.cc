@@ -7,6 +7,8 @@
 #include <ctime>
 #include <random>
 
+#include <sys/socket.h>
+
 #include "kv/registry.h"
 
 namespace strata::serve {
@@ -44,6 +46,9 @@ std::string EndpointLabel(const std::string& path) {
   }
   return "other";
 }
+
+// Connections waiting to be accepted (the kernel caps it at net.core.somaxconn).
+constexpr int kListenBacklog = 1024;
 
 std::string SseEvent(const json& j) { return "data: " + Dump(j) + "\n\n"; }
 
@@ -110,6 +115,14 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Model* model, ServerOptions o) 
 }
 
 StatusOr<int> Server::Start() {
+  // Debian's cpp-httplib 0.11 listens with a backlog of 5 (compiled into the library): a burst of
+  // clients overflows it, and the kernel drops their SYNs (a 1 s retry) or, worse, the handshakes
+  // it completed. The listening socket is remembered when httplib creates it and listen() is
+  // called again after the bind, which on Linux raises the backlog of a listening socket.
+  http_->set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd_ = static_cast<int>(sock);
+  });
   int port = o_.port;
   if (port == 0) {
     port = http_->bind_to_any_port(o_.host);
@@ -118,6 +131,7 @@ StatusOr<int> Server::Start() {
     return IoError("cannot bind to " + o_.host + ":" + std::to_string(port) +
                    " (in use, or not an address of this machine)");
   }
+  if (listen_fd_ >= 0) ::listen(listen_fd_, kListenBacklog);
   listener_ = std::thread([this] { http_->listen_after_bind(); });
   return port;
 }

@@ -72,6 +72,7 @@ class Server {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<httplib::Server> http_;
   std::thread listener_;
+  int listen_fd_ = -1;  // the listening socket (owned by httplib), for its backlog
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> next_id_{1};
 };

@@ -325,21 +325,23 @@ TEST_F(ServeTest, ChatWithChatml) {
 }
 
 TEST_F(ServeTest, ConcurrentStreamsWithMixedPoliciesEqualTheirSoloRuns) {
+  // 32 streams on 8 slots: 24 wait in the queue and join as others finish.
   ServerOptions o = Options();
   o.parallel = 8;
+  o.queue = 32;
   int port = 0;
   auto server = Start(o, &port);
   ASSERT_TRUE(server);
-  const int n = static_cast<int>(GqaPolicies().size());
+  const int n = 32;
+  auto policy = [&](int i) { return GqaPolicies()[i % GqaPolicies().size()]; };
   auto request = [&](int i) {
-    return Completion("Stream number " + std::to_string(i), 24, 0.9, 100 + i, GqaPolicies()[i],
-                      true)
+    return Completion("Stream number " + std::to_string(i), 24, 0.9, 100 + i, policy(i), true)
         .dump();
   };
   std::vector<std::string> solo(n);
   for (int i = 0; i < n; ++i) {
     const Reply r = Post(port, "/v1/completions", request(i));
-    ASSERT_EQ(r.status, 200) << GqaPolicies()[i] << ": " << r.body;
+    ASSERT_EQ(r.status, 200) << policy(i) << ": " << r.body;
     solo[i] = ParseSse(r.body).text;
   }
   // All at once: Model::Decode per sequence inside the step, so the results are bit-identical
@@ -351,7 +353,7 @@ TEST_F(ServeTest, ConcurrentStreamsWithMixedPoliciesEqualTheirSoloRuns) {
                                                                request(i)).body).text; });
   }
   for (auto& t : threads) t.join();
-  for (int i = 0; i < n; ++i) EXPECT_EQ(together[i], solo[i]) << GqaPolicies()[i];
+  for (int i = 0; i < n; ++i) EXPECT_EQ(together[i], solo[i]) << policy(i);
   // The request counter is bumped once a response is written, just after the client has it.
   EXPECT_TRUE(WaitForMetric(port, "strata_requests_total{endpoint=\"/v1/completions\",status="
                                   "\"200\"} " + std::to_string(2 * n) + "\n"));
@@ -380,6 +382,8 @@ TEST_F(ServeTest, BadInputIsA4xxAndTheServerKeepsServing) {
       {std::string(10 << 20, ' '), 413, "larger than the server's limit"},
       {R"({"prompt": "x", "strata": {"policy": "nosuch:ratio=2"}})", 400, "nosuch"},
       {R"({"prompt": "x", "model": "other"})", 404, "'other' does not exist"},
+      // Valid for the registry, but the model has no MLA layer.
+      {R"({"prompt": "x", "strata": {"policy": "vestige"}})", 400, "cannot run on this model"},
       {json{{"prompt", long_prompt}}.dump(), 400, "this model's context is 64 tokens"},
   };
   for (const Case& c : cases) {
@@ -399,7 +403,7 @@ TEST_F(ServeTest, BadInputIsA4xxAndTheServerKeepsServing) {
   const Reply models = Get(port, "/v1/models");
   EXPECT_EQ(models.j["data"][0]["id"], "tiny");
   EXPECT_TRUE(WaitForMetric(port, "strata_requests_total{endpoint=\"/v1/completions\",status="
-                                  "\"400\"} 6\n"));
+                                  "\"400\"} 7\n"));
   EXPECT_TRUE(WaitForMetric(port, "strata_requests_total{endpoint=\"/v1/completions\",status="
                                   "\"413\"} 1\n"));
   EXPECT_TRUE(WaitForMetric(port, "strata_requests_total{endpoint=\"/v1/completions\",status="
@@ -471,6 +475,42 @@ TEST_F(ServeTest, DisconnectFreesTheSlotAndAFullQueueIs429) {
   EXPECT_TRUE(WaitForMetric(port, "strata_queue_depth 0\n"));
 }
 
+TEST_F(ServeTest, ALongPrefillIsInterleavedWithTheRunningStreams) {
+  ServerOptions o = Options();
+  o.parallel = 2;
+  o.ctx = 1 << 20;
+  int port = 0;
+  auto server = Start(o, &port);
+  ASSERT_TRUE(server);
+  std::atomic<bool> got_token{false}, release{false};
+  std::thread running([&] {
+    httplib::Client c("127.0.0.1", port);
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    json body = Completion("running", 500000, 1.0, 3, "", true);
+    body["ignore_eos"] = true;
+    req.body = body.dump();
+    req.set_header("Content-Type", "application/json");
+    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) {
+      got_token = true;
+      return !release.load();
+    };
+    c.send(req);
+  });
+  while (!got_token) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::string p;
+  for (int i = 0; i < 400; ++i) p += "a long prompt ";
+  const Reply r = Post(port, "/v1/completions", Completion(p, 2, 0, 1, "", false).dump());
+  release = true;
+  running.join();
+  ASSERT_EQ(r.status, 200) << r.body;
+  // 512-token chunks: the running stream took a step at every chunk boundary.
+  const int64_t n_prompt = r.j["usage"]["prompt_tokens"];
+  ASSERT_GT(n_prompt, 3 * 512);
+  EXPECT_GE(server->metrics().interleaved_steps(), (n_prompt - 1) / 512);
+}
+
 TEST_F(ServeTest, ASequenceOverTheKvBudgetStopsWithLength) {
   auto policy = MakePolicy(PolicySpec{"full", {}});
   ASSERT_OK(policy);
@@ -498,6 +538,28 @@ TEST_F(ServeTest, ASequenceOverTheKvBudgetStopsWithLength) {
   EXPECT_EQ(big.status, 400);
   EXPECT_TRUE(Has(big.j["error"]["message"], "--kv-budget")) << big.body;
   EXPECT_TRUE(Has(Get(port, "/metrics").body, "strata_kv_budget_stops_total 1\n"));
+}
+
+TEST_F(ServeTest, TheServeCommandRefusesBadFlagsByName) {
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"--kv-budget", "8XB"}, "--kv-budget '8XB' has an unknown unit 'XB'"},
+      {{"--kv-budget", "lots"}, "--kv-budget 'lots' is not a size"},
+      {{"--parallel", "0"}, "--parallel must be >= 1, got 0"},
+      {{"--queue", "-1"}, "--queue must be >= 0, got -1"},
+      {{"--policy", "nosuch"}, "unknown policy 'nosuch'"},
+      {{"--policy", "vestige"}, "none of the model's 2 attention layers is MLA"},
+      {{"--chat-template", "jinja"}, "unknown chat template \"jinja\""},
+      {{"--port", "70000"}, "--port must be <= 65535"},
+  };
+  for (const auto& [flags, says] : cases) {
+    std::string cmd = std::string(STRATA_BIN) + " serve -m " + Path("tiny.gguf");
+    for (const auto& f : flags) cmd += " '" + f + "'";
+    int code = -1;
+    const std::string out = RunProgram({"sh", "-c", cmd + " 2>&1"}, &code);
+    EXPECT_EQ(code, 2) << cmd << "\n" << out;
+    EXPECT_TRUE(Has(out, "error: ")) << out;
+    EXPECT_TRUE(Has(out, says)) << cmd << "\n" << out;
+  }
 }
 
 TEST_F(ServeTest, SigtermEndsStreamsAndLeavesNoArchiveFiles) {
