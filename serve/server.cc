@@ -137,10 +137,10 @@ StatusOr<int> Server::Start() {
 }
 
 void Server::Stop() {
-  if (stopping_.exchange(true)) {
-    if (listener_.joinable()) listener_.join();
-    return;
-  }
+  std::lock_guard<std::mutex> l(stop_mu_);
+  if (stopped_) return;
+  stopped_ = true;
+  stopping_ = true;
   // Sequences first (their streams end with a final chunk and [DONE], their caches go), then
   // the listener, whose worker threads are joined when listen_after_bind returns.
   if (scheduler_) scheduler_->Stop();

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -73,7 +74,9 @@ class Server {
   std::unique_ptr<httplib::Server> http_;
   std::thread listener_;
   int listen_fd_ = -1;  // the listening socket (owned by httplib), for its backlog
-  std::atomic<bool> stopping_{false};
+  std::atomic<bool> stopping_{false};  // refuse new requests
+  std::mutex stop_mu_;                 // Stop() runs once, to the end, whoever calls it
+  bool stopped_ = false;
   std::atomic<int64_t> next_id_{1};
 };
 

@@ -540,6 +540,95 @@ TEST_F(ServeTest, ASequenceOverTheKvBudgetStopsWithLength) {
   EXPECT_TRUE(Has(Get(port, "/metrics").body, "strata_kv_budget_stops_total 1\n"));
 }
 
+int64_t RssBytes() {
+  std::ifstream f("/proc/self/statm");
+  int64_t pages = 0, resident = 0;
+  f >> pages >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+// The sum of the strata_kv_bytes_resident gauges in a /metrics text.
+int64_t ResidentGauge(const std::string& metrics) {
+  int64_t total = 0;
+  std::regex re("\nstrata_kv_bytes_resident\\{[^}]*\\} (\\d+)");
+  for (auto it = std::sregex_iterator(metrics.begin(), metrics.end(), re);
+       it != std::sregex_iterator(); ++it) {
+    total += std::stoll((*it)[1]);
+  }
+  return total;
+}
+
+// A bounded soak: 2,000 mixed requests (streamed or not, four policies, stop strings, one in ten
+// malformed) from 8 clients on 4 slots under a small budget. Every answer is the expected status,
+// the KV bytes never pass the budget, and at the end nothing is held: no sequence, no cache, and
+// no more process memory than a few MiB of allocator slack.
+TEST_F(ServeTest, SoakOfTwoThousandMixedRequests) {
+  ServerOptions o = Options();
+  o.parallel = 4;
+  o.queue = 16;
+  auto policy = MakePolicy(PolicySpec{"full", {}});
+  ASSERT_OK(policy);
+  auto probe = model_->NewCache(std::move(policy).value());
+  ASSERT_OK(probe);
+  o.kv_budget = (*probe)->FullBytesPerToken() * 64 * 6;  // six pages of full cache
+  int port = 0;
+  auto server = Start(o, &port);
+  ASSERT_TRUE(server);
+  const std::vector<std::string> policies = {"full", "streaming:ratio=2", "kivi4",
+                                             "geodesia:bits=2"};
+  // Warm-up (allocator pools, httplib threads) before the memory baseline.
+  for (int i = 0; i < 20; ++i) {
+    Post(port, "/v1/completions", Completion("w", 4, 0, 1, "", i % 2).dump());
+  }
+  const int64_t rss0 = RssBytes();
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> max_resident{0};
+  std::thread watcher([&] {
+    while (!done) {
+      const int64_t r = ResidentGauge(Get(port, "/metrics").body);
+      if (r > max_resident) max_resident = r;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  std::atomic<int> wrong{0}, ok{0}, bad{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 8; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = 0; i < 250; ++i) {
+        const int k = c * 250 + i;
+        if (k % 10 == 3) {
+          const Reply r = Post(port, "/v1/completions", R"({"prompt": "x", "max_tokens": "many"})");
+          (r.status == 400 ? bad : wrong)++;
+          continue;
+        }
+        json req = Completion("soak " + std::to_string(k), 1 + k % 7, 0.8, k,
+                              policies[k % policies.size()], k % 2 == 0);
+        if (k % 5 == 0) req["stop"] = "e";
+        const Reply r = Post(port, "/v1/completions", req.dump());
+        if (r.status != 200) {
+          ++wrong;
+        } else if (k % 2 == 0 && !ParseSse(r.body).done) {
+          ++wrong;
+        } else {
+          ++ok;
+        }
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  done = true;
+  watcher.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(ok.load(), 1800);
+  EXPECT_EQ(bad.load(), 200);
+  EXPECT_GT(max_resident.load(), 0);  // the watcher saw sequences running
+  EXPECT_LE(max_resident.load(), o.kv_budget);
+  EXPECT_TRUE(WaitForMetric(port, "strata_active_sequences 0\n"));
+  EXPECT_EQ(ResidentGauge(Get(port, "/metrics").body), 0);
+  const int64_t growth = RssBytes() - rss0;
+  EXPECT_LT(growth, int64_t{32} << 20) << "RSS grew by " << growth << " bytes";
+}
+
 TEST_F(ServeTest, TheServeCommandRefusesBadFlagsByName) {
   const std::pair<std::vector<std::string>, std::string> cases[] = {
       {{"--kv-budget", "8XB"}, "--kv-budget '8XB' has an unknown unit 'XB'"},
