@@ -1,9 +1,10 @@
 // `strata serve`: loads a model and runs the OpenAI-compatible server (serve/) until SIGINT or
 // SIGTERM, then stops it gracefully.
+#include <pthread.h>
+
 #include <CLI/CLI.hpp>
 #include <csignal>
 #include <filesystem>
-#include <pthread.h>
 
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -37,7 +38,8 @@ void AddServeCommand(CLI::App* app, ServeOptions* o) {
   for (const auto& n : PolicyNames()) names += (names.empty() ? "" : ", ") + n;
   cmd->add_option("--policy", o->policy,
                   "Default KV cache policy NAME[:key=value...]; a request may choose its own "
-                  "with \"strata\": {\"policy\": ...} (available: " + names + ")")
+                  "with \"strata\": {\"policy\": ...} (available: " +
+                      names + ")")
       ->capture_default_str();
   std::string templates;
   for (const auto& n : ChatTemplate::BuiltinNames()) {
@@ -45,7 +47,8 @@ void AddServeCommand(CLI::App* app, ServeOptions* o) {
   }
   cmd->add_option("--chat-template", o->chat_template,
                   "Chat format for /v1/chat/completions (default: detected from the model's "
-                  "template; one of " + templates + ")");
+                  "template; one of " +
+                      templates + ")");
   cmd->add_option("--api-key", o->api_key,
                   "Require Authorization: Bearer KEY on /v1/* and /metrics");
   cmd->add_option("--threads", o->threads,
@@ -121,8 +124,8 @@ int RunServe(const ServeOptions& o, std::ostream& out, std::ostream& err) {
     } else {
       err << "chat: off (the model has no recognised chat template; --chat-template NAME)\n";
     }
-    err << "serving '" << so.model_name << "' on http://" << so.host << ":" << *port
-        << " (policy " << so.policy << ", " << so.parallel << " slots, KV budget "
+    err << "serving '" << so.model_name << "' on http://" << so.host << ":" << *port << " (policy "
+        << so.policy << ", " << so.parallel << " slots, KV budget "
         << FormatBytes(static_cast<double>(so.kv_budget)) << "); SIGINT/SIGTERM stops\n";
     out << "listening on http://" << so.host << ":" << *port << "\n" << std::flush;
     int sig = 0;

@@ -16,15 +16,23 @@ using nlohmann::json;
 // "a string", "a number", ... for messages that say what a field was.
 std::string TypeName(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
     case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return "an integer";
-    case json::value_t::number_float: return "a number";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    default: return "an unsupported value";
+    case json::value_t::number_unsigned:
+      return "an integer";
+    case json::value_t::number_float:
+      return "a number";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    default:
+      return "an unsupported value";
   }
 }
 
@@ -87,18 +95,17 @@ ApiError BadRequest(const std::string& param, const std::string& message) {
 }
 
 std::optional<ApiError> ParseGenerationRequest(const std::string& body, Endpoint endpoint,
-                                               const RequestContext& ctx,
-                                               GenerationRequest* out) {
+                                               const RequestContext& ctx, GenerationRequest* out) {
   *out = GenerationRequest{};
   out->endpoint = endpoint;
   // Not the exception-throwing parse: a malformed body is a request error, not an exception.
   const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
-    return BadRequest("", "the request body is not valid JSON (" + std::to_string(body.size()) +
-                              " bytes)");
+    return BadRequest(
+        "", "the request body is not valid JSON (" + std::to_string(body.size()) + " bytes)");
   }
-  if (!j.is_object()) return BadRequest("", "the request body must be a JSON object, got " +
-                                                TypeName(j));
+  if (!j.is_object())
+    return BadRequest("", "the request body must be a JSON object, got " + TypeName(j));
   auto field = [&](const char* name) -> const json* {
     auto it = j.find(name);
     return it == j.end() || it->is_null() ? nullptr : &*it;
@@ -126,9 +133,10 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, Endpoint
     } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
       out->prompt = (*p)[0].get<std::string>();  // a batch of one prompt
     } else if (p->is_array()) {
-      return BadRequest("prompt", "'prompt' must be a string or a list of one string (one "
-                                  "prompt per request), got a list of " +
-                                      std::to_string(p->size()) + " items");
+      return BadRequest("prompt",
+                        "'prompt' must be a string or a list of one string (one "
+                        "prompt per request), got a list of " +
+                            std::to_string(p->size()) + " items");
     } else {
       return WrongType("prompt", *p, "a string");
     }
@@ -163,10 +171,11 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, Endpoint
         for (size_t k = 0; k < content->size(); ++k) {
           const json& part = (*content)[k];
           const std::string pat = at + ".content[" + std::to_string(k) + "]";
-          if (!part.is_object() || part.value("type", "") != "text" ||
-              !part.contains("text") || !part["text"].is_string()) {
-            return BadRequest(pat, "'" + pat + "' must be {\"type\": \"text\", \"text\": ...} "
-                                   "(only text content is supported)");
+          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+              !part["text"].is_string()) {
+            return BadRequest(pat, "'" + pat +
+                                       "' must be {\"type\": \"text\", \"text\": ...} "
+                                       "(only text content is supported)");
           }
           cm.content += part["text"].get<std::string>();
         }
@@ -221,7 +230,8 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, Endpoint
       int64_t n = 0;
       if (auto e = GetInt(*v, one, &n)) return e;
       if (n != 1) {
-        return BadRequest(one, std::string("'") + one + "' must be 1 (one choice per request), got " +
+        return BadRequest(one, std::string("'") + one +
+                                   "' must be 1 (one choice per request), got " +
                                    std::to_string(n));
       }
     }
@@ -271,9 +281,9 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, Endpoint
     if (!v->is_object()) return WrongType("strata", *v, "an object");
     for (auto it = v->begin(); it != v->end(); ++it) {
       if (it.key() != "policy") {
-        return BadRequest("strata." + it.key(),
-                          "unknown field 'strata." + it.key() + "' (the strata extension takes: "
-                          "policy)");
+        return BadRequest("strata." + it.key(), "unknown field 'strata." + it.key() +
+                                                    "' (the strata extension takes: "
+                                                    "policy)");
       }
     }
     if (auto p = v->find("policy"); p != v->end() && !p->is_null()) {
@@ -313,8 +323,8 @@ StatusOr<int64_t> ParseByteSize(const std::string& flag, const std::string& text
   } else if (unit == "t" || unit == "tb" || unit == "tib") {
     mult = 1024.0 * 1024 * 1024 * 1024;
   } else {
-    return InvalidArgument(flag + " '" + text + "' has an unknown unit '" + std::string(end) +
-                           "'" + example);
+    return InvalidArgument(flag + " '" + text + "' has an unknown unit '" + std::string(end) + "'" +
+                           example);
   }
   const double bytes = v * mult;
   if (!std::isfinite(bytes) || bytes < 1 || bytes > 9.0e18) {

@@ -32,17 +32,17 @@ enum class Endpoint { kCompletions, kChat };
 // A validated generation request (one choice: n = 1).
 struct GenerationRequest {
   Endpoint endpoint = Endpoint::kCompletions;
-  std::string model;                   // as given ("" when absent: the served model)
-  std::string prompt;                  // completions
-  std::vector<ChatMessage> messages;   // chat
-  std::optional<int64_t> max_tokens;   // absent: the endpoint's default (see the server)
-  SamplerOptions sampler;              // temperature, top_p, seed (validated)
+  std::string model;                  // as given ("" when absent: the served model)
+  std::string prompt;                 // completions
+  std::vector<ChatMessage> messages;  // chat
+  std::optional<int64_t> max_tokens;  // absent: the endpoint's default (see the server)
+  SamplerOptions sampler;             // temperature, top_p, seed (validated)
   bool seed_given = false;
-  std::vector<std::string> stop;       // up to kMaxStops non-empty strings
+  std::vector<std::string> stop;  // up to kMaxStops non-empty strings
   bool stream = false;
-  bool ignore_eos = false;             // llama.cpp's extension: generate through EOG tokens
-  bool include_usage = false;          // stream_options.include_usage
-  std::string policy;                  // strata.policy; "" = the server's default
+  bool ignore_eos = false;     // llama.cpp's extension: generate through EOG tokens
+  bool include_usage = false;  // stream_options.include_usage
+  std::string policy;          // strata.policy; "" = the server's default
 };
 
 inline constexpr int kMaxStops = 4;
@@ -64,8 +64,7 @@ struct RequestContext {
 // presence_penalty 0, ...) are accepted and ignored; unknown fields are ignored, as OpenAI does.
 // The prompt's length against the context is checked by the server once it is tokenized.
 std::optional<ApiError> ParseGenerationRequest(const std::string& body, Endpoint endpoint,
-                                               const RequestContext& ctx,
-                                               GenerationRequest* out);
+                                               const RequestContext& ctx, GenerationRequest* out);
 
 // "8GiB", "512MiB", "1.5G", "4096" (bytes) -> bytes. Units: B, K/KB/KiB, M/MB/MiB, G/GB/GiB,
 // T/TB/TiB (all binary, as memory is). Errors name `flag` and the text.

@@ -24,7 +24,8 @@ TEST(Request, ParsesEveryField) {
   GenerationRequest g;
   ASSERT_FALSE(ParseGenerationRequest(
       R"({"model":"tiny","prompt":"hi","max_tokens":7,"temperature":0.5,"top_p":0.9,
-          "stop":["a","bc"],"seed":42,"n":1,"stream":true,"ignore_eos":true,"stream_options":{"include_usage":true},
+          "stop":["a","bc"],"seed":42,"n":1,"stream":true,"ignore_eos":true,
+          "stream_options":{"include_usage":true},
           "strata":{"policy":"vestige:ratio=32"},"user":"x","presence_penalty":0})",
       Endpoint::kCompletions, kCtx, &g));
   EXPECT_EQ(g.prompt, "hi");

@@ -27,8 +27,10 @@ size_t IncompleteUtf8Tail(const std::string& s) {
   for (size_t back = 1; back <= 3 && back <= s.size(); ++back) {
     const unsigned char c = static_cast<unsigned char>(s[s.size() - back]);
     if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
-    const size_t need = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4
-                                                                                             : 1;
+    const size_t need = (c & 0xE0) == 0xC0   ? 2
+                        : (c & 0xF0) == 0xE0 ? 3
+                        : (c & 0xF8) == 0xF0 ? 4
+                                             : 1;
     return need > back ? back : 0;
   }
   return 0;
@@ -289,8 +291,8 @@ void Scheduler::Step() {
     batch_caches_.assign(b, nullptr);
     for (int i = 0; i < b; ++i) batch_caches_[i] = batch[i]->cache.get();
     batch_logits_.resize(static_cast<size_t>(b) * n_vocab_);
-    Status st = DecodeBatch(model_, ids.data(), b, batch_caches_.data(), pool_,
-                            batch_logits_.data());
+    Status st =
+        DecodeBatch(model_, ids.data(), b, batch_caches_.data(), pool_, batch_logits_.data());
     // A failed cache names itself (KvCache::status); an error no cache of the batch records is
     // the whole batch's.
     bool any_cache_failed = false;

@@ -72,13 +72,12 @@ class Sequence {
     std::string message;        // why it stopped early ("" when it simply ended)
     Status error;               // not OK: the model or cache failed (an HTTP 500)
     int64_t prompt_tokens = 0, completion_tokens = 0;
-    std::string text;           // all of it (the concatenation of the deltas)
-    bool shutdown = false;      // ended by Scheduler::Stop (the server is shutting down)
+    std::string text;       // all of it (the concatenation of the deltas)
+    bool shutdown = false;  // ended by Scheduler::Stop (the server is shutting down)
   };
   // Waits up to `timeout` for output. Returns true with `delta` set (possibly empty) when there
   // was some or the sequence ended (then `*result` is set); false on timeout.
-  bool Next(std::chrono::milliseconds timeout, std::string* delta,
-            std::optional<Result>* result);
+  bool Next(std::chrono::milliseconds timeout, std::string* delta, std::optional<Result>* result);
   // Blocks until the end and returns it.
   Result Wait();
   void Cancel() { cancelled_.store(true); }
@@ -106,11 +105,11 @@ class Sequence {
 };
 
 struct SchedulerOptions {
-  int parallel = 4;                         // decode slots
-  int64_t kv_budget = int64_t{8} << 30;    // bytes, over every active sequence's ResidentBytes
-  int queue = 64;                           // requests waiting for a slot; more are refused
-  int chunk = 512;                          // prefill chunk (tokens), as `strata generate`'s
-  int64_t ctx = 0;                          // context size (0: no limit)
+  int parallel = 4;                      // decode slots
+  int64_t kv_budget = int64_t{8} << 30;  // bytes, over every active sequence's ResidentBytes
+  int queue = 64;                        // requests waiting for a slot; more are refused
+  int chunk = 512;                       // prefill chunk (tokens), as `strata generate`'s
+  int64_t ctx = 0;                       // context size (0: no limit)
 };
 
 // The one call through which a step runs the model for every sequence in it: B tokens, B

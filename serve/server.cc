@@ -2,12 +2,11 @@
 #include "serve/server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <ctime>
 #include <random>
-
-#include <sys/socket.h>
 
 #include "kv/registry.h"
 
@@ -18,9 +17,7 @@ namespace {
 using nlohmann::json;
 
 // Generated text may hold invalid UTF-8 (a byte token cut by max_tokens): replaced, never thrown.
-std::string Dump(const json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
+std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 void SendError(httplib::Response& res, const ApiError& e) {
   res.status = e.http_status;
@@ -40,8 +37,8 @@ ApiError Error(int status, const std::string& type, const std::string& code,
 // The metrics label of a path: the known endpoints, else "other" (a client probing random paths
 // must not grow the label set without bound).
 std::string EndpointLabel(const std::string& path) {
-  for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-                        "/metrics"}) {
+  for (const char* p :
+       {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}) {
     if (path == p) return p;
   }
   return "other";
@@ -63,11 +60,11 @@ Server::~Server() { Stop(); }
 StatusOr<std::unique_ptr<Server>> Server::Create(Model* model, ServerOptions o) {
   const Tokenizer* tok = model->tokenizer();
   if (!tok) return InvalidArgument("the model has no tokenizer (tokenizer.ggml.* metadata)");
-  if (o.parallel < 1) return InvalidArgument("--parallel must be >= 1, got " +
-                                             std::to_string(o.parallel));
+  if (o.parallel < 1)
+    return InvalidArgument("--parallel must be >= 1, got " + std::to_string(o.parallel));
   if (o.queue < 0) return InvalidArgument("--queue must be >= 0, got " + std::to_string(o.queue));
-  if (o.threads < 1) return InvalidArgument("--threads must be >= 1, got " +
-                                            std::to_string(o.threads));
+  if (o.threads < 1)
+    return InvalidArgument("--threads must be >= 1, got " + std::to_string(o.threads));
   if (o.kv_budget < 1) return InvalidArgument("--kv-budget must be at least 1 byte");
   if (o.port < 0 || o.port > 65535) {
     return InvalidArgument("--port must be in [0, 65535], got " + std::to_string(o.port));
@@ -92,8 +89,10 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Model* model, ServerOptions o) 
   } else if (tok->chat_template().empty()) {
     std::string names;
     for (const auto& n : ChatTemplate::BuiltinNames()) names += (names.empty() ? "" : ", ") + n;
-    s->chat_error_ = "the model has no chat template (tokenizer.chat_template): start the server "
-                     "with --chat-template NAME (one of " + names + ")";
+    s->chat_error_ =
+        "the model has no chat template (tokenizer.chat_template): start the server "
+        "with --chat-template NAME (one of " +
+        names + ")";
   } else {
     StatusOr<ChatTemplate> t = ChatTemplate::Detect(tok->chat_template());
     if (t.ok()) {
@@ -174,9 +173,9 @@ void Server::Routes() {
                                " (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, "
                                "GET /health, GET /metrics)"));
     } else {
-      SendError(res, Error(res.status, "invalid_request_error", "",
-                           "HTTP " + std::to_string(res.status) + " for " + req.method + " " +
-                               req.path));
+      SendError(
+          res, Error(res.status, "invalid_request_error", "",
+                     "HTTP " + std::to_string(res.status) + " for " + req.method + " " + req.path));
     }
   });
   h.set_exception_handler(
@@ -191,7 +190,8 @@ void Server::Routes() {
         SendError(res, Error(500, "server_error", "", "internal error: " + what));
       });
   h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (o_.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (o_.api_key.empty() || req.path == "/health")
+      return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
     if (auth != "Bearer " + o_.api_key) {
       SendError(res, Error(401, "invalid_request_error", "invalid_api_key",
@@ -223,8 +223,7 @@ void Server::Routes() {
                   {"created", 0},
                   {"owned_by", "strata"},
                   {"meta", {{"n_ctx", o_.ctx}, {"n_vocab", model_->config().n_vocab}}}};
-    res.set_content(Dump({{"object", "list"}, {"data", json::array({model})}}),
-                    "application/json");
+    res.set_content(Dump({{"object", "list"}, {"data", json::array({model})}}), "application/json");
   });
 
   auto generate = [this](Endpoint ep) {
@@ -259,10 +258,10 @@ void Server::Routes() {
       const int64_t n_prompt = static_cast<int64_t>(prompt.size());
       const int64_t ctx = o_.ctx;
       if (ctx > 0 && n_prompt >= ctx) {
-        ApiError e = BadRequest(prompt_param,
-                                "the prompt is " + std::to_string(n_prompt) +
-                                    " tokens; this model's context is " + std::to_string(ctx) +
-                                    " tokens, which leaves no room to generate");
+        ApiError e =
+            BadRequest(prompt_param, "the prompt is " + std::to_string(n_prompt) +
+                                         " tokens; this model's context is " + std::to_string(ctx) +
+                                         " tokens, which leaves no room to generate");
         e.code = "context_length_exceeded";
         return SendError(res, e);
       }
@@ -270,12 +269,11 @@ void Server::Routes() {
       if (g.max_tokens) {
         max_tokens = *g.max_tokens;
         if (ctx > 0 && n_prompt + max_tokens > ctx) {
-          ApiError e = BadRequest("max_tokens",
-                                  "this model's maximum context length is " + std::to_string(ctx) +
-                                      " tokens; you requested " +
-                                      std::to_string(n_prompt + max_tokens) + " tokens (" +
-                                      std::to_string(n_prompt) + " in the prompt, " +
-                                      std::to_string(max_tokens) + " in the completion)");
+          ApiError e = BadRequest(
+              "max_tokens", "this model's maximum context length is " + std::to_string(ctx) +
+                                " tokens; you requested " + std::to_string(n_prompt + max_tokens) +
+                                " tokens (" + std::to_string(n_prompt) + " in the prompt, " +
+                                std::to_string(max_tokens) + " in the completion)");
           e.code = "context_length_exceeded";
           return SendError(res, e);
         }
@@ -300,20 +298,20 @@ void Server::Routes() {
       }
       const int64_t reserve = Scheduler::PromptReserve(**cache, n_prompt);
       if (reserve > o_.kv_budget) {
-        return SendError(res, BadRequest(prompt_param,
-                                         "the prompt's " + std::to_string(n_prompt) +
-                                             " tokens need " + std::to_string(reserve) +
-                                             " bytes of KV cache while prefilled, more than the "
-                                             "server's whole --kv-budget (" +
-                                             std::to_string(o_.kv_budget) + " bytes)"));
+        return SendError(
+            res, BadRequest(prompt_param, "the prompt's " + std::to_string(n_prompt) +
+                                              " tokens need " + std::to_string(reserve) +
+                                              " bytes of KV cache while prefilled, more than the "
+                                              "server's whole --kv-budget (" +
+                                              std::to_string(o_.kv_budget) + " bytes)"));
       }
 
       auto seq = std::make_shared<Sequence>();
       seq->prompt = std::move(prompt);
       seq->max_tokens = max_tokens;
       seq->sampler = g.sampler;
-      if (!g.seed_given) seq->sampler.seed = (uint64_t{std::random_device{}()} << 32) ^
-                                             std::random_device{}();
+      if (!g.seed_given)
+        seq->sampler.seed = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
       seq->stop = g.stop;
       seq->ignore_eos = g.ignore_eos;
       seq->policy_name = (*cache)->policy().name();
@@ -327,12 +325,11 @@ void Server::Routes() {
           res.set_header("Retry-After", "1");
           return SendError(res, Error(429, "rate_limit_exceeded", "queue_full",
                                       "the server is busy: " + std::to_string(o_.parallel) +
-                                          " sequences are running and " +
-                                          std::to_string(o_.queue) +
+                                          " sequences are running and " + std::to_string(o_.queue) +
                                           " requests are waiting (--queue); retry later"));
         case Scheduler::Admission::kStopping:
-          return SendError(res,
-                           Error(503, "server_error", "shutting_down", "the server is shutting down"));
+          return SendError(
+              res, Error(503, "server_error", "shutting_down", "the server is shutting down"));
       }
 
       const bool chat = ep == Endpoint::kChat;
@@ -351,8 +348,8 @@ void Server::Routes() {
       if (!g.stream) {
         const Sequence::Result r = seq->Wait();
         if (!r.error.ok()) {
-          return SendError(res, Error(500, "server_error", "", "generation failed: " +
-                                                                   r.error.ToString()));
+          return SendError(
+              res, Error(500, "server_error", "", "generation failed: " + r.error.ToString()));
         }
         if (r.shutdown) {
           return SendError(res, Error(503, "server_error", "shutting_down", r.message));
@@ -421,8 +418,8 @@ void Server::Routes() {
             }
             if (!r) return true;  // more to come
             if (!r->error.ok()) {
-              ApiError e = Error(500, "server_error", "", "generation failed: " +
-                                                               r->error.ToString());
+              ApiError e =
+                  Error(500, "server_error", "", "generation failed: " + r->error.ToString());
               write(SseEvent(ErrorJson(e)));
             } else {
               json c = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", r->finish_reason}};

@@ -2,6 +2,7 @@
 // scheduler behind them, and a graceful stop.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -30,14 +31,14 @@ struct ServerOptions {
   int parallel = 4;
   int64_t kv_budget = int64_t{8} << 30;
   int queue = 64;
-  std::string policy = "full";     // the default cache policy (NAME[:key=value...])
-  std::string chat_template;       // "" : detected from the model's tokenizer.chat_template
-  std::string api_key;             // "" : no authentication
+  std::string policy = "full";  // the default cache policy (NAME[:key=value...])
+  std::string chat_template;    // "" : detected from the model's tokenizer.chat_template
+  std::string api_key;          // "" : no authentication
   int threads = 1;
-  int64_t ctx = 0;                 // context size (0: the model's trained length, else no limit)
+  int64_t ctx = 0;  // context size (0: the model's trained length; none there: no limit)
   int64_t max_body_bytes = int64_t{4} << 20;
-  int read_timeout_s = 30;         // a client that sends nothing for this long is dropped
-  int write_timeout_s = 30;        // a client that reads nothing for this long is dropped
+  int read_timeout_s = 30;   // a client that sends nothing for this long is dropped
+  int write_timeout_s = 30;  // a client that reads nothing for this long is dropped
 };
 
 class Server {
@@ -73,7 +74,7 @@ class Server {
   std::unique_ptr<Scheduler> scheduler_;
   std::unique_ptr<httplib::Server> http_;
   std::thread listener_;
-  int listen_fd_ = -1;  // the listening socket (owned by httplib), for its backlog
+  int listen_fd_ = -1;                 // the listening socket (owned by httplib), for its backlog
   std::atomic<bool> stopping_{false};  // refuse new requests
   std::mutex stop_mu_;                 // Stop() runs once, to the end, whoever calls it
   bool stopped_ = false;

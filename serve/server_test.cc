@@ -134,7 +134,8 @@ class ServeTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     signal(SIGPIPE, SIG_IGN);  // as `strata serve` does: a hung-up client is a failed write
-    dir_ = new std::string(fs::temp_directory_path() / ("strata_serve_" + std::to_string(getpid())));
+    dir_ =
+        new std::string(fs::temp_directory_path() / ("strata_serve_" + std::to_string(getpid())));
     fs::create_directories(*dir_);
     SynthOptions so;
     so.seed = 7;
@@ -187,8 +188,8 @@ json Completion(const std::string& prompt, int max_tokens, double temp, int seed
 // Policies that run on the synthetic llama (GQA) cache.
 const std::vector<std::string>& GqaPolicies() {
   static const auto* p = new std::vector<std::string>{
-      "full", "streaming:ratio=4", "h2o:ratio=2", "snapkv:ratio=2", "geodesia:bits=2",
-      "kivi4", "full", "streaming:ratio=2"};
+      "full", "streaming:ratio=4", "h2o:ratio=2", "snapkv:ratio=2", "geodesia:bits=2", "kivi4",
+      "full", "streaming:ratio=2"};
   return *p;
 }
 
@@ -207,8 +208,8 @@ TEST_F(ServeTest, CompletionsStreamedEqualsNonStreamedEqualsGenerate) {
   ASSERT_TRUE(server);
   const std::string prompt = "The quick brown fox";
   for (const std::string policy : {"full", "streaming:ratio=4"}) {
-    const Reply r = Post(port, "/v1/completions",
-                         Completion(prompt, 12, 0.8, 5, policy, false).dump());
+    const Reply r =
+        Post(port, "/v1/completions", Completion(prompt, 12, 0.8, 5, policy, false).dump());
     ASSERT_EQ(r.status, 200) << r.body;
     EXPECT_EQ(r.j["object"], "text_completion");
     ASSERT_EQ(r.j["choices"].size(), 1u);
@@ -224,8 +225,8 @@ TEST_F(ServeTest, CompletionsStreamedEqualsNonStreamedEqualsGenerate) {
       EXPECT_EQ(usage["completion_tokens"], 12);
     }
 
-    const Reply s = Post(port, "/v1/completions",
-                         Completion(prompt, 12, 0.8, 5, policy, true).dump());
+    const Reply s =
+        Post(port, "/v1/completions", Completion(prompt, 12, 0.8, 5, policy, true).dump());
     ASSERT_EQ(s.status, 200) << s.body;
     const Sse sse = ParseSse(s.body);
     EXPECT_TRUE(sse.done);
@@ -240,10 +241,10 @@ TEST_F(ServeTest, CompletionsStreamedEqualsNonStreamedEqualsGenerate) {
 
     // `strata generate` prints the prompt, the text and a newline.
     int code = -1;
-    const std::string gen = RunProgram({STRATA_BIN, "generate", "-m", Path("tiny.gguf"), "-p",
-                                        prompt, "-n", "12", "--temp", "0.8", "--seed", "5",
-                                        "--threads", "1", "--policy", policy},
-                                       &code);
+    const std::string gen =
+        RunProgram({STRATA_BIN, "generate", "-m", Path("tiny.gguf"), "-p", prompt, "-n", "12",
+                    "--temp", "0.8", "--seed", "5", "--threads", "1", "--policy", policy},
+                   &code);
     ASSERT_EQ(code, 0);
     EXPECT_EQ(AsJsonText(gen), prompt + text + "\n") << policy;
   }
@@ -300,8 +301,8 @@ TEST_F(ServeTest, ChatWithChatml) {
   auto t = ChatTemplate::ByName("chatml");
   ASSERT_OK(t);
   const Tokenizer& tok = *model_->tokenizer();
-  const std::string rendered = t->Render(msgs, true, tok.token_text(tok.bos_id()),
-                                         tok.token_text(tok.eos_id()));
+  const std::string rendered =
+      t->Render(msgs, true, tok.token_text(tok.bos_id()), tok.token_text(tok.eos_id()));
   EXPECT_TRUE(Has(rendered, "<|im_start|>assistant\n")) << rendered;
   EXPECT_EQ(r.j["usage"]["prompt_tokens"].get<size_t>(), tok.Encode(rendered, false, true).size());
   body["stream"] = true;
@@ -349,14 +350,16 @@ TEST_F(ServeTest, ConcurrentStreamsWithMixedPoliciesEqualTheirSoloRuns) {
   std::vector<std::string> together(n);
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] { together[i] = ParseSse(Post(port, "/v1/completions",
-                                                               request(i)).body).text; });
+    threads.emplace_back(
+        [&, i] { together[i] = ParseSse(Post(port, "/v1/completions", request(i)).body).text; });
   }
   for (auto& t : threads) t.join();
   for (int i = 0; i < n; ++i) EXPECT_EQ(together[i], solo[i]) << policy(i);
   // The request counter is bumped once a response is written, just after the client has it.
-  EXPECT_TRUE(WaitForMetric(port, "strata_requests_total{endpoint=\"/v1/completions\",status="
-                                  "\"200\"} " + std::to_string(2 * n) + "\n"));
+  EXPECT_TRUE(WaitForMetric(port,
+                            "strata_requests_total{endpoint=\"/v1/completions\",status="
+                            "\"200\"} " +
+                                std::to_string(2 * n) + "\n"));
   EXPECT_TRUE(WaitForMetric(port, "strata_active_sequences 0\n"));
 }
 
@@ -402,12 +405,15 @@ TEST_F(ServeTest, BadInputIsA4xxAndTheServerKeepsServing) {
   EXPECT_EQ(ok.status, 200) << ok.body;
   const Reply models = Get(port, "/v1/models");
   EXPECT_EQ(models.j["data"][0]["id"], "tiny");
-  EXPECT_TRUE(WaitForMetric(port, "strata_requests_total{endpoint=\"/v1/completions\",status="
-                                  "\"400\"} 7\n"));
-  EXPECT_TRUE(WaitForMetric(port, "strata_requests_total{endpoint=\"/v1/completions\",status="
-                                  "\"413\"} 1\n"));
-  EXPECT_TRUE(WaitForMetric(port, "strata_requests_total{endpoint=\"/v1/completions\",status="
-                                  "\"404\"} 1\n"));
+  EXPECT_TRUE(WaitForMetric(port,
+                            "strata_requests_total{endpoint=\"/v1/completions\",status="
+                            "\"400\"} 7\n"));
+  EXPECT_TRUE(WaitForMetric(port,
+                            "strata_requests_total{endpoint=\"/v1/completions\",status="
+                            "\"413\"} 1\n"));
+  EXPECT_TRUE(WaitForMetric(port,
+                            "strata_requests_total{endpoint=\"/v1/completions\",status="
+                            "\"404\"} 1\n"));
 }
 
 TEST_F(ServeTest, ApiKey) {
@@ -661,9 +667,8 @@ TEST_F(ServeTest, SigtermEndsStreamsAndLeavesNoArchiveFiles) {
   if (pid == 0) {
     dup2(out_pipe[1], 1);
     close(out_pipe[0]);
-    execl(STRATA_BIN, STRATA_BIN, "serve", "-m", mla.c_str(), "--port", "0", "--threads", "1",
-          "-c", "100000",
-          "--policy", ("vestige@256:block=256:kappa=4:archive=file:" + archive).c_str(),
+    execl(STRATA_BIN, STRATA_BIN, "serve", "-m", mla.c_str(), "--port", "0", "--threads", "1", "-c",
+          "100000", "--policy", ("vestige@256:block=256:kappa=4:archive=file:" + archive).c_str(),
           static_cast<char*>(nullptr));
     _exit(127);
   }
@@ -728,10 +733,10 @@ TEST_F(ServeTest, TheOpenAiNpmClientGetsTheSameTextStreamedAndNot) {
   auto server = Start(o, &port);
   ASSERT_TRUE(server);
   const std::string prompt = "In the beginning";
-  const std::string out = RunProgram({"node", dir + "/client.mjs",
-                                      "http://127.0.0.1:" + std::to_string(port) + "/v1", "tiny",
-                                      prompt},
-                                     &code);
+  const std::string out =
+      RunProgram({"node", dir + "/client.mjs", "http://127.0.0.1:" + std::to_string(port) + "/v1",
+                  "tiny", prompt},
+                 &code);
   ASSERT_EQ(code, 0) << out;
   const json j = json::parse(out, nullptr, false);
   ASSERT_TRUE(j.is_object()) << out;
@@ -745,9 +750,8 @@ TEST_F(ServeTest, TheOpenAiNpmClientGetsTheSameTextStreamedAndNot) {
   EXPECT_TRUE(Has(j.value("bad_message", ""), "max_tokens")) << out;
   EXPECT_EQ(j["models"], json::array({"tiny"}));
   // The same text as `strata generate` for the prompt, seed and sampling settings.
-  const std::string gen = RunProgram({STRATA_BIN, "generate", "-m", Path("tiny.gguf"), "-p",
-                                      prompt, "-n", "12", "--temp", "0.8", "--seed", "5",
-                                      "--threads", "1"},
+  const std::string gen = RunProgram({STRATA_BIN, "generate", "-m", Path("tiny.gguf"), "-p", prompt,
+                                      "-n", "12", "--temp", "0.8", "--seed", "5", "--threads", "1"},
                                      &code);
   ASSERT_EQ(code, 0);
   EXPECT_EQ(AsJsonText(gen), prompt + j["completion"].get<std::string>() + "\n");
