@@ -1,8 +1,9 @@
 // `strata serve`: loads a model and runs the OpenAI-compatible server (serve/) until SIGINT or
 // SIGTERM, then stops it gracefully.
-#include <pthread.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <csignal>
 #include <filesystem>
 
@@ -13,6 +14,16 @@
 #include "serve/server.h"
 
 namespace strata::cli {
+
+namespace {
+// The write end is used by the signal handler (write is async-signal-safe).
+int g_stop_pipe[2] = {-1, -1};
+void OnStopSignal(int sig) {
+  const unsigned char b = static_cast<unsigned char>(sig);
+  const ssize_t n = write(g_stop_pipe[1], &b, 1);
+  (void)n;
+}
+}  // namespace
 
 void AddServeCommand(CLI::App* app, ServeOptions* o) {
   o->threads = HardwareThreads();
@@ -98,25 +109,35 @@ int RunServe(const ServeOptions& o, std::ostream& out, std::ostream& err) {
   so.threads = CapThreads("--threads", o.threads, err);
   so.ctx = o.ctx_size;
 
-  // SIGINT and SIGTERM are blocked before any server thread starts (threads inherit the mask),
-  // and this thread takes them with sigwait: no handler runs in an arbitrary thread.
+  // SIGINT and SIGTERM go to a handler that writes the signal's number to a pipe, which this
+  // thread reads. Blocking them and calling sigwait is not enough: threads started before this
+  // point (OpenBLAS starts its workers when the library loads) have them unblocked, and a
+  // process-directed signal delivered to one of those would kill the process at once.
   // A client that hangs up mid-stream must be a failed write, not a process-killing SIGPIPE.
   std::signal(SIGPIPE, SIG_IGN);
-  sigset_t stop_signals, old_mask;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, &old_mask);
+  if (pipe(g_stop_pipe) != 0) return fail("cannot create the shutdown pipe");
+  struct sigaction sa = {}, old_int = {}, old_term = {};
+  sa.sa_handler = OnStopSignal;
+  sa.sa_flags = SA_RESTART;  // the other threads' system calls resume
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  auto restore = [&] {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+    close(g_stop_pipe[0]);
+    close(g_stop_pipe[1]);
+  };
   int code = kExitOk;
   {
     auto server = serve::Server::Create(&m, so);
     if (!server.ok()) {
-      pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+      restore();
       return fail(server.status().message());
     }
     StatusOr<int> port = (*server)->Start();
     if (!port.ok()) {
-      pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+      restore();
       return fail(port.status().message());
     }
     if (const ChatTemplate* t = (*server)->chat_template()) {
@@ -124,19 +145,21 @@ int RunServe(const ServeOptions& o, std::ostream& out, std::ostream& err) {
     } else {
       err << "chat: off (the model has no recognised chat template; --chat-template NAME)\n";
     }
-    err << "serving '" << so.model_name << "' on http://" << so.host << ":" << *port << " (policy "
-        << so.policy << ", " << so.parallel << " slots, KV budget "
+    err << "serving '" << so.model_name << "' on http://" << so.host << ":" << *port
+        << " (policy " << so.policy << ", " << so.parallel << " slots, KV budget "
         << FormatBytes(static_cast<double>(so.kv_budget)) << "); SIGINT/SIGTERM stops\n";
     out << "listening on http://" << so.host << ":" << *port << "\n" << std::flush;
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
+    unsigned char sig = 0;
+    while (read(g_stop_pipe[0], &sig, 1) != 1) {
+      if (errno != EINTR) break;
+    }
     err << "serve: " << (sig == SIGTERM ? "SIGTERM" : "SIGINT")
         << ": ending the running streams and stopping\n";
     (*server)->Stop();
     const serve::Metrics& mt = (*server)->metrics();
     err << "serve: stopped (" << mt.cancelled() << " sequences cancelled by their clients)\n";
   }
-  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  restore();
   return code;
 }
 
