@@ -145,8 +145,8 @@ int RunServe(const ServeOptions& o, std::ostream& out, std::ostream& err) {
     } else {
       err << "chat: off (the model has no recognised chat template; --chat-template NAME)\n";
     }
-    err << "serving '" << so.model_name << "' on http://" << so.host << ":" << *port
-        << " (policy " << so.policy << ", " << so.parallel << " slots, KV budget "
+    err << "serving '" << so.model_name << "' on http://" << so.host << ":" << *port << " (policy "
+        << so.policy << ", " << so.parallel << " slots, KV budget "
         << FormatBytes(static_cast<double>(so.kv_budget)) << "); SIGINT/SIGTERM stops\n";
     out << "listening on http://" << so.host << ":" << *port << "\n" << std::flush;
     unsigned char sig = 0;

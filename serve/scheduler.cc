@@ -160,7 +160,10 @@ int64_t Scheduler::PromptReserve(const KvCache& cache, int64_t n_prompt) {
 Scheduler::Admission Scheduler::Submit(std::shared_ptr<Sequence> seq) {
   std::lock_guard<std::mutex> l(mu_);
   if (stopping_) return Admission::kStopping;
-  if (static_cast<int>(queue_.size()) >= o_.queue) return Admission::kQueueFull;
+  // Requests for free slots pass through the queue too, so they do not count against it (with
+  // --queue 0 a request is taken only when a slot is free).
+  const int64_t free_slots = std::max<int64_t>(0, o_.parallel - active_.load());
+  if (static_cast<int64_t>(queue_.size()) >= o_.queue + free_slots) return Admission::kQueueFull;
   queue_.push_back(std::move(seq));
   cv_.notify_all();
   return Admission::kQueued;

@@ -134,7 +134,8 @@ class Scheduler {
 
   enum class Admission { kQueued, kQueueFull, kStopping };
   // Queues a sequence (its cache created, its prompt tokenized and checked). kQueueFull: the
-  // queue holds options().queue requests already (a 429); kStopping: the server is shutting down.
+  // queue holds options().queue requests beyond the free slots already (a 429); kStopping: the
+  // server is shutting down.
   Admission Submit(std::shared_ptr<Sequence> seq);
   // Ends every queued and running sequence (finish_reason "length", message naming the
   // shutdown), releases their caches, and joins the thread. Idempotent.
