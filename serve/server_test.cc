@@ -635,6 +635,36 @@ TEST_F(ServeTest, SoakOfTwoThousandMixedRequests) {
   EXPECT_LT(growth, int64_t{32} << 20) << "RSS grew by " << growth << " bytes";
 }
 
+// Stop() in process: a non-streamed request that is still generating gets a 503 naming the
+// shutdown, a queued one too, and the caches are gone.
+TEST_F(ServeTest, StopAnswersWaitingRequestsAndReleasesTheCaches) {
+  ServerOptions o = Options();
+  o.parallel = 1;
+  o.ctx = 1 << 20;
+  int port = 0;
+  auto server = Start(o, &port);
+  ASSERT_TRUE(server);
+  json req = Completion("forever", 500000, 1.0, 9, "", false);
+  req["ignore_eos"] = true;
+  Reply running, queued;
+  std::thread a([&] { running = Post(port, "/v1/completions", req.dump()); });
+  ASSERT_TRUE(WaitForMetric(port, "strata_active_sequences 1\n"));
+  std::thread b([&] { queued = Post(port, "/v1/completions", req.dump()); });
+  ASSERT_TRUE(WaitForMetric(port, "strata_queue_depth 1\n"));
+  server->Stop();
+  a.join();
+  b.join();
+  for (const Reply* r : {&running, &queued}) {
+    EXPECT_EQ(r->status, 503) << r->body;
+    EXPECT_TRUE(Has(r->body, "the server is shutting down")) << r->body;
+  }
+  const Metrics::Gauges g = server->metrics().gauges();
+  EXPECT_EQ(g.active_sequences, 0);
+  EXPECT_EQ(g.queue_depth, 0);
+  EXPECT_TRUE(g.resident_by_policy.empty());
+  server->Stop();  // idempotent
+}
+
 TEST_F(ServeTest, TheServeCommandRefusesBadFlagsByName) {
   const std::pair<std::vector<std::string>, std::string> cases[] = {
       {{"--kv-budget", "8XB"}, "--kv-budget '8XB' has an unknown unit 'XB'"},
