@@ -141,6 +141,8 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
   AddBenchAttentionCommand(bench, &bench_attention);
   PoliciesOptions policies;
   AddPoliciesCommand(&app, &policies);
+  ServeOptions serve;
+  AddServeCommand(&app, &serve);
 
   // Set after the commands are added: CLI11 copies a parent's footer into subcommands made
   // later, and every command's --help repeated these examples.
@@ -190,6 +192,7 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
     if (bench->got_subcommand("capacity")) return RunBenchCapacity(bench_capacity, out, err);
     if (app.got_subcommand("eval")) return RunEval(*eval, out, err);
     if (app.got_subcommand("policies")) return RunPolicies(policies, out, err);
+    if (app.got_subcommand("serve")) return RunServe(serve, out, err);
     if (bench->got_subcommand("attention")) return RunBenchAttention(bench_attention, out, err);
   } catch (const std::exception& e) {
     err << "error: internal: " << e.what() << "\n";

@@ -9,6 +9,7 @@ PKGS=(
   liblapack-dev libopenblas-dev  # symmetric eigensolver (recall basis), prefill GEMM
   nlohmann-json3-dev             # config.json, JSON reports
   libcli11-dev                   # command-line flags
+  libcpp-httplib-dev             # the HTTP server (serve/, `strata serve`)
   python3-torch libopenblas0-serial python3-numpy  # testbed trainer and the logit-parity test
   bible-kjv bible-kjv-text       # the testbed's filler text (the `bible` program and its data)
   librsvg2-bin zlib1g-dev        # chart tests: rsvg-convert renders the SVGs, zlib reads the PNGs
@@ -23,4 +24,14 @@ if ((${#missing[@]})); then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The server's real-client test (serve/server_test.cc) drives `strata serve` with the official
+# openai npm package, installed from its lock file into a test-only folder; skipped without npm.
+if command -v npm >/dev/null 2>&1; then
+  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  if [ ! -f "$root/tools/serveref/node_modules/openai/package.json" ]; then
+    echo "setup: installing the openai npm client into tools/serveref (test only)" >&2
+    (cd "$root/tools/serveref" && npm ci --no-audit --no-fund --silent)
+  fi
 fi
