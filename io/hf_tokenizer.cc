@@ -1277,7 +1277,8 @@ struct HfTokenizer::Impl {
   std::unique_ptr<Decoder> decoder;
   std::optional<BpeModel> bpe;
   std::optional<UnigramModel> unigram;
-  TokenMap token_to_id;                  // model vocabulary and added tokens
+  TokenMap token_to_id;  // Unigram's vocabulary (BPE looks in its own)
+  TokenMap added_ids;    // added tokens, looked up first
   std::vector<std::string> id_to_token;  // holes: ""
   std::vector<HfAddedToken> added;
   std::vector<int8_t> added_kind;        // per id: 0 model, 1 added, 2 special added
@@ -1287,6 +1288,13 @@ struct HfTokenizer::Impl {
   int32_t unk = -1;
 
   void Finish();
+  int32_t Find(std::string_view text) const {
+    const auto a = added_ids.find(text);
+    if (a != added_ids.end()) return a->second;
+    if (bpe) return bpe->Find(text);
+    const auto it = token_to_id.find(text);
+    return it == token_to_id.end() ? -1 : it->second;
+  }
   void ModelEncode(const std::string& piece, std::vector<int32_t>* out) const {
     if (bpe) {
       bpe->Encode(piece, out);
@@ -1308,7 +1316,7 @@ HfTokenizer::~HfTokenizer() = default;
 // Indexes ids and added tokens once the model and added_tokens are in place.
 void HfTokenizer::Impl::Finish() {
   if (bpe) {
-    id_to_token = bpe->id_to_token;
+    id_to_token = std::move(bpe->id_to_token);  // the model itself only needs the vocab map
   } else {
     id_to_token.clear();
     for (int32_t i = 0; i < unigram->size(); ++i) id_to_token.push_back(unigram->piece(i).text);
@@ -1318,11 +1326,12 @@ void HfTokenizer::Impl::Finish() {
     id_to_token[t.id] = t.content;
   }
   token_to_id.clear();
-  token_to_id.reserve(id_to_token.size() * 2);
-  for (int32_t i = 0; i < static_cast<int32_t>(id_to_token.size()); ++i) {
-    if (!id_to_token[i].empty()) token_to_id[id_to_token[i]] = i;
+  if (!bpe) {
+    token_to_id.reserve(id_to_token.size() * 2);
+    for (int32_t i = 0; i < unigram->size(); ++i) token_to_id[unigram->piece(i).text] = i;
   }
-  for (const HfAddedToken& t : added) token_to_id[t.content] = t.id;  // added tokens win
+  added_ids.clear();
+  for (const HfAddedToken& t : added) added_ids[t.content] = t.id;  // added tokens win
   added_kind.assign(id_to_token.size(), 0);
   byte_token.assign(id_to_token.size(), false);
   std::vector<const HfAddedToken*> raw, norm;
@@ -1455,7 +1464,7 @@ StatusOr<UnigramModel> ParseUnigram(const Obj& m) {
 
 // The specials a post-processor puts around a single sequence.
 Status ParsePostProcessor(const json& v, const std::string& path, const std::string& what,
-                          const TokenMap& ids, std::vector<int32_t>* prefix,
+                          const HfTokenizer& ids, std::vector<int32_t>* prefix,
                           std::vector<int32_t>* suffix) {
   if (v.is_null()) return OkStatus();
   ASSIGN_OR_RETURN(Obj o, AsObj(v, path, what));
@@ -1503,12 +1512,12 @@ Status ParsePostProcessor(const json& v, const std::string& path, const std::str
       if (it != specials.end()) {
         list = it->second;
       } else {
-        const auto vit = ids.find(name);
-        if (vit == ids.end()) {
+        const int32_t id = ids.TokenId(name);
+        if (id < 0) {
           return InvalidArgument(what + ": " + sp.At("id") + " = " + Quote(name) +
                                  " is neither in special_tokens nor in the vocabulary");
         }
-        list = {vit->second};
+        list = {id};
       }
       std::vector<int32_t>* dst = seen_a ? suffix : prefix;
       dst->insert(dst->end(), list.begin(), list.end());
@@ -1589,7 +1598,7 @@ StatusOr<std::shared_ptr<HfTokenizer>> HfTokenizer::FromJson(const json& j,
   ASSIGN_OR_RETURN(im.added, ParseAddedTokens(root));
   im.Finish();
   RETURN_IF_ERROR(ParsePostProcessor(member("post_processor"), "post_processor", what,
-                                     im.token_to_id, &im.prefix, &im.suffix));
+                                     *tok, &im.prefix, &im.suffix));
   for (const int32_t id : im.prefix) {
     if (id >= static_cast<int32_t>(im.id_to_token.size())) {
       return InvalidArgument(what + ": post_processor: special token id " + std::to_string(id) +
@@ -1734,8 +1743,7 @@ const std::string& HfTokenizer::token_text(int32_t id) const {
 }
 
 int32_t HfTokenizer::TokenId(std::string_view text) const {
-  const auto it = impl_->token_to_id.find(text);
-  return it == impl_->token_to_id.end() ? -1 : it->second;
+  return impl_->Find(text);
 }
 
 const std::vector<HfAddedToken>& HfTokenizer::added_tokens() const { return impl_->added; }
