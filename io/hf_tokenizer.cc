@@ -728,16 +728,18 @@ class MetaspaceDecoder : public Decoder {
   void Apply(std::vector<DecTok>* toks, bool at_start) const override {
     for (size_t i = 0; i < toks->size(); ++i) {
       std::string& s = (*toks)[i].text;
+      // As HF: in the first token of the text every marker is dropped (not only a leading one);
+      // elsewhere (and when streaming) each becomes a space.
+      const bool drop = i == 0 && at_start && strip_;
       std::string out;
       for (size_t k = 0; k < s.size();) {
         if (s.compare(k, rep_.size(), rep_) == 0) {
-          out.push_back(' ');
+          if (!drop) out.push_back(' ');
           k += rep_.size();
         } else {
           out.push_back(s[k++]);
         }
       }
-      if (i == 0 && at_start && strip_ && !out.empty() && out[0] == ' ') out.erase(0, 1);
       s = std::move(out);
     }
   }

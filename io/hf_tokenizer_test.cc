@@ -471,6 +471,10 @@ TEST(HfDecoder, EachType) {
   EXPECT_EQ(Dec({{"type", "Metaspace"}, {"replacement", kSp}, {"prepend_scheme", "always"}},
                 {kSp + "Hey", kSp + "friend"}, true),
             " Hey friend");  // streaming keeps the first space
+  // HF drops every marker of the first token, not only the leading one.
+  EXPECT_EQ(Dec({{"type", "Metaspace"}, {"replacement", kSp}, {"prepend_scheme", "first"}},
+                {kSp + kSp + "a" + kSp, kSp + "b"}),
+            "a b");
   EXPECT_EQ(Dec({{"type", "ByteFallback"}}, {"a", "<0xC3>", "<0xA9>", "b"}), "a\xC3\xA9" "b");
   EXPECT_EQ(Dec({{"type", "Fuse"}}, {"a", "b"}), "ab");
   EXPECT_EQ(Dec({{"type", "Strip"}, {"content", "x"}, {"start", 1}, {"stop", 2}}, {"xxaxx", "xb"}),
