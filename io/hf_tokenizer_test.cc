@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/rng.h"
 #include "io/tokenizer.h"
 
 namespace strata {
@@ -624,6 +625,93 @@ TEST(HfErrors, NameTheFieldPath) {
     auto t = HfTokenizer::FromJsonText("{\"model\": ", "broken.json");
     ASSERT_FALSE(t.ok());
     EXPECT_NE(t.status().message().find("broken.json"), std::string::npos);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Round trips and the GGUF "gpt2" path
+
+std::string RandomText(Rng& rng, size_t max_len) {
+  static const char* const kPieces[] = {" ", "  ", "\n", "\t", "a", "b", "ab", "Hello", "'s", "12",
+                                        "3456", "!", "\xC3\xA9", "\xE6\x97\xA5",
+                                        "\xF0\x9F\x98\x80", "<|a|>"};
+  std::string s;
+  const size_t n = rng.Below(max_len + 1);
+  for (size_t i = 0; i < n; ++i) {
+    if (rng.Below(6) == 0) {
+      s.push_back(static_cast<char>(rng.Below(256)));  // stray bytes: invalid UTF-8
+    } else {
+      s += kPieces[rng.Below(sizeof(kPieces) / sizeof(kPieces[0]))];
+    }
+  }
+  return s;
+}
+
+TEST(HfRoundTrip, ByteLevelIsLosslessOnAnyBytes) {
+  const uint64_t seed = TestSeed();
+  Rng rng(seed);
+  const std::string G = "\xC4\xA0";
+  auto t = Must(WithAdded(ByteLevelJson({{"a", "b"}, {G, "a"}, {"H", "e"}, {"1", "2"}}),
+                          {Added(300, "<|a|>", true)}));
+  ASSERT_NE(t, nullptr);
+  for (int i = 0; i < 1000; ++i) {
+    const std::string text = RandomText(rng, 20);
+    for (const bool split_special : {false, true}) {
+      const Ids ids = t->Encode(text, false, split_special);
+      ASSERT_EQ(t->Decode(ids, false), text) << "seed " << seed << " case " << i;
+      std::string streamed;
+      for (const int32_t id : ids) streamed += t->DecodeToken(id);
+      ASSERT_EQ(streamed, text) << "seed " << seed << " case " << i;
+    }
+  }
+}
+
+// A GGUF "gpt2" tokenizer (TokenizerData, pre "gpt-2") and the tokenizer.json with the same
+// vocabulary, Split(GPT-2 regex) + ByteLevel: one pipeline, the same ids.
+TEST(HfRoundTrip, GgufGpt2MatchesTokenizerJson) {
+  const uint64_t seed = TestSeed();
+  Rng rng(seed);
+  const std::string G = "\xC4\xA0";
+  json j = WithAdded(ByteLevelJson({{"a", "b"}, {G, "a"}, {"H", "e"}, {"He", "l"}, {"1", "2"}}),
+                     {Added(300, "<|a|>", true)});
+  j["pre_tokenizer"] = {
+      {"type", "Sequence"},
+      {"pretokenizers",
+       json::array({json{{"type", "Split"},
+                         {"pattern",
+                          Pattern("Regex",
+                                  "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|"
+                                  "\\s+(?!\\S)|\\s+")},
+                         {"behavior", "Isolated"},
+                         {"invert", false}},
+                    json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+  auto hf = Must(j);
+  ASSERT_NE(hf, nullptr);
+  TokenizerData d;
+  d.model = "gpt2";
+  d.pre = "gpt-2";
+  d.add_bos = false;
+  d.tokens.assign(hf->vocab_size(), "");
+  d.token_types.assign(hf->vocab_size(), 1);
+  for (int32_t i = 0; i < hf->vocab_size(); ++i) {
+    d.tokens[i] = hf->token_text(i);
+    if (d.tokens[i].empty()) {  // ids between the merged tokens and the added one
+      d.tokens[i] = "<unused" + std::to_string(i) + ">";
+      d.token_types[i] = 5;
+    }
+  }
+  d.token_types[300] = 3;  // control
+  for (const auto& m : j["model"]["merges"]) {
+    d.merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+  }
+  auto gguf = Tokenizer::FromData(d);
+  ASSERT_TRUE(gguf.ok()) << gguf.status().ToString();
+  for (int i = 0; i < 500; ++i) {
+    const std::string text = RandomText(rng, 20);
+    for (const bool special : {false, true}) {
+      ASSERT_EQ((*gguf)->Encode(text, false, special), hf->Encode(text, false, special))
+          << "seed " << seed << " case " << i;
+    }
   }
 }
 
