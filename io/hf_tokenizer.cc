@@ -71,6 +71,34 @@ void AppendUtf8(uint32_t cp, std::string* out) {
   }
 }
 
+// Length of the maximal valid prefix of a UTF-8 sequence at s[i] that is not a whole character
+// (Unicode's "maximal subpart", what Python's errors="replace" and the WHATWG TextDecoder turn
+// into one U+FFFD): at least 1.
+size_t BadSequenceLength(std::string_view s, size_t i) {
+  const uint8_t c = static_cast<uint8_t>(s[i]);
+  size_t len;
+  uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 1;
+  }
+  size_t k = 1;
+  for (; k < len && i + k < s.size(); ++k) {
+    const uint8_t cc = static_cast<uint8_t>(s[i + k]);
+    if (k == 1 ? (cc < lo || cc > hi) : (cc & 0xC0) != 0x80) break;
+  }
+  return k;
+}
+
 // Rust's char::is_whitespace (Unicode White_Space).
 bool IsWhitespace(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
@@ -1270,6 +1298,37 @@ void SplitAdded(const LiteralMatcher& m, bool split_special, const Segment& seg,
 
 const std::string& Gpt2ByteChar(uint8_t b) { return Bytes().byte_to_char[b]; }
 
+std::string ReplaceInvalidUtf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const auto [cp, len] = NextChar(text, i);
+    if (cp != kBadCp) {
+      out.append(text, i, len);
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      i += BadSequenceLength(text, i);
+    }
+  }
+  return out;
+}
+
+namespace {
+bool IsValidUtf8(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    if (static_cast<uint8_t>(text[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    const auto [cp, len] = NextChar(text, i);
+    if (cp == kBadCp) return false;
+    i += len;
+  }
+  return true;
+}
+}  // namespace
+
 // ---- The tokenizer ----
 
 struct HfTokenizer::Impl {
@@ -1288,6 +1347,9 @@ struct HfTokenizer::Impl {
   LiteralMatcher raw_matcher, norm_matcher;  // non-normalized / normalized added tokens
   std::vector<int32_t> prefix, suffix;       // post-processor specials for a single sequence
   int32_t unk = -1;
+  // tokenizer.json: the input is Unicode text, so invalid UTF-8 becomes U+FFFD first (as the
+  // text HF would be given). GGUF "gpt2": raw bytes are kept (they round-trip).
+  bool replace_invalid_utf8 = false;
 
   void Finish();
   int32_t Find(std::string_view text) const {
@@ -1563,6 +1625,7 @@ StatusOr<std::shared_ptr<HfTokenizer>> HfTokenizer::FromJson(const json& j,
   std::shared_ptr<HfTokenizer> tok(new HfTokenizer());
   Impl& im = *tok->impl_;
   im.what = what;
+  im.replace_invalid_utf8 = true;
   ASSIGN_OR_RETURN(Obj root, AsObj(j, "(top level)", what));
   root.path.clear();
   // truncation and padding are batching options, irrelevant to encoding one text.
@@ -1657,6 +1720,9 @@ StatusOr<std::shared_ptr<HfTokenizer>> HfTokenizer::FromByteLevelBpe(ByteLevelBp
 std::vector<int32_t> HfTokenizer::Encode(std::string_view text, bool add_special_tokens,
                                          bool split_special_tokens) const {
   const Impl& im = *impl_;
+  if (im.replace_invalid_utf8 && !IsValidUtf8(text)) {
+    return Encode(ReplaceInvalidUtf8(text), add_special_tokens, split_special_tokens);
+  }
   std::vector<int32_t> out;
   if (add_special_tokens) out = im.prefix;
   std::vector<Segment> segs, norm_segs;
