@@ -1000,24 +1000,135 @@ StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const json& v, const std::string
 
 // ---- BPE model ----
 
-struct PairHash {
-  size_t operator()(uint64_t k) const { return std::hash<uint64_t>()(k * 0x9E3779B97F4A7C15ull); }
-};
-
 struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
 };
 using TokenMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
+// Text -> id for a large vocabulary: open addressing over one byte arena, so a lookup touches a
+// slot array and one entry instead of chasing hash-map nodes (loading a 128K-150K vocabulary and
+// its merges does ~3 lookups per merge; encoding one per character and merge step).
+class FlatVocab {
+ public:
+  void Reserve(size_t n) {
+    entries_.reserve(n);
+    size_t cap = 16;
+    while (cap < n * 2) cap <<= 1;
+    Rehash(cap);
+  }
+  // Maps `text` to `id`; a text seen before takes the new id (last wins).
+  void Set(std::string_view text, int32_t id) {
+    if ((entries_.size() + 1) * 2 > slots_.size()) Rehash(std::max<size_t>(16, slots_.size() * 2));
+    const uint64_t h = Hash(text);
+    size_t i = h & mask_;
+    for (; slots_[i] >= 0; i = (i + 1) & mask_) {
+      Entry& e = entries_[slots_[i]];
+      if (e.hash == h && Text(e) == text) {
+        e.id = id;
+        return;
+      }
+    }
+    slots_[i] = static_cast<int32_t>(entries_.size());
+    entries_.push_back({h, static_cast<uint32_t>(arena_.size()), static_cast<uint32_t>(text.size()),
+                        id});
+    arena_.append(text);
+  }
+  int32_t Find(std::string_view text) const {
+    if (slots_.empty()) return -1;
+    const uint64_t h = Hash(text);
+    for (size_t i = h & mask_; slots_[i] >= 0; i = (i + 1) & mask_) {
+      const Entry& e = entries_[slots_[i]];
+      if (e.hash == h && Text(e) == text) return e.id;
+    }
+    return -1;
+  }
+
+ private:
+  struct Entry {
+    uint64_t hash;
+    uint32_t off, len;
+    int32_t id;
+  };
+  static uint64_t Hash(std::string_view s) { return std::hash<std::string_view>()(s); }
+  std::string_view Text(const Entry& e) const {
+    return std::string_view(arena_).substr(e.off, e.len);
+  }
+  void Rehash(size_t cap) {
+    slots_.assign(cap, -1);
+    mask_ = cap - 1;
+    for (size_t k = 0; k < entries_.size(); ++k) {
+      size_t i = entries_[k].hash & mask_;
+      while (slots_[i] >= 0) i = (i + 1) & mask_;
+      slots_[i] = static_cast<int32_t>(k);
+    }
+  }
+  std::vector<Entry> entries_;
+  std::vector<int32_t> slots_;  // entry index or -1
+  size_t mask_ = 0;
+  std::string arena_;
+};
+
+// (left id, right id) -> merge, open addressing (see FlatVocab for why).
+template <typename V>
+class FlatPairMap {
+ public:
+  static constexpr uint64_t kEmpty = ~0ull;  // no key: ids are non-negative int32
+  void Reserve(size_t n) {
+    size_t cap = 16;
+    while (cap < n * 2) cap <<= 1;
+    Rehash(cap);
+  }
+  // Inserts unless the key is present (the first, lowest-rank merge wins).
+  void Insert(uint64_t key, const V& v) {
+    if ((size_ + 1) * 2 > keys_.size()) Rehash(std::max<size_t>(16, keys_.size() * 2));
+    size_t i = Mix(key) & mask_;
+    for (; keys_[i] != kEmpty; i = (i + 1) & mask_) {
+      if (keys_[i] == key) return;
+    }
+    keys_[i] = key;
+    vals_[i] = v;
+    ++size_;
+  }
+  const V* Find(uint64_t key) const {
+    if (keys_.empty()) return nullptr;
+    for (size_t i = Mix(key) & mask_; keys_[i] != kEmpty; i = (i + 1) & mask_) {
+      if (keys_[i] == key) return &vals_[i];
+    }
+    return nullptr;
+  }
+
+ private:
+  static uint64_t Mix(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xFF51AFD7ED558CCDull;
+    k ^= k >> 33;
+    return k;
+  }
+  void Rehash(size_t cap) {
+    std::vector<uint64_t> keys = std::move(keys_);
+    std::vector<V> vals = std::move(vals_);
+    keys_.assign(cap, kEmpty);
+    vals_.assign(cap, V{});
+    mask_ = cap - 1;
+    size_ = 0;
+    for (size_t k = 0; k < keys.size(); ++k) {
+      if (keys[k] != kEmpty) Insert(keys[k], vals[k]);
+    }
+  }
+  std::vector<uint64_t> keys_;
+  std::vector<V> vals_;
+  size_t mask_ = 0, size_ = 0;
+};
+
 class BpeModel {
  public:
-  TokenMap vocab;
+  FlatVocab vocab;
   std::vector<std::string> id_to_token;  // holes: ""
   struct Merge {
     int32_t rank, new_id;
   };
-  std::unordered_map<uint64_t, Merge, PairHash> merges;
+  FlatPairMap<Merge> merges;
   int32_t unk = -1;
   bool byte_fallback = false;
   bool fuse_unk = false;
@@ -1027,10 +1138,7 @@ class BpeModel {
 
   BpeModel() { std::fill(std::begin(byte_ids), std::end(byte_ids), -1); }
 
-  int32_t Find(std::string_view s) const {
-    const auto it = vocab.find(s);
-    return it == vocab.end() ? -1 : it->second;
-  }
+  int32_t Find(std::string_view s) const { return vocab.Find(s); }
 
   void InitByteIds() {
     for (int b = 0; b < 256; ++b) {
@@ -1129,8 +1237,7 @@ class BpeModel {
     auto lookup = [&](int a, int b) -> const Merge* {
       const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(syms[a].id)) << 32) |
                            static_cast<uint32_t>(syms[b].id);
-      const auto it = merges.find(key);
-      return it == merges.end() ? nullptr : &it->second;
+      return merges.Find(key);
     };
     for (size_t k = 0; k + 1 < syms.size(); ++k) {
       if (const Merge* m = lookup(k, k + 1)) queue.push({m->rank, static_cast<int>(k), m->new_id});
@@ -1167,7 +1274,8 @@ Status AddMerge(BpeModel* m, std::string_view a, std::string_view b, int32_t ran
   const int32_t ia = m->Find(a), ib = m->Find(b);
   if (ia < 0) return InvalidArgument(where + ": " + Quote(a) + " is not in the vocabulary");
   if (ib < 0) return InvalidArgument(where + ": " + Quote(b) + " is not in the vocabulary");
-  std::string merged(a);
+  thread_local std::string merged;  // reused: one merge per call, hundreds of thousands per file
+  merged.assign(a);
   if (!m->prefix.empty() && b.substr(0, m->prefix.size()) == m->prefix) {
     merged += b.substr(m->prefix.size());
   } else {
@@ -1180,7 +1288,7 @@ Status AddMerge(BpeModel* m, std::string_view a, std::string_view b, int32_t ran
   }
   const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia)) << 32) |
                        static_cast<uint32_t>(ib);
-  m->merges.emplace(key, BpeModel::Merge{rank, id});  // first (lowest) rank wins
+  m->merges.Insert(key, BpeModel::Merge{rank, id});  // first (lowest) rank wins
   return OkStatus();
 }
 
@@ -1457,7 +1565,7 @@ Status ParseBpe(const Obj& m, BpeModel* bpe) {
   ASSIGN_OR_RETURN(bpe->prefix, m.Str("continuing_subword_prefix", std::string()));
   ASSIGN_OR_RETURN(bpe->suffix, m.Str("end_of_word_suffix", std::string()));
   ASSIGN_OR_RETURN(Obj vocab, m.Object("vocab"));
-  bpe->vocab.reserve(vocab.v.size() * 2);
+  bpe->vocab.Reserve(vocab.v.size());
   for (auto it = vocab.v.begin(); it != vocab.v.end(); ++it) {
     if (!it->is_number_integer()) {
       return TypeError(what, vocab.At(Quote(it.key())), "an integer id", *it);
@@ -1467,7 +1575,7 @@ Status ParseBpe(const Obj& m, BpeModel* bpe) {
       return InvalidArgument(what + ": " + vocab.At(Quote(it.key())) + " = " +
                              std::to_string(id) + " is not a valid token id");
     }
-    bpe->vocab[it.key()] = static_cast<int32_t>(id);
+    bpe->vocab.Set(it.key(), static_cast<int32_t>(id));
     if (id >= static_cast<int64_t>(bpe->id_to_token.size())) bpe->id_to_token.resize(id + 1);
     bpe->id_to_token[id] = it.key();
   }
@@ -1480,7 +1588,7 @@ Status ParseBpe(const Obj& m, BpeModel* bpe) {
     }
   }
   ASSIGN_OR_RETURN(const json* merges, m.Array("merges"));
-  bpe->merges.reserve(merges->size() * 2);
+  bpe->merges.Reserve(merges->size());
   for (size_t r = 0; r < merges->size(); ++r) {
     const json& e = (*merges)[r];
     const std::string where = what + ": " + m.At("merges") + "[" + std::to_string(r) + "]";
@@ -1694,15 +1802,15 @@ StatusOr<std::shared_ptr<HfTokenizer>> HfTokenizer::FromByteLevelBpe(ByteLevelBp
   im.decoder.reset(new ByteLevelDecoder());
   im.bpe.emplace();
   BpeModel& bpe = *im.bpe;
-  bpe.vocab.reserve(spec.tokens.size() * 2);
+  bpe.vocab.Reserve(spec.tokens.size());
   for (int32_t i = 0; i < static_cast<int32_t>(spec.tokens.size()); ++i) {
-    bpe.vocab[spec.tokens[i]] = i;  // last wins, as llama.cpp's token_to_id
+    bpe.vocab.Set(spec.tokens[i], i);  // last wins, as llama.cpp's token_to_id
   }
   bpe.id_to_token = std::move(spec.tokens);
   bpe.unk = spec.unk;
   bpe.ignore_merges = spec.ignore_merges;
   im.unk = spec.unk;
-  bpe.merges.reserve(spec.merges.size() * 2);
+  bpe.merges.Reserve(spec.merges.size());
   for (size_t r = 0; r < spec.merges.size(); ++r) {
     const std::string& m = spec.merges[r];
     const std::string where = spec.what + ".merges[" + std::to_string(r) + "] = " + Quote(m);
