@@ -1523,7 +1523,9 @@ void HfTokenizer::Impl::Finish() {
 
 namespace {
 
-StatusOr<std::vector<HfAddedToken>> ParseAddedTokens(const Obj& root) {
+// `model_size`: ids the model uses; added token ids must stay near it (holes are allowed, a
+// huge id would only allocate a huge table).
+StatusOr<std::vector<HfAddedToken>> ParseAddedTokens(const Obj& root, int64_t model_size) {
   std::vector<HfAddedToken> out;
   const json* arr = root.Find("added_tokens");
   if (arr == nullptr) return out;
@@ -1533,9 +1535,12 @@ StatusOr<std::vector<HfAddedToken>> ParseAddedTokens(const Obj& root) {
                                   root.what));
     HfAddedToken t;
     ASSIGN_OR_RETURN(int64_t id, o.Int("id"));
-    if (id < 0 || id > INT32_MAX / 2) {
+    const int64_t limit = model_size + 2 * static_cast<int64_t>(arr->size()) + 1024;
+    if (id < 0 || id >= limit) {
       return InvalidArgument(root.what + ": " + o.At("id") + " = " + std::to_string(id) +
-                             " is not a valid token id");
+                             " is not a valid token id (the model has " +
+                             std::to_string(model_size) + " ids; added ids must be below " +
+                             std::to_string(limit) + ")");
     }
     t.id = static_cast<int32_t>(id);
     ASSIGN_OR_RETURN(t.content, o.Str("content"));
@@ -1571,9 +1576,13 @@ Status ParseBpe(const Obj& m, BpeModel* bpe) {
       return TypeError(what, vocab.At(Quote(it.key())), "an integer id", *it);
     }
     const int64_t id = it->get<int64_t>();
-    if (id < 0 || id > INT32_MAX / 2) {
+    // Holes are allowed, but not an id that would only allocate a huge table.
+    const int64_t limit = 2 * static_cast<int64_t>(vocab.v.size()) + 1024;
+    if (id < 0 || id >= limit) {
       return InvalidArgument(what + ": " + vocab.At(Quote(it.key())) + " = " +
-                             std::to_string(id) + " is not a valid token id");
+                             std::to_string(id) + " is not a valid token id (a vocabulary of " +
+                             std::to_string(vocab.v.size()) + " entries takes ids below " +
+                             std::to_string(limit) + ")");
     }
     bpe->vocab.Set(it.key(), static_cast<int32_t>(id));
     if (id >= static_cast<int64_t>(bpe->id_to_token.size())) bpe->id_to_token.resize(id + 1);
@@ -1768,7 +1777,9 @@ StatusOr<std::shared_ptr<HfTokenizer>> HfTokenizer::FromJson(const json& j,
     return Unimplemented(what + ": model.type: unsupported model type " + Quote(type) +
                          " (supported: BPE, Unigram)");
   }
-  ASSIGN_OR_RETURN(im.added, ParseAddedTokens(root));
+  const int64_t model_size = im.bpe ? static_cast<int64_t>(im.bpe->id_to_token.size())
+                                    : static_cast<int64_t>(im.unigram->size());
+  ASSIGN_OR_RETURN(im.added, ParseAddedTokens(root, model_size));
   im.Finish();
   RETURN_IF_ERROR(ParsePostProcessor(member("post_processor"), "post_processor", what,
                                      *tok, &im.prefix, &im.suffix));

@@ -611,6 +611,16 @@ TEST(HfErrors, NameTheFieldPath) {
   }
   {
     json j = Base();
+    j["added_tokens"] = {{{"id", 2000000000}, {"content", "<x>"}}};
+    ExpectError(j, StatusCode::kInvalidArgument, {"added_tokens[0].id", "2000000000"});
+  }
+  {
+    json j = Base();
+    j["model"]["vocab"]["c"] = 1500000000;
+    ExpectError(j, StatusCode::kInvalidArgument, {"model.vocab", "1500000000"});
+  }
+  {
+    json j = Base();
     j["added_tokens"] = {{{"id", 9}, {"content", ""}}};
     ExpectError(j, StatusCode::kInvalidArgument, {"added_tokens[0].content", "empty"});
   }
