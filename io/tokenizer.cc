@@ -156,8 +156,13 @@ struct Tokenizer::Impl {
   std::string pre;
 
   int32_t Find(std::string_view s) const {
+    if (hf && kind == Kind::kTokenizerJson) return hf->TokenId(s);  // the pipeline has the texts
     const auto it = token_to_id.find(s);
     return it == token_to_id.end() ? -1 : it->second;
+  }
+  // The text of a valid id (tokenizer.json: from the pipeline).
+  const std::string& Text(int32_t id) const {
+    return kind == Kind::kTokenizerJson ? hf->token_text(id) : tokens[id];
   }
 
   void EncodeSpm(const std::string& raw, bool prefix_space, std::vector<int32_t>* out) const;
@@ -579,7 +584,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(const std::string& pa
                               Special{"pad_token", &impl->pad}, Special{"unk_token", &impl->unk}}) {
       ASSIGN_OR_RETURN(std::optional<std::string> tok, ConfigToken(cfg, sp.key, what));
       if (!tok) continue;
-      const int32_t id = hf->TokenId(*tok);
+      const int32_t id = hf->TokenId(*tok);  // impl->hf is not set yet
       if (id < 0) {
         return InvalidArgument(what + ": " + sp.key + " = " + Quote(*tok) +
                                " is not a token of " + path);
@@ -653,14 +658,10 @@ TokenType Tokenizer::token_type(int32_t id) const {
 const std::string& Tokenizer::token_text(int32_t id) const {
   STRATA_CHECK_MSG(id >= 0 && id < vocab_size_, "token id %d out of range [0, %d)", id,
                    vocab_size_);
-  if (kind_ == Kind::kTokenizerJson) return impl_->hf->token_text(id);
-  return impl_->tokens[id];
+  return impl_->Text(id);
 }
 
-int32_t Tokenizer::TokenId(const std::string& text) const {
-  if (kind_ == Kind::kTokenizerJson) return impl_->hf->TokenId(text);
-  return impl_->Find(text);
-}
+int32_t Tokenizer::TokenId(const std::string& text) const { return impl_->Find(text); }
 
 Status Tokenizer::CheckId(int32_t id) const {
   if (id < 0 || id >= vocab_size()) {
