@@ -791,6 +791,11 @@ TEST_F(FromHfJsonTest, ConfigSuppliesSpecialsAndTemplate) {
   EXPECT_EQ(t.Decode({257, 256, 259, 'c'}), "abc");
   EXPECT_EQ(t.DecodeToken(256), "ab");
   EXPECT_EQ(t.DecodeToken(259), "");
+  // Special tokens rendered on request; the config's eos ends generation.
+  EXPECT_EQ(t.Decode({257, 256, 259, 'c'}, /*render_special=*/true), "<|bos|>ab<|im_start|>c");
+  EXPECT_EQ(t.DecodeToken(259, /*render_special=*/true), "<|im_start|>");
+  EXPECT_TRUE(t.IsEog(258));
+  EXPECT_FALSE(t.IsEog(259));
 }
 
 TEST_F(FromHfJsonTest, WithoutConfigAndErrors) {

@@ -149,7 +149,6 @@ struct Tokenizer::Impl {
   std::vector<int32_t> special_ids;       // SPM: control/unknown/user-defined, longest text first
   // "gpt2" and tokenizer.json: the pipeline that encodes and decodes (SPM: null).
   std::shared_ptr<const HfTokenizer> hf;
-  std::string chat_template;
   int32_t bos = -1, eos = -1, unk = -1, pad = -1;
   bool add_bos = false;
   bool add_space_prefix = false;
@@ -316,6 +315,11 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromData(TokenizerData data) {
       {"tokenizer.ggml.eos_token_id", data.eos},
       {"tokenizer.ggml.unknown_token_id", data.unk},
       {"tokenizer.ggml.padding_token_id", data.pad},
+      {"tokenizer.ggml.eot_token_id", data.eot},
+      {"tokenizer.ggml.eom_token_id", data.eom},
+      {"tokenizer.ggml.fim_pad_token_id", data.fim_pad},
+      {"tokenizer.ggml.fim_rep_token_id", data.fim_rep},
+      {"tokenizer.ggml.fim_sep_token_id", data.fim_sep},
   };
   for (const auto& [key, id] : specials) {
     if (id < -1 || id >= n_vocab) {
@@ -343,7 +347,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromData(TokenizerData data) {
         impl->types[i] = TokenType::kByte;
       }
     }
-    for (const int32_t id : {data.bos, data.eos, data.pad}) {
+    for (const int32_t id : {data.bos, data.eos, data.pad, data.eot, data.eom}) {
       if (id >= 0) impl->types[id] = TokenType::kControl;
     }
     if (data.unk >= 0) impl->types[data.unk] = TokenType::kUnknown;
@@ -425,6 +429,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromData(TokenizerData data) {
   tok->eos_ = impl->eos;
   tok->add_bos_ = impl->add_bos;
   tok->impl_ = std::move(impl);
+  tok->InitSpecialTokens(data);
   return tok;
 }
 
@@ -462,6 +467,11 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f) {
       {"tokenizer.ggml.eos_token_id", &d.eos, spm && n > 2 ? 2 : -1},
       {"tokenizer.ggml.unknown_token_id", &d.unk, spm && n > 0 ? 0 : -1},
       {"tokenizer.ggml.padding_token_id", &d.pad, -1},
+      {"tokenizer.ggml.eot_token_id", &d.eot, -1},
+      {"tokenizer.ggml.eom_token_id", &d.eom, -1},
+      {"tokenizer.ggml.fim_pad_token_id", &d.fim_pad, -1},
+      {"tokenizer.ggml.fim_rep_token_id", &d.fim_rep, -1},
+      {"tokenizer.ggml.fim_sep_token_id", &d.fim_sep, -1},
   };
   for (const IdKey& k : ids) {
     int64_t v = k.def;
@@ -491,6 +501,9 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f) {
   }
   if (f.Has("tokenizer.ggml.pre")) {
     ASSIGN_OR_RETURN(d.pre, f.GetString("tokenizer.ggml.pre"));
+  }
+  if (f.Has("tokenizer.chat_template")) {
+    ASSIGN_OR_RETURN(d.chat_template, f.GetString("tokenizer.chat_template"));
   }
   return FromData(std::move(d));
 }
@@ -565,6 +578,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(const std::string& pa
   impl->unk = hf->unk_id();
   const std::vector<int32_t>& prefix = hf->prefix_special_ids();
   impl->bos = prefix.size() == 1 ? prefix[0] : -1;
+  TokenizerData special;  // what InitSpecialTokens needs: eos and the chat template
 
   const std::filesystem::path cfg_path =
       std::filesystem::path(path).parent_path() / "tokenizer_config.json";
@@ -610,7 +624,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(const std::string& pa
     const auto ct = cfg.find("chat_template");
     if (ct != cfg.end() && !ct->is_null()) {
       if (ct->is_string()) {
-        impl->chat_template = ct->get<std::string>();
+        special.chat_template = ct->get<std::string>();
       } else if (ct->is_array()) {
         for (size_t i = 0; i < ct->size(); ++i) {
           const nlohmann::json& e = (*ct)[i];
@@ -621,7 +635,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(const std::string& pa
                                    BriefJson(e));
           }
           if (e["name"].get<std::string>() == "default") {
-            impl->chat_template = e["template"].get<std::string>();
+            special.chat_template = e["template"].get<std::string>();
           }
         }
       } else {
@@ -639,11 +653,11 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(const std::string& pa
   tok->bos_ = impl->bos;
   tok->eos_ = impl->eos;
   tok->add_bos_ = impl->add_bos;
+  special.eos = impl->eos;
   tok->impl_ = std::move(impl);
+  tok->InitSpecialTokens(special);
   return tok;
 }
-
-const std::string& Tokenizer::chat_template() const { return impl_->chat_template; }
 
 // ---- Queries ----
 
@@ -757,23 +771,124 @@ std::string Tokenizer::DecodeToken(int32_t id) const {
 }
 
 std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
+  return Decode(ids, /*render_special=*/false);
+}
+
+// ---- Special tokens: rendering and end of generation ----
+
+namespace {
+
+// Token texts llama.cpp treats as end of generation whatever the metadata says (llama-vocab.cpp,
+// special_eog_ids), and the texts it takes as the FIM pad / repo / file-separator tokens when
+// their keys are absent (those end generation too).
+constexpr const char* kEogTexts[] = {
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",  // DeepSeek
+    "[e~[",
+};
+constexpr const char* kFimPadTexts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};
+constexpr const char* kFimRepTexts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
+                                        "<reponame>"};
+constexpr const char* kFimSepTexts[] = {"<|file_sep|>"};
+
+}  // namespace
+
+void Tokenizer::InitSpecialTokens(const TokenizerData& data) {
+  chat_template_ = data.chat_template;
+  const Impl& im = *impl_;
+  std::vector<int32_t> eog;
+  // A FIM id given by its key wins; otherwise the first listed text the vocabulary has.
+  auto fim = [&](int32_t given, const auto& texts) -> int32_t {
+    if (given >= 0) return given;
+    for (const char* t : texts) {
+      if (const int32_t id = im.Find(t); id >= 0) return id;
+    }
+    return -1;
+  };
+  for (const int32_t id : {fim(data.fim_pad, kFimPadTexts), fim(data.fim_rep, kFimRepTexts),
+                           fim(data.fim_sep, kFimSepTexts), data.eos, data.eot, data.eom}) {
+    if (id >= 0) eog.push_back(id);
+  }
+  for (const char* t : kEogTexts) {
+    if (const int32_t id = im.Find(t); id >= 0) eog.push_back(id);
+  }
+  std::sort(eog.begin(), eog.end());
+  eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
+  // llama.cpp's two exceptions: in the gpt-oss (harmony) and Solar Open vocabularies <|end|>
+  // closes a message, not the generation; with Gemma 4's <|tool_response> present, </s> is
+  // ordinary.
+  auto has = [&](const char* t) {
+    const int32_t id = im.Find(t);
+    return id >= 0 && std::binary_search(eog.begin(), eog.end(), id);
+  };
+  auto drop = [&](const char* t) {
+    const int32_t id = im.Find(t);
+    eog.erase(std::remove(eog.begin(), eog.end(), id), eog.end());
+  };
+  if (has("<|end|>") && ((has("<|return|>") && (has("<|call|>") || has("<|calls|>"))) ||
+                         ((has("<|call|>") || has("<|calls|>")) && has("<|flush|>")))) {
+    drop("<|end|>");
+  }
+  if (has("<|tool_response>") && has("</s>")) drop("</s>");
+  eog_ids_ = std::move(eog);
+}
+
+bool Tokenizer::IsEog(int32_t id) const {
+  return std::binary_search(eog_ids_.begin(), eog_ids_.end(), id);
+}
+
+std::string Tokenizer::DecodeToken(int32_t id, bool render_special) const {
+  const TokenType t = token_type(id);
+  if (render_special && (t == TokenType::kControl || t == TokenType::kUnknown)) {
+    return impl_->Text(id);
+  }
+  return DecodeToken(id);
+}
+
+std::string Tokenizer::Decode(const std::vector<int32_t>& ids, bool render_special) const {
   if (impl_->hf) {
-    // Control, unknown and unused tokens print nothing (as llama.cpp); the pipeline decodes the
-    // rest together (byte runs, word markers and stripping need the whole sequence).
+    // Control, unknown and unused tokens print nothing unless rendered (as llama.cpp); the
+    // pipeline decodes the rest together (byte runs, word markers and stripping need the whole
+    // sequence).
     std::vector<int32_t> kept;
     kept.reserve(ids.size());
     for (const int32_t id : ids) {
       if (id < 0 || id >= vocab_size_) continue;
       const TokenType t = impl_->types[id];
-      if (t != TokenType::kControl && t != TokenType::kUnknown && t != TokenType::kUnused) {
-        kept.push_back(id);
-      }
+      const bool special = t == TokenType::kControl || t == TokenType::kUnknown;
+      if (t != TokenType::kUnused && (render_special || !special)) kept.push_back(id);
     }
-    return impl_->hf->Decode(kept, /*skip_special_tokens=*/true);
+    return impl_->hf->Decode(kept, /*skip_special_tokens=*/!render_special);
   }
   std::string out;
   bool strip = impl_->add_space_prefix;
   for (const int32_t id : ids) {
+    const TokenType t = token_type(id);
+    if (render_special && (t == TokenType::kControl || t == TokenType::kUnknown)) {
+      out += impl_->Text(id);
+      // Encode gave the text after a special token the space prefix again.
+      strip = impl_->add_space_prefix;
+      continue;
+    }
     const size_t before = out.size();
     impl_->AppendPiece(id, &out);
     if (strip && out.size() > before) {

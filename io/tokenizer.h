@@ -50,6 +50,10 @@ struct TokenizerData {
   bool add_bos = true;
   bool add_space_prefix = true;  // "llama" only: prepend U+2581 to the text
   std::string pre;               // tokenizer.ggml.pre: the pre-tokenizer type ("gpt2" only)
+  // End-of-turn / end-of-message / fill-in-the-middle ids (tokenizer.ggml.{eot,eom,fim_pad,
+  // fim_rep,fim_sep}_token_id); they join the end-of-generation set (Tokenizer::eog_ids()).
+  int32_t eot = -1, eom = -1, fim_pad = -1, fim_rep = -1, fim_sep = -1;  // -1: none
+  std::string chat_template;  // tokenizer.chat_template (Jinja source), "" if none
 };
 
 class Tokenizer {
@@ -58,7 +62,9 @@ class Tokenizer {
   enum class Kind { kSentencePiece, kBytePairGpt2, kTokenizerJson };
 
   // Reads tokenizer.ggml.{model,tokens,scores,token_type,merges,bos_token_id,eos_token_id,
-  // unknown_token_id,padding_token_id,add_bos_token,add_space_prefix,pre}. Errors name the
+  // unknown_token_id,padding_token_id,eot_token_id,eom_token_id,fim_pad_token_id,
+  // fim_rep_token_id,fim_sep_token_id,add_bos_token,add_space_prefix,pre} and
+  // tokenizer.chat_template. Errors name the
   // missing or bad key. Absent keys take llama.cpp's defaults ("llama": bos 1, eos 2, unk 0,
   // add_bos and add_space_prefix true; "gpt2": no special ids, add_bos false).
   static StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& f);
@@ -80,8 +86,6 @@ class Tokenizer {
   int32_t unk_id() const;
   int32_t pad_id() const;
   bool add_bos() const { return add_bos_; }
-  // tokenizer_config.json's chat template text ("" when none; FromHfJson only).
-  const std::string& chat_template() const;
   const std::string& token_text(int32_t id) const;  // CHECKs the id (use CheckId first)
   TokenType token_type(int32_t id) const;           // kUndefined for out-of-range ids
   // The id of an exact token text, or -1.
@@ -95,9 +99,26 @@ class Tokenizer {
   // Ids -> text (byte tokens reassembled into UTF-8; BOS/EOS/control tokens dropped; ids out of
   // range skipped). For "llama" with add_space_prefix the first printed space is removed.
   std::string Decode(const std::vector<int32_t>& ids) const;
+  // Decode with control and unknown tokens either hidden (as above) or, with render_special,
+  // printed as their text (llama.cpp's --special). Rendered, a special token is followed by the
+  // text it was encoded with: for "llama" with add_space_prefix the space prefix Encode put
+  // after it is removed too, so Decode(Encode(s, false, true), true) == s.
+  std::string Decode(const std::vector<int32_t>& ids, bool render_special) const;
   // Text piece of one id as it should be printed when streaming (may be a partial UTF-8 byte;
   // keeps the leading space; "" for control tokens and out-of-range ids).
   std::string DecodeToken(int32_t id) const;
+  // The same, printing control and unknown tokens' text when render_special is set.
+  std::string DecodeToken(int32_t id, bool render_special) const;
+
+  // End-of-generation tokens (llama.cpp's special_eog_ids): EOS, EOT, EOM and the FIM pad,
+  // repo and file-separator ids, plus every token whose text is a known end-of-turn marker
+  // (<|eot_id|>, <|im_end|>, <|end|>, <end_of_turn>, <|endoftext|>, <|eom_id|>, <EOT>,
+  // <｜end▁of▁sentence｜>, [EOS], [EOT], ...). Sorted ascending. llama.cpp also retypes such a
+  // token as control when the file did not; Strata keeps the stored type.
+  const std::vector<int32_t>& eog_ids() const { return eog_ids_; }
+  bool IsEog(int32_t id) const;
+  // tokenizer.chat_template (FromHfJson: tokenizer_config.json's), "" when the file has none.
+  const std::string& chat_template() const { return chat_template_; }
   // Returns InvalidArgument naming the id when out of range.
   Status CheckId(int32_t id) const;
 
@@ -113,6 +134,10 @@ class Tokenizer {
   int32_t vocab_size_ = 0;
   int32_t bos_ = -1, eos_ = -1;
   bool add_bos_ = false;
+  // Special-token metadata (see eog_ids(), chat_template()), set by InitSpecialTokens.
+  void InitSpecialTokens(const TokenizerData& data);
+  std::vector<int32_t> eog_ids_;
+  std::string chat_template_;
 };
 
 }  // namespace strata
