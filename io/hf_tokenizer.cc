@@ -169,13 +169,20 @@ int ParseByteToken(std::string_view t) {  // "<0xNN>" -> NN, else -1
 
 std::string TypeName(const json& v) {
   switch (v.type()) {
-    case json::value_t::null: return "null";
-    case json::value_t::boolean: return "a boolean";
-    case json::value_t::string: return "a string";
-    case json::value_t::array: return "an array";
-    case json::value_t::object: return "an object";
-    case json::value_t::number_float: return "a number";
-    default: return "an integer";
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::number_float:
+      return "a number";
+    default:
+      return "an integer";
   }
 }
 
@@ -185,8 +192,8 @@ std::string Join(const std::string& path, std::string_view key) {
 
 Status TypeError(const std::string& what, const std::string& path, const char* expected,
                  const json& got) {
-  return InvalidArgument(what + ": " + path + ": expected " + expected + ", got " +
-                         TypeName(got) + " " + BriefJson(got));
+  return InvalidArgument(what + ": " + path + ": expected " + expected + ", got " + TypeName(got) +
+                         " " + BriefJson(got));
 }
 
 // A JSON object with the file name and its path, for reading fields with clear errors.
@@ -252,8 +259,8 @@ StatusOr<Obj> AsObj(const json& v, const std::string& path, const std::string& w
 }
 
 Status UnsupportedType(const Obj& o, const char* component, const std::string& type) {
-  return Unimplemented(o.what + ": " + o.At("type") + ": " + component + " type " +
-                       Quote(type) + " is not supported");
+  return Unimplemented(o.what + ": " + o.At("type") + ": " + component + " type " + Quote(type) +
+                       " is not supported");
 }
 
 // {"String": s} or {"Regex": r} (HF's SplitPattern / ReplacePattern).
@@ -328,9 +335,8 @@ class UnicodeNormalizer : public Normalizer {
       return;
     }
     utf8proc_uint8_t* dst = nullptr;
-    const utf8proc_ssize_t n =
-        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(run.data()),
-                     static_cast<utf8proc_ssize_t>(run.size()), &dst, opts_);
+    const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(run.data()),
+                                            static_cast<utf8proc_ssize_t>(run.size()), &dst, opts_);
     if (n < 0) {
       out->append(run);  // cannot happen for valid UTF-8; keep the text rather than lose it
     } else {
@@ -488,9 +494,9 @@ StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const json& v, const std::
     ASSIGN_OR_RETURN(const json* arr, o.Array("normalizers"));
     std::vector<std::unique_ptr<Normalizer>> steps;
     for (size_t i = 0; i < arr->size(); ++i) {
-      ASSIGN_OR_RETURN(std::unique_ptr<Normalizer> n,
-                       ParseNormalizer((*arr)[i],
-                                       o.At("normalizers") + "[" + std::to_string(i) + "]", what));
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<Normalizer> n,
+          ParseNormalizer((*arr)[i], o.At("normalizers") + "[" + std::to_string(i) + "]", what));
       if (n) steps.push_back(std::move(n));
     }
     return std::unique_ptr<Normalizer>(new SequenceNormalizer(std::move(steps)));
@@ -574,7 +580,9 @@ enum class PrependScheme { kAlways, kFirst, kNever };
 class MetaspacePreTokenizer : public PreTokenizer {
  public:
   MetaspacePreTokenizer(std::string replacement, PrependScheme scheme, bool split)
-      : rep_(std::move(replacement)), scheme_(scheme), split_(split),
+      : rep_(std::move(replacement)),
+        scheme_(scheme),
+        split_(split),
         rep_re_(RegexSplitter::CompileLiteral(rep_).value()) {}
   void Apply(std::vector<Piece>* pieces) const override {
     for (Piece& p : *pieces) {
@@ -588,8 +596,8 @@ class MetaspacePreTokenizer : public PreTokenizer {
         }
       }
       const bool starts = s.compare(0, rep_.size(), rep_) == 0;
-      if (!starts && (scheme_ == PrependScheme::kAlways ||
-                      (scheme_ == PrependScheme::kFirst && p.at_start))) {
+      if (!starts &&
+          (scheme_ == PrependScheme::kAlways || (scheme_ == PrependScheme::kFirst && p.at_start))) {
         s.insert(0, rep_);
       }
       p.text = std::move(s);
@@ -670,8 +678,7 @@ StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const json& v, const s
     // char::is_numeric is the N categories; runs fuse unless individual.
     ASSIGN_OR_RETURN(RegexSplitter re, MustCompile("\\p{N}"));
     return std::unique_ptr<PreTokenizer>(new SplitPreTokenizer(
-        std::move(re), individual ? SplitBehavior::kIsolated : SplitBehavior::kContiguous,
-        false));
+        std::move(re), individual ? SplitBehavior::kIsolated : SplitBehavior::kContiguous, false));
   }
   if (type == "Whitespace") {
     // HF: \w+|[^\w\s]+ kept, the rest dropped. Rust's \w is Alphabetic, M, Nd, Pc, Join_Control.
@@ -702,10 +709,9 @@ StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const json& v, const s
     ASSIGN_OR_RETURN(const json* arr, o.Array("pretokenizers"));
     std::vector<std::unique_ptr<PreTokenizer>> steps;
     for (size_t i = 0; i < arr->size(); ++i) {
-      ASSIGN_OR_RETURN(
-          std::unique_ptr<PreTokenizer> p,
-          ParsePreTokenizer((*arr)[i], o.At("pretokenizers") + "[" + std::to_string(i) + "]",
-                            what));
+      ASSIGN_OR_RETURN(std::unique_ptr<PreTokenizer> p,
+                       ParsePreTokenizer(
+                           (*arr)[i], o.At("pretokenizers") + "[" + std::to_string(i) + "]", what));
       if (p) steps.push_back(std::move(p));
     }
     return std::unique_ptr<PreTokenizer>(new SequencePreTokenizer(std::move(steps)));
@@ -823,8 +829,8 @@ class StripDecoder : public Decoder {
       std::string& s = t.text;
       size_t b = 0, e = s.size();
       if (at_start) {
-        for (size_t k = 0; k < start_ && s.compare(b, content_.size(), content_) == 0 &&
-                           b + content_.size() <= e;
+        for (size_t k = 0;
+             k < start_ && s.compare(b, content_.size(), content_) == 0 && b + content_.size() <= e;
              ++k) {
           b += content_.size();
         }
@@ -859,9 +865,9 @@ class ReplaceDecoder : public Decoder {
 // transformers' clean_up_tokenization.
 std::string CleanUp(std::string s) {
   static const std::pair<const char*, const char*> kRules[] = {
-      {" .", "."},     {" ?", "?"},    {" !", "!"},        {" ,", ","},     {" ' ", "'"},
-      {" n't", "n't"}, {" 'm", "'m"},  {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"},
-      {" 're", "'re"},
+      {" .", "."},   {" ?", "?"},     {" !", "!"},     {" ,", ","},
+      {" ' ", "'"},  {" n't", "n't"}, {" 'm", "'m"},   {" do not", " don't"},
+      {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"},
   };
   for (const auto& [from, to] : kRules) {
     std::string out;
@@ -988,9 +994,9 @@ StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const json& v, const std::string
     ASSIGN_OR_RETURN(const json* arr, o.Array("decoders"));
     std::vector<std::unique_ptr<Decoder>> steps;
     for (size_t i = 0; i < arr->size(); ++i) {
-      ASSIGN_OR_RETURN(std::unique_ptr<Decoder> d,
-                       ParseDecoder((*arr)[i], o.At("decoders") + "[" + std::to_string(i) + "]",
-                                    what));
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<Decoder> d,
+          ParseDecoder((*arr)[i], o.At("decoders") + "[" + std::to_string(i) + "]", what));
       if (d) steps.push_back(std::move(d));
     }
     return std::unique_ptr<Decoder>(new SequenceDecoder(std::move(steps)));
@@ -1030,8 +1036,8 @@ class FlatVocab {
       }
     }
     slots_[i] = static_cast<int32_t>(entries_.size());
-    entries_.push_back({h, static_cast<uint32_t>(arena_.size()), static_cast<uint32_t>(text.size()),
-                        id});
+    entries_.push_back(
+        {h, static_cast<uint32_t>(arena_.size()), static_cast<uint32_t>(text.size()), id});
     arena_.append(text);
   }
   int32_t Find(std::string_view text) const {
@@ -1229,9 +1235,7 @@ class BpeModel {
       int32_t rank;
       int pos;
       int32_t new_id;
-      bool operator<(const Cand& o) const {
-        return rank != o.rank ? rank > o.rank : pos > o.pos;
-      }
+      bool operator<(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
     };
     std::priority_queue<Cand> queue;
     auto lookup = [&](int a, int b) -> const Merge* {
@@ -1255,7 +1259,8 @@ class BpeModel {
       left.next = right.next;
       if (right.next >= 0) syms[right.next].prev = c.pos;
       if (left.prev >= 0) {
-        if (const Merge* pm = lookup(left.prev, c.pos)) queue.push({pm->rank, left.prev, pm->new_id});
+        if (const Merge* pm = lookup(left.prev, c.pos))
+          queue.push({pm->rank, left.prev, pm->new_id});
       }
       if (left.next >= 0) {
         if (const Merge* nm = lookup(c.pos, left.next)) queue.push({nm->rank, c.pos, nm->new_id});
@@ -1283,11 +1288,10 @@ Status AddMerge(BpeModel* m, std::string_view a, std::string_view b, int32_t ran
   }
   const int32_t id = m->Find(merged);
   if (id < 0) {
-    return InvalidArgument(where + ": merged token " + Quote(merged) +
-                           " is not in the vocabulary");
+    return InvalidArgument(where + ": merged token " + Quote(merged) + " is not in the vocabulary");
   }
-  const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia)) << 32) |
-                       static_cast<uint32_t>(ib);
+  const uint64_t key =
+      (static_cast<uint64_t>(static_cast<uint32_t>(ia)) << 32) | static_cast<uint32_t>(ib);
   m->merges.Insert(key, BpeModel::Merge{rank, id});  // first (lowest) rank wins
   return OkStatus();
 }
@@ -1446,11 +1450,11 @@ struct HfTokenizer::Impl {
   std::unique_ptr<Decoder> decoder;
   std::optional<BpeModel> bpe;
   std::optional<UnigramModel> unigram;
-  TokenMap token_to_id;  // Unigram's vocabulary (BPE looks in its own)
-  TokenMap added_ids;    // added tokens, looked up first
+  TokenMap token_to_id;                  // Unigram's vocabulary (BPE looks in its own)
+  TokenMap added_ids;                    // added tokens, looked up first
   std::vector<std::string> id_to_token;  // holes: ""
   std::vector<HfAddedToken> added;
-  std::vector<int8_t> added_kind;        // per id: 0 model, 1 added, 2 special added
+  std::vector<int8_t> added_kind;  // per id: 0 model, 1 added, 2 special added
   std::vector<bool> byte_token;
   LiteralMatcher raw_matcher, norm_matcher;  // non-normalized / normalized added tokens
   std::vector<int32_t> prefix, suffix;       // post-processor specials for a single sequence
@@ -1531,8 +1535,7 @@ StatusOr<std::vector<HfAddedToken>> ParseAddedTokens(const Obj& root, int64_t mo
   if (arr == nullptr) return out;
   if (!arr->is_array()) return TypeError(root.what, "added_tokens", "an array", *arr);
   for (size_t i = 0; i < arr->size(); ++i) {
-    ASSIGN_OR_RETURN(Obj o, AsObj((*arr)[i], "added_tokens[" + std::to_string(i) + "]",
-                                  root.what));
+    ASSIGN_OR_RETURN(Obj o, AsObj((*arr)[i], "added_tokens[" + std::to_string(i) + "]", root.what));
     HfAddedToken t;
     ASSIGN_OR_RETURN(int64_t id, o.Int("id"));
     const int64_t limit = model_size + 2 * static_cast<int64_t>(arr->size()) + 1024;
@@ -1579,8 +1582,8 @@ Status ParseBpe(const Obj& m, BpeModel* bpe) {
     // Holes are allowed, but not an id that would only allocate a huge table.
     const int64_t limit = 2 * static_cast<int64_t>(vocab.v.size()) + 1024;
     if (id < 0 || id >= limit) {
-      return InvalidArgument(what + ": " + vocab.At(Quote(it.key())) + " = " +
-                             std::to_string(id) + " is not a valid token id (a vocabulary of " +
+      return InvalidArgument(what + ": " + vocab.At(Quote(it.key())) + " = " + std::to_string(id) +
+                             " is not a valid token id (a vocabulary of " +
                              std::to_string(vocab.v.size()) + " entries takes ids below " +
                              std::to_string(limit) + ")");
     }
@@ -1592,8 +1595,8 @@ Status ParseBpe(const Obj& m, BpeModel* bpe) {
     if (!u->is_string()) return TypeError(what, m.At("unk_token"), "a string", *u);
     bpe->unk = bpe->Find(u->get<std::string>());
     if (bpe->unk < 0) {
-      return InvalidArgument(what + ": " + m.At("unk_token") + " = " + Quote(u->get<std::string>()) +
-                             " is not in model.vocab");
+      return InvalidArgument(what + ": " + m.At("unk_token") + " = " +
+                             Quote(u->get<std::string>()) + " is not in model.vocab");
     }
   }
   ASSIGN_OR_RETURN(const json* merges, m.Array("merges"));
@@ -1721,8 +1724,8 @@ Status ParsePostProcessor(const json& v, const std::string& path, const std::str
     ASSIGN_OR_RETURN(const json* arr, o.Array("processors"));
     for (size_t i = 0; i < arr->size(); ++i) {
       RETURN_IF_ERROR(ParsePostProcessor((*arr)[i],
-                                         o.At("processors") + "[" + std::to_string(i) + "]",
-                                         what, ids, prefix, suffix));
+                                         o.At("processors") + "[" + std::to_string(i) + "]", what,
+                                         ids, prefix, suffix));
     }
     return OkStatus();
   }
@@ -1781,8 +1784,8 @@ StatusOr<std::shared_ptr<HfTokenizer>> HfTokenizer::FromJson(const json& j,
                                     : static_cast<int64_t>(im.unigram->size());
   ASSIGN_OR_RETURN(im.added, ParseAddedTokens(root, model_size));
   im.Finish();
-  RETURN_IF_ERROR(ParsePostProcessor(member("post_processor"), "post_processor", what,
-                                     *tok, &im.prefix, &im.suffix));
+  RETURN_IF_ERROR(ParsePostProcessor(member("post_processor"), "post_processor", what, *tok,
+                                     &im.prefix, &im.suffix));
   for (const int32_t id : im.prefix) {
     if (id >= static_cast<int32_t>(im.id_to_token.size())) {
       return InvalidArgument(what + ": post_processor: special token id " + std::to_string(id) +
@@ -1826,7 +1829,8 @@ StatusOr<std::shared_ptr<HfTokenizer>> HfTokenizer::FromByteLevelBpe(ByteLevelBp
     const std::string& m = spec.merges[r];
     const std::string where = spec.what + ".merges[" + std::to_string(r) + "] = " + Quote(m);
     std::string_view a, b;
-    if (!SplitMerge(m, &a, &b)) return InvalidArgument(where + " is not of the form \"left right\"");
+    if (!SplitMerge(m, &a, &b))
+      return InvalidArgument(where + " is not of the form \"left right\"");
     RETURN_IF_ERROR(AddMerge(&bpe, a, b, static_cast<int32_t>(r), where));
   }
   bpe.InitByteIds();
@@ -1929,9 +1933,7 @@ const std::string& HfTokenizer::token_text(int32_t id) const {
   return impl_->id_to_token[id];
 }
 
-int32_t HfTokenizer::TokenId(std::string_view text) const {
-  return impl_->Find(text);
-}
+int32_t HfTokenizer::TokenId(std::string_view text) const { return impl_->Find(text); }
 
 const std::vector<HfAddedToken>& HfTokenizer::added_tokens() const { return impl_->added; }
 

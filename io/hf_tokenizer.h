@@ -53,10 +53,10 @@ struct HfAddedToken {
   int32_t id = -1;
   std::string content;
   bool special = false;
-  bool normalized = true;   // matched on normalized text (else on the raw text)
-  bool lstrip = false;      // swallows the whitespace before it
-  bool rstrip = false;      // swallows the whitespace after it
-  bool single_word = false; // only matches when not inside a word
+  bool normalized = true;    // matched on normalized text (else on the raw text)
+  bool lstrip = false;       // swallows the whitespace before it
+  bool rstrip = false;       // swallows the whitespace after it
+  bool single_word = false;  // only matches when not inside a word
 };
 
 // What GGUF "gpt2" metadata gives (tokens indexed by id; merges "left right", rank = index;
@@ -76,9 +76,9 @@ class HfTokenizer {
   // Parses a tokenizer.json text; `what` names it in errors ("tokenizer.json: model.merges[3]:
   // ..."). Every field is type-checked.
   static StatusOr<std::shared_ptr<HfTokenizer>> FromJsonText(std::string_view text,
-                                                                   const std::string& what);
+                                                             const std::string& what);
   static StatusOr<std::shared_ptr<HfTokenizer>> FromJson(const nlohmann::json& j,
-                                                               const std::string& what);
+                                                         const std::string& what);
   static StatusOr<std::shared_ptr<HfTokenizer>> FromByteLevelBpe(ByteLevelBpeSpec spec);
 
   ~HfTokenizer();
@@ -109,9 +109,9 @@ class HfTokenizer {
   const std::string& token_text(int32_t id) const;
   int32_t TokenId(std::string_view text) const;  // -1 when absent
   const std::vector<HfAddedToken>& added_tokens() const;
-  bool IsSpecial(int32_t id) const;      // a special added token
-  bool IsAdded(int32_t id) const;        // any added token
-  bool IsByteToken(int32_t id) const;    // "<0xNN>" of a byte_fallback model
+  bool IsSpecial(int32_t id) const;    // a special added token
+  bool IsAdded(int32_t id) const;      // any added token
+  bool IsByteToken(int32_t id) const;  // "<0xNN>" of a byte_fallback model
   int32_t unk_id() const;
   // What the post-processor puts around a single sequence.
   const std::vector<int32_t>& prefix_special_ids() const;

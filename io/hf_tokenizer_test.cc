@@ -65,23 +65,26 @@ json Pattern(const char* kind, const std::string& p) { return json{{kind, p}}; }
 // Normalizers
 
 TEST(HfNormalizer, UnicodeForms) {
-  EXPECT_EQ(Norm({{"type", "NFC"}}, "e\xCC\x81"), "\xC3\xA9");        // e + U+0301 -> é
-  EXPECT_EQ(Norm({{"type", "NFD"}}, "\xC3\xA9"), "e\xCC\x81");        // é -> e + U+0301
+  EXPECT_EQ(Norm({{"type", "NFC"}}, "e\xCC\x81"), "\xC3\xA9");               // e + U+0301 -> é
+  EXPECT_EQ(Norm({{"type", "NFD"}}, "\xC3\xA9"), "e\xCC\x81");               // é -> e + U+0301
   EXPECT_EQ(Norm({{"type", "NFKC"}}, "\xEF\xAC\x81 \xE2\x91\xA0"), "fi 1");  // ﬁ ① -> fi 1
   EXPECT_EQ(Norm({{"type", "NFKD"}}, "\xEF\xAC\x81\xC3\xA9"), "fie\xCC\x81");
   EXPECT_EQ(Norm({{"type", "NFC"}}, "plain ascii"), "plain ascii");
   // Invalid bytes pass untouched; the valid runs around them are still normalized.
-  EXPECT_EQ(Norm({{"type", "NFC"}}, "e\xCC\x81\xFF" "e\xCC\x81"), "\xC3\xA9\xFF\xC3\xA9");
+  EXPECT_EQ(Norm({{"type", "NFC"}},
+                 "e\xCC\x81\xFF"
+                 "e\xCC\x81"),
+            "\xC3\xA9\xFF\xC3\xA9");
   EXPECT_EQ(Norm(nullptr, "AbC"), "AbC");
 }
 
 TEST(HfNormalizer, LowercaseStripAccentsStripPrepend) {
   // İ lowercases to i + combining dot (the full mapping), Σ to σ, ASCII as usual.
   EXPECT_EQ(Norm({{"type", "Lowercase"}}, "HeLLo \xC4\xB0 \xCE\xA3"), "hello i\xCC\x87 \xCF\x83");
-  EXPECT_EQ(Norm({{"type", "Sequence"},
-                  {"normalizers", {{{"type", "NFD"}}, {{"type", "StripAccents"}}}}},
-                 "caf\xC3\xA9 na\xC3\xAFve"),
-            "cafe naive");
+  EXPECT_EQ(
+      Norm({{"type", "Sequence"}, {"normalizers", {{{"type", "NFD"}}, {{"type", "StripAccents"}}}}},
+           "caf\xC3\xA9 na\xC3\xAFve"),
+      "cafe naive");
   EXPECT_EQ(Norm({{"type", "Strip"}, {"strip_left", true}, {"strip_right", true}},
                  " \t hi there \xE3\x80\x80\n"),
             "hi there");
@@ -92,13 +95,13 @@ TEST(HfNormalizer, LowercaseStripAccentsStripPrepend) {
 }
 
 TEST(HfNormalizer, ReplaceStringRegexAndSequence) {
-  EXPECT_EQ(Norm({{"type", "Replace"}, {"pattern", Pattern("String", " ")}, {"content", kSp}},
-                 "a b  c"),
-            "a" + kSp + "b" + kSp + kSp + "c");
+  EXPECT_EQ(
+      Norm({{"type", "Replace"}, {"pattern", Pattern("String", " ")}, {"content", kSp}}, "a b  c"),
+      "a" + kSp + "b" + kSp + kSp + "c");
   // A String pattern is literal: "." is not a wildcard.
-  EXPECT_EQ(Norm({{"type", "Replace"}, {"pattern", Pattern("String", ".")}, {"content", "!"}},
-                 "a.b"),
-            "a!b");
+  EXPECT_EQ(
+      Norm({{"type", "Replace"}, {"pattern", Pattern("String", ".")}, {"content", "!"}}, "a.b"),
+      "a!b");
   EXPECT_EQ(Norm({{"type", "Replace"}, {"pattern", Pattern("Regex", " {2,}")}, {"content", " "}},
                  "a    b c"),
             "a b c");
@@ -131,8 +134,8 @@ TEST(HfPreTokenizer, ByteLevel) {
 
 TEST(HfPreTokenizer, SplitBehaviorsAndInvert) {
   auto split = [](const json& pattern, const char* behavior, bool invert) {
-    return json{{"type", "Split"}, {"pattern", pattern}, {"behavior", behavior},
-                {"invert", invert}};
+    return json{
+        {"type", "Split"}, {"pattern", pattern}, {"behavior", behavior}, {"invert", invert}};
   };
   EXPECT_EQ(Pre(split(Pattern("String", "-"), "Removed", false), "the-final--countdown"),
             (Strs{"the", "final", "countdown"}));
@@ -141,14 +144,15 @@ TEST(HfPreTokenizer, SplitBehaviorsAndInvert) {
   EXPECT_EQ(Pre(split(Pattern("Regex", "\\p{N}{1,3}"), "Isolated", false), "x12345y"),
             (Strs{"x", "123", "45", "y"}));
   // invert + Removed keeps the matches only.
-  EXPECT_EQ(Pre(split(Pattern("Regex", "\\w+"), "Removed", true), "hi, you!"),
-            (Strs{"hi", "you"}));
+  EXPECT_EQ(Pre(split(Pattern("Regex", "\\w+"), "Removed", true), "hi, you!"), (Strs{"hi", "you"}));
 }
 
 TEST(HfPreTokenizer, Metaspace) {
   auto meta = [](const char* scheme, bool split) {
-    return json{{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"},
-                {"prepend_scheme", scheme}, {"split", split}};
+    return json{{"type", "Metaspace"},
+                {"replacement", "\xE2\x96\x81"},
+                {"prepend_scheme", scheme},
+                {"split", split}};
   };
   EXPECT_EQ(Pre(meta("always", true), "Hey friend"), (Strs{kSp + "Hey", kSp + "friend"}));
   EXPECT_EQ(Pre(meta("always", false), "Hey friend"), (Strs{kSp + "Hey" + kSp + "friend"}));
@@ -179,14 +183,13 @@ TEST(HfPreTokenizer, DigitsWhitespacePunctuation) {
 }
 
 TEST(HfPreTokenizer, SequenceLikeLlama3) {
-  const json seq = {
-      {"type", "Sequence"},
-      {"pretokenizers",
-       {{{"type", "Split"},
-         {"pattern", Pattern("Regex", "\\p{N}{1,3}| ?\\p{L}+|\\s+")},
-         {"behavior", "Isolated"},
-         {"invert", false}},
-        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
+  const json seq = {{"type", "Sequence"},
+                    {"pretokenizers",
+                     {{{"type", "Split"},
+                       {"pattern", Pattern("Regex", "\\p{N}{1,3}| ?\\p{L}+|\\s+")},
+                       {"behavior", "Isolated"},
+                       {"invert", false}},
+                      {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}};
   EXPECT_EQ(Pre(seq, "ab 1234"), (Strs{"ab", "\xC4\xA0", "123", "4"}));
 }
 
@@ -232,7 +235,8 @@ TEST(HfBpe, ByteLevelMergesByRank) {
   EXPECT_EQ(t->Decode({hello, world}, true), "Hello world");
   EXPECT_EQ(t->DecodeToken(world), " world");
   // Invalid UTF-8 is read as HF would be given it: each bad sequence one U+FFFD (EF BF BD).
-  EXPECT_EQ(t->Encode("a\xFF\xE6\x97(", false), (Ids{'a', 0xEF, 0xBF, 0xBD, 0xEF, 0xBF, 0xBD, '('}));
+  EXPECT_EQ(t->Encode("a\xFF\xE6\x97(", false),
+            (Ids{'a', 0xEF, 0xBF, 0xBD, 0xEF, 0xBF, 0xBD, '('}));
   // Repeated words hit the word cache and give the same ids.
   EXPECT_EQ(t->Encode("Hello Hello Hello", false), t->Encode("Hello Hello Hello", false));
 }
@@ -259,35 +263,35 @@ json SpmBpeJson(bool byte_fallback, bool fuse_unk) {
     vocab[buf] = 3 + b;
   }
   int id = 259;
-  for (const std::string& t : {kSp, std::string("h"), std::string("i"), kSp + "h",
-                               kSp + "hi"}) {
+  for (const std::string& t : {kSp, std::string("h"), std::string("i"), kSp + "h", kSp + "hi"}) {
     vocab[t] = id++;
   }
   json j = Base();
-  j["model"] = {{"type", "BPE"},          {"vocab", vocab},
+  j["model"] = {{"type", "BPE"},
+                {"vocab", vocab},
                 {"merges", {kSp + " h", kSp + "h i"}},
-                {"unk_token", "<unk>"},   {"byte_fallback", byte_fallback},
+                {"unk_token", "<unk>"},
+                {"byte_fallback", byte_fallback},
                 {"fuse_unk", fuse_unk}};
   j["normalizer"] = {
       {"type", "Sequence"},
       {"normalizers",
        {{{"type", "Prepend"}, {"prepend", kSp}},
         {{"type", "Replace"}, {"pattern", Pattern("String", " ")}, {"content", kSp}}}}};
-  j["decoder"] = {
-      {"type", "Sequence"},
-      {"decoders",
-       {{{"type", "Replace"}, {"pattern", Pattern("String", kSp)}, {"content", " "}},
-        {{"type", "ByteFallback"}},
-        {{"type", "Fuse"}},
-        {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}};
-  j["added_tokens"] = {
-      {{"id", 0}, {"content", "<unk>"}, {"special", true}, {"normalized", false}},
-      {{"id", 1}, {"content", "<s>"}, {"special", true}, {"normalized", false}},
-      {{"id", 2}, {"content", "</s>"}, {"special", true}, {"normalized", false}}};
+  j["decoder"] = {{"type", "Sequence"},
+                  {"decoders",
+                   {{{"type", "Replace"}, {"pattern", Pattern("String", kSp)}, {"content", " "}},
+                    {{"type", "ByteFallback"}},
+                    {{"type", "Fuse"}},
+                    {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}};
+  j["added_tokens"] = {{{"id", 0}, {"content", "<unk>"}, {"special", true}, {"normalized", false}},
+                       {{"id", 1}, {"content", "<s>"}, {"special", true}, {"normalized", false}},
+                       {{"id", 2}, {"content", "</s>"}, {"special", true}, {"normalized", false}}};
   j["post_processor"] = {
       {"type", "TemplateProcessing"},
-      {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-                  {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+      {"single",
+       {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
       {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}};
   return j;
 }
@@ -349,14 +353,18 @@ TEST(HfBpe, SubwordPrefixAndSuffix) {
 TEST(HfUnigram, WiredToTheModel) {
   json j = Base();
   json vocab = json::array();
-  for (const auto& [piece, score] : std::vector<std::pair<std::string, double>>{
-           {"<unk>", 0.0}, {kSp + "ab", -1.0}, {kSp, -2.0}, {"a", -2.5}, {"b", -2.5},
-           {kSp + "a", -3.0}}) {
+  for (const auto& [piece, score] :
+       std::vector<std::pair<std::string, double>>{{"<unk>", 0.0},
+                                                   {kSp + "ab", -1.0},
+                                                   {kSp, -2.0},
+                                                   {"a", -2.5},
+                                                   {"b", -2.5},
+                                                   {kSp + "a", -3.0}}) {
     vocab.push_back(json::array({piece, score}));
   }
   j["model"] = {{"type", "Unigram"}, {"unk_id", 0}, {"vocab", vocab}};
-  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", kSp},
-                        {"prepend_scheme", "always"}, {"split", true}};
+  j["pre_tokenizer"] = {
+      {"type", "Metaspace"}, {"replacement", kSp}, {"prepend_scheme", "always"}, {"split", true}};
   j["decoder"] = {{"type", "Metaspace"}, {"replacement", kSp}, {"prepend_scheme", "always"}};
   auto t = Must(j);
   ASSERT_NE(t, nullptr);
@@ -378,15 +386,15 @@ json WithAdded(json j, const std::vector<json>& added) {
 }
 
 json Added(int id, const std::string& content, bool special, bool normalized = false) {
-  return {{"id", id},        {"content", content}, {"special", special},
-          {"normalized", normalized}, {"lstrip", false}, {"rstrip", false},
-          {"single_word", false}};
+  return {
+      {"id", id},        {"content", content}, {"special", special},  {"normalized", normalized},
+      {"lstrip", false}, {"rstrip", false},    {"single_word", false}};
 }
 
 TEST(HfAddedTokens, SpecialAndPlainLongestFirst) {
   json j = ByteLevelJson({});
-  j = WithAdded(j, {Added(256, "<|a|>", true), Added(257, "<|a|><|b|>", true),
-                    Added(258, "<think>", false)});
+  j = WithAdded(
+      j, {Added(256, "<|a|>", true), Added(257, "<|a|><|b|>", true), Added(258, "<think>", false)});
   auto t = Must(j);
   ASSERT_NE(t, nullptr);
   // Longest match first at a position; text around becomes ordinary pieces.
@@ -460,8 +468,7 @@ std::string Dec(const json& decoder, const std::vector<std::string>& tokens,
 }
 
 TEST(HfDecoder, EachType) {
-  EXPECT_EQ(Dec({{"type", "ByteLevel"}}, {"Hello", "\xC4\xA0world", "\xC4\x8A"}),
-            "Hello world\n");
+  EXPECT_EQ(Dec({{"type", "ByteLevel"}}, {"Hello", "\xC4\xA0world", "\xC4\x8A"}), "Hello world\n");
   EXPECT_EQ(Dec({{"type", "Metaspace"}, {"replacement", kSp}, {"prepend_scheme", "always"}},
                 {kSp + "Hey", kSp + "friend"}),
             "Hey friend");
@@ -475,7 +482,9 @@ TEST(HfDecoder, EachType) {
   EXPECT_EQ(Dec({{"type", "Metaspace"}, {"replacement", kSp}, {"prepend_scheme", "first"}},
                 {kSp + kSp + "a" + kSp, kSp + "b"}),
             "a b");
-  EXPECT_EQ(Dec({{"type", "ByteFallback"}}, {"a", "<0xC3>", "<0xA9>", "b"}), "a\xC3\xA9" "b");
+  EXPECT_EQ(Dec({{"type", "ByteFallback"}}, {"a", "<0xC3>", "<0xA9>", "b"}),
+            "a\xC3\xA9"
+            "b");
   EXPECT_EQ(Dec({{"type", "Fuse"}}, {"a", "b"}), "ab");
   EXPECT_EQ(Dec({{"type", "Strip"}, {"content", "x"}, {"start", 1}, {"stop", 2}}, {"xxaxx", "xb"}),
             "xab");  // each token: one leading x, up to two trailing
@@ -506,19 +515,19 @@ Ids EncodeWith(const json& post, const std::string& text, bool add_special) {
 }
 
 TEST(HfPostProcessor, TemplatesRobertaBertSequence) {
-  const json tmpl = {
-      {"type", "TemplateProcessing"},
-      {"single",
-       {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
-        {{"SpecialToken", {{"id", "</s>"}, {"type_id", 0}}}}}},
-      {"pair", json::array()},
-      {"special_tokens",
-       {{"<s>", {{"id", "<s>"}, {"ids", {256}}, {"tokens", {"<s>"}}}},
-        {"</s>", {{"id", "</s>"}, {"ids", {257}}, {"tokens", {"</s>"}}}}}}};
+  const json tmpl = {{"type", "TemplateProcessing"},
+                     {"single",
+                      {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                       {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                       {{"SpecialToken", {{"id", "</s>"}, {"type_id", 0}}}}}},
+                     {"pair", json::array()},
+                     {"special_tokens",
+                      {{"<s>", {{"id", "<s>"}, {"ids", {256}}, {"tokens", {"<s>"}}}},
+                       {"</s>", {{"id", "</s>"}, {"ids", {257}}, {"tokens", {"</s>"}}}}}}};
   EXPECT_EQ(EncodeWith(tmpl, "a", true), (Ids{256, 'a', 257}));
   EXPECT_EQ(EncodeWith(tmpl, "a", false), (Ids{'a'}));
-  const json roberta = {{"type", "RobertaProcessing"}, {"cls", {"<s>", 256}}, {"sep", {"</s>", 257}}};
+  const json roberta = {
+      {"type", "RobertaProcessing"}, {"cls", {"<s>", 256}}, {"sep", {"</s>", 257}}};
   EXPECT_EQ(EncodeWith(roberta, "a", true), (Ids{256, 'a', 257}));
   const json bert = {{"type", "BertProcessing"}, {"cls", {"<s>", 256}}, {"sep", {"</s>", 257}}};
   EXPECT_EQ(EncodeWith(bert, "", true), (Ids{256, 257}));
@@ -569,14 +578,14 @@ TEST(HfErrors, NameTheFieldPath) {
   }
   {
     json j = Base();
-    j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "a(b"}}},
-                          {"behavior", "Isolated"}};
+    j["pre_tokenizer"] = {
+        {"type", "Split"}, {"pattern", {{"Regex", "a(b"}}}, {"behavior", "Isolated"}};
     ExpectError(j, StatusCode::kInvalidArgument, {"pre_tokenizer.pattern.Regex", "a(b", "offset"});
   }
   {
     json j = Base();
-    j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"String", "x"}}},
-                          {"behavior", "Sideways"}};
+    j["pre_tokenizer"] = {
+        {"type", "Split"}, {"pattern", {{"String", "x"}}}, {"behavior", "Sideways"}};
     ExpectError(j, StatusCode::kInvalidArgument, {"pre_tokenizer.behavior", "Sideways"});
   }
   {
@@ -641,9 +650,11 @@ TEST(HfErrors, NameTheFieldPath) {
 // Round trips and the GGUF "gpt2" path
 
 std::string RandomText(Rng& rng, size_t max_len) {
-  static const char* const kPieces[] = {" ", "  ", "\n", "\t", "a", "b", "ab", "Hello", "'s", "12",
-                                        "3456", "!", "\xC3\xA9", "\xE6\x97\xA5",
-                                        "\xF0\x9F\x98\x80", "<|a|>"};
+  static const char* const kPieces[] = {
+      " ",    "  ", "\n",       "\t",           "a",
+      "b",    "ab", "Hello",    "'s",           "12",
+      "3456", "!",  "\xC3\xA9", "\xE6\x97\xA5", "\xF0\x9F\x98\x80",
+      "<|a|>"};
   std::string s;
   const size_t n = rng.Below(max_len + 1);
   for (size_t i = 0; i < n; ++i) {
@@ -661,7 +672,9 @@ TEST(HfRoundTrip, ReplaceInvalidUtf8) {
   const std::string R = "\xEF\xBF\xBD";
   // A stray continuation byte, a truncated 3-byte sequence (one U+FFFD for the two bytes), an
   // overlong lead (C0: each byte), a surrogate (ED A0: the lead alone, then the stray byte).
-  EXPECT_EQ(ReplaceInvalidUtf8("a\x80" "b"), "a" + R + "b");
+  EXPECT_EQ(ReplaceInvalidUtf8("a\x80"
+                               "b"),
+            "a" + R + "b");
   EXPECT_EQ(ReplaceInvalidUtf8("\xE6\x97x"), R + "x");
   EXPECT_EQ(ReplaceInvalidUtf8("\xC0\xAF"), R + R);
   EXPECT_EQ(ReplaceInvalidUtf8("\xED\xA0\x80"), R + R + R);
@@ -700,14 +713,15 @@ TEST(HfRoundTrip, GgufGpt2MatchesTokenizerJson) {
   j["pre_tokenizer"] = {
       {"type", "Sequence"},
       {"pretokenizers",
-       json::array({json{{"type", "Split"},
-                         {"pattern",
-                          Pattern("Regex",
-                                  "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|"
-                                  "\\s+(?!\\S)|\\s+")},
-                         {"behavior", "Isolated"},
-                         {"invert", false}},
-                    json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
+       json::array(
+           {json{{"type", "Split"},
+                 {"pattern",
+                  Pattern("Regex",
+                          "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|"
+                          "\\s+(?!\\S)|\\s+")},
+                 {"behavior", "Isolated"},
+                 {"invert", false}},
+            json{{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
   auto hf = Must(j);
   ASSERT_NE(hf, nullptr);
   TokenizerData d;
@@ -760,17 +774,18 @@ class FromHfJsonTest : public ::testing::Test {
 };
 
 TEST_F(FromHfJsonTest, ConfigSuppliesSpecialsAndTemplate) {
-  json j = WithAdded(ByteLevelJson({{"a", "b"}}),
-                     {Added(257, "<|bos|>", true), Added(258, "<|eos|>", true),
-                      Added(259, "<|im_start|>", true)});
+  json j = WithAdded(
+      ByteLevelJson({{"a", "b"}}),
+      {Added(257, "<|bos|>", true), Added(258, "<|eos|>", true), Added(259, "<|im_start|>", true)});
   const std::string path = Write("tokenizer.json", j.dump());
-  Write("tokenizer_config.json",
-        json{{"bos_token", {{"__type", "AddedToken"}, {"content", "<|bos|>"}}},
-             {"eos_token", "<|eos|>"},
-             {"add_bos_token", true},
-             {"chat_template",
-              {{{"name", "tool_use"}, {"template", "T"}}, {{"name", "default"}, {"template", "D"}}}}}
-            .dump());
+  Write(
+      "tokenizer_config.json",
+      json{{"bos_token", {{"__type", "AddedToken"}, {"content", "<|bos|>"}}},
+           {"eos_token", "<|eos|>"},
+           {"add_bos_token", true},
+           {"chat_template",
+            {{{"name", "tool_use"}, {"template", "T"}}, {{"name", "default"}, {"template", "D"}}}}}
+          .dump());
   auto tok = Tokenizer::FromHfJson(path);
   ASSERT_TRUE(tok.ok()) << tok.status().ToString();
   const Tokenizer& t = **tok;

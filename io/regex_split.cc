@@ -109,14 +109,14 @@ StatusOr<RegexSplitter> RegexSplitter::CompileImpl(std::string_view pattern, boo
   PCRE2_SIZE err_off = 0;
   uint32_t opts = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF;
   opts |= literal ? PCRE2_LITERAL : PCRE2_UCP;  // PCRE2 refuses UCP with LITERAL (no classes)
-  pcre2_code* c = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                opts, &err, &err_off, nullptr);
+  pcre2_code* c = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), opts,
+                                &err, &err_off, nullptr);
   if (c == nullptr) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof(msg));
-    return InvalidArgument("regex \"" + code->pattern + "\" does not compile: " +
-                           reinterpret_cast<const char*>(msg) + " (at offset " +
-                           std::to_string(err_off) + ")");
+    return InvalidArgument("regex \"" + code->pattern +
+                           "\" does not compile: " + reinterpret_cast<const char*>(msg) +
+                           " (at offset " + std::to_string(err_off) + ")");
   }
   code->code.reset(c);
   // JIT is an optimisation only: when the library was built without it (or it refuses the

@@ -31,11 +31,14 @@ TEST(RegexSplit, BehaviorsOnDocExample) {
   const RegexSplitter r = Must("-");
   const std::string t = "the-final--countdown";
   EXPECT_EQ(SplitAll(r, t, SplitBehavior::kRemoved), (V{"the", "final", "countdown"}));
-  EXPECT_EQ(SplitAll(r, t, SplitBehavior::kIsolated), (V{"the", "-", "final", "-", "-", "countdown"}));
+  EXPECT_EQ(SplitAll(r, t, SplitBehavior::kIsolated),
+            (V{"the", "-", "final", "-", "-", "countdown"}));
   EXPECT_EQ(SplitAll(r, t, SplitBehavior::kMergedWithPrevious),
             (V{"the-", "final-", "-", "countdown"}));
-  EXPECT_EQ(SplitAll(r, t, SplitBehavior::kMergedWithNext), (V{"the", "-final", "-", "-countdown"}));
-  EXPECT_EQ(SplitAll(r, t, SplitBehavior::kContiguous), (V{"the", "-", "final", "--", "countdown"}));
+  EXPECT_EQ(SplitAll(r, t, SplitBehavior::kMergedWithNext),
+            (V{"the", "-final", "-", "-countdown"}));
+  EXPECT_EQ(SplitAll(r, t, SplitBehavior::kContiguous),
+            (V{"the", "-", "final", "--", "countdown"}));
 }
 
 TEST(RegexSplit, EdgesAndInvert) {
@@ -61,7 +64,7 @@ TEST(RegexSplit, Gpt2AndLlama3Regexes) {
   // Non-ASCII letters and digits by their Unicode properties: Greek, CJK, Arabic-Indic digits;
   // U+00A0 and U+3000 are whitespace.
   EXPECT_EQ(SplitAll(gpt2, "\xCE\xB1\xCE\xB2 \xE6\x97\xA5\xD9\xA3\xD9\xA4\xC2\xA0x\xE3\x80\x80y",
-                SplitBehavior::kIsolated),
+                     SplitBehavior::kIsolated),
             (V{"\xCE\xB1\xCE\xB2", " \xE6\x97\xA5", "\xD9\xA3\xD9\xA4", "\xC2\xA0", "x",
                "\xE3\x80\x80", "y"}));
   // Llama 3: case-insensitive contractions, possessive quantifiers, digits in threes.
