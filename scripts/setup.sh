@@ -8,6 +8,7 @@ PKGS=(
   libkissfft-dev                 # real FFT for the VestigeKV selector
   liblapack-dev libopenblas-dev  # symmetric eigensolver (recall basis), prefill GEMM
   nlohmann-json3-dev             # config.json, JSON reports
+  libpcre2-dev libutf8proc-dev pkgconf  # tokenizer regexes, Unicode normalization (pkg-config)
   libcli11-dev                   # command-line flags
   python3-torch libopenblas0-serial python3-numpy  # testbed trainer and the logit-parity test
   bible-kjv bible-kjv-text       # the testbed's filler text (the `bible` program and its data)
