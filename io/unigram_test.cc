@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace strata {
 namespace {
@@ -107,6 +110,51 @@ TEST(UnigramTest, BuildErrorsNameTheBadValue) {
   auto nan = UnigramModel::Build({{"a", std::numeric_limits<double>::quiet_NaN()}}, 0, false);
   ASSERT_FALSE(nan.ok());
   EXPECT_NE(nan.status().message().find("not finite"), std::string::npos);
+}
+
+nlohmann::json ReadJson(const std::string& rel) {
+  std::ifstream f(std::string(STRATA_SOURCE_DIR) + "/" + rel);
+  EXPECT_TRUE(f.good()) << rel;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return nlohmann::json::parse(ss.str());
+}
+
+// The model alone against the reference (tools/tokref/make_refs.mjs) on the Unigram fixture:
+// its pre-tokenizer (Metaspace: spaces -> U+2581, one prepended, split before each U+2581) is
+// redone here, the ids without special tokens must match for every corpus string.
+TEST(UnigramTest, MatchesTheReferenceOnTheFixture) {
+  const nlohmann::json tok = ReadJson("testdata/tokenizer/fixtures/unigram_bf/tokenizer.json");
+  const nlohmann::json ref = ReadJson("testdata/tokenizer/ref_unigram_bf.json");
+  const nlohmann::json corpus = ReadJson("testdata/tokenizer/corpus.json");
+  std::vector<UnigramModel::Piece> vocab;
+  for (const auto& p : tok["model"]["vocab"]) {
+    vocab.push_back({p[0].get<std::string>(), p[1].get<double>()});
+  }
+  const UnigramModel m = Make(vocab, tok["model"]["unk_id"].get<int32_t>(),
+                              tok["model"]["byte_fallback"].get<bool>());
+  const std::string sp = "\xE2\x96\x81";
+  int checked = 0;
+  for (size_t i = 0; i < ref["cases"].size(); ++i) {
+    const auto& c = ref["cases"][i];
+    const std::string text = c.contains("tokenized_text")
+                                 ? c["tokenized_text"].get<std::string>()
+                                 : corpus["strings"][i]["text"].get<std::string>();
+    if (text.empty()) continue;  // Metaspace yields no piece at all for ""
+    std::string norm;
+    for (const char ch : text) norm += ch == ' ' ? sp : std::string(1, ch);
+    if (norm.compare(0, sp.size(), sp) != 0) norm = sp + norm;
+    std::vector<int32_t> ids;
+    for (size_t b = 0; b < norm.size();) {
+      size_t e = norm.find(sp, b + sp.size());
+      if (e == std::string::npos) e = norm.size();
+      for (const int32_t id : m.Encode(std::string_view(norm).substr(b, e - b))) ids.push_back(id);
+      b = e;
+    }
+    EXPECT_EQ(ids, c["ids"].get<std::vector<int32_t>>()) << c["name"];
+    ++checked;
+  }
+  EXPECT_GE(checked, 80);
 }
 
 }  // namespace
