@@ -17,7 +17,13 @@
 // One deliberate addition to the reference: transformers.js's Unigram model has no byte_fallback
 // (HF tokenizers' Unigram::tokenize spells a piece that is not in the vocabulary as its <0xNN>
 // pieces when all exist, else unk). For Unigram models with "byte_fallback": true this script
-// wraps convert_tokens_to_ids with exactly that rule; nothing else is changed.
+// wraps convert_tokens_to_ids with exactly that rule.
+//
+// And one of transformers (Python) behaviour that transformers.js lacks: LlamaTokenizerFast (and
+// CodeLlama's, Gemma's) rebuild the post-processor from tokenizer_config.json's add_bos_token /
+// add_eos_token (defaults true / false) in update_post_processor, so DeepSeek V3's BOS is added
+// by add_special_tokens although its tokenizer.json post-processor adds nothing. For those
+// classes ids_special is [bos] + ids + [eos] accordingly. Nothing else is changed.
 import { readFileSync, writeFileSync } from "node:fs";
 import { dirname, join, relative } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -61,6 +67,24 @@ function addUnigramByteFallback(tok, json) {
     });
 }
 
+const kRebuildsPostProcessor = new Set(["LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer"]);
+
+// The special ids add_special_tokens puts around a text: transformers' update_post_processor
+// for the classes above, else whatever the tokenizer.json post-processor does (null).
+function specialTemplate(json, config) {
+  const cls = (config.tokenizer_class ?? "").replace(/Fast$/, "");
+  if (!kRebuildsPostProcessor.has(cls)) return null;
+  const idOf = (t) => {
+    const content = typeof t === "string" ? t : t?.content;
+    const a = json.added_tokens.find((x) => x.content === content);
+    if (!a) throw new Error(`${cls}: special token ${JSON.stringify(content)} is not an added token`);
+    return a.id;
+  };
+  const prefix = (config.add_bos_token ?? true) && config.bos_token ? [idOf(config.bos_token)] : [];
+  const suffix = (config.add_eos_token ?? false) && config.eos_token ? [idOf(config.eos_token)] : [];
+  return { prefix, suffix };
+}
+
 const corpus = JSON.parse(readFileSync(join(testdata, "corpus.json"), "utf8"));
 const decoder = new TextDecoder("utf-8", { fatal: false });
 
@@ -69,6 +93,7 @@ for (const [name, dir] of Object.entries(tokenizers)) {
   const config = JSON.parse(readFileSync(join(root, dir, "tokenizer_config.json"), "utf8"));
   const tok = TokenizerLoader.fromPreTrained({ tokenizerJSON: json, tokenizerConfig: config });
   addUnigramByteFallback(tok, json);
+  const template = specialTemplate(json, config);
   const cases = corpus.strings.map((c) => {
     const lossy = c.base64 !== undefined;
     const text = lossy ? decoder.decode(Buffer.from(c.base64, "base64")) : c.text;
@@ -76,7 +101,9 @@ for (const [name, dir] of Object.entries(tokenizers)) {
     const out = {
       name: c.name,
       ids,
-      ids_special: tok.encode(text, { add_special_tokens: true }),
+      ids_special: template
+        ? [...template.prefix, ...ids, ...template.suffix]
+        : tok.encode(text, { add_special_tokens: true }),
       decoded: ids.length
         ? tok.decode(ids, { skip_special_tokens: false, clean_up_tokenization_spaces: false })
         : "",
