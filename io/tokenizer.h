@@ -1,17 +1,14 @@
 // Tokenizer built from GGUF metadata (llama.cpp keys): SentencePiece-style (`tokenizer.ggml.model`
 // = "llama": scores, U+2581 word marker, byte fallback tokens <0xNN>) and byte-level BPE ("gpt2":
-// merges, GPT-2 byte-to-unicode map).
+// merges, GPT-2 byte-to-unicode map), or from an HF tokenizer.json (FromHfJson).
 //
 // Behaviour follows llama.cpp (llm_tokenizer_spm / llm_tokenizer_bpe) so that real GGUF files
 // tokenize the same way, with these deliberate differences:
-// - "gpt2" pre-tokenization always uses the GPT-2 regex ('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+|
-//   ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+), implemented by hand; `tokenizer.ggml.pre` is kept
-//   but model-specific regexes (llama3, deepseek, qwen2, ...) are not implemented. Unicode
-//   classes are approximated: ASCII exactly; for other code points, tables of the common letter
-//   scripts (Latin-1/Extended, IPA, Greek, Cyrillic, Armenian, Hebrew, Arabic, Indic letters,
-//   Thai, Georgian, Hangul, Hiragana/Katakana, CJK, fullwidth forms) count as \p{L}, Unicode
-//   decimal digits and common numeric symbols as \p{N}, the White_Space set as \s; everything
-//   else (punctuation, symbols, combining marks, emoji) is "other".
+// - "gpt2" runs on the tokenizer.json pipeline (io/hf_tokenizer.h): the pre-tokenizer regexes of
+//   its `tokenizer.ggml.pre` type (PCRE2, real Unicode classes) as Split Isolated steps, then
+//   byte-level BPE and the ByteLevel decoder. An unknown `pre` is an error at load. Control (and
+//   unknown) tokens are special added tokens, user-defined tokens non-special ones; added tokens
+//   are matched leftmost-longest (HF's AddedVocabulary; llama.cpp tries them longest first).
 // - Invalid UTF-8 never throws: stray bytes become one-byte pieces and still round-trip.
 // - Decode drops the leading space added by add_space_prefix even when a BOS precedes the text
 //   (llama.cpp keeps it in that case), so Decode(Encode(x)) == x. Clean-up of spaces before
@@ -51,12 +48,13 @@ struct TokenizerData {
   int32_t bos = -1, eos = -1, unk = -1, pad = -1;  // -1: none
   bool add_bos = true;
   bool add_space_prefix = true;  // "llama" only: prepend U+2581 to the text
-  std::string pre;               // tokenizer.ggml.pre (informational, see the header comment)
+  std::string pre;               // tokenizer.ggml.pre: the pre-tokenizer type ("gpt2" only)
 };
 
 class Tokenizer {
  public:
-  enum class Kind { kSentencePiece, kBytePairGpt2 };
+  // kTokenizerJson: built by FromHfJson (whatever model the tokenizer.json holds).
+  enum class Kind { kSentencePiece, kBytePairGpt2, kTokenizerJson };
 
   // Reads tokenizer.ggml.{model,tokens,scores,token_type,merges,bos_token_id,eos_token_id,
   // unknown_token_id,padding_token_id,add_bos_token,add_space_prefix,pre}. Errors name the
@@ -66,6 +64,13 @@ class Tokenizer {
   // Validates `data` (model name, array lengths, special ids in range, merges well formed and in
   // the vocabulary, gpt2 byte coverage); errors name the key and the bad value.
   static StatusOr<std::unique_ptr<Tokenizer>> FromData(TokenizerData data);
+  // Loads an HF tokenizer.json (io/hf_tokenizer.h). A tokenizer_config.json beside it supplies
+  // bos_token / eos_token / pad_token (string or AddedToken object), add_bos_token /
+  // add_eos_token (when present they replace the post-processor by "[bos] $A [eos]", as
+  // transformers' update_post_processor does) and chat_template (a string, or a list of
+  // {name, template} of which "default" is taken). Encode's with_bos applies the
+  // post-processor's special tokens; parse_special cuts special added tokens out of the text.
+  static StatusOr<std::unique_ptr<Tokenizer>> FromHfJson(const std::string& path);
 
   Kind kind() const { return kind_; }
   int32_t vocab_size() const { return vocab_size_; }
@@ -74,6 +79,8 @@ class Tokenizer {
   int32_t unk_id() const;
   int32_t pad_id() const;
   bool add_bos() const { return add_bos_; }
+  // tokenizer_config.json's chat template text ("" when none; FromHfJson only).
+  const std::string& chat_template() const;
   const std::string& token_text(int32_t id) const;  // CHECKs the id (use CheckId first)
   TokenType token_type(int32_t id) const;           // kUndefined for out-of-range ids
   // The id of an exact token text, or -1.
@@ -93,8 +100,8 @@ class Tokenizer {
   // Returns InvalidArgument naming the id when out of range.
   Status CheckId(int32_t id) const;
 
-  // The GPT-2 pre-tokenizer on its own: the pieces `text` is split into before byte-level BPE
-  // (their concatenation is `text`). Exposed for tests and diagnostics.
+  // The GPT-2 pre-tokenizer regex on its own: the pieces `text` is split into before byte-level
+  // BPE (their concatenation is `text`). Exposed for tests and diagnostics.
   static std::vector<std::string> SplitGpt2Words(const std::string& text);
 
  private:

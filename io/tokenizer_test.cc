@@ -375,6 +375,7 @@ TokenizerData Gpt2Base() {
   d.bos = d.eos = 256;
   d.add_bos = false;
   d.add_space_prefix = false;
+  d.pre = "gpt-2";  // the tests below are about the GPT-2 regex ("" would be llama.cpp's default)
   return d;
 }
 
@@ -693,7 +694,7 @@ void PutTokenizer(const TokenizerData& d, GgufWriter* w) {
   if (d.unk >= 0) w->Set("tokenizer.ggml.unknown_token_id", GgufValue::U32(d.unk));
   w->Set("tokenizer.ggml.add_bos_token", GgufValue::Bool(d.add_bos));
   w->Set("tokenizer.ggml.add_space_prefix", GgufValue::Bool(d.add_space_prefix));
-  w->Set("tokenizer.ggml.pre", GgufValue::String("default"));
+  w->Set("tokenizer.ggml.pre", GgufValue::String(d.pre.empty() ? "default" : d.pre));
 }
 
 // Parses a GGUF image; skips the test while the GGUF reader is still a stub (Unimplemented).
