@@ -71,6 +71,34 @@ void AppendUtf8(uint32_t cp, std::string* out) {
   }
 }
 
+// Length of the maximal valid prefix of a UTF-8 sequence at s[i] that is not a whole character
+// (Unicode's "maximal subpart", what Python's errors="replace" and the WHATWG TextDecoder turn
+// into one U+FFFD): at least 1.
+size_t BadSequenceLength(std::string_view s, size_t i) {
+  const uint8_t c = static_cast<uint8_t>(s[i]);
+  size_t len;
+  uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    len = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    len = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    len = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 1;
+  }
+  size_t k = 1;
+  for (; k < len && i + k < s.size(); ++k) {
+    const uint8_t cc = static_cast<uint8_t>(s[i + k]);
+    if (k == 1 ? (cc < lo || cc > hi) : (cc & 0xC0) != 0x80) break;
+  }
+  return k;
+}
+
 // Rust's char::is_whitespace (Unicode White_Space).
 bool IsWhitespace(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
@@ -728,16 +756,18 @@ class MetaspaceDecoder : public Decoder {
   void Apply(std::vector<DecTok>* toks, bool at_start) const override {
     for (size_t i = 0; i < toks->size(); ++i) {
       std::string& s = (*toks)[i].text;
+      // As HF: in the first token of the text every marker is dropped (not only a leading one);
+      // elsewhere (and when streaming) each becomes a space.
+      const bool drop = i == 0 && at_start && strip_;
       std::string out;
       for (size_t k = 0; k < s.size();) {
         if (s.compare(k, rep_.size(), rep_) == 0) {
-          out.push_back(' ');
+          if (!drop) out.push_back(' ');
           k += rep_.size();
         } else {
           out.push_back(s[k++]);
         }
       }
-      if (i == 0 && at_start && strip_ && !out.empty() && out[0] == ' ') out.erase(0, 1);
       s = std::move(out);
     }
   }
@@ -970,24 +1000,135 @@ StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const json& v, const std::string
 
 // ---- BPE model ----
 
-struct PairHash {
-  size_t operator()(uint64_t k) const { return std::hash<uint64_t>()(k * 0x9E3779B97F4A7C15ull); }
-};
-
 struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
 };
 using TokenMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
+// Text -> id for a large vocabulary: open addressing over one byte arena, so a lookup touches a
+// slot array and one entry instead of chasing hash-map nodes (loading a 128K-150K vocabulary and
+// its merges does ~3 lookups per merge; encoding one per character and merge step).
+class FlatVocab {
+ public:
+  void Reserve(size_t n) {
+    entries_.reserve(n);
+    size_t cap = 16;
+    while (cap < n * 2) cap <<= 1;
+    Rehash(cap);
+  }
+  // Maps `text` to `id`; a text seen before takes the new id (last wins).
+  void Set(std::string_view text, int32_t id) {
+    if ((entries_.size() + 1) * 2 > slots_.size()) Rehash(std::max<size_t>(16, slots_.size() * 2));
+    const uint64_t h = Hash(text);
+    size_t i = h & mask_;
+    for (; slots_[i] >= 0; i = (i + 1) & mask_) {
+      Entry& e = entries_[slots_[i]];
+      if (e.hash == h && Text(e) == text) {
+        e.id = id;
+        return;
+      }
+    }
+    slots_[i] = static_cast<int32_t>(entries_.size());
+    entries_.push_back({h, static_cast<uint32_t>(arena_.size()), static_cast<uint32_t>(text.size()),
+                        id});
+    arena_.append(text);
+  }
+  int32_t Find(std::string_view text) const {
+    if (slots_.empty()) return -1;
+    const uint64_t h = Hash(text);
+    for (size_t i = h & mask_; slots_[i] >= 0; i = (i + 1) & mask_) {
+      const Entry& e = entries_[slots_[i]];
+      if (e.hash == h && Text(e) == text) return e.id;
+    }
+    return -1;
+  }
+
+ private:
+  struct Entry {
+    uint64_t hash;
+    uint32_t off, len;
+    int32_t id;
+  };
+  static uint64_t Hash(std::string_view s) { return std::hash<std::string_view>()(s); }
+  std::string_view Text(const Entry& e) const {
+    return std::string_view(arena_).substr(e.off, e.len);
+  }
+  void Rehash(size_t cap) {
+    slots_.assign(cap, -1);
+    mask_ = cap - 1;
+    for (size_t k = 0; k < entries_.size(); ++k) {
+      size_t i = entries_[k].hash & mask_;
+      while (slots_[i] >= 0) i = (i + 1) & mask_;
+      slots_[i] = static_cast<int32_t>(k);
+    }
+  }
+  std::vector<Entry> entries_;
+  std::vector<int32_t> slots_;  // entry index or -1
+  size_t mask_ = 0;
+  std::string arena_;
+};
+
+// (left id, right id) -> merge, open addressing (see FlatVocab for why).
+template <typename V>
+class FlatPairMap {
+ public:
+  static constexpr uint64_t kEmpty = ~0ull;  // no key: ids are non-negative int32
+  void Reserve(size_t n) {
+    size_t cap = 16;
+    while (cap < n * 2) cap <<= 1;
+    Rehash(cap);
+  }
+  // Inserts unless the key is present (the first, lowest-rank merge wins).
+  void Insert(uint64_t key, const V& v) {
+    if ((size_ + 1) * 2 > keys_.size()) Rehash(std::max<size_t>(16, keys_.size() * 2));
+    size_t i = Mix(key) & mask_;
+    for (; keys_[i] != kEmpty; i = (i + 1) & mask_) {
+      if (keys_[i] == key) return;
+    }
+    keys_[i] = key;
+    vals_[i] = v;
+    ++size_;
+  }
+  const V* Find(uint64_t key) const {
+    if (keys_.empty()) return nullptr;
+    for (size_t i = Mix(key) & mask_; keys_[i] != kEmpty; i = (i + 1) & mask_) {
+      if (keys_[i] == key) return &vals_[i];
+    }
+    return nullptr;
+  }
+
+ private:
+  static uint64_t Mix(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xFF51AFD7ED558CCDull;
+    k ^= k >> 33;
+    return k;
+  }
+  void Rehash(size_t cap) {
+    std::vector<uint64_t> keys = std::move(keys_);
+    std::vector<V> vals = std::move(vals_);
+    keys_.assign(cap, kEmpty);
+    vals_.assign(cap, V{});
+    mask_ = cap - 1;
+    size_ = 0;
+    for (size_t k = 0; k < keys.size(); ++k) {
+      if (keys[k] != kEmpty) Insert(keys[k], vals[k]);
+    }
+  }
+  std::vector<uint64_t> keys_;
+  std::vector<V> vals_;
+  size_t mask_ = 0, size_ = 0;
+};
+
 class BpeModel {
  public:
-  TokenMap vocab;
+  FlatVocab vocab;
   std::vector<std::string> id_to_token;  // holes: ""
   struct Merge {
     int32_t rank, new_id;
   };
-  std::unordered_map<uint64_t, Merge, PairHash> merges;
+  FlatPairMap<Merge> merges;
   int32_t unk = -1;
   bool byte_fallback = false;
   bool fuse_unk = false;
@@ -997,10 +1138,7 @@ class BpeModel {
 
   BpeModel() { std::fill(std::begin(byte_ids), std::end(byte_ids), -1); }
 
-  int32_t Find(std::string_view s) const {
-    const auto it = vocab.find(s);
-    return it == vocab.end() ? -1 : it->second;
-  }
+  int32_t Find(std::string_view s) const { return vocab.Find(s); }
 
   void InitByteIds() {
     for (int b = 0; b < 256; ++b) {
@@ -1099,8 +1237,7 @@ class BpeModel {
     auto lookup = [&](int a, int b) -> const Merge* {
       const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(syms[a].id)) << 32) |
                            static_cast<uint32_t>(syms[b].id);
-      const auto it = merges.find(key);
-      return it == merges.end() ? nullptr : &it->second;
+      return merges.Find(key);
     };
     for (size_t k = 0; k + 1 < syms.size(); ++k) {
       if (const Merge* m = lookup(k, k + 1)) queue.push({m->rank, static_cast<int>(k), m->new_id});
@@ -1137,7 +1274,8 @@ Status AddMerge(BpeModel* m, std::string_view a, std::string_view b, int32_t ran
   const int32_t ia = m->Find(a), ib = m->Find(b);
   if (ia < 0) return InvalidArgument(where + ": " + Quote(a) + " is not in the vocabulary");
   if (ib < 0) return InvalidArgument(where + ": " + Quote(b) + " is not in the vocabulary");
-  std::string merged(a);
+  thread_local std::string merged;  // reused: one merge per call, hundreds of thousands per file
+  merged.assign(a);
   if (!m->prefix.empty() && b.substr(0, m->prefix.size()) == m->prefix) {
     merged += b.substr(m->prefix.size());
   } else {
@@ -1150,7 +1288,7 @@ Status AddMerge(BpeModel* m, std::string_view a, std::string_view b, int32_t ran
   }
   const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia)) << 32) |
                        static_cast<uint32_t>(ib);
-  m->merges.emplace(key, BpeModel::Merge{rank, id});  // first (lowest) rank wins
+  m->merges.Insert(key, BpeModel::Merge{rank, id});  // first (lowest) rank wins
   return OkStatus();
 }
 
@@ -1268,6 +1406,37 @@ void SplitAdded(const LiteralMatcher& m, bool split_special, const Segment& seg,
 
 const std::string& Gpt2ByteChar(uint8_t b) { return Bytes().byte_to_char[b]; }
 
+std::string ReplaceInvalidUtf8(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const auto [cp, len] = NextChar(text, i);
+    if (cp != kBadCp) {
+      out.append(text, i, len);
+      i += len;
+    } else {
+      out += "\xEF\xBF\xBD";
+      i += BadSequenceLength(text, i);
+    }
+  }
+  return out;
+}
+
+namespace {
+bool IsValidUtf8(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    if (static_cast<uint8_t>(text[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    const auto [cp, len] = NextChar(text, i);
+    if (cp == kBadCp) return false;
+    i += len;
+  }
+  return true;
+}
+}  // namespace
+
 // ---- The tokenizer ----
 
 struct HfTokenizer::Impl {
@@ -1277,7 +1446,8 @@ struct HfTokenizer::Impl {
   std::unique_ptr<Decoder> decoder;
   std::optional<BpeModel> bpe;
   std::optional<UnigramModel> unigram;
-  TokenMap token_to_id;                  // model vocabulary and added tokens
+  TokenMap token_to_id;  // Unigram's vocabulary (BPE looks in its own)
+  TokenMap added_ids;    // added tokens, looked up first
   std::vector<std::string> id_to_token;  // holes: ""
   std::vector<HfAddedToken> added;
   std::vector<int8_t> added_kind;        // per id: 0 model, 1 added, 2 special added
@@ -1285,8 +1455,18 @@ struct HfTokenizer::Impl {
   LiteralMatcher raw_matcher, norm_matcher;  // non-normalized / normalized added tokens
   std::vector<int32_t> prefix, suffix;       // post-processor specials for a single sequence
   int32_t unk = -1;
+  // tokenizer.json: the input is Unicode text, so invalid UTF-8 becomes U+FFFD first (as the
+  // text HF would be given). GGUF "gpt2": raw bytes are kept (they round-trip).
+  bool replace_invalid_utf8 = false;
 
   void Finish();
+  int32_t Find(std::string_view text) const {
+    const auto a = added_ids.find(text);
+    if (a != added_ids.end()) return a->second;
+    if (bpe) return bpe->Find(text);
+    const auto it = token_to_id.find(text);
+    return it == token_to_id.end() ? -1 : it->second;
+  }
   void ModelEncode(const std::string& piece, std::vector<int32_t>* out) const {
     if (bpe) {
       bpe->Encode(piece, out);
@@ -1308,7 +1488,7 @@ HfTokenizer::~HfTokenizer() = default;
 // Indexes ids and added tokens once the model and added_tokens are in place.
 void HfTokenizer::Impl::Finish() {
   if (bpe) {
-    id_to_token = bpe->id_to_token;
+    id_to_token = std::move(bpe->id_to_token);  // the model itself only needs the vocab map
   } else {
     id_to_token.clear();
     for (int32_t i = 0; i < unigram->size(); ++i) id_to_token.push_back(unigram->piece(i).text);
@@ -1318,11 +1498,12 @@ void HfTokenizer::Impl::Finish() {
     id_to_token[t.id] = t.content;
   }
   token_to_id.clear();
-  token_to_id.reserve(id_to_token.size() * 2);
-  for (int32_t i = 0; i < static_cast<int32_t>(id_to_token.size()); ++i) {
-    if (!id_to_token[i].empty()) token_to_id[id_to_token[i]] = i;
+  if (!bpe) {
+    token_to_id.reserve(id_to_token.size() * 2);
+    for (int32_t i = 0; i < unigram->size(); ++i) token_to_id[unigram->piece(i).text] = i;
   }
-  for (const HfAddedToken& t : added) token_to_id[t.content] = t.id;  // added tokens win
+  added_ids.clear();
+  for (const HfAddedToken& t : added) added_ids[t.content] = t.id;  // added tokens win
   added_kind.assign(id_to_token.size(), 0);
   byte_token.assign(id_to_token.size(), false);
   std::vector<const HfAddedToken*> raw, norm;
@@ -1342,7 +1523,9 @@ void HfTokenizer::Impl::Finish() {
 
 namespace {
 
-StatusOr<std::vector<HfAddedToken>> ParseAddedTokens(const Obj& root) {
+// `model_size`: ids the model uses; added token ids must stay near it (holes are allowed, a
+// huge id would only allocate a huge table).
+StatusOr<std::vector<HfAddedToken>> ParseAddedTokens(const Obj& root, int64_t model_size) {
   std::vector<HfAddedToken> out;
   const json* arr = root.Find("added_tokens");
   if (arr == nullptr) return out;
@@ -1352,9 +1535,12 @@ StatusOr<std::vector<HfAddedToken>> ParseAddedTokens(const Obj& root) {
                                   root.what));
     HfAddedToken t;
     ASSIGN_OR_RETURN(int64_t id, o.Int("id"));
-    if (id < 0 || id > INT32_MAX / 2) {
+    const int64_t limit = model_size + 2 * static_cast<int64_t>(arr->size()) + 1024;
+    if (id < 0 || id >= limit) {
       return InvalidArgument(root.what + ": " + o.At("id") + " = " + std::to_string(id) +
-                             " is not a valid token id");
+                             " is not a valid token id (the model has " +
+                             std::to_string(model_size) + " ids; added ids must be below " +
+                             std::to_string(limit) + ")");
     }
     t.id = static_cast<int32_t>(id);
     ASSIGN_OR_RETURN(t.content, o.Str("content"));
@@ -1384,17 +1570,21 @@ Status ParseBpe(const Obj& m, BpeModel* bpe) {
   ASSIGN_OR_RETURN(bpe->prefix, m.Str("continuing_subword_prefix", std::string()));
   ASSIGN_OR_RETURN(bpe->suffix, m.Str("end_of_word_suffix", std::string()));
   ASSIGN_OR_RETURN(Obj vocab, m.Object("vocab"));
-  bpe->vocab.reserve(vocab.v.size() * 2);
+  bpe->vocab.Reserve(vocab.v.size());
   for (auto it = vocab.v.begin(); it != vocab.v.end(); ++it) {
     if (!it->is_number_integer()) {
       return TypeError(what, vocab.At(Quote(it.key())), "an integer id", *it);
     }
     const int64_t id = it->get<int64_t>();
-    if (id < 0 || id > INT32_MAX / 2) {
+    // Holes are allowed, but not an id that would only allocate a huge table.
+    const int64_t limit = 2 * static_cast<int64_t>(vocab.v.size()) + 1024;
+    if (id < 0 || id >= limit) {
       return InvalidArgument(what + ": " + vocab.At(Quote(it.key())) + " = " +
-                             std::to_string(id) + " is not a valid token id");
+                             std::to_string(id) + " is not a valid token id (a vocabulary of " +
+                             std::to_string(vocab.v.size()) + " entries takes ids below " +
+                             std::to_string(limit) + ")");
     }
-    bpe->vocab[it.key()] = static_cast<int32_t>(id);
+    bpe->vocab.Set(it.key(), static_cast<int32_t>(id));
     if (id >= static_cast<int64_t>(bpe->id_to_token.size())) bpe->id_to_token.resize(id + 1);
     bpe->id_to_token[id] = it.key();
   }
@@ -1407,7 +1597,7 @@ Status ParseBpe(const Obj& m, BpeModel* bpe) {
     }
   }
   ASSIGN_OR_RETURN(const json* merges, m.Array("merges"));
-  bpe->merges.reserve(merges->size() * 2);
+  bpe->merges.Reserve(merges->size());
   for (size_t r = 0; r < merges->size(); ++r) {
     const json& e = (*merges)[r];
     const std::string where = what + ": " + m.At("merges") + "[" + std::to_string(r) + "]";
@@ -1455,7 +1645,7 @@ StatusOr<UnigramModel> ParseUnigram(const Obj& m) {
 
 // The specials a post-processor puts around a single sequence.
 Status ParsePostProcessor(const json& v, const std::string& path, const std::string& what,
-                          const TokenMap& ids, std::vector<int32_t>* prefix,
+                          const HfTokenizer& ids, std::vector<int32_t>* prefix,
                           std::vector<int32_t>* suffix) {
   if (v.is_null()) return OkStatus();
   ASSIGN_OR_RETURN(Obj o, AsObj(v, path, what));
@@ -1503,12 +1693,12 @@ Status ParsePostProcessor(const json& v, const std::string& path, const std::str
       if (it != specials.end()) {
         list = it->second;
       } else {
-        const auto vit = ids.find(name);
-        if (vit == ids.end()) {
+        const int32_t id = ids.TokenId(name);
+        if (id < 0) {
           return InvalidArgument(what + ": " + sp.At("id") + " = " + Quote(name) +
                                  " is neither in special_tokens nor in the vocabulary");
         }
-        list = {vit->second};
+        list = {id};
       }
       std::vector<int32_t>* dst = seen_a ? suffix : prefix;
       dst->insert(dst->end(), list.begin(), list.end());
@@ -1552,6 +1742,7 @@ StatusOr<std::shared_ptr<HfTokenizer>> HfTokenizer::FromJson(const json& j,
   std::shared_ptr<HfTokenizer> tok(new HfTokenizer());
   Impl& im = *tok->impl_;
   im.what = what;
+  im.replace_invalid_utf8 = true;
   ASSIGN_OR_RETURN(Obj root, AsObj(j, "(top level)", what));
   root.path.clear();
   // truncation and padding are batching options, irrelevant to encoding one text.
@@ -1586,10 +1777,12 @@ StatusOr<std::shared_ptr<HfTokenizer>> HfTokenizer::FromJson(const json& j,
     return Unimplemented(what + ": model.type: unsupported model type " + Quote(type) +
                          " (supported: BPE, Unigram)");
   }
-  ASSIGN_OR_RETURN(im.added, ParseAddedTokens(root));
+  const int64_t model_size = im.bpe ? static_cast<int64_t>(im.bpe->id_to_token.size())
+                                    : static_cast<int64_t>(im.unigram->size());
+  ASSIGN_OR_RETURN(im.added, ParseAddedTokens(root, model_size));
   im.Finish();
   RETURN_IF_ERROR(ParsePostProcessor(member("post_processor"), "post_processor", what,
-                                     im.token_to_id, &im.prefix, &im.suffix));
+                                     *tok, &im.prefix, &im.suffix));
   for (const int32_t id : im.prefix) {
     if (id >= static_cast<int32_t>(im.id_to_token.size())) {
       return InvalidArgument(what + ": post_processor: special token id " + std::to_string(id) +
@@ -1620,15 +1813,15 @@ StatusOr<std::shared_ptr<HfTokenizer>> HfTokenizer::FromByteLevelBpe(ByteLevelBp
   im.decoder.reset(new ByteLevelDecoder());
   im.bpe.emplace();
   BpeModel& bpe = *im.bpe;
-  bpe.vocab.reserve(spec.tokens.size() * 2);
+  bpe.vocab.Reserve(spec.tokens.size());
   for (int32_t i = 0; i < static_cast<int32_t>(spec.tokens.size()); ++i) {
-    bpe.vocab[spec.tokens[i]] = i;  // last wins, as llama.cpp's token_to_id
+    bpe.vocab.Set(spec.tokens[i], i);  // last wins, as llama.cpp's token_to_id
   }
   bpe.id_to_token = std::move(spec.tokens);
   bpe.unk = spec.unk;
   bpe.ignore_merges = spec.ignore_merges;
   im.unk = spec.unk;
-  bpe.merges.reserve(spec.merges.size() * 2);
+  bpe.merges.Reserve(spec.merges.size());
   for (size_t r = 0; r < spec.merges.size(); ++r) {
     const std::string& m = spec.merges[r];
     const std::string where = spec.what + ".merges[" + std::to_string(r) + "] = " + Quote(m);
@@ -1646,6 +1839,9 @@ StatusOr<std::shared_ptr<HfTokenizer>> HfTokenizer::FromByteLevelBpe(ByteLevelBp
 std::vector<int32_t> HfTokenizer::Encode(std::string_view text, bool add_special_tokens,
                                          bool split_special_tokens) const {
   const Impl& im = *impl_;
+  if (im.replace_invalid_utf8 && !IsValidUtf8(text)) {
+    return Encode(ReplaceInvalidUtf8(text), add_special_tokens, split_special_tokens);
+  }
   std::vector<int32_t> out;
   if (add_special_tokens) out = im.prefix;
   std::vector<Segment> segs, norm_segs;
@@ -1734,8 +1930,7 @@ const std::string& HfTokenizer::token_text(int32_t id) const {
 }
 
 int32_t HfTokenizer::TokenId(std::string_view text) const {
-  const auto it = impl_->token_to_id.find(text);
-  return it == impl_->token_to_id.end() ? -1 : it->second;
+  return impl_->Find(text);
 }
 
 const std::vector<HfAddedToken>& HfTokenizer::added_tokens() const { return impl_->added; }

@@ -18,11 +18,16 @@
 //                   BertProcessing Sequence null
 // Anything else is a clear Unimplemented error naming the component, type and JSON path.
 //
+// Invalid UTF-8 in the input: a tokenizer.json pipeline sees what HF would be given, the text
+// with each maximal invalid subsequence replaced by U+FFFD (Python's errors="replace", the JS
+// TextDecoder). The GGUF "gpt2" pipeline keeps the raw bytes instead (they never match a regex
+// and become byte-level characters of their own), so Decode(Encode(x)) == x for any bytes there.
+//
 // Deliberate differences from HF: decoding never replaces invalid UTF-8 with U+FFFD (byte
-// tokens and byte-level characters give back the exact bytes, so Decode(Encode(x)) == x for any
-// input); input text may hold invalid UTF-8 (HF's is always a valid Rust str): such bytes never
-// match a regex and pass normalizers untouched; BPE dropout is refused; Lowercase uses
-// utf8proc's simple case mapping (plus U+0130, the one full mapping that changes length).
+// tokens and byte-level characters give back the exact bytes); BPE dropout is refused; Lowercase
+// uses utf8proc's simple case mapping (plus U+0130, the one full mapping that changes length);
+// the ByteLevel decoder leaves added tokens as they are (as transformers does; HF's Rust decoder
+// would byte-decode an added token made only of byte-level characters).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +44,9 @@ namespace strata {
 // GPT-2's bytes_to_unicode: the UTF-8 of the character that stands for byte `b` in byte-level
 // vocabularies ("Ġ" for ' ').
 const std::string& Gpt2ByteChar(uint8_t b);
+
+// `text` with each maximal invalid UTF-8 subsequence replaced by U+FFFD.
+std::string ReplaceInvalidUtf8(std::string_view text);
 
 // One entry of tokenizer.json's added_tokens (HF's AddedToken).
 struct HfAddedToken {

@@ -239,8 +239,7 @@ void Tokenizer::Impl::EncodeSpm(const std::string& raw, bool prefix_space,
 }
 
 void Tokenizer::Impl::AppendPiece(int32_t id, std::string* out) const {
-  if (id < 0 || id >= static_cast<int32_t>(tokens.size())) return;
-  const std::string& text = tokens[id];
+  if (id < 0 || id >= static_cast<int32_t>(types.size())) return;
   if (hf) {  // control, unknown and unused tokens print nothing; the rest through the decoder
     const TokenType t = types[id];
     if (t != TokenType::kControl && t != TokenType::kUnknown && t != TokenType::kUnused) {
@@ -248,6 +247,7 @@ void Tokenizer::Impl::AppendPiece(int32_t id, std::string* out) const {
     }
     return;
   }
+  const std::string& text = tokens[id];
   switch (types[id]) {
     case TokenType::kControl:
     case TokenType::kUnknown:
@@ -495,10 +495,13 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f) {
 namespace {
 
 StatusOr<std::string> ReadTextFile(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
   if (!f) return NotFound("cannot open " + path);
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (f.bad()) return IoError("cannot read " + path);
+  const std::streamoff size = f.tellg();
+  if (size < 0) return IoError("cannot read " + path);
+  std::string text(static_cast<size_t>(size), '\0');
+  f.seekg(0);
+  if (!f.read(text.data(), size)) return IoError("cannot read " + path);
   return text;
 }
 
@@ -538,11 +541,9 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(const std::string& pa
   impl->kind = Kind::kTokenizerJson;
   const int32_t n = hf->vocab_size();
   if (n <= 0) return InvalidArgument(path + ": the vocabulary is empty");
-  impl->tokens.resize(n);
+  // Token texts and the text -> id map stay in the pipeline (token_text and TokenId ask it).
   impl->types.assign(n, TokenType::kNormal);
-  impl->token_to_id.reserve(static_cast<size_t>(n) * 2);
   for (int32_t i = 0; i < n; ++i) {
-    impl->tokens[i] = hf->token_text(i);
     TokenType& t = impl->types[i];
     if (hf->IsSpecial(i)) {
       t = TokenType::kControl;
@@ -552,15 +553,10 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(const std::string& pa
       t = TokenType::kUnknown;
     } else if (hf->IsByteToken(i)) {
       t = TokenType::kByte;
-    } else if (impl->tokens[i].empty()) {
+    } else if (hf->token_text(i).empty()) {
       t = TokenType::kUnused;  // an id no token has
     }
   }
-  for (int32_t i = 0; i < n; ++i) {
-    if (!impl->tokens[i].empty()) impl->token_to_id.emplace(impl->tokens[i], i);
-  }
-  for (const HfAddedToken& t : hf->added_tokens()) impl->token_to_id[t.content] = t.id;
-  impl->scores.assign(n, 0.0f);
   impl->unk = hf->unk_id();
   const std::vector<int32_t>& prefix = hf->prefix_special_ids();
   impl->bos = prefix.size() == 1 ? prefix[0] : -1;
@@ -583,7 +579,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(const std::string& pa
                               Special{"pad_token", &impl->pad}, Special{"unk_token", &impl->unk}}) {
       ASSIGN_OR_RETURN(std::optional<std::string> tok, ConfigToken(cfg, sp.key, what));
       if (!tok) continue;
-      const int32_t id = impl->Find(*tok);
+      const int32_t id = hf->TokenId(*tok);
       if (id < 0) {
         return InvalidArgument(what + ": " + sp.key + " = " + Quote(*tok) +
                                " is not a token of " + path);
@@ -657,10 +653,14 @@ TokenType Tokenizer::token_type(int32_t id) const {
 const std::string& Tokenizer::token_text(int32_t id) const {
   STRATA_CHECK_MSG(id >= 0 && id < vocab_size_, "token id %d out of range [0, %d)", id,
                    vocab_size_);
+  if (kind_ == Kind::kTokenizerJson) return impl_->hf->token_text(id);
   return impl_->tokens[id];
 }
 
-int32_t Tokenizer::TokenId(const std::string& text) const { return impl_->Find(text); }
+int32_t Tokenizer::TokenId(const std::string& text) const {
+  if (kind_ == Kind::kTokenizerJson) return impl_->hf->TokenId(text);
+  return impl_->Find(text);
+}
 
 Status Tokenizer::CheckId(int32_t id) const {
   if (id < 0 || id >= vocab_size()) {

@@ -9,7 +9,8 @@
 //   byte-level BPE and the ByteLevel decoder. An unknown `pre` is an error at load. Control (and
 //   unknown) tokens are special added tokens, user-defined tokens non-special ones; added tokens
 //   are matched leftmost-longest (HF's AddedVocabulary; llama.cpp tries them longest first).
-// - Invalid UTF-8 never throws: stray bytes become one-byte pieces and still round-trip.
+// - Invalid UTF-8 never throws: stray bytes become one-byte pieces and still round-trip
+//   ("llama" and "gpt2"; a tokenizer.json reads each bad sequence as U+FFFD, as HF is given it).
 // - Decode drops the leading space added by add_space_prefix even when a BOS precedes the text
 //   (llama.cpp keeps it in that case), so Decode(Encode(x)) == x. Clean-up of spaces before
 //   punctuation (clean_up_tokenization_spaces) is not done, for the same reason.

@@ -448,6 +448,44 @@ TEST(TokenizerGpt2, HandWrittenMerges) {
   EXPECT_EQ(std::count(plain.begin(), plain.end(), 256), 0);
 }
 
+// The pre-tokenizer follows tokenizer.ggml.pre: Llama 3's regex ("llama-bpe") splits digit runs in
+// threes and keeps a non-letter before a word; GPT-2's keeps digit runs whole.
+TEST(TokenizerGpt2, PreTypeSelectsTheRegexes) {
+  TokenizerData gpt2 = Gpt2Base();
+  TokenizerData llama3 = Gpt2Base();
+  llama3.pre = "llama-bpe";
+  auto a = MustBuild(gpt2);
+  auto b = MustBuild(llama3);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  // Bytes only (no merges): the ids are the bytes either way; the pieces differ, which shows in
+  // a merge that may only apply within a piece.
+  TokenizerData g2 = gpt2, l3 = llama3;
+  AddMerge(&g2, "3", "4");
+  AddMerge(&l3, "3", "4");
+  auto a34 = MustBuild(g2);
+  auto b34 = MustBuild(l3);
+  ASSERT_NE(a34, nullptr);
+  ASSERT_NE(b34, nullptr);
+  const int32_t t34 = a34->TokenId("34");
+  // "1234": GPT-2 keeps one piece (1 2 34); Llama 3 cuts "123" | "4", so 3 and 4 never meet.
+  EXPECT_EQ(a34->Encode("1234", false), (std::vector<int32_t>{'1', '2', t34}));
+  EXPECT_EQ(b34->Encode("1234", false), (std::vector<int32_t>{'1', '2', '3', '4'}));
+  EXPECT_EQ(a->Encode("x 1", false), b->Encode("x 1", false));
+}
+
+TEST(TokenizerGpt2, UnknownPreTypeIsAnError) {
+  TokenizerData d = Gpt2Base();
+  d.pre = "no-such-pre";
+  auto t = Tokenizer::FromData(d);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("tokenizer.ggml.pre"), std::string::npos)
+      << t.status().ToString();
+  EXPECT_NE(t.status().message().find("no-such-pre"), std::string::npos) << t.status().ToString();
+  EXPECT_NE(t.status().message().find("llama-bpe"), std::string::npos)  // lists the names
+      << t.status().ToString();
+}
+
 TEST(TokenizerGpt2, AddBosWhenConfigured) {
   TokenizerData d = Gpt2Base();
   d.add_bos = true;
