@@ -318,6 +318,29 @@ TEST_P(GgufFromTokenizerJsonTest, InvalidUtf8AsLlamaCpp) {
               pre.c_str(), same, n);
 }
 
+// BOS from the converted GGUF as llama.cpp adds it by default (llama-tokenize without --no-bos
+// on "Hello world", v0.5.0): these tokenizer files carry no add_bos_token, and llama.cpp's
+// default for pre "llama-bpe" (also tekken, chameleon) is true; for the others false, unless the
+// post-processor or tokenizer_config.json says so (DeepSeek V3's add_bos_token: true).
+TEST_P(GgufFromTokenizerJsonTest, BosAsLlamaCpp) {
+  const auto& [name, vocab_size] = GetParam();
+  const std::map<std::string, std::vector<int32_t>> llama_cpp = {
+      {"llama3", {128000, 9906, 1917}},
+      {"qwen3", {9707, 1879}},
+      {"deepseek_v3", {0, 19923, 2058}}};
+  const auto it = llama_cpp.find(name);
+  if (it == llama_cpp.end()) GTEST_SKIP() << "not measured in llama.cpp";
+  const nlohmann::json ref = ReadJson(kRoot + "/testdata/tokenizer/ref_" + name + ".json");
+  const std::string path = TokenizerJsonOf(ref);
+  STRATA_SKIP_WITHOUT(path);
+  std::string pre;
+  std::unique_ptr<Tokenizer> gguf = ConvertedGguf(name, path, vocab_size, &pre);
+  ASSERT_NE(gguf, nullptr);
+  EXPECT_EQ(Ids(gguf->Encode("Hello world", /*with_bos=*/true, /*parse_special=*/true)),
+            Ids(it->second))
+      << name << " (pre=" << pre << ")";
+}
+
 // vocab_size as each model's config.json has it (Llama 3: 128256 = the tokens; Qwen3: 151936
 // and DeepSeek V3: 129280, both padded beyond the last token).
 INSTANTIATE_TEST_SUITE_P(All, GgufFromTokenizerJsonTest,
