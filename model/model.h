@@ -56,6 +56,34 @@ class Model {
   // One token at position cache->n_tokens(); logits: [n_vocab].
   Status Decode(int32_t token, KvCache* cache, ThreadPool* pool, float* logits);
 
+  // One decode step for B independent sequences: tokens[b] at position caches[b]->n_tokens() of
+  // sequence b, each cache with its own policy and position. Each weight matrix is read once for
+  // the whole batch (kernels/matmul.h MatVecBatch); attention runs per sequence through its own
+  // cache. Contract: every cache sees exactly the events a solo Decode(tokens[b], caches[b])
+  // gives it (one kDecode call: Append, ObserveQuery, Attend per layer), and logits[b] (rows of
+  // `logits`, [B, n_vocab]; may be null) equals that solo Decode's logits bit for bit, for every
+  // weight dtype, whatever the other sequences of the batch are.
+  struct DecodeBatchOptions {
+    // The context size (a server's -c): a sequence whose cache already holds ctx_limit tokens
+    // cannot take another (an error naming it). 0: no limit.
+    int64_t ctx_limit = 0;
+    // When non-null, resized to B and filled with each sequence's own status once the step ran
+    // (a policy failure of one sequence, e.g. an archive read error, fails that sequence's cache
+    // only: the other rows' logits are still exact and their caches advanced).
+    std::vector<Status>* row_status = nullptr;
+  };
+  // Errors: B < 1, a null or repeated cache, a cache built for another geometry (another model),
+  // a token outside the vocabulary, a sequence at ctx_limit, or a cache already failed or inside
+  // a call: InvalidArgument/FailedPrecondition naming the sequence index, returned before any
+  // cache sees an event. After the step: the first failed sequence's error (named by index);
+  // the others completed (see row_status).
+  Status DecodeBatch(const int32_t* tokens, int B, KvCache* const* caches, ThreadPool* pool,
+                     float* logits, const DecodeBatchOptions& options);
+  Status DecodeBatch(const int32_t* tokens, int B, KvCache* const* caches, ThreadPool* pool,
+                     float* logits) {
+    return DecodeBatch(tokens, B, caches, pool, logits, DecodeBatchOptions());
+  }
+
  protected:
   Model(std::unique_ptr<GgufFile> file, ModelConfig config);
   // Runs tokens at positions [cache->n_tokens(), +n) as one cache call (kv/policy.h): appends
