@@ -195,6 +195,94 @@ void MatVecRangeImpl(const TensorView& w, const float* x, float* y, int64_t r0, 
   }
 }
 
+// The dot products of one weight row with T token vectors in DotOne's summation order, each
+// token with its own kAcc accumulators (the same fma sequence on the same values, so each result
+// equals DotOne(w, x[t]) bit for bit); each weight vector is loaded and converted once for the T
+// tokens. T = 4 on AVX-512: 16 accumulators + the weight and x vectors fit its 32 registers.
+template <class L, int T, bool kPrefetch>
+HWY_INLINE void DotTokens(const uint8_t* w, const float* const* x, int64_t k, float* out) {
+  const DF df;
+  const L load;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  VF acc[T][kAcc];
+  for (int t = 0; t < T; ++t)
+    for (int a = 0; a < kAcc; ++a) acc[t][a] = hn::Zero(df);
+  int64_t c = 0;
+  for (; c + kAcc * n <= k; c += kAcc * n) {
+    if constexpr (kPrefetch) {
+      for (int64_t b = 0; b < kAcc * n * L::kBytes; b += 64) {
+        hwy::Prefetch(w + c * L::kBytes + kPrefetchBytes + b);
+      }
+    }
+    for (int a = 0; a < kAcc; ++a) {
+      const VF wv = load(df, w, c + a * n);
+      for (int t = 0; t < T; ++t) {
+        acc[t][a] = hn::MulAdd(wv, hn::LoadU(df, x[t] + c + a * n), acc[t][a]);
+      }
+    }
+  }
+  const int64_t rem = (k - c) / n;
+  for (int a = 0; a < kAcc; ++a) {
+    if (a < rem) {
+      const VF wv = load(df, w, c + a * n);
+      for (int t = 0; t < T; ++t) {
+        acc[t][a] = hn::MulAdd(wv, hn::LoadU(df, x[t] + c + a * n), acc[t][a]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) out[t] = Finish<L>(df, SumAcc(acc[t]), w, x[t], c + rem * n, k);
+}
+
+// Tokens per DotTokens tile (see there); 16-register targets run one token at a time, the row
+// re-read from L1 for each.
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kBatchTile = 4;
+#else
+constexpr int kBatchTile = 1;
+#endif
+
+// MatVecBatch rows [r0, r1) for float weights: each row streamed once (with MatVec's software
+// prefetch on its first tile of tokens), then reused from L1 for the remaining tiles.
+template <class L>
+void MatVecBatchRows(const TensorView& w, const float* x, int64_t nb, int64_t x_stride, float* y,
+                     int64_t y_stride, int64_t r0, int64_t r1) {
+  const int64_t k = w.cols();
+  const int64_t rb = w.row_bytes();
+  const uint8_t* row = w.row(r0);
+  for (int64_t r = r0; r < r1; ++r, row += rb) {
+    for (int64_t t0 = 0; t0 < nb; t0 += kBatchTile) {
+      const int nt = static_cast<int>(std::min<int64_t>(kBatchTile, nb - t0));
+      const float* xs[kBatchTile];
+      float out[kBatchTile];
+      for (int t = 0; t < nt; ++t) xs[t] = x + (t0 + t) * x_stride;
+      if (nt == kBatchTile) {
+        if (t0 == 0) {
+          DotTokens<L, kBatchTile, true>(row, xs, k, out);
+        } else {
+          DotTokens<L, kBatchTile, false>(row, xs, k, out);
+        }
+      } else {
+        for (int t = 0; t < nt; ++t) DotTokens<L, 1, false>(row, xs + t, k, out + t);
+      }
+      for (int t = 0; t < nt; ++t) y[(t0 + t) * y_stride + r] = out[t];
+    }
+  }
+}
+
+void MatVecBatchRangeImpl(const TensorView& w, const float* x, int64_t nb, int64_t x_stride,
+                          float* y, int64_t y_stride, int64_t r0, int64_t r1) {
+  switch (w.dtype) {
+    case DType::kF32:
+      return MatVecBatchRows<LoadF32>(w, x, nb, x_stride, y, y_stride, r0, r1);
+    case DType::kF16:
+      return MatVecBatchRows<LoadF16>(w, x, nb, x_stride, y, y_stride, r0, r1);
+    case DType::kBF16:
+      return MatVecBatchRows<LoadBF16>(w, x, nb, x_stride, y, y_stride, r0, r1);
+    default:
+      STRATA_CHECK_MSG(false, "MatVecBatch: unsupported weight dtype %d", int(w.dtype));
+  }
+}
+
 float DotRowImpl(DType t, const void* row, const float* x, int64_t n) {
   const uint8_t* w = static_cast<const uint8_t*>(row);
   switch (t) {
@@ -414,6 +502,7 @@ namespace strata {
 HWY_EXPORT(MatVecRangeImpl);
 HWY_EXPORT(MatMulImpl);
 HWY_EXPORT(DotRowImpl);
+HWY_EXPORT(MatVecBatchRangeImpl);
 
 namespace {
 constexpr int64_t kRowGrain = 16;
@@ -421,10 +510,11 @@ constexpr int64_t kRowGrain = 16;
 // The calling thread's quantized activations: slot 0 for the 32-element activation blocks, 1 for
 // the 256-element ones (MatVecMany may mix both, e.g. Q4_K and Q6_K in a Q4_K_M layer). The pool
 // workers read the caller's buffer while the caller waits in ParallelForGrain.
-uint8_t* ActBuffer(DType t, int64_t k) {
+// `n` vectors of k elements (MatVecBatch) are ActivationBytes(t, k) apart.
+uint8_t* ActBuffer(DType t, int64_t k, int64_t n = 1) {
   thread_local AlignedBuffer<uint8_t> buf[2];
   AlignedBuffer<uint8_t>& b = buf[ActivationBlockElems(t) == 256 ? 1 : 0];
-  const int64_t bytes = ActivationBytes(t, k);
+  const int64_t bytes = ActivationBytes(t, k) * n;
   if (b.size() < static_cast<size_t>(bytes)) b.Resize(bytes);
   return b.data();
 }
@@ -507,6 +597,104 @@ void MatVecMany(const MatVecJob* jobs, int n_jobs, const float* x, ThreadPool* p
     return;
   }
   pool->ParallelForGrain(total, kRowGrain, [&](int64_t b, int64_t e, int) { run(b, e); });
+}
+
+namespace {
+// The B activation vectors of X quantized for weight type t, ActivationBytes(t, k) apart, in the
+// calling thread's buffer (the pool workers read it while the caller waits).
+uint8_t* QuantizeBatch(DType t, const float* x, int64_t nb, int64_t x_stride, int64_t k) {
+  const int64_t ab = ActivationBytes(t, k);
+  uint8_t* act = ActBuffer(t, k, nb);
+  for (int64_t b = 0; b < nb; ++b) QuantizeActivations(t, x + b * x_stride, k, act + b * ab);
+  return act;
+}
+
+// Rows [r0, r1) of one batched product (act: QuantizeBatch's vectors for a quantized w).
+void BatchRows(const TensorView& w, const float* x, const uint8_t* act, int64_t nb,
+               int64_t x_stride, float* y, int64_t y_stride, int64_t r0, int64_t r1) {
+  if (r1 <= r0) return;
+  if (IsQuantized(w.dtype)) {
+    // Each row is reused from L1 for up to 64 tokens (quant_dot.cc), so for B <= 64 every row is
+    // streamed from memory once.
+    QuantMatMulRows(w, act, ActivationBytes(w.dtype, w.cols()), nb, y, y_stride, r0, r1);
+  } else {
+    HWY_DYNAMIC_DISPATCH(MatVecBatchRangeImpl)(w, x, nb, x_stride, y, y_stride, r0, r1);
+  }
+}
+
+void CheckBatch(const TensorView& w, int64_t nb, int64_t x_stride, int64_t y_stride) {
+  CheckWeight(w);
+  STRATA_CHECK_MSG(nb >= 1, "MatVecBatch: batch of %lld", (long long)nb);
+  STRATA_CHECK_MSG(nb == 1 || (x_stride >= w.cols() && y_stride >= w.rows()),
+                   "MatVecBatch: strides %lld/%lld for a [%lld, %lld] weight", (long long)x_stride,
+                   (long long)y_stride, (long long)w.rows(), (long long)w.cols());
+}
+}  // namespace
+
+void MatVecBatch(const TensorView& w, const float* x, int64_t nb, int64_t x_stride, float* y,
+                 int64_t y_stride, ThreadPool* pool) {
+  CheckBatch(w, nb, x_stride, y_stride);
+  if (nb == 1) {
+    MatVec(w, x, y, pool);
+    return;
+  }
+  const uint8_t* act =
+      IsQuantized(w.dtype) ? QuantizeBatch(w.dtype, x, nb, x_stride, w.cols()) : nullptr;
+  const int64_t rows = w.rows();
+  if (pool == nullptr || pool->size() == 1 || rows < 2 * kRowGrain) {
+    BatchRows(w, x, act, nb, x_stride, y, y_stride, 0, rows);
+    return;
+  }
+  pool->ParallelForGrain(rows, kRowGrain, [&](int64_t b, int64_t e, int) {
+    BatchRows(w, x, act, nb, x_stride, y, y_stride, b, e);
+  });
+}
+
+void MatVecBatchMany(const MatVecBatchJob* jobs, int n_jobs, const float* x, int64_t nb,
+                     int64_t x_stride, ThreadPool* pool) {
+  if (nb == 1) {
+    std::vector<MatVecJob> one(n_jobs);
+    for (int j = 0; j < n_jobs; ++j) one[j] = {jobs[j].w, jobs[j].y};
+    MatVecMany(one.data(), n_jobs, x, pool);
+    return;
+  }
+  int64_t total = 0;
+  for (int j = 0; j < n_jobs; ++j) {
+    CheckBatch(jobs[j].w, nb, x_stride, jobs[j].y_stride);
+    STRATA_CHECK_MSG(jobs[j].w.cols() == jobs[0].w.cols(), "MatVecBatchMany: cols %lld vs %lld",
+                     (long long)jobs[j].w.cols(), (long long)jobs[0].w.cols());
+    total += jobs[j].w.rows();
+  }
+  // X quantized once per activation block size the quantized jobs need (at most two).
+  const uint8_t* act[2] = {nullptr, nullptr};
+  for (int j = 0; j < n_jobs; ++j) {
+    const DType t = jobs[j].w.dtype;
+    if (!IsQuantized(t)) continue;
+    const uint8_t*& a = act[ActivationBlockElems(t) == 256 ? 1 : 0];
+    if (a == nullptr) a = QuantizeBatch(t, x, nb, x_stride, jobs[0].w.cols());
+  }
+  auto run = [&](int64_t b, int64_t e) {
+    int64_t off = 0;
+    for (int j = 0; j < n_jobs && off < e; ++j) {
+      const MatVecBatchJob& job = jobs[j];
+      const int64_t rows = job.w.rows();
+      const int64_t lo = std::max(b, off), hi = std::min(e, off + rows);
+      const uint8_t* a =
+          IsQuantized(job.w.dtype) ? act[ActivationBlockElems(job.w.dtype) == 256 ? 1 : 0] : nullptr;
+      BatchRows(job.w, x, a, nb, x_stride, job.y, job.y_stride, lo - off, hi - off);
+      off += rows;
+    }
+  };
+  if (pool == nullptr || pool->size() == 1 || total < 2 * kRowGrain) {
+    run(0, total);
+    return;
+  }
+  pool->ParallelForGrain(total, kRowGrain, [&](int64_t b, int64_t e, int) { run(b, e); });
+}
+
+void MatVecBatchRef(const TensorView& w, const float* x, int64_t nb, int64_t x_stride, float* y,
+                    int64_t y_stride) {
+  for (int64_t b = 0; b < nb; ++b) MatVec(w, x + b * x_stride, y + b * y_stride, nullptr);
 }
 
 void MatMul(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
