@@ -44,6 +44,16 @@
 //       (the int8 path re-unpacks each weight row per token; a register-tiled int8 GEMM that
 //       unpacks once for several tokens is the next step), so MatMul == MatVec bit for bit now
 //       holds for F32/F16/BF16 and for n = 1; MatMulInt8 == MatVec for every dtype.
+//   v5  MatVecBatch (issue 16: one decode step for B sequences, each weight row streamed from
+//       memory once per step, each (row, sequence) equal to MatVec bit for bit). Float weights:
+//       DotTokens (one row, T = 4 tokens, each token DotOne's kAcc accumulators, the weight
+//       vector converted once for the 4) vs the MatMul tiles over class-major rows and tokens.
+//       1 thread, GFLOP/s, best of 7 interleaved passes, host loaded (load average 4-6 on 2
+//       cores), DotTokens / tiles: F16 768x768 B=2 63/44, B=4 78/80, B=8 123/110, B=16 95/133,
+//       B=64 72/162; F16 3072x768 B=4 116/79, B=8 116/106, B=16 60/108, B=64 55/112; F16
+//       768x3072 B=4 94/72, B=8 68/95, B=16 71/109; F32 and BF16 alike (BF16 768x768 B=64
+//       54/158). DotTokens below B = 8, the tiles from 8 on. Quantized weights: the int8 path of
+//       QuantMatMulRows (each row reused from L1 for up to 64 tokens), as MatVec's arithmetic.
 #include "kernels/matmul.h"
 
 #include <algorithm>
@@ -492,6 +502,18 @@ void MatMulImpl(const TensorView& w, const float* x, int64_t n_tok, int64_t x_st
   });
 }
 
+// MatVecBatch for float weights through the prefill GEMM's tiles (equal to MatVec bit for bit
+// for F32/F16/BF16): nb token vectors put in class-major order once, then rows [r0, r1).
+void ClassMajorTokensImpl(const float* x, int64_t nb, int64_t x_stride, int64_t k, float* xc) {
+  for (int64_t t = 0; t < nb; ++t) {
+    ToClassMajorT<LoadF32>(reinterpret_cast<const uint8_t*>(x + t * x_stride), k, xc + t * k);
+  }
+}
+void MatMulRowsImpl(const TensorView& w, const float* xc, int64_t nb, float* y, int64_t y_stride,
+                    int64_t r0, int64_t r1) {
+  MatMulRows(w, xc, nb, y, y_stride, r0, r1);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace strata
 HWY_AFTER_NAMESPACE();
@@ -503,6 +525,8 @@ HWY_EXPORT(MatVecRangeImpl);
 HWY_EXPORT(MatMulImpl);
 HWY_EXPORT(DotRowImpl);
 HWY_EXPORT(MatVecBatchRangeImpl);
+HWY_EXPORT(ClassMajorTokensImpl);
+HWY_EXPORT(MatMulRowsImpl);
 
 namespace {
 constexpr int64_t kRowGrain = 16;
@@ -609,11 +633,20 @@ uint8_t* QuantizeBatch(DType t, const float* x, int64_t nb, int64_t x_stride, in
   return act;
 }
 
-// Rows [r0, r1) of one batched product (act: QuantizeBatch's vectors for a quantized w).
-void BatchRows(const TensorView& w, const float* x, const uint8_t* act, int64_t nb,
+// Float weights: from this batch size on, MatVecBatch runs the prefill GEMM's 4 x 4 register
+// tiles over class-major rows (MatMulRows, equal to MatVec bit for bit) instead of DotTokens (one
+// row, 4 tokens, kAcc accumulators each): measured (v5 in the version log) DotTokens faster at
+// B <= 4 (no conversion pass), the tiles from B = 8 to 16 on (DotTokens' B token vectors leave L1).
+constexpr int64_t kTileMinBatch = 8;
+
+// Rows [r0, r1) of one batched product (act: QuantizeBatch's vectors for a quantized w; xc: the
+// class-major tokens for the float tiles, null for DotTokens).
+void BatchRows(const TensorView& w, const float* x, const uint8_t* act, const float* xc, int64_t nb,
                int64_t x_stride, float* y, int64_t y_stride, int64_t r0, int64_t r1) {
   if (r1 <= r0) return;
-  if (IsQuantized(w.dtype)) {
+  if (xc != nullptr) {
+    HWY_DYNAMIC_DISPATCH(MatMulRowsImpl)(w, xc, nb, y, y_stride, r0, r1);
+  } else if (IsQuantized(w.dtype)) {
     // Each row is reused from L1 for up to 64 tokens (quant_dot.cc), so for B <= 64 every row is
     // streamed from memory once.
     QuantMatMulRows(w, act, ActivationBytes(w.dtype, w.cols()), nb, y, y_stride, r0, r1);
@@ -640,13 +673,20 @@ void MatVecBatch(const TensorView& w, const float* x, int64_t nb, int64_t x_stri
   }
   const uint8_t* act =
       IsQuantized(w.dtype) ? QuantizeBatch(w.dtype, x, nb, x_stride, w.cols()) : nullptr;
+  AlignedBuffer<float> xc;
+  const bool tiles = !IsQuantized(w.dtype) && nb >= kTileMinBatch;
+  if (tiles) {
+    xc.Resize(nb * w.cols());
+    HWY_DYNAMIC_DISPATCH(ClassMajorTokensImpl)(x, nb, x_stride, w.cols(), xc.data());
+  }
+  const float* xcp = tiles ? xc.data() : nullptr;
   const int64_t rows = w.rows();
   if (pool == nullptr || pool->size() == 1 || rows < 2 * kRowGrain) {
-    BatchRows(w, x, act, nb, x_stride, y, y_stride, 0, rows);
+    BatchRows(w, x, act, xcp, nb, x_stride, y, y_stride, 0, rows);
     return;
   }
   pool->ParallelForGrain(rows, kRowGrain, [&](int64_t b, int64_t e, int) {
-    BatchRows(w, x, act, nb, x_stride, y, y_stride, b, e);
+    BatchRows(w, x, act, xcp, nb, x_stride, y, y_stride, b, e);
   });
 }
 
@@ -673,6 +713,13 @@ void MatVecBatchMany(const MatVecBatchJob* jobs, int n_jobs, const float* x, int
     const uint8_t*& a = act[ActivationBlockElems(t) == 256 ? 1 : 0];
     if (a == nullptr) a = QuantizeBatch(t, x, nb, x_stride, jobs[0].w.cols());
   }
+  AlignedBuffer<float> xc;
+  for (int j = 0; j < n_jobs && nb >= kTileMinBatch; ++j) {
+    if (IsQuantized(jobs[j].w.dtype)) continue;
+    xc.Resize(nb * jobs[0].w.cols());
+    HWY_DYNAMIC_DISPATCH(ClassMajorTokensImpl)(x, nb, x_stride, jobs[0].w.cols(), xc.data());
+    break;
+  }
   auto run = [&](int64_t b, int64_t e) {
     int64_t off = 0;
     for (int j = 0; j < n_jobs && off < e; ++j) {
@@ -681,7 +728,8 @@ void MatVecBatchMany(const MatVecBatchJob* jobs, int n_jobs, const float* x, int
       const int64_t lo = std::max(b, off), hi = std::min(e, off + rows);
       const uint8_t* a =
           IsQuantized(job.w.dtype) ? act[ActivationBlockElems(job.w.dtype) == 256 ? 1 : 0] : nullptr;
-      BatchRows(job.w, x, a, nb, x_stride, job.y, job.y_stride, lo - off, hi - off);
+      const float* c = IsQuantized(job.w.dtype) || xc.size() == 0 ? nullptr : xc.data();
+      BatchRows(job.w, x, a, c, nb, x_stride, job.y, job.y_stride, lo - off, hi - off);
       off += rows;
     }
   };

@@ -1,6 +1,7 @@
 // MatVecBatch / MatVecBatchMany (decode over a batch of sequences): bit-identical to MatVec per
 // sequence for every weight dtype, every SIMD target, batch sizes around the kernels' token tiles
-// (4 floats, 64 quantized), odd shapes, padded strides, with and without a pool.
+// (float: DotTokens' 4 below 8, the GEMM tiles from 8; quantized: 64), odd shapes, padded
+// strides, with and without a pool.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -77,7 +78,7 @@ TEST(MatVecBatchTest, EqualsMatVecBitForBitEveryDtype) {
       for (int64_t cols : ColsFor(t)) {
         for (int64_t rows : {1, 5, 37}) {
           const Matrix w = RandomMatrix(t, rows, cols, rng);
-          for (int64_t nb : {1, 2, 3, 7, 16, 65}) {
+          for (int64_t nb : {1, 2, 3, 7, 8, 16, 65}) {
             SCOPED_TRACE(testing::Message() << DTypeName(t) << " [" << rows << ", " << cols
                                             << "] B=" << nb);
             const int64_t xs = cols + static_cast<int64_t>(rng.Below(5));  // padded strides
