@@ -655,6 +655,16 @@ void BatchRows(const TensorView& w, const float* x, const uint8_t* act, const fl
   }
 }
 
+// The nb token vectors in class-major order for the float tiles, in the calling thread's buffer
+// (reused across calls: a fresh allocation of this size per product costs page faults; the pool
+// workers read it while the caller waits).
+const float* ClassMajorTokens(const float* x, int64_t nb, int64_t x_stride, int64_t k) {
+  thread_local AlignedBuffer<float> buf;
+  if (buf.size() < static_cast<size_t>(nb * k)) buf.Resize(nb * k);
+  HWY_DYNAMIC_DISPATCH(ClassMajorTokensImpl)(x, nb, x_stride, k, buf.data());
+  return buf.data();
+}
+
 void CheckBatch(const TensorView& w, int64_t nb, int64_t x_stride, int64_t y_stride) {
   CheckWeight(w);
   STRATA_CHECK_MSG(nb >= 1, "MatVecBatch: batch of %lld", (long long)nb);
@@ -673,13 +683,8 @@ void MatVecBatch(const TensorView& w, const float* x, int64_t nb, int64_t x_stri
   }
   const uint8_t* act =
       IsQuantized(w.dtype) ? QuantizeBatch(w.dtype, x, nb, x_stride, w.cols()) : nullptr;
-  AlignedBuffer<float> xc;
   const bool tiles = !IsQuantized(w.dtype) && nb >= kTileMinBatch;
-  if (tiles) {
-    xc.Resize(nb * w.cols());
-    HWY_DYNAMIC_DISPATCH(ClassMajorTokensImpl)(x, nb, x_stride, w.cols(), xc.data());
-  }
-  const float* xcp = tiles ? xc.data() : nullptr;
+  const float* xcp = tiles ? ClassMajorTokens(x, nb, x_stride, w.cols()) : nullptr;
   const int64_t rows = w.rows();
   if (pool == nullptr || pool->size() == 1 || rows < 2 * kRowGrain) {
     BatchRows(w, x, act, xcp, nb, x_stride, y, y_stride, 0, rows);
@@ -713,12 +718,9 @@ void MatVecBatchMany(const MatVecBatchJob* jobs, int n_jobs, const float* x, int
     const uint8_t*& a = act[ActivationBlockElems(t) == 256 ? 1 : 0];
     if (a == nullptr) a = QuantizeBatch(t, x, nb, x_stride, jobs[0].w.cols());
   }
-  AlignedBuffer<float> xc;
-  for (int j = 0; j < n_jobs && nb >= kTileMinBatch; ++j) {
-    if (IsQuantized(jobs[j].w.dtype)) continue;
-    xc.Resize(nb * jobs[0].w.cols());
-    HWY_DYNAMIC_DISPATCH(ClassMajorTokensImpl)(x, nb, x_stride, jobs[0].w.cols(), xc.data());
-    break;
+  const float* xc = nullptr;
+  for (int j = 0; j < n_jobs && nb >= kTileMinBatch && xc == nullptr; ++j) {
+    if (!IsQuantized(jobs[j].w.dtype)) xc = ClassMajorTokens(x, nb, x_stride, jobs[0].w.cols());
   }
   auto run = [&](int64_t b, int64_t e) {
     int64_t off = 0;
@@ -728,7 +730,7 @@ void MatVecBatchMany(const MatVecBatchJob* jobs, int n_jobs, const float* x, int
       const int64_t lo = std::max(b, off), hi = std::min(e, off + rows);
       const uint8_t* a =
           IsQuantized(job.w.dtype) ? act[ActivationBlockElems(job.w.dtype) == 256 ? 1 : 0] : nullptr;
-      const float* c = IsQuantized(job.w.dtype) || xc.size() == 0 ? nullptr : xc.data();
+      const float* c = IsQuantized(job.w.dtype) ? nullptr : xc;
       BatchRows(job.w, x, a, c, nb, x_stride, job.y, job.y_stride, lo - off, hi - off);
       off += rows;
     }
