@@ -320,6 +320,9 @@ TEST(DecodeBatchTest, BadBatchesAreClearErrorsAndTouchNoCache) {
   limit.ctx_limit = 5;  // a holds 5 tokens: at its limit; b (3) is not
   expect(m->DecodeBatch(toks, 2, ab, nullptr, logits.data(), limit), StatusCode::kOutOfRange,
          "sequence 0: the cache holds 5 tokens, the context limit is 5");
+  limit.ctx_limit = -1;
+  expect(m->DecodeBatch(toks, 2, ab, nullptr, logits.data(), limit), StatusCode::kInvalidArgument,
+         "context limit -1");
   // A cache inside another call.
   ASSERT_TRUE(b->BeginCall(0, CallKind::kDecode).ok());
   {

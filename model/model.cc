@@ -285,6 +285,10 @@ Status Model::DecodeBatch(const int32_t* tokens, int B, KvCache* const* caches, 
                           float* logits, const DecodeBatchOptions& options) {
   // Every check before the first event, so a refused batch leaves every cache as it was.
   if (B < 1) return InvalidArgument("DecodeBatch of " + std::to_string(B) + " sequences");
+  if (options.ctx_limit < 0) {
+    return InvalidArgument("DecodeBatch: context limit " + std::to_string(options.ctx_limit) +
+                           " (0: none)");
+  }
   if (tokens == nullptr || caches == nullptr) {
     return InvalidArgument("DecodeBatch: null tokens or caches array");
   }
