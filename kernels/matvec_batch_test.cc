@@ -73,7 +73,7 @@ TEST(MatVecBatchTest, EqualsMatVecBitForBitEveryDtype) {
   SCOPED_TRACE(testing::Message() << "seed " << seed);
   Rng rng(seed);
   ThreadPool pool(2);
-  ForEachSimdTarget([&] {
+  ForEachQuantTarget([&] {
     for (DType t : AllTypes()) {
       for (int64_t cols : ColsFor(t)) {
         for (int64_t rows : {1, 5, 37}) {
@@ -113,7 +113,7 @@ TEST(MatVecBatchTest, ManyEqualsMatVecPerJob) {
   Rng rng(seed);
   ThreadPool pool(2);
   const int64_t cols = 512;
-  ForEachSimdTarget([&] {
+  ForEachQuantTarget([&] {
     const DType types[] = {DType::kQ4_K, DType::kQ6_K, DType::kQ8_0, DType::kF16, DType::kBF16};
     std::vector<Matrix> ws;
     for (DType t : types) ws.push_back(RandomMatrix(t, 20 + rng.Below(30), cols, rng));
