@@ -1,11 +1,14 @@
 // `strata bench decode`: decode tokens/s at several context lengths and thread counts, against the
-// memory-bandwidth floor measured in the same process.
+// memory-bandwidth floor measured in the same process; with --batch, the aggregate tokens/s of B
+// sequences decoded together (Model::DecodeBatch: the weights read once per step for all B).
 //
 // Floor: a decode step must read every decode weight byte and every KV byte the policy touches, so
 // tokens/s <= bandwidth / (decode_weight_bytes + KV bytes read per token). The KV cache is filled
 // with synthetic rows (random values, appended straight into the cache) rather than by a prefill:
 // decode cost depends on how many rows are read, not on what they hold, and a 16k prefill on a
 // small machine would take far longer than the measurement.
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <fstream>
@@ -84,6 +87,162 @@ int64_t LargestCpuCacheBytes() {
   return best;
 }
 
+// --batch: for each thread count, ctx and batch size B, B fresh full caches filled to ctx, then
+// timed DecodeBatch steps (one token for each of the B sequences per step). Aggregate tok/s =
+// B * steps / s; "x B=1" is its ratio to the B = 1 row of the same ctx and threads; the floor is
+// the memory-bound rate with the weights read once per step: B * bw / (weights + B * KV/token).
+int RunBatchMode(const BenchDecodeOptions& o, Model& m, const std::string& path,
+                 const std::vector<int64_t>& ctxs, const std::vector<int64_t>& threads,
+                 std::ostream& out, std::ostream& err) {
+  auto fail = [&](const std::string& msg) {
+    err << "error: " << msg << "\n";
+    return kExitUsage;
+  };
+  auto batch_or = ParseIntList("--batch", o.batch);
+  if (!batch_or.ok()) return fail(batch_or.status().message());
+  std::vector<int64_t> batches = *batch_or;
+  for (int64_t b : batches) {
+    if (b < 1 || b > 4096) {
+      return fail("--batch values must be in [1, 4096], got " + std::to_string(b));
+    }
+  }
+  if (std::find(batches.begin(), batches.end(), 1) == batches.end()) {
+    err << "--batch: adding B = 1, the reference of the ratio\n";
+    batches.insert(batches.begin(), 1);
+  }
+  // The caches of the largest batch at the largest ctx must fit in memory: refuse up front
+  // rather than be killed mid-run.
+  {
+    auto probe = m.NewCache(std::make_unique<FullPolicy>());
+    if (!probe.ok()) return fail(probe.status().ToString());
+    const int64_t max_b = *std::max_element(batches.begin(), batches.end());
+    const int64_t max_ctx = *std::max_element(ctxs.begin(), ctxs.end());
+    const double need = static_cast<double>((*probe)->FullBytesPerToken()) *
+                        static_cast<double>(max_ctx + o.warmup + o.tokens) *
+                        static_cast<double>(max_b);
+    const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                        static_cast<double>(sysconf(_SC_PAGE_SIZE));
+    err << "KV caches: up to " << FormatBytes(need) << " (" << max_b << " sequences at ctx "
+        << max_ctx << ")\n";
+    if (phys > 0 && need > 0.75 * phys) {
+      return fail("--batch " + std::to_string(max_b) + " at --ctx " + std::to_string(max_ctx) +
+                  " needs " + FormatBytes(need) + " of KV cache, more than 3/4 of the " +
+                  FormatBytes(phys) + " of memory: lower --batch or --ctx");
+    }
+  }
+  const int64_t weight_bytes = m.decode_weight_bytes();
+  const int64_t n_vocab = m.config().n_vocab;
+  Rng token_rng(o.seed ^ 0x70c3e5ull);
+  Table t({"ctx", "threads", "batch", "steps/s", "aggregate tok/s", "x B=1", "floor tok/s",
+           "fraction", "weight MB/step", "KV MB read/step"});
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t n_threads : threads) {
+    ThreadPool pool(static_cast<int>(n_threads));
+    err << "[threads " << n_threads << "] measuring read bandwidth (" << o.bw_mib << " MiB)...\n"
+        << std::flush;
+    const auto bw_or = MeasureReadBandwidth(static_cast<size_t>(o.bw_mib) << 20, &pool);
+    if (!bw_or.ok()) {
+      return fail("--bw-mib " + std::to_string(o.bw_mib) + ": " + bw_or.status().ToString());
+    }
+    const double bw =
+        std::max(*bw_or, MeasureReadBandwidthOf(m.file().data(), m.file().file_size(), &pool));
+    for (int64_t ctx : ctxs) {
+      double single_tok_s = 0;
+      for (int64_t nb : batches) {
+        const int B = static_cast<int>(nb);
+        err << "[threads " << n_threads << ", ctx " << ctx << ", batch " << B
+            << "] filling the caches...\n"
+            << std::flush;
+        std::vector<std::unique_ptr<KvCache>> owned;
+        std::vector<KvCache*> caches;
+        for (int b = 0; b < B; ++b) {
+          auto c = m.NewCache(std::make_unique<FullPolicy>());
+          if (!c.ok()) return fail(c.status().ToString());
+          const uint64_t seed = o.seed + static_cast<uint64_t>(ctx) + 7919u * b;
+          if (Status st = FillCache(c->get(), ctx, seed, err); !st.ok()) {
+            return fail("filling the cache: " + st.ToString());
+          }
+          caches.push_back(c->get());
+          owned.push_back(std::move(c).value());
+        }
+        std::vector<float> logits(static_cast<size_t>(B) * n_vocab);
+        std::vector<int32_t> toks(B);
+        auto step = [&]() -> Status {
+          for (auto& tk : toks) tk = static_cast<int32_t>(token_rng.Below(n_vocab));
+          return m.DecodeBatch(toks.data(), B, caches.data(), &pool, logits.data());
+        };
+        for (int i = 0; i < o.warmup; ++i) {
+          if (Status st = step(); !st.ok()) return fail("decode: " + st.ToString());
+        }
+        err << "[threads " << n_threads << ", ctx " << ctx << ", batch " << B << "] timing "
+            << o.tokens << " steps...\n"
+            << std::flush;
+        int64_t read_before = 0;
+        for (KvCache* c : caches) read_before += c->counters().bytes_read_total;
+        const auto t0 = Clock::now();
+        for (int i = 0; i < o.tokens; ++i) {
+          if (Status st = step(); !st.ok()) return fail("decode: " + st.ToString());
+        }
+        const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+        int64_t read_after = 0;
+        for (KvCache* c : caches) read_after += c->counters().bytes_read_total;
+        const double kv_per_step = static_cast<double>(read_after - read_before) / o.tokens;
+        const double steps_s = secs > 0 ? o.tokens / secs : 0;
+        const double tok_s = steps_s * B;
+        if (B == 1) single_tok_s = tok_s;
+        const double ratio = single_tok_s > 0 ? tok_s / single_tok_s : 0;
+        const double floor_tok_s = B * bw / (static_cast<double>(weight_bytes) + kv_per_step);
+        const double fraction = floor_tok_s > 0 ? tok_s / floor_tok_s : 0;
+        t.AddRow({std::to_string(ctx), std::to_string(n_threads), std::to_string(B),
+                  FormatFixed(steps_s, 2), FormatFixed(tok_s, 1), FormatFixed(ratio, 2),
+                  FormatFixed(floor_tok_s, 1), FormatFixed(fraction, 3),
+                  FormatFixed(weight_bytes / 1e6, 2), FormatFixed(kv_per_step / 1e6, 3)});
+        rows.push_back({{"ctx", ctx},
+                        {"threads", n_threads},
+                        {"batch", B},
+                        {"steps", o.tokens},
+                        {"seconds", secs},
+                        {"steps_per_s", steps_s},
+                        {"tok_per_s", tok_s},
+                        {"ratio_to_batch_1", ratio},
+                        {"floor_tok_per_s", floor_tok_s},
+                        {"fraction", fraction},
+                        {"decode_weight_bytes", weight_bytes},
+                        {"kv_bytes_read_per_step", kv_per_step},
+                        {"read_bandwidth_bytes_per_s", bw}});
+      }
+    }
+  }
+  const GgufValue* ft = m.file().Find("general.file_type");
+  out << "decode batch, model " << path << " (" << ArchName(m.config().arch) << ", "
+      << (ft != nullptr && ft->IsInteger() ? FileTypeIdName(ft->AsInt())
+                                           : std::string("no file type"))
+      << "), " << o.tokens << " timed steps per row, full caches\n";
+  t.Print(out);
+  const std::vector<ColumnDoc> legend = {
+      {"ctx", "rows in each sequence's cache (synthetic) before the timed steps"},
+      {"threads", "threads of the decode step and of the bandwidth probe"},
+      {"batch", "sequences decoded together per step (Model::DecodeBatch), each its own cache"},
+      {"steps/s", "timed batch steps per second (one token for every sequence per step)"},
+      {"aggregate tok/s", "batch * steps/s: tokens per second over all sequences"},
+      {"x B=1", "aggregate tok/s / the batch-1 row's (same ctx, threads)"},
+      {"floor tok/s",
+       "batch * bandwidth / (weight MB/step + KV MB read/step): the memory-bound rate with the "
+       "weights read once per step (compute is not counted: large batches are compute-bound)"},
+      {"fraction", "aggregate tok/s / floor tok/s"},
+      {"weight MB/step", "weight bytes one decode token reads (MoE: the routed experts' share)"},
+      {"KV MB read/step", "KV bytes read per step over all sequences (the full caches)"},
+  };
+  PrintLegend(legend, out);
+  if (!o.json_path.empty()) {
+    nlohmann::json j = {{"model", path}, {"summary", m.config().Summary()}, {"results", rows}};
+    if (Status st = WriteTextFile(o.json_path, DumpJson(j)); !st.ok()) {
+      return fail("--json: " + st.ToString());
+    }
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 void AddBenchDecodeCommand(CLI::App* bench, BenchDecodeOptions* o) {
@@ -108,6 +267,9 @@ void AddBenchDecodeCommand(CLI::App* bench, BenchDecodeOptions* o) {
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the synthetic cache rows and tokens")
       ->capture_default_str();
+  cmd->add_option("--batch", o->batch,
+                  "Batch sizes (comma-separated, e.g. 1,4,16,64): aggregate tok/s of that many "
+                  "sequences decoded together, each at --ctx, and the ratio to batch 1");
   cmd->add_option("--json", o->json_path, "Also write the results as JSON to this file");
 }
 
@@ -159,6 +321,7 @@ int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream&
         << FormatFixed(f.file_size() / 1e6, 1) << " MB touched in "
         << FormatFixed(std::chrono::duration<double>(Clock::now() - t0).count(), 2) << " s\n";
   }
+  if (!o.batch.empty()) return RunBatchMode(o, m, path, *ctxs, *threads, out, err);
   const int64_t weight_bytes = m.decode_weight_bytes();
   // Bits per weight of the file's tensors (the floor counts the real bytes of every type).
   double bpw = 0;

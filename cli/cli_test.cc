@@ -437,6 +437,36 @@ TEST_F(CliTest, BenchDecodePrintsFractionOfTheFloor) {
   EXPECT_GE(j["results"][1]["kv_bytes_read_per_token"].get<double>(), 64.0 * 256);
 }
 
+// --batch (issue 16): aggregate tok/s of B sequences per DecodeBatch step and the ratio to B = 1
+// (added when not asked for), per ctx and thread count; bad batch sizes are usage errors.
+TEST_F(CliTest, BenchDecodeBatchReportsAggregateAndRatio) {
+  const std::string json = Path("bench_batch.json");
+  Result r = Strata({"bench", "decode", "-m", Path("tiny.gguf"), "--ctx", "0,32", "--threads",
+                     "2", "--tokens", "2", "--bw-mib", "8", "--batch", "3,5", "--json", json});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("aggregate tok/s"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("x B=1"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("adding B = 1"), std::string::npos) << r.err;
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  ASSERT_EQ(j["results"].size(), 6u);  // 2 ctx x batches 1, 3, 5
+  for (const auto& row : j["results"]) {
+    EXPECT_GT(row["tok_per_s"].get<double>(), 0);
+    EXPECT_NEAR(row["tok_per_s"].get<double>(),
+                row["steps_per_s"].get<double>() * row["batch"].get<int>(), 1e-6);
+  }
+  EXPECT_EQ(j["results"][0]["batch"], 1);
+  EXPECT_DOUBLE_EQ(j["results"][0]["ratio_to_batch_1"].get<double>(), 1.0);
+  // Every sequence's full cache is read: at ctx 32, 5 sequences read more than 5x one.
+  EXPECT_GT(j["results"][5]["kv_bytes_read_per_step"].get<double>(),
+            4.9 * j["results"][3]["kv_bytes_read_per_step"].get<double>());
+  for (const char* bad : {"0", "1,-4", "x"}) {
+    Result e = Strata({"bench", "decode", "-m", Path("tiny.gguf"), "--ctx", "0", "--batch", bad});
+    EXPECT_EQ(e.code, 2) << bad;
+    EXPECT_NE(e.err.find("--batch"), std::string::npos) << e.err;
+  }
+}
+
 TEST_F(CliTest, DefaultModelIsGeneratedOnceAndReused) {
   const std::string cache = Path("cache");
   std::ostringstream e1, e2;

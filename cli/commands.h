@@ -77,6 +77,9 @@ struct BenchDecodeOptions {
   int64_t bw_mib = 512;  // bandwidth probe buffer
   uint64_t seed = 1;
   bool no_mmap = false;  // read the model into huge-page memory instead of mapping it
+  // Non-empty: batch sizes (comma-separated): aggregate tok/s of B sequences decoded together
+  // (Model::DecodeBatch), each at ctx, and the ratio to B = 1.
+  std::string batch;
   std::string json_path;
   std::string models_dir;
   std::string cache_dir;

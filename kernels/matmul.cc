@@ -44,6 +44,19 @@
 //       (the int8 path re-unpacks each weight row per token; a register-tiled int8 GEMM that
 //       unpacks once for several tokens is the next step), so MatMul == MatVec bit for bit now
 //       holds for F32/F16/BF16 and for n = 1; MatMulInt8 == MatVec for every dtype.
+//   v5  MatVecBatch (issue 16: one decode step for B sequences, each weight row streamed from
+//       memory once per step, each (row, sequence) equal to MatVec bit for bit). Float weights:
+//       DotTokens (one row, T = 4 tokens, each token DotOne's kAcc accumulators, the weight
+//       vector converted once for the 4) vs the MatMul tiles over class-major rows and tokens.
+//       1 thread, GFLOP/s, best of 7 interleaved passes, host loaded (load average 4-6 on 2
+//       cores), DotTokens / tiles: F16 768x768 B=2 63/44, B=4 78/80, B=8 123/110, B=16 95/133,
+//       B=64 72/162; F16 3072x768 B=4 116/79, B=8 116/106, B=16 60/108, B=64 55/112; F16
+//       768x3072 B=4 94/72, B=8 68/95, B=16 71/109; F32 and BF16 alike (BF16 768x768 B=64
+//       54/158). DotTokens below B = 8, the tiles from 8 on. Quantized weights: the int8 path of
+//       QuantMatMulRows (each row reused from L1 for up to 64 tokens), as MatVec's arithmetic;
+//       for the 32-element formats it now unpacks each 8-block group of a row once for 4 tokens
+//       (Dot32Tokens). `bench decode --batch` on the 125M Q8_0 llama, ctx 512, 2 threads, loaded
+//       host: aggregate tok/s at B = 16 103-108 -> 158-184, B = 64 124-129 -> 176-267.
 #include "kernels/matmul.h"
 
 #include <algorithm>
@@ -192,6 +205,94 @@ void MatVecRangeImpl(const TensorView& w, const float* x, float* y, int64_t r0, 
     default:
       // Quantized weights take the integer kernels (kernels/quant_dot.h) before dispatch here.
       STRATA_CHECK_MSG(false, "MatVec: unsupported weight dtype %d", int(w.dtype));
+  }
+}
+
+// The dot products of one weight row with T token vectors in DotOne's summation order, each
+// token with its own kAcc accumulators (the same fma sequence on the same values, so each result
+// equals DotOne(w, x[t]) bit for bit); each weight vector is loaded and converted once for the T
+// tokens. T = 4 on AVX-512: 16 accumulators + the weight and x vectors fit its 32 registers.
+template <class L, int T, bool kPrefetch>
+HWY_INLINE void DotTokens(const uint8_t* w, const float* const* x, int64_t k, float* out) {
+  const DF df;
+  const L load;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(df));
+  VF acc[T][kAcc];
+  for (int t = 0; t < T; ++t)
+    for (int a = 0; a < kAcc; ++a) acc[t][a] = hn::Zero(df);
+  int64_t c = 0;
+  for (; c + kAcc * n <= k; c += kAcc * n) {
+    if constexpr (kPrefetch) {
+      for (int64_t b = 0; b < kAcc * n * L::kBytes; b += 64) {
+        hwy::Prefetch(w + c * L::kBytes + kPrefetchBytes + b);
+      }
+    }
+    for (int a = 0; a < kAcc; ++a) {
+      const VF wv = load(df, w, c + a * n);
+      for (int t = 0; t < T; ++t) {
+        acc[t][a] = hn::MulAdd(wv, hn::LoadU(df, x[t] + c + a * n), acc[t][a]);
+      }
+    }
+  }
+  const int64_t rem = (k - c) / n;
+  for (int a = 0; a < kAcc; ++a) {
+    if (a < rem) {
+      const VF wv = load(df, w, c + a * n);
+      for (int t = 0; t < T; ++t) {
+        acc[t][a] = hn::MulAdd(wv, hn::LoadU(df, x[t] + c + a * n), acc[t][a]);
+      }
+    }
+  }
+  for (int t = 0; t < T; ++t) out[t] = Finish<L>(df, SumAcc(acc[t]), w, x[t], c + rem * n, k);
+}
+
+// Tokens per DotTokens tile (see there); 16-register targets run one token at a time, the row
+// re-read from L1 for each.
+#if HWY_TARGET <= HWY_AVX3
+constexpr int kBatchTile = 4;
+#else
+constexpr int kBatchTile = 1;
+#endif
+
+// MatVecBatch rows [r0, r1) for float weights: each row streamed once (with MatVec's software
+// prefetch on its first tile of tokens), then reused from L1 for the remaining tiles.
+template <class L>
+void MatVecBatchRows(const TensorView& w, const float* x, int64_t nb, int64_t x_stride, float* y,
+                     int64_t y_stride, int64_t r0, int64_t r1) {
+  const int64_t k = w.cols();
+  const int64_t rb = w.row_bytes();
+  const uint8_t* row = w.row(r0);
+  for (int64_t r = r0; r < r1; ++r, row += rb) {
+    for (int64_t t0 = 0; t0 < nb; t0 += kBatchTile) {
+      const int nt = static_cast<int>(std::min<int64_t>(kBatchTile, nb - t0));
+      const float* xs[kBatchTile];
+      float out[kBatchTile];
+      for (int t = 0; t < nt; ++t) xs[t] = x + (t0 + t) * x_stride;
+      if (nt == kBatchTile) {
+        if (t0 == 0) {
+          DotTokens<L, kBatchTile, true>(row, xs, k, out);
+        } else {
+          DotTokens<L, kBatchTile, false>(row, xs, k, out);
+        }
+      } else {
+        for (int t = 0; t < nt; ++t) DotTokens<L, 1, false>(row, xs + t, k, out + t);
+      }
+      for (int t = 0; t < nt; ++t) y[(t0 + t) * y_stride + r] = out[t];
+    }
+  }
+}
+
+void MatVecBatchRangeImpl(const TensorView& w, const float* x, int64_t nb, int64_t x_stride,
+                          float* y, int64_t y_stride, int64_t r0, int64_t r1) {
+  switch (w.dtype) {
+    case DType::kF32:
+      return MatVecBatchRows<LoadF32>(w, x, nb, x_stride, y, y_stride, r0, r1);
+    case DType::kF16:
+      return MatVecBatchRows<LoadF16>(w, x, nb, x_stride, y, y_stride, r0, r1);
+    case DType::kBF16:
+      return MatVecBatchRows<LoadBF16>(w, x, nb, x_stride, y, y_stride, r0, r1);
+    default:
+      STRATA_CHECK_MSG(false, "MatVecBatch: unsupported weight dtype %d", int(w.dtype));
   }
 }
 
@@ -404,6 +505,18 @@ void MatMulImpl(const TensorView& w, const float* x, int64_t n_tok, int64_t x_st
   });
 }
 
+// MatVecBatch for float weights through the prefill GEMM's tiles (equal to MatVec bit for bit
+// for F32/F16/BF16): nb token vectors put in class-major order once, then rows [r0, r1).
+void ClassMajorTokensImpl(const float* x, int64_t nb, int64_t x_stride, int64_t k, float* xc) {
+  for (int64_t t = 0; t < nb; ++t) {
+    ToClassMajorT<LoadF32>(reinterpret_cast<const uint8_t*>(x + t * x_stride), k, xc + t * k);
+  }
+}
+void MatMulRowsImpl(const TensorView& w, const float* xc, int64_t nb, float* y, int64_t y_stride,
+                    int64_t r0, int64_t r1) {
+  MatMulRows(w, xc, nb, y, y_stride, r0, r1);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace strata
 HWY_AFTER_NAMESPACE();
@@ -414,6 +527,9 @@ namespace strata {
 HWY_EXPORT(MatVecRangeImpl);
 HWY_EXPORT(MatMulImpl);
 HWY_EXPORT(DotRowImpl);
+HWY_EXPORT(MatVecBatchRangeImpl);
+HWY_EXPORT(ClassMajorTokensImpl);
+HWY_EXPORT(MatMulRowsImpl);
 
 namespace {
 constexpr int64_t kRowGrain = 16;
@@ -421,10 +537,11 @@ constexpr int64_t kRowGrain = 16;
 // The calling thread's quantized activations: slot 0 for the 32-element activation blocks, 1 for
 // the 256-element ones (MatVecMany may mix both, e.g. Q4_K and Q6_K in a Q4_K_M layer). The pool
 // workers read the caller's buffer while the caller waits in ParallelForGrain.
-uint8_t* ActBuffer(DType t, int64_t k) {
+// `n` vectors of k elements (MatVecBatch) are ActivationBytes(t, k) apart.
+uint8_t* ActBuffer(DType t, int64_t k, int64_t n = 1) {
   thread_local AlignedBuffer<uint8_t> buf[2];
   AlignedBuffer<uint8_t>& b = buf[ActivationBlockElems(t) == 256 ? 1 : 0];
-  const int64_t bytes = ActivationBytes(t, k);
+  const int64_t bytes = ActivationBytes(t, k) * n;
   if (b.size() < static_cast<size_t>(bytes)) b.Resize(bytes);
   return b.data();
 }
@@ -507,6 +624,130 @@ void MatVecMany(const MatVecJob* jobs, int n_jobs, const float* x, ThreadPool* p
     return;
   }
   pool->ParallelForGrain(total, kRowGrain, [&](int64_t b, int64_t e, int) { run(b, e); });
+}
+
+namespace {
+// The B activation vectors of X quantized for weight type t, ActivationBytes(t, k) apart, in the
+// calling thread's buffer (the pool workers read it while the caller waits).
+uint8_t* QuantizeBatch(DType t, const float* x, int64_t nb, int64_t x_stride, int64_t k) {
+  const int64_t ab = ActivationBytes(t, k);
+  uint8_t* act = ActBuffer(t, k, nb);
+  for (int64_t b = 0; b < nb; ++b) QuantizeActivations(t, x + b * x_stride, k, act + b * ab);
+  return act;
+}
+
+// Float weights: from this batch size on, MatVecBatch runs the prefill GEMM's 4 x 4 register
+// tiles over class-major rows (MatMulRows, equal to MatVec bit for bit) instead of DotTokens (one
+// row, 4 tokens, kAcc accumulators each): measured (v5 in the version log) DotTokens faster at
+// B <= 4 (no conversion pass), the tiles from B = 8 to 16 on (DotTokens' B token vectors leave L1).
+constexpr int64_t kTileMinBatch = 8;
+
+// Rows [r0, r1) of one batched product (act: QuantizeBatch's vectors for a quantized w; xc: the
+// class-major tokens for the float tiles, null for DotTokens).
+void BatchRows(const TensorView& w, const float* x, const uint8_t* act, const float* xc, int64_t nb,
+               int64_t x_stride, float* y, int64_t y_stride, int64_t r0, int64_t r1) {
+  if (r1 <= r0) return;
+  if (xc != nullptr) {
+    HWY_DYNAMIC_DISPATCH(MatMulRowsImpl)(w, xc, nb, y, y_stride, r0, r1);
+  } else if (IsQuantized(w.dtype)) {
+    // Each row is reused from L1 for up to 64 tokens (quant_dot.cc), so for B <= 64 every row is
+    // streamed from memory once.
+    QuantMatMulRows(w, act, ActivationBytes(w.dtype, w.cols()), nb, y, y_stride, r0, r1);
+  } else {
+    HWY_DYNAMIC_DISPATCH(MatVecBatchRangeImpl)(w, x, nb, x_stride, y, y_stride, r0, r1);
+  }
+}
+
+// The nb token vectors in class-major order for the float tiles, in the calling thread's buffer
+// (reused across calls: a fresh allocation of this size per product costs page faults; the pool
+// workers read it while the caller waits).
+const float* ClassMajorTokens(const float* x, int64_t nb, int64_t x_stride, int64_t k) {
+  thread_local AlignedBuffer<float> buf;
+  if (buf.size() < static_cast<size_t>(nb * k)) buf.Resize(nb * k);
+  HWY_DYNAMIC_DISPATCH(ClassMajorTokensImpl)(x, nb, x_stride, k, buf.data());
+  return buf.data();
+}
+
+void CheckBatch(const TensorView& w, int64_t nb, int64_t x_stride, int64_t y_stride) {
+  CheckWeight(w);
+  STRATA_CHECK_MSG(nb >= 1, "MatVecBatch: batch of %lld", (long long)nb);
+  STRATA_CHECK_MSG(nb == 1 || (x_stride >= w.cols() && y_stride >= w.rows()),
+                   "MatVecBatch: strides %lld/%lld for a [%lld, %lld] weight", (long long)x_stride,
+                   (long long)y_stride, (long long)w.rows(), (long long)w.cols());
+}
+}  // namespace
+
+void MatVecBatch(const TensorView& w, const float* x, int64_t nb, int64_t x_stride, float* y,
+                 int64_t y_stride, ThreadPool* pool) {
+  CheckBatch(w, nb, x_stride, y_stride);
+  if (nb == 1) {
+    MatVec(w, x, y, pool);
+    return;
+  }
+  const uint8_t* act =
+      IsQuantized(w.dtype) ? QuantizeBatch(w.dtype, x, nb, x_stride, w.cols()) : nullptr;
+  const bool tiles = !IsQuantized(w.dtype) && nb >= kTileMinBatch;
+  const float* xcp = tiles ? ClassMajorTokens(x, nb, x_stride, w.cols()) : nullptr;
+  const int64_t rows = w.rows();
+  if (pool == nullptr || pool->size() == 1 || rows < 2 * kRowGrain) {
+    BatchRows(w, x, act, xcp, nb, x_stride, y, y_stride, 0, rows);
+    return;
+  }
+  pool->ParallelForGrain(rows, kRowGrain, [&](int64_t b, int64_t e, int) {
+    BatchRows(w, x, act, xcp, nb, x_stride, y, y_stride, b, e);
+  });
+}
+
+void MatVecBatchMany(const MatVecBatchJob* jobs, int n_jobs, const float* x, int64_t nb,
+                     int64_t x_stride, ThreadPool* pool) {
+  if (nb == 1) {
+    std::vector<MatVecJob> one(n_jobs);
+    for (int j = 0; j < n_jobs; ++j) one[j] = {jobs[j].w, jobs[j].y};
+    MatVecMany(one.data(), n_jobs, x, pool);
+    return;
+  }
+  int64_t total = 0;
+  for (int j = 0; j < n_jobs; ++j) {
+    CheckBatch(jobs[j].w, nb, x_stride, jobs[j].y_stride);
+    STRATA_CHECK_MSG(jobs[j].w.cols() == jobs[0].w.cols(), "MatVecBatchMany: cols %lld vs %lld",
+                     (long long)jobs[j].w.cols(), (long long)jobs[0].w.cols());
+    total += jobs[j].w.rows();
+  }
+  // X quantized once per activation block size the quantized jobs need (at most two).
+  const uint8_t* act[2] = {nullptr, nullptr};
+  for (int j = 0; j < n_jobs; ++j) {
+    const DType t = jobs[j].w.dtype;
+    if (!IsQuantized(t)) continue;
+    const uint8_t*& a = act[ActivationBlockElems(t) == 256 ? 1 : 0];
+    if (a == nullptr) a = QuantizeBatch(t, x, nb, x_stride, jobs[0].w.cols());
+  }
+  const float* xc = nullptr;
+  for (int j = 0; j < n_jobs && nb >= kTileMinBatch && xc == nullptr; ++j) {
+    if (!IsQuantized(jobs[j].w.dtype)) xc = ClassMajorTokens(x, nb, x_stride, jobs[0].w.cols());
+  }
+  auto run = [&](int64_t b, int64_t e) {
+    int64_t off = 0;
+    for (int j = 0; j < n_jobs && off < e; ++j) {
+      const MatVecBatchJob& job = jobs[j];
+      const int64_t rows = job.w.rows();
+      const int64_t lo = std::max(b, off), hi = std::min(e, off + rows);
+      const uint8_t* a =
+          IsQuantized(job.w.dtype) ? act[ActivationBlockElems(job.w.dtype) == 256 ? 1 : 0] : nullptr;
+      const float* c = IsQuantized(job.w.dtype) ? nullptr : xc;
+      BatchRows(job.w, x, a, c, nb, x_stride, job.y, job.y_stride, lo - off, hi - off);
+      off += rows;
+    }
+  };
+  if (pool == nullptr || pool->size() == 1 || total < 2 * kRowGrain) {
+    run(0, total);
+    return;
+  }
+  pool->ParallelForGrain(total, kRowGrain, [&](int64_t b, int64_t e, int) { run(b, e); });
+}
+
+void MatVecBatchRef(const TensorView& w, const float* x, int64_t nb, int64_t x_stride, float* y,
+                    int64_t y_stride) {
+  for (int64_t b = 0; b < nb; ++b) MatVec(w, x + b * x_stride, y + b * y_stride, nullptr);
 }
 
 void MatMul(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,

@@ -25,6 +25,28 @@ struct MatVecJob {
 };
 void MatVecMany(const MatVecJob* jobs, int n_jobs, const float* x, ThreadPool* pool);
 
+// Decode over a batch of B independent sequences: Y[b, r] = MatVec(W, X[b])[r] for b in [0, B),
+// BIT FOR BIT for every dtype (F32/F16/BF16: DotRow's summation order per (row, b); quantized:
+// each X[b] quantized to int8 blocks as MatVec does, then the same integer dot). Each weight row
+// is streamed from memory once and its B dot products formed while it is in cache (B <= 64 for
+// the quantized types; float types: rows converted in tiles of up to 32 for B >= 8), so the
+// weights are read once per step for the whole batch. Rows split across `pool` as MatVec does.
+// X rows have stride x_stride (elements), Y rows y_stride. B = 1 is MatVec itself.
+void MatVecBatch(const TensorView& w, const float* x, int64_t B, int64_t x_stride, float* y,
+                 int64_t y_stride, ThreadPool* pool);
+// MatVecMany over a batch: jobs share X [B, x_stride]; job i writes Y_i [B, y_stride_i]. One pool
+// dispatch for all jobs; equals MatVecBatch per job (and so MatVec per row) bit for bit.
+struct MatVecBatchJob {
+  TensorView w;      // [rows_i, cols]; every job has the same cols
+  float* y;          // [B, y_stride]
+  int64_t y_stride;  // elements between the B output rows (>= rows_i)
+};
+void MatVecBatchMany(const MatVecBatchJob* jobs, int n_jobs, const float* x, int64_t B,
+                     int64_t x_stride, ThreadPool* pool);
+// The scalar reference of MatVecBatch: MatVec per row b, one at a time.
+void MatVecBatchRef(const TensorView& w, const float* x, int64_t B, int64_t x_stride, float* y,
+                    int64_t y_stride);
+
 // Y[t, r] = sum_c W[r, c] * X[t, c] for t in [0, n). X rows have stride x_stride (elements), Y rows
 // y_stride. Each weight row is read once per tile of tokens: tiles of rows are converted exactly
 // to f32 (quantized types: DequantizeRow) for an f32 register-tiled GEMM with the f32 activations.

@@ -578,53 +578,61 @@ struct KQ4_0 {
   static constexpr int64_t kBytes = sizeof(BlockQ4_0);
   static constexpr int kOffShift = 3;  // code offset 8
   static constexpr bool kMin = false;
-  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) {
-    return DotU8(Nibbles16(p + 2), Ld256(q));
-  }
+  HWY_INLINE static V Codes(const uint8_t* p) { return Nibbles16(p + 2); }
+  HWY_INLINE static V Mul(V c, V q) { return DotU8(c, q); }
+  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) { return Mul(Codes(p), Ld256(q)); }
 };
 struct KQ4_1 {
   static constexpr int64_t kBytes = sizeof(BlockQ4_1);
   static constexpr int kOffShift = -1;
   static constexpr bool kMin = true;
-  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) {
-    return DotU8(Nibbles16(p + 4), Ld256(q));
-  }
+  HWY_INLINE static V Codes(const uint8_t* p) { return Nibbles16(p + 4); }
+  HWY_INLINE static V Mul(V c, V q) { return DotU8(c, q); }
+  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) { return Mul(Codes(p), Ld256(q)); }
 };
 struct KQ5_0 {
   static constexpr int64_t kBytes = sizeof(BlockQ5_0);
   static constexpr int kOffShift = 4;  // code offset 16
   static constexpr bool kMin = false;
-  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) {
+  HWY_INLINE static V Codes(const uint8_t* p) {
     const V hi = _mm256_and_si256(BitsToBytes(qdot::LdU32(p + 2)), Bcast8(0x10));
-    return DotU8(_mm256_or_si256(Nibbles16(p + 6), hi), Ld256(q));
+    return _mm256_or_si256(Nibbles16(p + 6), hi);
   }
+  HWY_INLINE static V Mul(V c, V q) { return DotU8(c, q); }
+  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) { return Mul(Codes(p), Ld256(q)); }
 };
 struct KQ5_1 {
   static constexpr int64_t kBytes = sizeof(BlockQ5_1);
   static constexpr int kOffShift = -1;
   static constexpr bool kMin = true;
-  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) {
+  HWY_INLINE static V Codes(const uint8_t* p) {
     const V hi = _mm256_and_si256(BitsToBytes(qdot::LdU32(p + 4)), Bcast8(0x10));
-    return DotU8(_mm256_or_si256(Nibbles16(p + 8), hi), Ld256(q));
+    return _mm256_or_si256(Nibbles16(p + 8), hi);
   }
+  HWY_INLINE static V Mul(V c, V q) { return DotU8(c, q); }
+  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) { return Mul(Codes(p), Ld256(q)); }
 };
 struct KQ8_0 {
   static constexpr int64_t kBytes = sizeof(BlockQ8_0);
   static constexpr int kOffShift = kBiasSigned ? 7 : -1;
   static constexpr bool kMin = false;
-  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) {
+  HWY_INLINE static V Codes(const uint8_t* p) {
     const V c = Ld256(p + 2);
-    return DotSigned(kBiasSigned ? _mm256_xor_si256(c, Bcast8(0x80)) : c, Ld256(q));
+    return kBiasSigned ? _mm256_xor_si256(c, Bcast8(0x80)) : c;
   }
+  HWY_INLINE static V Mul(V c, V q) { return DotSigned(c, q); }
+  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) { return Mul(Codes(p), Ld256(q)); }
 };
 struct KIQ4_NL {
   static constexpr int64_t kBytes = sizeof(BlockIQ4_NL);
   static constexpr int kOffShift = kBiasSigned ? 7 : -1;
   static constexpr bool kMin = false;
-  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) {
+  HWY_INLINE static V Codes(const uint8_t* p) {
     const V tbl = kBiasSigned ? Iq4TableBiased() : Iq4Table();
-    return DotSigned(_mm256_shuffle_epi8(tbl, Nibbles16(p + 2)), Ld256(q));
+    return _mm256_shuffle_epi8(tbl, Nibbles16(p + 2));
   }
+  HWY_INLINE static V Mul(V c, V q) { return DotSigned(c, q); }
+  HWY_INLINE static V Partials(const uint8_t* p, const int8_t* q) { return Mul(Codes(p), Ld256(q)); }
 };
 
 // 8 f16 fields at byte offset `off` of 8 consecutive blocks, as f32.
@@ -676,6 +684,57 @@ HWY_INLINE float Dot32(const uint8_t* row, const Act& a, int64_t nb) {
     lanes[b & 7] = lanes[b & 7] + t;
   }
   return qdot::Tree8(lanes);
+}
+
+// Dot32 for kT token activation sets at once (MatVecBatch, QuantMatMulRows): each 8-block group
+// of the row is unpacked once (K::Codes, the scales once) and multiplied with every token's
+// blocks; per token the integer sums, the f32 operations and their order are Dot32's, so
+// out[t] == Dot32(row, a[t], nb) bit for bit.
+template <class K, int kT>
+HWY_INLINE void Dot32Tokens(const uint8_t* row, const Act* a, int64_t nb, float* out) {
+  __m256 acc[kT];
+  for (int t = 0; t < kT; ++t) acc[t] = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 8 <= nb; b += 8) {
+    const uint8_t* p = row + b * K::kBytes;
+    PrefetchSpan(p, 8 * K::kBytes);
+    V c[8];
+    for (int j = 0; j < 8; ++j) c[j] = K::Codes(p + j * K::kBytes);
+    const __m256 dw = Halfs8<K::kBytes>(p);
+    for (int t = 0; t < kT; ++t) {
+      V v[8];
+      for (int j = 0; j < 8; ++j) v[j] = K::Mul(c[j], Ld256(a[t].q + 32 * (b + j)));
+      V isum = Reduce8(v);
+      const V s = Ld256(a[t].s32 + 4 * b);
+      if constexpr (K::kOffShift >= 0) isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(s, K::kOffShift));
+      const __m256 dx = _mm256_loadu_ps(reinterpret_cast<const float*>(a[t].d + 4 * b));
+      __m256 tt = _mm256_mul_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(isum));
+      if constexpr (K::kMin) {
+        tt = _mm256_add_ps(tt, _mm256_mul_ps(Halfs8<K::kBytes>(p + 2),
+                                             _mm256_mul_ps(dx, _mm256_cvtepi32_ps(s))));
+      }
+      acc[t] = _mm256_add_ps(acc[t], tt);
+    }
+  }
+  for (int t = 0; t < kT; ++t) {
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc[t]);
+    for (int64_t bb = b; bb < nb; ++bb) {
+      const uint8_t* p = row + bb * K::kBytes;
+      const int32_t s = qdot::LdI32(a[t].s32, bb);
+      int32_t isum = HSum(K::Partials(p, a[t].q + 32 * bb));
+      if constexpr (K::kOffShift >= 0) isum -= s << K::kOffShift;
+      const float dx = qdot::LdF32(a[t].d, bb);
+      float tt;
+      if constexpr (K::kMin) {
+        tt = qdot::TermMin(F16(p), F16(p + 2), dx, isum, s);
+      } else {
+        tt = qdot::Term(F16(p), dx, isum);
+      }
+      lanes[bb & 7] = lanes[bb & 7] + tt;
+    }
+    out[t] = qdot::Tree8(lanes);
+  }
 }
 
 // ---- K-quants: one super-block of 256 at a time; block term in scalar f32. ----
@@ -1100,6 +1159,21 @@ HWY_INLINE RowFn GetRowFn(DType t) {
   return nullptr;
 }
 
+// 4-token row kernels (Dot32Tokens) where one exists: the 32-element formats; null otherwise.
+constexpr int kRowTokens = 4;
+using Row4Fn = void (*)(const uint8_t*, const Act*, int64_t, float*);
+HWY_INLINE Row4Fn GetRow4Fn(DType t) {
+  switch (t) {
+    case DType::kQ4_0: return &Dot32Tokens<KQ4_0, kRowTokens>;
+    case DType::kQ4_1: return &Dot32Tokens<KQ4_1, kRowTokens>;
+    case DType::kQ5_0: return &Dot32Tokens<KQ5_0, kRowTokens>;
+    case DType::kQ5_1: return &Dot32Tokens<KQ5_1, kRowTokens>;
+    case DType::kQ8_0: return &Dot32Tokens<KQ8_0, kRowTokens>;
+    case DType::kIQ4_NL: return &Dot32Tokens<KIQ4_NL, kRowTokens>;
+    default: return nullptr;
+  }
+}
+
 #else  // not x86 AVX2+: the scalar reference (same floats).
 
 using RowFn = float (*)(const uint8_t*, const Act&, int64_t);
@@ -1129,6 +1203,10 @@ HWY_INLINE RowFn GetRowFn(DType t) {
   }
   return nullptr;
 }
+
+constexpr int kRowTokens = 4;
+using Row4Fn = void (*)(const uint8_t*, const Act*, int64_t, float*);
+HWY_INLINE Row4Fn GetRow4Fn(DType) { return nullptr; }
 
 #endif
 
@@ -1190,6 +1268,7 @@ void QuantMatMulRowsImpl(const TensorView& w, const uint8_t* acts, int64_t act_s
   const DType t = w.dtype;
   const int64_t k = w.cols();
   const RowFn f = GetRowFn(t);
+  const Row4Fn f4 = GetRow4Fn(t);  // 4 tokens per weight-row pass (the 32-element formats)
   const int64_t nb = k / DTypeBlockElems(t);
   Act a[kTokTile];
   for (int64_t t0 = 0; t0 < n_tok; t0 += kTokTile) {
@@ -1198,7 +1277,15 @@ void QuantMatMulRowsImpl(const TensorView& w, const uint8_t* acts, int64_t act_s
     for (int64_t r = r0; r < r1; ++r) {
       const uint8_t* row = w.row(r);
       float* yr = y + t0 * y_stride + r;
-      for (int64_t j = 0; j < nt; ++j) yr[j * y_stride] = f(row, a[j], nb);
+      int64_t j = 0;
+      if (f4 != nullptr) {
+        for (; j + kRowTokens <= nt; j += kRowTokens) {
+          float o[kRowTokens];
+          f4(row, a + j, nb, o);
+          for (int i = 0; i < kRowTokens; ++i) yr[(j + i) * y_stride] = o[i];
+        }
+      }
+      for (; j < nt; ++j) yr[j * y_stride] = f(row, a[j], nb);
     }
   }
 }

@@ -14,9 +14,10 @@
 // then ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))), every f32 operation rounded on its own
 // (no fused multiply-add). Integer sums are exact, so the scalar reference (QuantDotRef), every
 // SIMD target (AVX-512 VNNI vpdpbusd, AVX2/AVX-512 maddubs, the portable path: the scalar
-// reference itself on SSE4/EMU128) and every caller (MatVec, MatVecMany, DotRow, MatMulInt8) give
-// the same float bit for bit. (MatMul, the prefill GEMM, dequantizes tiles to f32 instead: measured
-// faster; see kernels/matmul.h.)
+// reference itself on SSE4/EMU128) and every caller (MatVec, MatVecMany, DotRow, MatMulInt8,
+// MatVecBatch; QuantMatMulRows' 4-token pass of the 32-element formats, which unpacks a row's
+// blocks once for 4 tokens) give the same float bit for bit. (MatMul, the prefill GEMM,
+// dequantizes tiles to f32 instead: measured faster; see kernels/matmul.h.)
 //
 // Error contract (tested in float64 for every type, kernels/quant_dot_test.cc): with w_i the
 // dequantized weights (DequantizeRow) and x the f32 activations, the result y of QuantDot satisfies

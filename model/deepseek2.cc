@@ -142,24 +142,15 @@ class Deepseek2Model final : public Model {
     return OkStatus();
   }
 
-  Status ForwardChunk(const int32_t* tokens, int n, KvCache* cache, ThreadPool* pool,
-                      float* x) override {
+  Status ForwardChunk(const Rows& rows, ThreadPool* pool, float* x) override {
     const ModelConfig& c = config_;
     const int64_t d = c.d_model, H = c.n_heads, dc = c.kv_lora_rank, dr = c.qk_rope_dim,
                   nope = c.qk_nope_dim, vd = c.v_head_dim, qk = nope + dr, row = dc + dr;
-    const int64_t p0 = cache->n_tokens();
-    Embed(tokens, n, x);
+    const int n = rows.n;
+    Embed(rows.tokens, n, x);
     std::vector<float> xn(n * d), q(n * H * qk), kva(n * row), qabs(H * row), att(H * dc),
         o(n * H * vd), y(n * d);
     std::vector<float> qa(c.q_lora_rank > 0 ? n * c.q_lora_rank : 0);
-    auto matmul = [&](const TensorView& w, const float* in, int64_t in_dim, float* out,
-                      int64_t out_dim) {
-      if (n == 1) {
-        MatVec(w, in, out, pool);
-      } else {
-        MatMul(w, in, n, in_dim, out, out_dim, pool);
-      }
-    };
     for (int l = 0; l < c.n_layers; ++l) {
       const MlaLayer& L = layers_[l];
       for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.attn_norm.data(), d, c.rms_eps, &xn[i * d]);
@@ -167,26 +158,25 @@ class Deepseek2Model final : public Model {
       // dispatch.
       const TensorView& wq_x = c.q_lora_rank > 0 ? L.wq_a : L.wq;
       float* q_x = c.q_lora_rank > 0 ? qa.data() : q.data();
-      if (n == 1) {
-        const MatVecJob jobs[] = {{wq_x, q_x}, {L.wkv_a, kva.data()}};
-        MatVecMany(jobs, 2, xn.data(), pool);
-      } else {
-        matmul(wq_x, xn.data(), d, q_x, wq_x.rows());
-        matmul(L.wkv_a, xn.data(), d, kva.data(), row);
-      }
+      const MatVecBatchJob jobs[] = {{wq_x, q_x, wq_x.rows()}, {L.wkv_a, kva.data(), row}};
+      ProjectMany(rows, jobs, 2, xn.data(), d, pool);
       if (c.q_lora_rank > 0) {
         const int64_t r = c.q_lora_rank;
         for (int i = 0; i < n; ++i) RmsNorm(&qa[i * r], L.q_a_norm.data(), r, c.rms_eps, &qa[i * r]);
-        matmul(L.wq_b, qa.data(), r, q.data(), H * qk);
+        Project(rows, L.wq_b, qa.data(), r, q.data(), H * qk, pool);
       }
       // Cache rows: [RMSNorm(c) ; k_pe (rotated unless NoPE)].
       for (int i = 0; i < n; ++i) {
         float* r = &kva[i * row];
         RmsNorm(r, L.kv_a_norm.data(), dc, c.rms_eps, r);
-        if (!c.mla_nope) Rope(r + dc, static_cast<int>(dr), p0 + i, RopeStyle::kNorm, rope_);
-        RETURN_IF_ERROR(cache->Append(l, r, nullptr));
+        if (!c.mla_nope) Rope(r + dc, static_cast<int>(dr), rows.pos[i], RopeStyle::kNorm, rope_);
+        if (!rows.live(i)) continue;
+        RETURN_IF_ERROR(rows.Event(i, rows.caches[i]->Append(l, r, nullptr)));
       }
       for (int i = 0; i < n; ++i) {
+        if (!rows.live(i)) continue;  // its o rows stay as they were: meaningless, not read back
+        KvCache* cache = rows.caches[i];
+        const int64_t p = rows.pos[i];
         // Absorbed queries for every head, in parallel over heads.
         auto absorb = [&](int64_t hb, int64_t he, int) {
           for (int64_t h = hb; h < he; ++h) {
@@ -194,12 +184,14 @@ class Deepseek2Model final : public Model {
             float* out = &qabs[h * row];
             MatVec(L.k_b.Rows(h * dc, dc), qh, out, nullptr);
             std::memcpy(out + dc, qh + nope, sizeof(float) * dr);
-            if (!c.mla_nope) Rope(out + dc, static_cast<int>(dr), p0 + i, RopeStyle::kNorm, rope_);
+            if (!c.mla_nope) Rope(out + dc, static_cast<int>(dr), p, RopeStyle::kNorm, rope_);
           }
         };
         ParallelForOrInline(pool, H, 1, absorb);
-        RETURN_IF_ERROR(cache->ObserveQuery(l, p0 + i, qabs.data()));
-        RETURN_IF_ERROR(cache->Attend(l, qabs.data(), p0 + i, pool, att.data()));
+        RETURN_IF_ERROR(rows.Event(i, cache->ObserveQuery(l, p, qabs.data())));
+        if (!rows.live(i)) continue;
+        RETURN_IF_ERROR(rows.Event(i, cache->Attend(l, qabs.data(), p, pool, att.data())));
+        if (!rows.live(i)) continue;
         auto expand = [&](int64_t hb, int64_t he, int) {
           for (int64_t h = hb; h < he; ++h) {
             MatVec(L.v_b.Rows(h * vd, vd), &att[h * dc], &o[(i * H + h) * vd], nullptr);
@@ -207,13 +199,15 @@ class Deepseek2Model final : public Model {
         };
         ParallelForOrInline(pool, H, 1, expand);
       }
-      matmul(L.wo, o.data(), H * vd, y.data(), d);
+      Project(rows, L.wo, o.data(), H * vd, y.data(), d, pool);
       for (int64_t j = 0; j < n * d; ++j) x[j] += y[j];
       for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.ffn_norm.data(), d, c.rms_eps, &xn[i * d]);
       if (!L.moe) {
-        Ffn(L.gate, L.up, L.down, xn.data(), n, c.d_ff, pool, y.data());
+        Ffn(rows, L.gate, L.up, L.down, xn.data(), c.d_ff, pool, y.data());
+      } else if (rows.independent && n > 1) {
+        MoeBatch(L, xn.data(), rows, pool, y.data());
       } else {
-        Moe(L, xn.data(), n, pool, y.data());
+        Moe(L, xn.data(), rows, pool, y.data());
       }
       for (int64_t j = 0; j < n * d; ++j) x[j] += y[j];
     }
@@ -221,63 +215,133 @@ class Deepseek2Model final : public Model {
   }
 
  private:
-  // y = down(silu(gate x) * up x) for n tokens.
-  void Ffn(const TensorView& gate, const TensorView& up, const TensorView& down, const float* x,
-           int n, int64_t ff, ThreadPool* pool, float* y) const {
+  // y = down(silu(gate x) * up x) for the rows of a pass.
+  void Ffn(const Rows& rows, const TensorView& gate, const TensorView& up, const TensorView& down,
+           const float* x, int64_t ff, ThreadPool* pool, float* y) const {
     const int64_t d = config_.d_model;
+    const int n = rows.n;
     std::vector<float> g(n * ff), u(n * ff);
-    if (n == 1) {
-      const MatVecJob gate_up[] = {{gate, g.data()}, {up, u.data()}};
-      MatVecMany(gate_up, 2, x, pool);
-      SwiGlu(g.data(), u.data(), ff);
-      MatVec(down, g.data(), y, pool);
+    const MatVecBatchJob gate_up[] = {{gate, g.data(), ff}, {up, u.data(), ff}};
+    ProjectMany(rows, gate_up, 2, x, d, pool);
+    if (rows.independent) {
+      for (int i = 0; i < n; ++i) SwiGlu(&g[i * ff], &u[i * ff], ff);  // as each solo row
     } else {
-      MatMul(gate, x, n, d, g.data(), ff, pool);
-      MatMul(up, x, n, d, u.data(), ff, pool);
       SwiGlu(g.data(), u.data(), n * ff);
-      MatMul(down, g.data(), n, ff, y, d, pool);
+    }
+    Project(rows, down, g.data(), ff, y, d, pool);
+  }
+
+  // The routed experts of token x: ids[k] and weights w[k] for k < n_experts_used, from the
+  // router logits (overwritten by the scores).
+  void Route(const MlaLayer& L, float* logits, int* ids, float* w) const {
+    const ModelConfig& c = config_;
+    const int64_t E = c.n_experts;
+    std::vector<float> sel_key(E);
+    std::vector<int> order(E);
+    if (c.expert_gating == 2) {
+      for (int64_t e = 0; e < E; ++e) logits[e] = 1.f / (1.f + std::exp(-logits[e]));
+    } else {
+      Softmax(logits, E);
+    }
+    const float* score = logits;
+    for (int64_t e = 0; e < E; ++e) {
+      sel_key[e] = score[e] + (L.router_bias.empty() ? 0.f : L.router_bias[e]);
+    }
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + c.n_experts_used, order.end(),
+                      [&](int a, int b) { return sel_key[a] != sel_key[b] ? sel_key[a] > sel_key[b] : a < b; });
+    double wsum = 0;
+    for (int k = 0; k < c.n_experts_used; ++k) wsum += score[order[k]];
+    for (int k = 0; k < c.n_experts_used; ++k) {
+      const int e = order[k];
+      float wk = score[e];
+      if (c.expert_weights_norm && wsum > 0) wk = static_cast<float>(wk / wsum);
+      wk *= c.expert_weights_scale;
+      ids[k] = e;
+      w[k] = wk;
     }
   }
 
-  void Moe(const MlaLayer& L, const float* x, int n, ThreadPool* pool, float* y) const {
+  // Per token (a prefill chunk, or one decoded token): router, then its experts one by one.
+  void Moe(const MlaLayer& L, const float* x, const Rows& rows, ThreadPool* pool, float* y) const {
     const ModelConfig& c = config_;
     const int64_t d = c.d_model, E = c.n_experts, ffe = c.d_ff_expert;
-    std::vector<float> logits(E), score(E), sel_key(E), tmp(d), g(ffe), u(ffe);
-    std::vector<int> order(E);
+    const int n = rows.n, K = c.n_experts_used;
+    std::vector<float> logits(E), tmp(d), g(ffe), u(ffe), w(K);
+    std::vector<int> ids(K);
     if (L.has_shared) {
-      Ffn(L.gate_sh, L.up_sh, L.down_sh, x, n, ffe * c.n_shared_experts, pool, y);
+      Ffn(rows, L.gate_sh, L.up_sh, L.down_sh, x, ffe * c.n_shared_experts, pool, y);
     } else {
       std::fill(y, y + n * d, 0.f);
     }
     for (int i = 0; i < n; ++i) {
       const float* xi = x + i * d;
       MatVec(L.router, xi, logits.data(), pool);
-      if (c.expert_gating == 2) {
-        for (int64_t e = 0; e < E; ++e) score[e] = 1.f / (1.f + std::exp(-logits[e]));
-      } else {
-        score = logits;
-        Softmax(score.data(), E);
-      }
-      for (int64_t e = 0; e < E; ++e) {
-        sel_key[e] = score[e] + (L.router_bias.empty() ? 0.f : L.router_bias[e]);
-      }
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + c.n_experts_used, order.end(),
-                        [&](int a, int b) { return sel_key[a] != sel_key[b] ? sel_key[a] > sel_key[b] : a < b; });
-      double wsum = 0;
-      for (int k = 0; k < c.n_experts_used; ++k) wsum += score[order[k]];
-      for (int k = 0; k < c.n_experts_used; ++k) {
-        const int e = order[k];
-        float w = score[e];
-        if (c.expert_weights_norm && wsum > 0) w = static_cast<float>(w / wsum);
-        w *= c.expert_weights_scale;
+      Route(L, logits.data(), ids.data(), w.data());
+      for (int k = 0; k < K; ++k) {
+        const int e = ids[k];
         const MatVecJob gate_up[] = {{L.gate_exps.Rows(e * ffe, ffe), g.data()},
                                      {L.up_exps.Rows(e * ffe, ffe), u.data()}};
         MatVecMany(gate_up, 2, xi, pool);
         SwiGlu(g.data(), u.data(), ffe);
         MatVec(L.down_exps.Rows(e * d, d), g.data(), tmp.data(), pool);
-        Axpy(w, tmp.data(), y + i * d, d);
+        Axpy(w[k], tmp.data(), y + i * d, d);
       }
+    }
+  }
+
+  // A decode batch: the router for every sequence in one product, then the rows grouped by
+  // expert so that each routed expert's weights are read once per step (MatVecBatch over its
+  // rows), and each row's expert outputs added in its own routing order, as Moe adds them, so
+  // every row equals its solo Moe bit for bit.
+  void MoeBatch(const MlaLayer& L, const float* x, const Rows& rows, ThreadPool* pool,
+                float* y) const {
+    const ModelConfig& c = config_;
+    const int64_t d = c.d_model, E = c.n_experts, ffe = c.d_ff_expert;
+    const int n = rows.n, K = c.n_experts_used;
+    if (L.has_shared) {
+      Ffn(rows, L.gate_sh, L.up_sh, L.down_sh, x, ffe * c.n_shared_experts, pool, y);
+    } else {
+      std::fill(y, y + n * d, 0.f);
+    }
+    std::vector<float> logits(n * E), w(n * K);
+    std::vector<int> ids(n * K);
+    MatVecBatch(L.router, x, n, d, logits.data(), E, pool);
+    for (int i = 0; i < n; ++i) {
+      if (rows.live(i)) {
+        Route(L, &logits[i * E], &ids[i * K], &w[i * K]);
+      } else {  // a failed sequence's (meaningless) state is not routed
+        std::fill(&ids[i * K], &ids[i * K] + K, -1);
+        std::fill(&w[i * K], &w[i * K] + K, 0.f);
+      }
+    }
+    // slots[e]: the (row, k) pairs routed to expert e, in row order.
+    std::vector<std::vector<int>> slots(E);
+    for (int s = 0; s < n * K; ++s) {
+      if (ids[s] >= 0) slots[ids[s]].push_back(s);
+    }
+    std::vector<float> out(static_cast<size_t>(n) * K * d, 0.f), xg, g, u, dn;
+    for (int64_t e = 0; e < E; ++e) {
+      const int m = static_cast<int>(slots[e].size());
+      if (m == 0) continue;
+      xg.resize(m * d);
+      for (int j = 0; j < m; ++j) {
+        std::memcpy(&xg[j * d], x + (slots[e][j] / K) * d, sizeof(float) * d);
+      }
+      g.resize(m * ffe);
+      u.resize(m * ffe);
+      dn.resize(m * d);
+      const MatVecBatchJob gate_up[] = {{L.gate_exps.Rows(e * ffe, ffe), g.data(), ffe},
+                                        {L.up_exps.Rows(e * ffe, ffe), u.data(), ffe}};
+      MatVecBatchMany(gate_up, 2, xg.data(), m, d, pool);
+      for (int j = 0; j < m; ++j) SwiGlu(&g[j * ffe], &u[j * ffe], ffe);
+      MatVecBatch(L.down_exps.Rows(e * d, d), g.data(), m, ffe, dn.data(), d, pool);
+      for (int j = 0; j < m; ++j) {
+        std::memcpy(&out[static_cast<size_t>(slots[e][j]) * d], &dn[j * d], sizeof(float) * d);
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+      for (int k = 0; k < K; ++k) Axpy(w[i * K + k], &out[(static_cast<size_t>(i) * K + k) * d], y + i * d, d);
     }
   }
 

@@ -84,23 +84,14 @@ class LlamaModel final : public Model {
     return OkStatus();
   }
 
-  Status ForwardChunk(const int32_t* tokens, int n, KvCache* cache, ThreadPool* pool,
-                      float* x) override {
+  Status ForwardChunk(const Rows& rows, ThreadPool* pool, float* x) override {
     const ModelConfig& c = config_;
     const int64_t d = c.d_model, hd = c.head_dim, qd = c.n_heads * hd, kvd = c.n_kv_heads * hd,
                   ff = c.d_ff;
-    const int64_t p0 = cache->n_tokens();
-    Embed(tokens, n, x);
+    const int n = rows.n;
+    Embed(rows.tokens, n, x);
     std::vector<float> xn(n * d), q(n * qd), k(n * kvd), v(n * kvd), att(n * qd), o(n * d),
         g(n * ff), u(n * ff);
-    auto matmul = [&](const TensorView& w, const float* in, int64_t in_dim, float* out,
-                      int64_t out_dim) {
-      if (n == 1) {
-        MatVec(w, in, out, pool);
-      } else {
-        MatMul(w, in, n, in_dim, out, out_dim, pool);
-      }
-    };
     auto add_bias = [&](std::vector<float>& y, const std::vector<float>& b, int64_t dim) {
       if (b.empty()) return;
       for (int i = 0; i < n; ++i) {
@@ -110,39 +101,39 @@ class LlamaModel final : public Model {
     for (int l = 0; l < c.n_layers; ++l) {
       const LlamaLayer& L = layers_[l];
       for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.attn_norm.data(), d, c.rms_eps, &xn[i * d]);
-      if (n == 1) {
-        // One pool dispatch for the three projections.
-        const MatVecJob qkv[] = {{L.wq, q.data()}, {L.wk, k.data()}, {L.wv, v.data()}};
-        MatVecMany(qkv, 3, xn.data(), pool);
-      } else {
-        matmul(L.wq, xn.data(), d, q.data(), qd);
-        matmul(L.wk, xn.data(), d, k.data(), kvd);
-        matmul(L.wv, xn.data(), d, v.data(), kvd);
-      }
+      // In decode one pool dispatch for the three projections.
+      const MatVecBatchJob qkv[] = {{L.wq, q.data(), qd}, {L.wk, k.data(), kvd},
+                                    {L.wv, v.data(), kvd}};
+      ProjectMany(rows, qkv, 3, xn.data(), d, pool);
       add_bias(q, L.bq, qd);
       add_bias(k, L.bk, kvd);
       add_bias(v, L.bv, kvd);
       for (int i = 0; i < n; ++i) {
-        for (int h = 0; h < c.n_heads; ++h) Rope(&q[i * qd + h * hd], c.rope_dim, p0 + i, c.rope_style, rope_);
-        for (int h = 0; h < c.n_kv_heads; ++h) Rope(&k[i * kvd + h * hd], c.rope_dim, p0 + i, c.rope_style, rope_);
-        RETURN_IF_ERROR(cache->Append(l, &k[i * kvd], &v[i * kvd]));
+        const int64_t p = rows.pos[i];
+        for (int h = 0; h < c.n_heads; ++h) Rope(&q[i * qd + h * hd], c.rope_dim, p, c.rope_style, rope_);
+        for (int h = 0; h < c.n_kv_heads; ++h) Rope(&k[i * kvd + h * hd], c.rope_dim, p, c.rope_style, rope_);
+        if (!rows.live(i)) continue;
+        RETURN_IF_ERROR(rows.Event(i, rows.caches[i]->Append(l, &k[i * kvd], &v[i * kvd])));
       }
       for (int i = 0; i < n; ++i) {
-        RETURN_IF_ERROR(cache->ObserveQuery(l, p0 + i, &q[i * qd]));
-        RETURN_IF_ERROR(cache->Attend(l, &q[i * qd], p0 + i, pool, &att[i * qd]));
+        KvCache* cache = rows.caches[i];
+        const int64_t p = rows.pos[i];
+        if (rows.live(i)) RETURN_IF_ERROR(rows.Event(i, cache->ObserveQuery(l, p, &q[i * qd])));
+        if (rows.live(i)) {
+          RETURN_IF_ERROR(rows.Event(i, cache->Attend(l, &q[i * qd], p, pool, &att[i * qd])));
+        }
       }
-      matmul(L.wo, att.data(), qd, o.data(), d);
+      Project(rows, L.wo, att.data(), qd, o.data(), d, pool);
       for (int64_t j = 0; j < n * d; ++j) x[j] += o[j];
       for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.ffn_norm.data(), d, c.rms_eps, &xn[i * d]);
-      if (n == 1) {
-        const MatVecJob gate_up[] = {{L.gate, g.data()}, {L.up, u.data()}};
-        MatVecMany(gate_up, 2, xn.data(), pool);
+      const MatVecBatchJob gate_up[] = {{L.gate, g.data(), ff}, {L.up, u.data(), ff}};
+      ProjectMany(rows, gate_up, 2, xn.data(), d, pool);
+      if (rows.independent) {
+        for (int i = 0; i < n; ++i) SwiGlu(&g[i * ff], &u[i * ff], ff);  // as each solo row
       } else {
-        matmul(L.gate, xn.data(), d, g.data(), ff);
-        matmul(L.up, xn.data(), d, u.data(), ff);
+        SwiGlu(g.data(), u.data(), n * ff);
       }
-      SwiGlu(g.data(), u.data(), n * ff);
-      matmul(L.down, g.data(), ff, o.data(), d);
+      Project(rows, L.down, g.data(), ff, o.data(), d, pool);
       for (int64_t j = 0; j < n * d; ++j) x[j] += o[j];
     }
     return OkStatus();

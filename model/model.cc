@@ -156,7 +156,8 @@ void Model::Embed(const int32_t* tokens, int n, float* x) const {
   }
 }
 
-void Model::Logits(const float* hidden, int n, ThreadPool* pool, float* logits) const {
+void Model::Logits(const float* hidden, int n, ThreadPool* pool, float* logits,
+                   bool independent) const {
   const int d = config_.d_model;
   std::vector<float> xn(static_cast<size_t>(n) * d);
   for (int i = 0; i < n; ++i) {
@@ -165,15 +166,48 @@ void Model::Logits(const float* hidden, int n, ThreadPool* pool, float* logits) 
   }
   if (n == 1) {
     MatVec(output_, xn.data(), logits, pool);
+  } else if (independent) {
+    MatVecBatch(output_, xn.data(), n, d, logits, config_.n_vocab, pool);
   } else {
     MatMul(output_, xn.data(), n, d, logits, config_.n_vocab, pool);
+  }
+}
+
+void Model::Project(const Rows& rows, const TensorView& w, const float* in, int64_t in_dim,
+                    float* out, int64_t out_dim, ThreadPool* pool) {
+  if (rows.n == 1) {
+    MatVec(w, in, out, pool);
+  } else if (rows.independent) {
+    MatVecBatch(w, in, rows.n, in_dim, out, out_dim, pool);
+  } else {
+    MatMul(w, in, rows.n, in_dim, out, out_dim, pool);
+  }
+}
+
+void Model::ProjectMany(const Rows& rows, const MatVecBatchJob* jobs, int n_jobs,
+                        const float* in, int64_t in_dim, ThreadPool* pool) {
+  if (rows.n == 1 || rows.independent) {
+    MatVecBatchMany(jobs, n_jobs, in, rows.n, in_dim, pool);  // n = 1: MatVecMany itself
+    return;
+  }
+  for (int j = 0; j < n_jobs; ++j) {
+    MatMul(jobs[j].w, in, rows.n, in_dim, jobs[j].y, jobs[j].y_stride, pool);
   }
 }
 
 Status Model::RunCall(const int32_t* tokens, int n, CallKind kind, KvCache* cache,
                       ThreadPool* pool, float* hidden) {
   RETURN_IF_ERROR(cache->BeginCall(n, kind));
-  const Status s = ForwardChunk(tokens, n, cache, pool, hidden);
+  const int64_t p0 = cache->n_tokens();
+  std::vector<KvCache*> caches(n, cache);
+  std::vector<int64_t> pos(n);
+  for (int i = 0; i < n; ++i) pos[i] = p0 + i;
+  Rows rows;
+  rows.tokens = tokens;
+  rows.n = n;
+  rows.caches = caches.data();
+  rows.pos = pos.data();
+  const Status s = ForwardChunk(rows, pool, hidden);
   const Status e = cache->EndCall();  // closes the call after a failure too
   RETURN_IF_ERROR(s);
   return e;
@@ -222,6 +256,105 @@ Status Model::Decode(int32_t token, KvCache* cache, ThreadPool* pool, float* log
   std::vector<float> hidden(config_.d_model);
   RETURN_IF_ERROR(RunCall(&token, 1, CallKind::kDecode, cache, pool, hidden.data()));
   if (logits) Logits(hidden.data(), 1, pool, logits);
+  return OkStatus();
+}
+
+namespace {
+// Where a cache's layers differ from the model's (kv_type aside: the cache chooses it); empty
+// when they match.
+std::string GeometryMismatch(const KvCache& cache, const std::vector<LayerGeometry>& want) {
+  if (cache.n_layers() != static_cast<int>(want.size())) {
+    return "has " + std::to_string(cache.n_layers()) + " layers, the model " +
+           std::to_string(want.size());
+  }
+  for (int l = 0; l < cache.n_layers(); ++l) {
+    const LayerGeometry& g = cache.geometry(l);
+    const LayerGeometry& w = want[l];
+    if (g.kind != w.kind || g.n_q_heads != w.n_q_heads || g.n_kv_heads != w.n_kv_heads ||
+        g.k_dim != w.k_dim || g.v_dim != w.v_dim || g.rope_dim != w.rope_dim ||
+        g.rope != w.rope || g.scale != w.scale) {
+      return "layer " + std::to_string(l) + " is " + g.ToString() + ", the model's " +
+             w.ToString();
+    }
+  }
+  return "";
+}
+}  // namespace
+
+Status Model::DecodeBatch(const int32_t* tokens, int B, KvCache* const* caches, ThreadPool* pool,
+                          float* logits, const DecodeBatchOptions& options) {
+  // Every check before the first event, so a refused batch leaves every cache as it was.
+  if (B < 1) return InvalidArgument("DecodeBatch of " + std::to_string(B) + " sequences");
+  if (options.ctx_limit < 0) {
+    return InvalidArgument("DecodeBatch: context limit " + std::to_string(options.ctx_limit) +
+                           " (0: none)");
+  }
+  if (tokens == nullptr || caches == nullptr) {
+    return InvalidArgument("DecodeBatch: null tokens or caches array");
+  }
+  const std::vector<LayerGeometry> layers = CacheLayers();
+  std::vector<const KvCache*> seen(caches, caches + B);
+  std::sort(seen.begin(), seen.end());
+  for (int b = 0; b < B; ++b) {
+    const std::string seq = "DecodeBatch: sequence " + std::to_string(b) + ": ";
+    KvCache* c = caches[b];
+    if (c == nullptr) return InvalidArgument(seq + "null cache");
+    if (tokens[b] < 0 || tokens[b] >= config_.n_vocab) {
+      return InvalidArgument(seq + "token id " + std::to_string(tokens[b]) +
+                             " is outside the vocabulary [0, " +
+                             std::to_string(config_.n_vocab) + ")");
+    }
+    if (const std::string why = GeometryMismatch(*c, layers); !why.empty()) {
+      return InvalidArgument(seq + "the cache was not made for this model: it " + why);
+    }
+    if (options.ctx_limit > 0 && c->n_tokens() >= options.ctx_limit) {
+      return OutOfRange(seq + "the cache holds " + std::to_string(c->n_tokens()) +
+                        " tokens, the context limit is " + std::to_string(options.ctx_limit));
+    }
+    if (!c->status().ok()) {
+      return InvalidArgument(seq + "the cache failed earlier: " + c->status().ToString());
+    }
+    if (c->in_call()) return InvalidArgument(seq + "the cache is inside another call");
+  }
+  for (int b = 1; b < B; ++b) {
+    if (seen[b] == seen[b - 1]) {
+      const int i = static_cast<int>(std::find(caches, caches + B, seen[b]) - caches);
+      return InvalidArgument("DecodeBatch: sequence " + std::to_string(i) +
+                             "'s cache appears twice in the batch (one decode call per sequence)");
+    }
+  }
+
+  std::vector<Status> status(B);
+  std::vector<uint8_t> open(B, 0);
+  std::vector<int64_t> pos(B);
+  for (int b = 0; b < B; ++b) {
+    pos[b] = caches[b]->n_tokens();
+    status[b] = caches[b]->BeginCall(1, CallKind::kDecode);
+    open[b] = status[b].ok();
+  }
+  const int64_t d = config_.d_model;
+  std::vector<float> hidden(static_cast<size_t>(B) * d, 0.f);
+  Rows rows;
+  rows.tokens = tokens;
+  rows.n = B;
+  rows.caches = caches;
+  rows.pos = pos.data();
+  rows.independent = true;
+  rows.status = status.data();
+  Status pass = ForwardChunk(rows, pool, hidden.data());
+  for (int b = 0; b < B; ++b) {
+    if (!open[b]) continue;
+    const Status e = caches[b]->EndCall();  // closes the call after a failure too
+    if (status[b].ok() && !pass.ok()) status[b] = pass;
+    if (status[b].ok()) status[b] = e;
+  }
+  if (logits) Logits(hidden.data(), B, pool, logits, /*independent=*/true);
+  if (options.row_status) *options.row_status = status;
+  for (int b = 0; b < B; ++b) {
+    if (!status[b].ok()) {
+      return status[b].WithContext("DecodeBatch: sequence " + std::to_string(b));
+    }
+  }
   return OkStatus();
 }
 

@@ -13,6 +13,7 @@
 #include "core/thread_pool.h"
 #include "io/gguf.h"
 #include "io/tokenizer.h"
+#include "kernels/matmul.h"
 #include "kv/cache.h"
 #include "model/config.h"
 
@@ -56,16 +57,75 @@ class Model {
   // One token at position cache->n_tokens(); logits: [n_vocab].
   Status Decode(int32_t token, KvCache* cache, ThreadPool* pool, float* logits);
 
+  // One decode step for B independent sequences: tokens[b] at position caches[b]->n_tokens() of
+  // sequence b, each cache with its own policy and position. Each weight matrix is read once for
+  // the whole batch (kernels/matmul.h MatVecBatch); attention runs per sequence through its own
+  // cache. Contract: every cache sees exactly the events a solo Decode(tokens[b], caches[b])
+  // gives it (one kDecode call: Append, ObserveQuery, Attend per layer), and logits[b] (rows of
+  // `logits`, [B, n_vocab]; may be null) equals that solo Decode's logits bit for bit, for every
+  // weight dtype, whatever the other sequences of the batch are.
+  struct DecodeBatchOptions {
+    // The context size (a server's -c): a sequence whose cache already holds ctx_limit tokens
+    // cannot take another (an error naming it). 0: no limit.
+    int64_t ctx_limit = 0;
+    // When non-null, resized to B and filled with each sequence's own status once the step ran
+    // (a policy failure of one sequence, e.g. an archive read error, fails that sequence's cache
+    // only: the other rows' logits are still exact and their caches advanced).
+    std::vector<Status>* row_status = nullptr;
+  };
+  // Errors: B < 1, a null or repeated cache, a cache built for another geometry (another model),
+  // a token outside the vocabulary, a cache already failed or inside a call: InvalidArgument; a
+  // sequence at ctx_limit: OutOfRange; each naming the sequence index, returned before any cache
+  // sees an event. After the step: the first failed sequence's error (named by index);
+  // the others completed (see row_status).
+  Status DecodeBatch(const int32_t* tokens, int B, KvCache* const* caches, ThreadPool* pool,
+                     float* logits, const DecodeBatchOptions& options);
+  Status DecodeBatch(const int32_t* tokens, int B, KvCache* const* caches, ThreadPool* pool,
+                     float* logits) {
+    return DecodeBatch(tokens, B, caches, pool, logits, DecodeBatchOptions());
+  }
+
  protected:
   Model(std::unique_ptr<GgufFile> file, ModelConfig config);
   // Runs tokens at positions [cache->n_tokens(), +n) as one cache call (kv/policy.h): appends
   // their rows, returns final hidden states (before the output norm) in `hidden` [n, d_model].
   Status RunCall(const int32_t* tokens, int n, CallKind kind, KvCache* cache, ThreadPool* pool,
                  float* hidden);
-  // The architecture's forward pass inside an open call: per layer, every row is appended
-  // before the first query reads.
-  virtual Status ForwardChunk(const int32_t* tokens, int n, KvCache* cache, ThreadPool* pool,
-                              float* hidden) = 0;
+  // The rows of one forward pass: row i is token tokens[i] at position pos[i] of *caches[i],
+  // inside that cache's open call. A prefill chunk is n rows of one cache; a decode batch
+  // (DecodeBatch) one row per sequence.
+  struct Rows {
+    const int32_t* tokens = nullptr;
+    int n = 0;
+    KvCache* const* caches = nullptr;  // [n]
+    const int64_t* pos = nullptr;      // [n]
+    // Rows of different sequences: weight products by MatVecBatch (== MatVec per row bit for
+    // bit, as a solo Decode computes them) instead of the prefill GEMM, row-wise elementwise ops.
+    bool independent = false;
+    // When non-null ([n], all OK on entry): a cache event's error on row i is recorded here and
+    // row i takes no more events (its hidden state is then meaningless) while the other rows go
+    // on; when null, the first error ends the pass.
+    Status* status = nullptr;
+
+    bool live(int i) const { return status == nullptr || status[i].ok(); }
+    // The pass's verdict on an event of row i: OK to continue (recorded when per-row) or the error.
+    Status Event(int i, Status s) const {
+      if (s.ok() || status == nullptr) return s;
+      status[i] = std::move(s);
+      return OkStatus();
+    }
+  };
+  // The architecture's forward pass inside the rows' open calls: per layer, every row is
+  // appended before the first query reads.
+  virtual Status ForwardChunk(const Rows& rows, ThreadPool* pool, float* hidden) = 0;
+  // y = W x for every row of a pass: one row: MatVec; independent rows: MatVecBatch; else the
+  // prefill GEMM (MatMul). in/out rows are in_dim/out_dim apart.
+  static void Project(const Rows& rows, const TensorView& w, const float* in, int64_t in_dim,
+                      float* out, int64_t out_dim, ThreadPool* pool);
+  // Several products of the same input (q/k/v, gate/up) in one pool dispatch where the path
+  // allows (MatVecMany, MatVecBatchMany); equal to Project per job. jobs[i].y_stride: out_dim.
+  static void ProjectMany(const Rows& rows, const MatVecBatchJob* jobs, int n_jobs,
+                          const float* in, int64_t in_dim, ThreadPool* pool);
   virtual Status LoadWeights() = 0;
 
   // Weight lookup with a shape check; errors name the tensor, expected and actual shapes.
@@ -73,7 +133,9 @@ class Model {
   StatusOr<TensorView> OptionalWeight(const std::string& name, const std::vector<int64_t>& shape,
                                       bool* present) const;
   void Embed(const int32_t* tokens, int n, float* x) const;
-  void Logits(const float* hidden, int n, ThreadPool* pool, float* logits) const;
+  // independent: the n rows are separate sequences (MatVecBatch, == MatVec per row).
+  void Logits(const float* hidden, int n, ThreadPool* pool, float* logits,
+              bool independent = false) const;
 
   std::unique_ptr<GgufFile> file_;
   ModelConfig config_;
