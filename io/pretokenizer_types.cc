@@ -306,6 +306,17 @@ bool PreTokenizerIgnoresMerges(std::string_view pre) {
   return t != nullptr && t->ignore_merges;
 }
 
+bool PreTokenizerAddsBosByDefault(std::string_view pre) {
+  // llama_vocab::impl::load sets add_bos = true for exactly these names before it reads the key.
+  static constexpr std::string_view kNames[] = {
+      "llama3", "llama-v3", "llama-bpe", "falcon3",      "falcon-h1", "pixtral",
+      "midm-2.0", "lfm2",   "jina-v5-nano", "tekken", "chameleon"};
+  for (std::string_view n : kNames) {
+    if (n == pre) return true;
+  }
+  return false;
+}
+
 std::vector<std::string> SupportedPreTokenizers() {
   std::vector<std::string> names;
   for (const PreType& t : Table()) names.insert(names.end(), t.names.begin(), t.names.end());

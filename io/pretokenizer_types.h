@@ -26,6 +26,10 @@ StatusOr<std::vector<std::string>> PreTokenizerRegexes(std::string_view pre);
 // vocabulary token is emitted as that token without running the merges). False for unknown names.
 bool PreTokenizerIgnoresMerges(std::string_view pre);
 
+// Whether llama.cpp adds BOS for `pre` when tokenizer.ggml.add_bos_token is absent (the llama3
+// group, tekken, chameleon). False for other and unknown names.
+bool PreTokenizerAddsBosByDefault(std::string_view pre);
+
 // Every name PreTokenizerRegexes accepts (aliases included; "" is not listed).
 std::vector<std::string> SupportedPreTokenizers();
 

@@ -489,18 +489,19 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f) {
     }
     *k.dst = static_cast<int32_t>(v);
   }
+  if (f.Has("tokenizer.ggml.pre")) {
+    ASSIGN_OR_RETURN(d.pre, f.GetString("tokenizer.ggml.pre"));
+  }
   if (f.Has("tokenizer.ggml.add_bos_token")) {
     ASSIGN_OR_RETURN(d.add_bos, f.GetBool("tokenizer.ggml.add_bos_token"));
   } else {
-    d.add_bos = spm;
+    // llama.cpp's defaults: SentencePiece adds BOS; byte-level BPE only for some pre types.
+    d.add_bos = spm || PreTokenizerAddsBosByDefault(d.pre);
   }
   if (f.Has("tokenizer.ggml.add_space_prefix")) {
     ASSIGN_OR_RETURN(d.add_space_prefix, f.GetBool("tokenizer.ggml.add_space_prefix"));
   } else {
     d.add_space_prefix = spm;
-  }
-  if (f.Has("tokenizer.ggml.pre")) {
-    ASSIGN_OR_RETURN(d.pre, f.GetString("tokenizer.ggml.pre"));
   }
   if (f.Has("tokenizer.chat_template")) {
     ASSIGN_OR_RETURN(d.chat_template, f.GetString("tokenizer.chat_template"));
@@ -698,7 +699,9 @@ std::vector<int32_t> Tokenizer::Encode(const std::string& text, bool with_bos,
   if (im.hf) {  // GGUF "gpt2": BOS from add_bos, the rest by the pipeline
     std::vector<int32_t> out;
     if (with_bos && im.add_bos && im.bos >= 0) out.push_back(im.bos);
-    const std::vector<int32_t> ids = im.hf->Encode(text, false, parse_special);
+    // Invalid UTF-8 becomes U+FFFD per maximal bad sequence before the regexes, as llama.cpp
+    // does (and as a tokenizer.json is given text), so the ids are llama.cpp's.
+    const std::vector<int32_t> ids = im.hf->Encode(ReplaceInvalidUtf8(text), false, parse_special);
     out.insert(out.end(), ids.begin(), ids.end());
     return out;
   }

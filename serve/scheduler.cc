@@ -129,13 +129,21 @@ Sequence::Result Sequence::Wait() {
 
 Status DecodeBatch(Model* model, const int32_t* tokens, int batch, KvCache* const* caches,
                    ThreadPool* pool, float* logits) {
+  // One step for the whole batch: each weight matrix is read once, and every sequence's logits
+  // are bit-identical to its solo Model::Decode (model/decode_batch_test.cc). A sequence whose
+  // policy fails mid-step fails its own cache only (KvCache::status names it).
+  std::vector<Status> rows;
+  Model::DecodeBatchOptions opt;
+  opt.row_status = &rows;
+  Status st = model->DecodeBatch(tokens, batch, caches, pool, logits, opt);
+  if (st.ok() || !rows.empty()) return st;
+  // Refused before any cache saw an event (e.g. one sequence at its limit, a bad token): run the
+  // sequences one by one so only the offending one fails and the others still advance.
   const int64_t n_vocab = model->config().n_vocab;
-  // Every sequence is decoded even when one fails (its cache records the error), so one bad
-  // sequence does not end the others.
   Status first;
   for (int b = 0; b < batch; ++b) {
-    Status st = model->Decode(tokens[b], caches[b], pool, logits + b * n_vocab);
-    if (!st.ok() && first.ok()) first = st;
+    Status one = model->Decode(tokens[b], caches[b], pool, logits + b * n_vocab);
+    if (!one.ok() && first.ok()) first = one;
   }
   return first;
 }

@@ -113,8 +113,8 @@ struct SchedulerOptions {
 };
 
 // The one call through which a step runs the model for every sequence in it: B tokens, B
-// caches, logits [B, n_vocab]. Model::Decode per sequence until Model::DecodeBatch (weights
-// read once per step: a GEMM over the batch) is on main; switching is this function's body.
+// caches, logits [B, n_vocab], through Model::DecodeBatch (weights read once per step; each
+// sequence bit-identical to its solo Decode).
 Status DecodeBatch(Model* model, const int32_t* tokens, int batch, KvCache* const* caches,
                    ThreadPool* pool, float* logits);
 
