@@ -407,6 +407,37 @@ std::string Row(const std::string& table, const std::string& name) {
 // The id of printable character `c` in WriteChatModel's vocabulary.
 int ChatModelCharId(char c) { return 260 + (c - 33); }
 
+TEST_F(TextCommandsTest, ChatRebuildsTheCacheWhenTheTemplateReRendersHistory) {
+  // Llama 3's template trims each message, so a reply that ends in a space is rendered without
+  // it once the next message follows: the cached text is no longer a prefix of the rendering,
+  // and chat re-reads the whole conversation into a new cache (the reply then equals a fresh
+  // generate of that rendering). The repetition penalty below 1 makes this model repeat the
+  // prompt's characters ("a n n n n < "), and a model whose EOS is '<' ends the reply after the
+  // space, which is fed to the cache (a reply cut by -n leaves its last token unfed).
+  const std::string m = Path("chat_eos_lt.gguf");
+  const Status st = WriteChatModel(Path("tiny.gguf"), m, ChatModelCharId('<'));
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  auto t = ChatTemplate::ByName("llama3");
+  ASSERT_TRUE(t.ok());
+  // generate prepends BOS itself, so its renderings get no BOS text.
+  auto render = [&](const std::vector<ChatMessage>& msgs) { return t->Render(msgs, true, "", ""); };
+  const std::vector<std::string> flags = {"-n", "16", "--repeat-penalty", "0.01",
+                                          "--repeat-last-n", "-1"};
+  const std::string u1 = "The end. ", u2 = "next";
+  const std::string r1 = Continuation(m, render({{"user", u1}}), flags);
+  ASSERT_EQ(r1, "a n n n n ") << "the premise: the first reply ends with a space, then EOS";
+  std::vector<std::string> args = {"chat", "-m", m, "--chat-template", "llama3"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  CliResult c = Strata(args, u1 + "\n" + u2 + "\n");
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.err.find("note: the llama3 template re-renders the earlier turns differently"),
+            std::string::npos)
+      << c.err;
+  const std::string r2 = Continuation(
+      m, render({{"user", u1}, {"assistant", r1}, {"user", u2}}), flags);
+  EXPECT_EQ(c.out, r1 + "\n" + r2 + "\n");
+}
+
 TEST_F(TextCommandsTest, ChatAndGenerateStopAtTheEndOfGenerationToken) {
   const std::string m = Path("chat.gguf");
   const std::string u1 = "Hello, who are you?";
