@@ -45,6 +45,7 @@ struct Session {
   CacheCounters counters0;  // at the conversation's start (the /stats "vs full" figures)
   std::string cached_text;
   int64_t turns = 0;
+  int64_t last_prefill = 0;  // tokens the last message prefilled
 };
 
 }  // namespace
@@ -137,6 +138,7 @@ int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostre
     if (!o.system.empty()) s.messages.push_back({"system", o.system});
     s.cached_text.clear();
     s.turns = 0;
+    s.last_prefill = 0;
     s.cache.reset();  // the old cache's memory goes before the new one is made
     ASSIGN_OR_RETURN(std::unique_ptr<Policy> policy, MakeCliPolicy(*spec));
     auto cache = m.NewCache(std::move(policy), *kv_type);
@@ -159,6 +161,7 @@ int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostre
     t.AddRow({"turns", std::to_string(s.turns)});
     t.AddRow({"tokens in context", std::to_string(cache.n_tokens()) +
                                        (ctx > 0 ? " of " + std::to_string(ctx) : "")});
+    t.AddRow({"tokens prefilled, last message", std::to_string(s.last_prefill)});
     t.AddRow({"policy", cache.policy().describe()});
     t.WrapColumn(1, 60);
     t.AddRow({"KV bytes resident", std::to_string(resident) + " (" + FormatBytes(resident) + ")"});
@@ -188,10 +191,12 @@ int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostre
                         " tokens and " + std::to_string(used) + " of " + std::to_string(ctx) +
                         " are used (-c/--ctx-size); /reset starts a new conversation");
     }
+    s.last_prefill = 0;
     if (n == 0) return OkStatus();
     RETURN_IF_ERROR(m.Prefill(ids.data(), n, o.chunk, s.cache.get(), &pool, logits.data()));
     for (const int32_t id : ids) sampler.Accept(id);
     s.cached_text += text;
+    s.last_prefill = n;
     return OkStatus();
   };
 

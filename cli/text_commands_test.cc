@@ -365,6 +365,17 @@ TEST_F(TextCommandsTest, GenerateSamplerFlags) {
 
 // ---- chat ----
 
+// The value of row `name` in a printed statistic/value table ("" when absent).
+std::string Row(const std::string& table, const std::string& name) {
+  const size_t at = table.find("\n" + name + "  ");
+  if (at == std::string::npos) return "";
+  const size_t end = table.find('\n', at + 1);
+  std::string line = table.substr(at + 1 + name.size(), end - at - 1 - name.size());
+  line.erase(0, line.find_first_not_of(' '));
+  return line;
+}
+
+
 TEST_F(TextCommandsTest, ChatTurnsFromAPipeEqualAFreshGenerateOfTheWholeConversation) {
   const std::string m = Path("chat.gguf");
   const std::string u1 = "Hello, who are you?", u2 = "Tell me a story.";
@@ -382,6 +393,24 @@ TEST_F(TextCommandsTest, ChatTurnsFromAPipeEqualAFreshGenerateOfTheWholeConversa
   // The history matters: the second message alone gets another reply.
   EXPECT_NE(Continuation(m, ChatMl({{"user", u2}}), {"-n", "24"}), r2);
 
+  // Only the new part of the rendering is prefilled: after the second message the context
+  // holds the first turn (rendering and 23 fed reply tokens), the second message's new tokens
+  // and 23 more, and those new tokens are what the whole rendering adds to the first turn's.
+  CliResult st = Strata({"chat", "-m", m, "-n", "24"}, u1 + "\n/stats\n" + u2 + "\n/stats\n");
+  ASSERT_EQ(st.code, 0) << st.err;
+  const size_t second = st.out.find("statistic", st.out.find("statistic") + 1);
+  ASSERT_NE(second, std::string::npos) << st.out;
+  const std::string t1 = st.out.substr(0, second), t2 = st.out.substr(second);
+  auto count = [](const std::string& v) { return std::stoll(v.substr(0, v.find(' '))); };
+  const int64_t ctx1 = count(Row(t1, "tokens in context"));
+  const int64_t ctx2 = count(Row(t2, "tokens in context"));
+  const int64_t new2 = count(Row(t2, "tokens prefilled, last message"));
+  EXPECT_EQ(count(Row(t1, "tokens prefilled, last message")), ctx1 - 23);
+  EXPECT_EQ(ctx2, ctx1 + new2 + 23);
+  const std::string whole = ChatMl({{"user", u1}, {"assistant", r1}, {"user", u2}});
+  EXPECT_EQ(new2, static_cast<int64_t>(Encode(m, whole, true, true).size()) - ctx1);
+  EXPECT_LT(new2, ctx1);
+
   // With a system message and another cache policy: the first reply is still the fresh
   // generate's with the same policy, and each reply is one line.
   CliResult v = Strata({"chat", "-m", m, "-n", "8", "--policy", "streaming", "--system",
@@ -394,15 +423,6 @@ TEST_F(TextCommandsTest, ChatTurnsFromAPipeEqualAFreshGenerateOfTheWholeConversa
   EXPECT_EQ(std::count(v.out.begin(), v.out.end(), '\n'), 2) << v.out;
 }
 
-// The value of row `name` in a printed statistic/value table ("" when absent).
-std::string Row(const std::string& table, const std::string& name) {
-  const size_t at = table.find("\n" + name + "  ");
-  if (at == std::string::npos) return "";
-  const size_t end = table.find('\n', at + 1);
-  std::string line = table.substr(at + 1 + name.size(), end - at - 1 - name.size());
-  line.erase(0, line.find_first_not_of(' '));
-  return line;
-}
 
 // The id of printable character `c` in WriteChatModel's vocabulary.
 int ChatModelCharId(char c) { return 260 + (c - 33); }
