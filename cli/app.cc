@@ -151,6 +151,8 @@ int RunStrata(const std::vector<std::string>& args, std::istream& in, std::ostre
   AddBenchAttentionCommand(bench, &bench_attention);
   PoliciesOptions policies;
   AddPoliciesCommand(&app, &policies);
+  ServeOptions serve;
+  AddServeCommand(&app, &serve);
   TokenizeOptions tokenize;
   AddTokenizeCommand(&app, &tokenize);
   ChatOptions chat;
@@ -204,6 +206,7 @@ int RunStrata(const std::vector<std::string>& args, std::istream& in, std::ostre
     if (bench->got_subcommand("capacity")) return RunBenchCapacity(bench_capacity, out, err);
     if (app.got_subcommand("eval")) return RunEval(*eval, out, err);
     if (app.got_subcommand("policies")) return RunPolicies(policies, out, err);
+    if (app.got_subcommand("serve")) return RunServe(serve, out, err);
     if (app.got_subcommand("tokenize")) return RunTokenize(tokenize, out, err);
     if (app.got_subcommand("chat")) {
       return RunChat(chat, in, /*interactive=*/&in == &std::cin && isatty(STDIN_FILENO), out, err);

@@ -17,6 +17,8 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "io/gguf.h"
+#include "io/hf_tokenizer.h"
+#include "io/tokenizer.h"
 #include "kv/cache.h"
 #include "kv/registry.h"
 #include "model/model.h"
@@ -955,6 +957,84 @@ TEST_F(CliTest, BinaryExitCodes) {
   EXPECT_EQ(System(bin + " inspect " + Path("tiny.gguf") + " > /dev/null"), 0);
 }
 #endif
+
+// convert with an HF tokenizer.json (no strata_tokenizer.json): a byte-level BPE written as
+// llama.cpp's converter writes it; the model's tokenizer then tokenizes as the tokenizer.json.
+// A Unigram tokenizer.json is refused with the reason.
+TEST_F(CliTest, ConvertWithHfTokenizerJson) {
+  const std::string hf = Path("hf_hftok");
+  Result s = Strata({"synth", "--format", "safetensors", "--dtype", "f32", "-o", hf});
+  ASSERT_EQ(s.code, 0) << s.err;
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[Gpt2ByteChar(static_cast<uint8_t>(b))] = b;
+  vocab["he"] = 256;
+  vocab["hel"] = 257;
+  vocab["\xC4\xA0w"] = 258;  // " w"
+  auto added = [](int id, const char* content) {
+    return nlohmann::json{{"id", id},         {"content", content}, {"special", true},
+                          {"normalized", false}, {"lstrip", false},  {"rstrip", false},
+                          {"single_word", false}};
+  };
+  const nlohmann::json tok = {
+      {"added_tokens", {added(259, "<|begin_of_text|>"), added(260, "<|eot_id|>")}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"},
+           {"pattern",
+            {{"Regex", "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+                       "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}}},
+           {"behavior", "Isolated"},
+           {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}}}}},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", {{{"SpecialToken", {{"id", "<|begin_of_text|>"}}}},
+                    {{"Sequence", {{"id", "A"}}}}}}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges", {"h e", "he l", "\xC4\xA0 w"}}}}};
+  std::ofstream(hf + "/tokenizer.json") << tok.dump();
+  std::ofstream(hf + "/tokenizer_config.json")
+      << R"({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
+             "chat_template": "{{ bos_token }}{{ messages }}"})";
+  const std::string gguf = Path("hftok.gguf");
+  Result c = Strata({"convert", hf, "-o", gguf});
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.out.find("tokenizer: tokenizer.json (gpt2, pre=llama-bpe)"), std::string::npos)
+      << c.out;
+  auto f = GgufFile::Open(gguf);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ((*f)->GetString("tokenizer.ggml.pre").value(), "llama-bpe");
+  EXPECT_EQ((*f)->GetInt("tokenizer.ggml.bos_token_id").value(), 259);
+  EXPECT_EQ((*f)->GetInt("tokenizer.ggml.eos_token_id").value(), 260);
+  EXPECT_TRUE((*f)->GetBool("tokenizer.ggml.add_bos_token").value());
+  EXPECT_EQ((*f)->GetString("tokenizer.chat_template").value(), "{{ bos_token }}{{ messages }}");
+  auto m = Model::Load(gguf);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_NE((*m)->tokenizer(), nullptr);
+  auto ref = Tokenizer::FromHfJson(hf + "/tokenizer.json");
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  for (const std::string text : {"hello world", "<|begin_of_text|>hel<|eot_id|>", "tab\there 12345",
+                                 "\xE4\xB8\xAD\xE6\x96\x87 \xF0\x9F\x98\x80"}) {
+    EXPECT_EQ((*m)->tokenizer()->Encode(text, true, true), (*ref)->Encode(text, true, true))
+        << text;
+  }
+  EXPECT_EQ((*m)->tokenizer()->Encode("hello world", false, false),
+            (std::vector<int32_t>{257, 108, 111, 258, 111, 114, 108, 100}));
+
+  // A Unigram tokenizer.json: a clear error naming the model type.
+  const std::string hf2 = Path("hf_unigram");
+  ASSERT_EQ(Strata({"synth", "--format", "safetensors", "--dtype", "f32", "-o", hf2}).code, 0);
+  std::ofstream(hf2 + "/tokenizer.json")
+      << R"({"model": {"type": "Unigram", "unk_id": 0, "vocab": [["<unk>", 0.0], ["a", -1.0]]}})";
+  Result u = Strata({"convert", hf2, "-o", Path("unigram.gguf")});
+  EXPECT_EQ(u.code, 2);
+  EXPECT_NE(u.err.find("model type \"Unigram\""), std::string::npos) << u.err;
+}
 
 }  // namespace
 }  // namespace strata::cli

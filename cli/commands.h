@@ -228,6 +228,23 @@ struct LogitsOptions {
 void AddLogitsCommand(CLI::App* app, LogitsOptions* o);
 int RunLogits(const LogitsOptions& o, std::ostream& out, std::ostream& err);
 
+// `strata serve` (cli/serve.cc over serve/): the OpenAI-compatible HTTP server.
+struct ServeOptions {
+  std::string model;
+  std::string host = "127.0.0.1";
+  int64_t port = 8080;
+  int64_t parallel = 4;
+  std::string kv_budget = "8GiB";
+  int64_t queue = 64;
+  std::string policy = "full";
+  std::string chat_template;  // empty: detected from the model
+  std::string api_key;
+  int threads = 0;  // 0: not given (hardware threads)
+  int64_t ctx_size = 0;
+};
+void AddServeCommand(CLI::App* app, ServeOptions* o);
+int RunServe(const ServeOptions& o, std::ostream& out, std::ostream& err);
+
 // The whole binary: parses args (without the program name) and runs the chosen command. --help
 // prints to `out` and returns 0; parse errors and unknown commands print to `err` and return 2.
 int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);

@@ -1,4 +1,5 @@
-// `strata convert` (HF safetensors + config.json [+ strata_tokenizer.json] -> GGUF) and
+// `strata convert` (HF safetensors + config.json [+ strata_tokenizer.json or tokenizer.json]
+// -> GGUF) and
 // `strata logits` (every position's logits of a token-id file, as raw f32, for parity checks; with
 // --dump-kv also the engine's bf16 KV cache after the run).
 #include <CLI/CLI.hpp>
@@ -96,8 +97,15 @@ int RunConvert(const ConvertOptions& o, std::ostream& out, std::ostream& err) {
   if (!w.ok()) return fail("cannot convert '" + o.dir + "': " + w.status().ToString());
   const std::string tok = o.dir + "/" + kTokenizerJsonName;
   const bool has_tok = std::filesystem::exists(tok);
+  std::string tok_desc = "none";
   if (has_tok) {
     if (Status st = AddTokenizerJson(tok, &*w); !st.ok()) return fail(st.ToString());
+    tok_desc = kTokenizerJsonName;
+  } else if (std::filesystem::exists(o.dir + "/tokenizer.json")) {
+    // A real HF tokenizer: written as llama.cpp's convert_hf_to_gguf.py writes it.
+    auto conv = AddHfTokenizerJson(o.dir, &*w);
+    if (!conv.ok()) return fail("cannot convert the tokenizer: " + conv.status().ToString());
+    tok_desc = "tokenizer.json (" + conv->model + ", pre=" + conv->pre + ")";
   } else {
     // llama.cpp refuses a file without tokenizer.ggml.model; "none" is its word for no vocabulary
     // (it then makes vocab_size dummy tokens), and Strata reads it as no tokenizer.
@@ -120,8 +128,7 @@ int RunConvert(const ConvertOptions& o, std::ostream& out, std::ostream& err) {
   if (!m.ok()) return fail("converted file does not load: " + m.status().ToString());
   out << "wrote " << o.out_path << ": " << (*m)->config().Summary() << "; "
       << FormatBytes(static_cast<double>((*m)->total_weight_bytes())) << " of weights ("
-      << o.dtype << "), tokenizer: "
-      << (has_tok ? std::string(kTokenizerJsonName) : std::string("none")) << "\n";
+      << o.dtype << "), tokenizer: " << tok_desc << "\n";
   return kExitOk;
 }
 

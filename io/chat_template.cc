@@ -19,13 +19,16 @@ constexpr char kLlama31Date[] = "26 Jul 2024";
 
 // DeepSeek's full-width bars and U+2581 "lower one eighth block" are part of the token texts.
 constexpr char kDsUser[] = "<\xEF\xBD\x9CUser\xEF\xBD\x9C>";
-constexpr char kDsAssistant[] = "<\xEF\xBD\x9C" "Assistant\xEF\xBD\x9C>";
+constexpr char kDsAssistant[] =
+    "<\xEF\xBD\x9C"
+    "Assistant\xEF\xBD\x9C>";
 constexpr char kDsEndOfSentence[] =
-    "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>";
+    "<\xEF\xBD\x9C"
+    "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>";
 
 // In ChatTemplate::Kind order (ByName checks the count).
 constexpr const char* kBuiltinNames[] = {
-    "chatml", "qwen2",    "qwen2.5",   "qwen3",   "llama3",
+    "chatml",   "qwen2",     "qwen2.5",   "qwen3",   "llama3",
     "llama3.1", "deepseek2", "deepseek3", "kimi-k2",
 };
 
@@ -178,6 +181,80 @@ bool HasLiteralSystemTurn(std::string_view t) {
   return false;
 }
 
+// The Qwen2 / Qwen1.5 template with its default system prompt cut out. Templates of exactly this
+// shape differ only in that prompt, so Detect() accepts any text there; anything else about the
+// template (an open last turn, extra rules) makes it a different template.
+constexpr std::string_view kQwen2ShapeHead =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+    "'<|im_start|>system\n";
+constexpr std::string_view kQwen2ShapeTail =
+    "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] "
+    "+ '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant"
+    "\n' }}{% endif %}";
+
+// `s` with every real newline written as the two characters \n, as a Jinja source may spell it.
+std::string EscapeNewlines(std::string_view s) {
+  std::string out;
+  for (const char c : s) {
+    if (c == '\n') {
+      out += "\\n";
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// The value of the Jinja single-quoted string body `body` (escapes \n \t \\ \' \"), or false
+// when it is not one: an unescaped quote would end the literal early.
+bool UnquoteJinja(std::string_view body, std::string* out) {
+  out->clear();
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (c == '\'') return false;
+    if (c != '\\') {
+      out->push_back(c);
+      continue;
+    }
+    if (++i == body.size()) return false;
+    switch (body[i]) {
+      case 'n':
+        out->push_back('\n');
+        break;
+      case 't':
+        out->push_back('\t');
+        break;
+      case '\\':
+      case '\'':
+      case '"':
+        out->push_back(body[i]);
+        break;
+      default:
+        return false;
+    }
+  }
+  return true;
+}
+
+// If `t` is the Qwen2-shaped template (newlines real or escaped; trailing whitespace ignored),
+// stores its default system prompt and returns true.
+bool MatchQwen2Shape(std::string_view t, std::string* default_system) {
+  const size_t end = t.find_last_not_of(" \t\r\n");
+  t = end == std::string_view::npos ? std::string_view() : t.substr(0, end + 1);
+  for (const bool escaped : {false, true}) {
+    const std::string head =
+        escaped ? EscapeNewlines(kQwen2ShapeHead) : std::string(kQwen2ShapeHead);
+    const std::string tail =
+        escaped ? EscapeNewlines(kQwen2ShapeTail) : std::string(kQwen2ShapeTail);
+    if (t.size() < head.size() + tail.size() || !StartsWith(t, head) || !EndsWith(t, tail))
+      continue;
+    if (UnquoteJinja(t.substr(head.size(), t.size() - head.size() - tail.size()), default_system)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // Printable form of the start of an unrecognised template for the error message.
 std::string Preview(std::string_view t) {
   std::string out;
@@ -211,7 +288,10 @@ StatusOr<ChatTemplate> ChatTemplate::ByName(std::string_view name) {
   static_assert(std::size(kBuiltinNames) == static_cast<size_t>(Kind::kKimiK2) + 1,
                 "one name per Kind");
   for (size_t i = 0; i < std::size(kBuiltinNames); ++i) {
-    if (name == kBuiltinNames[i]) return ChatTemplate(static_cast<Kind>(i), kBuiltinNames[i]);
+    if (name != kBuiltinNames[i]) continue;
+    ChatTemplate tmpl(static_cast<Kind>(i), kBuiltinNames[i]);
+    if (tmpl.kind_ == Kind::kQwen2) tmpl.default_system_ = kQwen2DefaultSystem;
+    return tmpl;
   }
   return InvalidArgument("unknown chat template \"" + std::string(name) + "\"; the built-in " +
                          "templates are " + JoinNames());
@@ -219,14 +299,17 @@ StatusOr<ChatTemplate> ChatTemplate::ByName(std::string_view name) {
 
 StatusOr<ChatTemplate> ChatTemplate::Detect(std::string_view t) {
   if (t.empty()) {
-    return NotFound("the model has no chat template (tokenizer.chat_template is empty); use "
-                    "--chat-template NAME, one of " + JoinNames());
+    return NotFound(
+        "the model has no chat template (tokenizer.chat_template is empty); use "
+        "--chat-template NAME, one of " +
+        JoinNames());
   }
   // Most specific first. The reasoning checks come before the generic families: a template
   // with think-block rules other than Qwen3's (QwQ, DeepSeek R1 / V3.1) renders history
   // differently, so it is refused rather than rendered as plain ChatML or DeepSeek V3.
   const char* name = nullptr;
   const bool thinks = Contains(t, "</think>");
+  std::string qwen2_default;
   if (Contains(t, "<|im_assistant|>") && Contains(t, "<|im_middle|>")) {
     name = "kimi-k2";  // Kimi K2 / Kimi Linear
   } else if (Contains(t, "<|im_start|>")) {
@@ -236,8 +319,10 @@ StatusOr<ChatTemplate> ChatTemplate::Detect(std::string_view t) {
       name = nullptr;
     } else if (Contains(t, kQwen25DefaultSystem)) {
       name = "qwen2.5";
-    } else if (Contains(t, std::string(kQwen2DefaultSystem) + "<|im_end|>")) {
-      name = "qwen2";
+    } else if (MatchQwen2Shape(t, &qwen2_default)) {
+      auto tmpl = ByName("qwen2");
+      tmpl->default_system_ = std::move(qwen2_default);
+      return tmpl;
     } else if (!HasLiteralSystemTurn(t)) {
       name = "chatml";
     }
@@ -285,14 +370,15 @@ std::string ChatTemplate::Render(const std::vector<ChatMessage>& messages,
 
     case Kind::kQwen2:
       // The default system turn is written inside the loop, so not for an empty conversation.
-      if (n > 0 && !first_is_system) AppendChatMl("system", kQwen2DefaultSystem, &out);
+      if (n > 0 && !first_is_system) AppendChatMl("system", default_system_, &out);
       for (const ChatMessage& m : messages) AppendChatMl(m.role, m.content, &out);
       if (add_generation_prompt) out += "<|im_start|>assistant\n";
       break;
 
     case Kind::kQwen25:
-      AppendChatMl("system", first_is_system ? std::string_view(messages[0].content)
-                                             : std::string_view(kQwen25DefaultSystem),
+      AppendChatMl("system",
+                   first_is_system ? std::string_view(messages[0].content)
+                                   : std::string_view(kQwen25DefaultSystem),
                    &out);
       for (size_t i = first_is_system ? 1 : 0; i < n; ++i) {
         AppendChatMl(messages[i].role, messages[i].content, &out);
@@ -311,9 +397,10 @@ std::string ChatTemplate::Render(const std::vector<ChatMessage>& messages,
           AppendChatMl(m.role, m.content, &out);
         }
       }
-      // enable_thinking is left undefined, as apply_chat_template does by default: no empty
-      // think block is prefilled.
-      if (add_generation_prompt) out += "<|im_start|>assistant\n";
+      if (add_generation_prompt) {
+        out += "<|im_start|>assistant\n";
+        if (disable_thinking_) out += "<think>\n\n</think>\n\n";
+      }
       break;
     }
 

@@ -43,12 +43,22 @@ class ChatTemplate {
 
   // The prompt text for `messages`; with add_generation_prompt, the assistant header is appended.
   // bos_text/eos_text: the tokenizer's BOS/EOS token texts (templates such as Llama 3 and
-  // DeepSeek write bos_token). The text contains control tokens as text, so encode it with
-  // parse_special.
+  // DeepSeek write bos_token; pass "" when the tokenizer has none). The text contains control
+  // tokens as text and BOS where the family wants it, so encode it with parse_special and
+  // without adding another BOS. The rendering of a conversation is not always a prefix of the
+  // rendering of its continuation (Qwen3 drops the think blocks of older turns; Kimi K2 leaves
+  // the last turn open without a generation prompt), so a chat loop that keeps its cache should
+  // compare token ids, not assume an append-only prompt.
   std::string Render(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
                      std::string_view bos_text, std::string_view eos_text) const;
 
   const std::string& name() const { return name_; }
+
+  // Qwen3's `enable_thinking` switch. Left unset (the default, as apply_chat_template leaves it)
+  // or set to true, the model decides whether to think; set to false, the generation prompt is
+  // followed by an empty "<think>\n\n</think>\n\n" block so the model answers directly. The
+  // other families have no such switch and ignore it.
+  void set_enable_thinking(bool enable) { disable_thinking_ = !enable; }
 
  private:
   enum class Kind {
@@ -66,6 +76,10 @@ class ChatTemplate {
 
   Kind kind_;
   std::string name_;
+  // qwen2 only: the system prompt written when the conversation has none. Detect() takes it
+  // from the template (Qwen1.5 and Qwen2 differ only in this text); ByName() uses Qwen2's.
+  std::string default_system_;
+  bool disable_thinking_ = false;  // qwen3: enable_thinking=false was asked for
 };
 
 }  // namespace strata

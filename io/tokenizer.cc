@@ -1,11 +1,15 @@
-// Tokenizer: SentencePiece-style BPE over scores ("llama") and GPT-2 byte-level BPE over merge
-// ranks ("gpt2"), following llama.cpp's llm_tokenizer_spm / llm_tokenizer_bpe.
+// Tokenizer: SentencePiece-style BPE over scores ("llama", llama.cpp's llm_tokenizer_spm) and the
+// HF tokenizer.json pipeline (io/hf_tokenizer.h) for GGUF "gpt2" and tokenizer.json files.
 #include "io/tokenizer.h"
 
 #include <algorithm>
 #include <array>
 #include <climits>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
 #include <list>
 #include <queue>
 #include <string_view>
@@ -14,36 +18,15 @@
 
 #include "core/check.h"
 #include "io/gguf.h"
+#include "io/hf_tokenizer.h"
+#include "io/json_input.h"
+#include "io/pretokenizer_types.h"
+#include "io/regex_split.h"
 
 namespace strata {
 namespace {
 
 constexpr const char kSpmSpace[] = "\xE2\x96\x81";  // U+2581, SentencePiece's word marker
-
-// Length of the UTF-8 sequence led by `c` without validation (llama.cpp's unicode_len_utf8):
-// continuation bytes count as 1 so that stray bytes still advance.
-size_t Utf8SeqLen(uint8_t c) {
-  static constexpr uint8_t kLen[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
-  return kLen[c >> 4];
-}
-
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
 
 // One code point of the input with its byte span. Invalid UTF-8 yields one-byte units with
 // cp = kInvalidCp so the bytes survive pre-tokenization unchanged.
@@ -88,128 +71,6 @@ std::vector<CodeUnit> DecodeUtf8(const std::string& s) {
   return out;
 }
 
-// ---- Unicode classes (approximation, see the header comment) ----
-
-struct CpRange {
-  uint32_t lo, hi;  // inclusive
-};
-
-// Sorted, non-overlapping.
-constexpr CpRange kNumberRanges[] = {
-    {0x30, 0x39},       {0xB2, 0xB3},       {0xB9, 0xB9},     {0xBC, 0xBE},     {0x660, 0x669},
-    {0x6F0, 0x6F9},     {0x7C0, 0x7C9},     {0x966, 0x96F},   {0x9E6, 0x9EF},   {0xA66, 0xA6F},
-    {0xAE6, 0xAEF},     {0xB66, 0xB6F},     {0xBE6, 0xBF2},   {0xC66, 0xC6F},   {0xCE6, 0xCEF},
-    {0xD66, 0xD78},     {0xE50, 0xE59},     {0xED0, 0xED9},   {0xF20, 0xF33},   {0x1040, 0x1049},
-    {0x17E0, 0x17E9},   {0x1810, 0x1819},   {0x2070, 0x2070}, {0x2074, 0x2079}, {0x2080, 0x2089},
-    {0x2150, 0x2182},   {0x2185, 0x2189},   {0x2460, 0x249B}, {0x24EA, 0x24FF}, {0x2776, 0x2793},
-    {0x3007, 0x3007},   {0x3021, 0x3029},   {0x3038, 0x303A}, {0x3192, 0x3195}, {0x3220, 0x3229},
-    {0x3248, 0x324F},   {0x3251, 0x325F},   {0x3280, 0x3289}, {0x32B1, 0x32BF}, {0xFF10, 0xFF19},
-    {0x1D7CE, 0x1D7FF}, {0x1F100, 0x1F10C},
-};
-
-constexpr CpRange kLetterRanges[] = {
-    {0x41, 0x5A},     {0x61, 0x7A},       {0xAA, 0xAA},     {0xB5, 0xB5},     {0xBA, 0xBA},
-    {0xC0, 0xD6},     {0xD8, 0xF6},       {0xF8, 0x2C1},    {0x2C6, 0x2D1},   {0x2E0, 0x2E4},
-    {0x2EC, 0x2EC},   {0x2EE, 0x2EE},     {0x370, 0x374},   {0x376, 0x377},   {0x37A, 0x37D},
-    {0x37F, 0x37F},   {0x386, 0x386},     {0x388, 0x3F5},   {0x3F7, 0x481},   {0x48A, 0x52F},
-    {0x531, 0x556},   {0x559, 0x559},     {0x560, 0x588},   {0x5D0, 0x5EA},   {0x5EF, 0x5F2},
-    {0x620, 0x64A},   {0x66E, 0x66F},     {0x671, 0x6D3},   {0x6D5, 0x6D5},   {0x6E5, 0x6E6},
-    {0x6EE, 0x6EF},   {0x6FA, 0x6FC},     {0x6FF, 0x6FF},   {0x710, 0x710},   {0x712, 0x72F},
-    {0x74D, 0x7A5},   {0x904, 0x939},     {0x93D, 0x93D},   {0x950, 0x950},   {0x958, 0x961},
-    {0x971, 0x980},   {0x985, 0x9B9},     {0xA05, 0xA39},   {0xA85, 0xAB9},   {0xB05, 0xB39},
-    {0xB85, 0xBB9},   {0xC05, 0xC39},     {0xC85, 0xCB9},   {0xD05, 0xD3A},   {0xE01, 0xE30},
-    {0xE32, 0xE33},   {0xE40, 0xE46},     {0x10A0, 0x10C5}, {0x10D0, 0x10FA}, {0x10FC, 0x10FF},
-    {0x1100, 0x11FF}, {0x1E00, 0x1F15},   {0x1F18, 0x1FBC}, {0x1FC2, 0x1FCC}, {0x1FD0, 0x1FDB},
-    {0x1FE0, 0x1FEC}, {0x1FF2, 0x1FFC},   {0x2C00, 0x2CE4}, {0x3005, 0x3006}, {0x3031, 0x3035},
-    {0x3041, 0x3096}, {0x309D, 0x309F},   {0x30A1, 0x30FA}, {0x30FC, 0x30FF}, {0x3105, 0x312F},
-    {0x3131, 0x318E}, {0x31A0, 0x31BF},   {0x31F0, 0x31FF}, {0x3400, 0x4DBF}, {0x4E00, 0x9FFF},
-    {0xA000, 0xA48C}, {0xAC00, 0xD7A3},   {0xF900, 0xFAFF}, {0xFB00, 0xFB06}, {0xFB1D, 0xFB28},
-    {0xFB2A, 0xFBB1}, {0xFBD3, 0xFD3D},   {0xFE70, 0xFEFC}, {0xFF21, 0xFF3A}, {0xFF41, 0xFF5A},
-    {0xFF66, 0xFFDC}, {0x20000, 0x323AF},
-};
-
-constexpr CpRange kSpaceRanges[] = {
-    {0x09, 0x0D},     {0x20, 0x20},     {0x85, 0x85},     {0xA0, 0xA0},     {0x1680, 0x1680},
-    {0x2000, 0x200A}, {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000},
-};
-
-template <size_t N>
-bool InRanges(const CpRange (&ranges)[N], uint32_t cp) {
-  const CpRange* it = std::upper_bound(std::begin(ranges), std::end(ranges), cp,
-                                       [](uint32_t v, const CpRange& r) { return v < r.lo; });
-  if (it == std::begin(ranges)) return false;
-  --it;
-  return cp <= it->hi;
-}
-
-enum class CpClass : uint8_t { kOther, kLetter, kNumber, kSpace, kNone };
-
-CpClass Classify(uint32_t cp) {
-  if (cp == kInvalidCp) return CpClass::kOther;
-  if (InRanges(kSpaceRanges, cp)) return CpClass::kSpace;
-  if (InRanges(kNumberRanges, cp)) return CpClass::kNumber;
-  if (InRanges(kLetterRanges, cp)) return CpClass::kLetter;
-  return CpClass::kOther;
-}
-
-// GPT-2 pre-tokenizer, transcribed from llama.cpp's unicode_regex_split_custom_gpt2. Returns the
-// end index (in units) of every piece.
-std::vector<size_t> SplitGpt2(const std::vector<CodeUnit>& units) {
-  const size_t n = units.size();
-  std::vector<CpClass> cls(n);
-  for (size_t i = 0; i < n; ++i) cls[i] = Classify(units[i].cp);
-  auto cpt = [&](size_t pos) -> uint32_t { return pos < n ? units[pos].cp : kInvalidCp - 1; };
-  auto flags = [&](size_t pos) -> CpClass { return pos < n ? cls[pos] : CpClass::kNone; };
-  std::vector<size_t> ends;
-  auto add = [&](size_t end) {
-    if (ends.empty() ? end > 0 : end > ends.back()) ends.push_back(end);
-  };
-  size_t pos = 0;
-  while (pos < n) {
-    const uint32_t c = cpt(pos);
-    // 's|'t|'re|'ve|'m|'ll|'d
-    if (c == '\'' && pos + 1 < n) {
-      const uint32_t c1 = cpt(pos + 1);
-      if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
-        add(pos + 2);
-        pos += 2;
-        continue;
-      }
-      if (pos + 2 < n) {
-        const uint32_t c2 = cpt(pos + 2);
-        if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) {
-          add(pos + 3);
-          pos += 3;
-          continue;
-        }
-      }
-    }
-    const CpClass f2 = c == ' ' ? flags(pos + 1) : flags(pos);
-    //  ?\p{L}+ |  ?\p{N}+ |  ?[^\s\p{L}\p{N}]+
-    if (f2 == CpClass::kLetter || f2 == CpClass::kNumber || f2 == CpClass::kOther) {
-      pos += (c == ' ');
-      while (flags(pos) == f2) ++pos;
-      add(pos);
-      continue;
-    }
-    size_t n_ws = 0;
-    while (flags(pos + n_ws) == CpClass::kSpace) ++n_ws;
-    // \s+(?!\S): leave the last whitespace to prefix the next piece
-    if (n_ws > 1 && pos + n_ws < n) {
-      pos += n_ws - 1;
-      add(pos);
-      continue;
-    }
-    if (n_ws > 0) {  // \s+
-      pos += n_ws;
-      add(pos);
-      continue;
-    }
-    add(++pos);  // no match
-  }
-  return ends;
-}
-
 // A symbol of the merge loop: a byte span [begin, begin+n) of the working string, linked to its
 // live neighbours. n == 0 once merged into its left neighbour.
 struct Symbol {
@@ -238,14 +99,6 @@ void MergeInto(std::vector<Symbol>* symbols, int left, int right) {
 struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>()(s); }
-};
-
-struct PairHash {
-  size_t operator()(const std::pair<std::string, std::string>& p) const {
-    const size_t a = std::hash<std::string>()(p.first);
-    const size_t b = std::hash<std::string>()(p.second);
-    return a ^ (b + 0x9e3779b97f4a7c15ull + (a << 6) + (a >> 2));
-  }
 };
 
 // Parses "<0xNN>" into NN, or -1.
@@ -292,24 +145,26 @@ struct Tokenizer::Impl {
   std::vector<float> scores;     // [n_vocab]
   std::vector<TokenType> types;  // [n_vocab]
   std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>> token_to_id;
-  std::unordered_map<std::pair<std::string, std::string>, int32_t, PairHash> merge_rank;
   std::array<int32_t, 256> byte_token{};  // SPM: id of <0xNN> (or of the raw byte), -1 if none
-  std::array<std::string, 256> byte_to_unicode;  // GPT-2 map: byte -> UTF-8 of its code point
-  std::vector<int16_t> unicode_to_byte;          // code point -> byte, -1 if none
-  std::vector<int32_t> special_ids;              // control/unknown/user-defined, longest text first
+  std::vector<int32_t> special_ids;       // SPM: control/unknown/user-defined, longest text first
+  // "gpt2" and tokenizer.json: the pipeline that encodes and decodes (SPM: null).
+  std::shared_ptr<const HfTokenizer> hf;
   int32_t bos = -1, eos = -1, unk = -1, pad = -1;
   bool add_bos = false;
   bool add_space_prefix = false;
   std::string pre;
 
   int32_t Find(std::string_view s) const {
+    if (hf && kind == Kind::kTokenizerJson) return hf->TokenId(s);  // the pipeline has the texts
     const auto it = token_to_id.find(s);
     return it == token_to_id.end() ? -1 : it->second;
   }
+  // The text of a valid id (tokenizer.json: from the pipeline).
+  const std::string& Text(int32_t id) const {
+    return kind == Kind::kTokenizerJson ? hf->token_text(id) : tokens[id];
+  }
 
   void EncodeSpm(const std::string& raw, bool prefix_space, std::vector<int32_t>* out) const;
-  void EncodeGpt2(const std::string& raw, std::vector<int32_t>* out) const;
-  void BpeWord(const std::string& word, std::vector<int32_t>* out) const;
   // Appends the printed text of `id`; false when it prints nothing.
   void AppendPiece(int32_t id, std::string* out) const;
 };
@@ -387,95 +242,15 @@ void Tokenizer::Impl::EncodeSpm(const std::string& raw, bool prefix_space,
   }
 }
 
-// ---- GPT-2 byte-level BPE (llm_tokenizer_bpe) ----
-
-void Tokenizer::Impl::BpeWord(const std::string& word, std::vector<int32_t>* out) const {
-  // `word` is already in byte-unicode form: every UTF-8 character stands for one input byte.
-  std::vector<Symbol> symbols;
-  for (size_t offs = 0; offs < word.size();) {
-    const size_t len = std::min(Utf8SeqLen(static_cast<uint8_t>(word[offs])), word.size() - offs);
-    symbols.push_back({0, 0, offs, len});
-    offs += len;
-  }
-  LinkSymbols(&symbols);
-
-  struct Bigram {
-    int left, right;
-    int32_t rank;
-    std::string text;
-  };
-  // Lowest rank first; ties: leftmost first.
-  auto worse = [](const Bigram& a, const Bigram& b) {
-    return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
-  };
-  std::priority_queue<Bigram, std::vector<Bigram>, decltype(worse)> queue(worse);
-  auto try_add = [&](int left, int right) {
-    if (left < 0 || right < 0) return;
-    std::pair<std::string, std::string> key(word.substr(symbols[left].begin, symbols[left].n),
-                                            word.substr(symbols[right].begin, symbols[right].n));
-    const auto it = merge_rank.find(key);
-    if (it == merge_rank.end()) return;
-    queue.push({left, right, it->second, key.first + key.second});
-  };
-  for (int i = 1; i < static_cast<int>(symbols.size()); ++i) try_add(i - 1, i);
-
-  while (!queue.empty()) {
-    const Bigram b = queue.top();
-    queue.pop();
-    const Symbol& l = symbols[b.left];
-    const Symbol& r = symbols[b.right];
-    if (l.n == 0 || r.n == 0 || l.n + r.n != b.text.size() ||
-        word.compare(l.begin, b.text.size(), b.text) != 0) {
-      continue;  // stale
-    }
-    MergeInto(&symbols, b.left, b.right);
-    try_add(symbols[b.left].prev, b.left);
-    try_add(b.left, symbols[b.left].next);
-  }
-
-  for (int i = 0; i != -1 && !symbols.empty(); i = symbols[i].next) {
-    const Symbol& s = symbols[i];
-    const std::string piece = word.substr(s.begin, s.n);
-    const int32_t id = Find(piece);
-    if (id >= 0) {
-      out->push_back(id);
-      continue;
-    }
-    // Fall back to one token per byte-character (llama.cpp looks up single bytes of the UTF-8,
-    // which loses non-ASCII bytes; looking up whole characters keeps them).
-    for (size_t offs = 0; offs < piece.size();) {
-      const size_t len =
-          std::min(Utf8SeqLen(static_cast<uint8_t>(piece[offs])), piece.size() - offs);
-      const int32_t cid = Find(std::string_view(piece).substr(offs, len));
-      if (cid >= 0) {
-        out->push_back(cid);
-      } else if (unk >= 0) {
-        out->push_back(unk);
-      }
-      offs += len;
-    }
-  }
-}
-
-void Tokenizer::Impl::EncodeGpt2(const std::string& raw, std::vector<int32_t>* out) const {
-  const std::vector<CodeUnit> units = DecodeUtf8(raw);
-  const std::vector<size_t> ends = SplitGpt2(units);
-  size_t start = 0;
-  std::string word;
-  for (const size_t end : ends) {
-    word.clear();
-    for (size_t u = start; u < end; ++u) {
-      for (size_t k = 0; k < units[u].len; ++k) {
-        word += byte_to_unicode[static_cast<uint8_t>(raw[units[u].begin + k])];
-      }
-    }
-    BpeWord(word, out);
-    start = end;
-  }
-}
-
 void Tokenizer::Impl::AppendPiece(int32_t id, std::string* out) const {
-  if (id < 0 || id >= static_cast<int32_t>(tokens.size())) return;
+  if (id < 0 || id >= static_cast<int32_t>(types.size())) return;
+  if (hf) {  // control, unknown and unused tokens print nothing; the rest through the decoder
+    const TokenType t = types[id];
+    if (t != TokenType::kControl && t != TokenType::kUnknown && t != TokenType::kUnused) {
+      *out += hf->DecodeToken(id);
+    }
+    return;
+  }
   const std::string& text = tokens[id];
   switch (types[id]) {
     case TokenType::kControl:
@@ -485,37 +260,24 @@ void Tokenizer::Impl::AppendPiece(int32_t id, std::string* out) const {
     case TokenType::kUserDefined:
       *out += text;
       return;
-    case TokenType::kByte:
-      if (kind == Kind::kSentencePiece) {
-        const int b = ParseByteToken(text);
-        if (b >= 0) {
-          out->push_back(static_cast<char>(b));
-        } else {
-          *out += text;
-        }
-        return;
+    case TokenType::kByte: {
+      const int b = ParseByteToken(text);
+      if (b >= 0) {
+        out->push_back(static_cast<char>(b));
+      } else {
+        *out += text;
       }
-      break;  // gpt2: decode like a normal token
+      return;
+    }
     default:
       break;
   }
-  if (kind == Kind::kSentencePiece) {
-    for (size_t i = 0; i < text.size();) {
-      if (text.compare(i, 3, kSpmSpace) == 0) {
-        out->push_back(' ');
-        i += 3;
-      } else {
-        out->push_back(text[i++]);
-      }
-    }
-    return;
-  }
-  for (const CodeUnit& u : DecodeUtf8(text)) {
-    const int b = u.cp < unicode_to_byte.size() ? unicode_to_byte[u.cp] : -1;
-    if (b >= 0) {
-      out->push_back(static_cast<char>(b));
+  for (size_t i = 0; i < text.size();) {
+    if (text.compare(i, 3, kSpmSpace) == 0) {
+      out->push_back(' ');
+      i += 3;
     } else {
-      out->append(text, u.begin, u.len);  // not a byte-level character: print as is
+      out->push_back(text[i++]);
     }
   }
 }
@@ -553,6 +315,11 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromData(TokenizerData data) {
       {"tokenizer.ggml.eos_token_id", data.eos},
       {"tokenizer.ggml.unknown_token_id", data.unk},
       {"tokenizer.ggml.padding_token_id", data.pad},
+      {"tokenizer.ggml.eot_token_id", data.eot},
+      {"tokenizer.ggml.eom_token_id", data.eom},
+      {"tokenizer.ggml.fim_pad_token_id", data.fim_pad},
+      {"tokenizer.ggml.fim_rep_token_id", data.fim_rep},
+      {"tokenizer.ggml.fim_sep_token_id", data.fim_sep},
   };
   for (const auto& [key, id] : specials) {
     if (id < -1 || id >= n_vocab) {
@@ -580,7 +347,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromData(TokenizerData data) {
         impl->types[i] = TokenType::kByte;
       }
     }
-    for (const int32_t id : {data.bos, data.eos, data.pad}) {
+    for (const int32_t id : {data.bos, data.eos, data.pad, data.eot, data.eom}) {
       if (id >= 0) impl->types[id] = TokenType::kControl;
     }
     if (data.unk >= 0) impl->types[data.unk] = TokenType::kUnknown;
@@ -600,52 +367,39 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromData(TokenizerData data) {
     }
   }
 
-  // GPT-2 bytes_to_unicode: printable Latin-1 bytes map to themselves, the rest to 256 + k.
-  impl->unicode_to_byte.assign(256 + 68, -1);
-  {
-    int next = 0;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-      const uint32_t cp = printable ? b : 256 + next++;
-      AppendUtf8(cp, &impl->byte_to_unicode[b]);
-      impl->unicode_to_byte[cp] = static_cast<int16_t>(b);
-    }
-  }
-
   if (impl->kind == Kind::kBytePairGpt2) {
-    for (size_t r = 0; r < data.merges.size(); ++r) {
-      const std::string& m = data.merges[r];
-      const size_t sp = m.find(' ', 1);
-      const std::string where = "tokenizer.ggml.merges[" + std::to_string(r) + "] = " + Quote(m);
-      if (m.empty() || sp == std::string::npos || sp + 1 >= m.size() ||
-          m.find(' ', sp + 1) != std::string::npos) {
-        return InvalidArgument(where + " is not of the form \"left right\"");
-      }
-      std::string left = m.substr(0, sp), right = m.substr(sp + 1);
-      for (const std::string* part : {&left, &right}) {
-        if (impl->Find(*part) < 0) {
-          return InvalidArgument(where + ": " + Quote(*part) + " is not in the vocabulary");
-        }
-      }
-      if (impl->Find(left + right) < 0) {
-        return InvalidArgument(where + ": merged token " + Quote(left + right) +
-                               " is not in the vocabulary");
-      }
-      impl->merge_rank.emplace(std::make_pair(std::move(left), std::move(right)),
-                               static_cast<int32_t>(r));  // first (lowest) rank wins
-    }
     if (data.merges.empty()) {
+      // Without merges every byte must be a token of its own.
       for (int b = 0; b < 256; ++b) {
-        if (impl->Find(impl->byte_to_unicode[b]) < 0) {
+        const std::string& ch = Gpt2ByteChar(static_cast<uint8_t>(b));
+        if (impl->Find(ch) < 0) {
           char buf[8];
           std::snprintf(buf, sizeof(buf), "0x%02X", b);
           return InvalidArgument(
               std::string("gpt2 tokenizer has no tokenizer.ggml.merges and lacks the token for "
                           "byte ") +
-              buf + " (" + Quote(impl->byte_to_unicode[b]) + ")");
+              buf + " (" + Quote(ch) + ")");
         }
       }
     }
+    auto regexes = PreTokenizerRegexes(data.pre);
+    if (!regexes.ok()) return regexes.status().WithContext("tokenizer.ggml.pre");
+    ByteLevelBpeSpec spec;
+    spec.tokens = data.tokens;
+    spec.merges = std::move(data.merges);
+    spec.regexes = std::move(*regexes);
+    spec.ignore_merges = PreTokenizerIgnoresMerges(data.pre);
+    spec.unk = data.unk;
+    for (int32_t i = 0; i < n_vocab; ++i) {
+      const TokenType t = impl->types[i];
+      if (data.tokens[i].empty()) continue;
+      if (t == TokenType::kControl || t == TokenType::kUnknown) {
+        spec.added.push_back({i, data.tokens[i], /*special=*/true, false, false, false, false});
+      } else if (t == TokenType::kUserDefined) {
+        spec.added.push_back({i, data.tokens[i], /*special=*/false, false, false, false, false});
+      }
+    }
+    ASSIGN_OR_RETURN(impl->hf, HfTokenizer::FromByteLevelBpe(std::move(spec)));
   }
 
   for (int32_t i = 0; i < n_vocab; ++i) {
@@ -675,6 +429,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromData(TokenizerData data) {
   tok->eos_ = impl->eos;
   tok->add_bos_ = impl->add_bos;
   tok->impl_ = std::move(impl);
+  tok->InitSpecialTokens(data);
   return tok;
 }
 
@@ -712,6 +467,11 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f) {
       {"tokenizer.ggml.eos_token_id", &d.eos, spm && n > 2 ? 2 : -1},
       {"tokenizer.ggml.unknown_token_id", &d.unk, spm && n > 0 ? 0 : -1},
       {"tokenizer.ggml.padding_token_id", &d.pad, -1},
+      {"tokenizer.ggml.eot_token_id", &d.eot, -1},
+      {"tokenizer.ggml.eom_token_id", &d.eom, -1},
+      {"tokenizer.ggml.fim_pad_token_id", &d.fim_pad, -1},
+      {"tokenizer.ggml.fim_rep_token_id", &d.fim_rep, -1},
+      {"tokenizer.ggml.fim_sep_token_id", &d.fim_sep, -1},
   };
   for (const IdKey& k : ids) {
     int64_t v = k.def;
@@ -742,7 +502,161 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGguf(const GgufFile& f) {
   if (f.Has("tokenizer.ggml.pre")) {
     ASSIGN_OR_RETURN(d.pre, f.GetString("tokenizer.ggml.pre"));
   }
+  if (f.Has("tokenizer.chat_template")) {
+    ASSIGN_OR_RETURN(d.chat_template, f.GetString("tokenizer.chat_template"));
+  }
   return FromData(std::move(d));
+}
+
+// ---- tokenizer.json ----
+
+namespace {
+
+StatusOr<std::string> ReadTextFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) return NotFound("cannot open " + path);
+  const std::streamoff size = f.tellg();
+  if (size < 0) return IoError("cannot read " + path);
+  std::string text(static_cast<size_t>(size), '\0');
+  f.seekg(0);
+  if (!f.read(text.data(), size)) return IoError("cannot read " + path);
+  return text;
+}
+
+// tokenizer_config.json's bos_token & co: a string, an AddedToken object {"content": ...} or
+// null/absent (nullopt).
+StatusOr<std::optional<std::string>> ConfigToken(const nlohmann::json& cfg, const char* key,
+                                                 const std::string& what) {
+  const auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return std::optional<std::string>();
+  if (it->is_string()) return std::optional<std::string>(it->get<std::string>());
+  if (it->is_object()) {
+    const auto c = it->find("content");
+    if (c != it->end() && c->is_string()) return std::optional<std::string>(c->get<std::string>());
+  }
+  return InvalidArgument(what + ": " + key + ": expected a string or an AddedToken object " +
+                         "with a \"content\" string, got " + BriefJson(*it));
+}
+
+StatusOr<std::optional<bool>> ConfigBool(const nlohmann::json& cfg, const char* key,
+                                         const std::string& what) {
+  const auto it = cfg.find(key);
+  if (it == cfg.end() || it->is_null()) return std::optional<bool>();
+  if (!it->is_boolean()) {
+    return InvalidArgument(what + ": " + key + ": expected a boolean, got " + BriefJson(*it));
+  }
+  return std::optional<bool>(it->get<bool>());
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromHfJson(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
+  ASSIGN_OR_RETURN(std::shared_ptr<HfTokenizer> hf, HfTokenizer::FromJsonText(text, path));
+  text.clear();
+  text.shrink_to_fit();
+  auto impl = std::make_shared<Impl>();
+  impl->kind = Kind::kTokenizerJson;
+  const int32_t n = hf->vocab_size();
+  if (n <= 0) return InvalidArgument(path + ": the vocabulary is empty");
+  // Token texts and the text -> id map stay in the pipeline (token_text and TokenId ask it).
+  impl->types.assign(n, TokenType::kNormal);
+  for (int32_t i = 0; i < n; ++i) {
+    TokenType& t = impl->types[i];
+    if (hf->IsSpecial(i)) {
+      t = TokenType::kControl;
+    } else if (hf->IsAdded(i)) {
+      t = TokenType::kUserDefined;
+    } else if (i == hf->unk_id()) {
+      t = TokenType::kUnknown;
+    } else if (hf->IsByteToken(i)) {
+      t = TokenType::kByte;
+    } else if (hf->token_text(i).empty()) {
+      t = TokenType::kUnused;  // an id no token has
+    }
+  }
+  impl->unk = hf->unk_id();
+  const std::vector<int32_t>& prefix = hf->prefix_special_ids();
+  impl->bos = prefix.size() == 1 ? prefix[0] : -1;
+  TokenizerData special;  // what InitSpecialTokens needs: eos and the chat template
+
+  const std::filesystem::path cfg_path =
+      std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+  std::error_code ec;
+  if (std::filesystem::exists(cfg_path, ec)) {
+    const std::string what = cfg_path.string();
+    ASSIGN_OR_RETURN(std::string cfg_text, ReadTextFile(what));
+    ASSIGN_OR_RETURN(nlohmann::json cfg, ParseUntrustedJson(cfg_text, what));
+    if (!cfg.is_object()) {
+      return InvalidArgument(what + ": expected a JSON object, got " + BriefJson(cfg));
+    }
+    struct Special {
+      const char* key;
+      int32_t* dst;
+    };
+    for (const Special& sp : {Special{"bos_token", &impl->bos}, Special{"eos_token", &impl->eos},
+                              Special{"pad_token", &impl->pad}, Special{"unk_token", &impl->unk}}) {
+      ASSIGN_OR_RETURN(std::optional<std::string> tok, ConfigToken(cfg, sp.key, what));
+      if (!tok) continue;
+      const int32_t id = hf->TokenId(*tok);  // impl->hf is not set yet
+      if (id < 0) {
+        return InvalidArgument(what + ": " + sp.key + " = " + Quote(*tok) +
+                               " is not a token of " + path);
+      }
+      *sp.dst = id;
+    }
+    ASSIGN_OR_RETURN(std::optional<bool> add_bos, ConfigBool(cfg, "add_bos_token", what));
+    ASSIGN_OR_RETURN(std::optional<bool> add_eos, ConfigBool(cfg, "add_eos_token", what));
+    if (add_bos || add_eos) {
+      // transformers' update_post_processor: the template becomes "[bos] $A [eos]"; a flag left
+      // out keeps what the tokenizer.json's post-processor did.
+      const bool bos_on = add_bos ? *add_bos : !hf->prefix_special_ids().empty();
+      const bool eos_on = add_eos ? *add_eos : !hf->suffix_special_ids().empty();
+      if (bos_on && impl->bos < 0) {
+        return InvalidArgument(what + ": add_bos_token is true but there is no bos_token");
+      }
+      if (eos_on && impl->eos < 0) {
+        return InvalidArgument(what + ": add_eos_token is true but there is no eos_token");
+      }
+      hf->SetSpecialTemplate(bos_on ? std::vector<int32_t>{impl->bos} : std::vector<int32_t>{},
+                             eos_on ? std::vector<int32_t>{impl->eos} : std::vector<int32_t>{});
+    }
+    const auto ct = cfg.find("chat_template");
+    if (ct != cfg.end() && !ct->is_null()) {
+      if (ct->is_string()) {
+        special.chat_template = ct->get<std::string>();
+      } else if (ct->is_array()) {
+        for (size_t i = 0; i < ct->size(); ++i) {
+          const nlohmann::json& e = (*ct)[i];
+          if (!e.is_object() || !e.contains("name") || !e["name"].is_string() ||
+              !e.contains("template") || !e["template"].is_string()) {
+            return InvalidArgument(what + ": chat_template[" + std::to_string(i) +
+                                   "]: expected {\"name\": string, \"template\": string}, got " +
+                                   BriefJson(e));
+          }
+          if (e["name"].get<std::string>() == "default") {
+            special.chat_template = e["template"].get<std::string>();
+          }
+        }
+      } else {
+        return InvalidArgument(what + ": chat_template: expected a string or a list of " +
+                               "{name, template}, got " + BriefJson(*ct));
+      }
+    }
+  }
+  impl->add_bos = !hf->prefix_special_ids().empty();
+  impl->hf = std::move(hf);
+
+  std::unique_ptr<Tokenizer> tok(new Tokenizer());
+  tok->kind_ = impl->kind;
+  tok->vocab_size_ = n;
+  tok->bos_ = impl->bos;
+  tok->eos_ = impl->eos;
+  tok->add_bos_ = impl->add_bos;
+  special.eos = impl->eos;
+  tok->impl_ = std::move(impl);
+  tok->InitSpecialTokens(special);
+  return tok;
 }
 
 // ---- Queries ----
@@ -758,7 +672,7 @@ TokenType Tokenizer::token_type(int32_t id) const {
 const std::string& Tokenizer::token_text(int32_t id) const {
   STRATA_CHECK_MSG(id >= 0 && id < vocab_size_, "token id %d out of range [0, %d)", id,
                    vocab_size_);
-  return impl_->tokens[id];
+  return impl_->Text(id);
 }
 
 int32_t Tokenizer::TokenId(const std::string& text) const { return impl_->Find(text); }
@@ -780,6 +694,14 @@ std::vector<int32_t> Tokenizer::Encode(const std::string& text, bool with_bos) c
 std::vector<int32_t> Tokenizer::Encode(const std::string& text, bool with_bos,
                                        bool parse_special) const {
   const Impl& im = *impl_;
+  if (im.kind == Kind::kTokenizerJson) return im.hf->Encode(text, with_bos, parse_special);
+  if (im.hf) {  // GGUF "gpt2": BOS from add_bos, the rest by the pipeline
+    std::vector<int32_t> out;
+    if (with_bos && im.add_bos && im.bos >= 0) out.push_back(im.bos);
+    const std::vector<int32_t> ids = im.hf->Encode(text, false, parse_special);
+    out.insert(out.end(), ids.begin(), ids.end());
+    return out;
+  }
   // Fragments: raw text spans, or a matched special token (llama.cpp's tokenizer_st_partition:
   // special tokens are tried longest first, each splitting every remaining raw fragment).
   struct Fragment {
@@ -824,26 +746,21 @@ std::vector<int32_t> Tokenizer::Encode(const std::string& text, bool with_bos,
       continue;
     }
     const std::string raw = text.substr(f.begin, f.len);
-    if (im.kind == Kind::kSentencePiece) {
-      im.EncodeSpm(raw, im.add_space_prefix && prev_special, &out);
-    } else {
-      im.EncodeGpt2(raw, &out);
-    }
+    im.EncodeSpm(raw, im.add_space_prefix && prev_special, &out);
     prev_special = false;
   }
   return out;
 }
 
 std::vector<std::string> Tokenizer::SplitGpt2Words(const std::string& text) {
-  const std::vector<CodeUnit> units = DecodeUtf8(text);
+  static const RegexSplitter* const kGpt2 = [] {
+    auto r = RegexSplitter::Compile(
+        "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+");
+    STRATA_CHECK_MSG(r.ok(), "%s", r.status().ToString().c_str());
+    return new RegexSplitter(std::move(r).value());
+  }();
   std::vector<std::string> words;
-  size_t start = 0;
-  for (const size_t end : SplitGpt2(units)) {
-    const size_t b = units[start].begin;
-    const size_t e = units[end - 1].begin + units[end - 1].len;
-    words.push_back(text.substr(b, e - b));
-    start = end;
-  }
+  kGpt2->Split(text, SplitBehavior::kIsolated, false, &words);
   return words;
 }
 
@@ -854,9 +771,124 @@ std::string Tokenizer::DecodeToken(int32_t id) const {
 }
 
 std::string Tokenizer::Decode(const std::vector<int32_t>& ids) const {
+  return Decode(ids, /*render_special=*/false);
+}
+
+// ---- Special tokens: rendering and end of generation ----
+
+namespace {
+
+// Token texts llama.cpp treats as end of generation whatever the metadata says (llama-vocab.cpp,
+// special_eog_ids), and the texts it takes as the FIM pad / repo / file-separator tokens when
+// their keys are absent (those end generation too).
+constexpr const char* kEogTexts[] = {
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",  // DeepSeek
+    "[e~[",
+};
+constexpr const char* kFimPadTexts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};
+constexpr const char* kFimRepTexts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>",
+                                        "<reponame>"};
+constexpr const char* kFimSepTexts[] = {"<|file_sep|>"};
+
+}  // namespace
+
+void Tokenizer::InitSpecialTokens(const TokenizerData& data) {
+  chat_template_ = data.chat_template;
+  const Impl& im = *impl_;
+  std::vector<int32_t> eog;
+  // A FIM id given by its key wins; otherwise the first listed text the vocabulary has.
+  auto fim = [&](int32_t given, const auto& texts) -> int32_t {
+    if (given >= 0) return given;
+    for (const char* t : texts) {
+      if (const int32_t id = im.Find(t); id >= 0) return id;
+    }
+    return -1;
+  };
+  for (const int32_t id : {fim(data.fim_pad, kFimPadTexts), fim(data.fim_rep, kFimRepTexts),
+                           fim(data.fim_sep, kFimSepTexts), data.eos, data.eot, data.eom}) {
+    if (id >= 0) eog.push_back(id);
+  }
+  for (const char* t : kEogTexts) {
+    if (const int32_t id = im.Find(t); id >= 0) eog.push_back(id);
+  }
+  std::sort(eog.begin(), eog.end());
+  eog.erase(std::unique(eog.begin(), eog.end()), eog.end());
+  // llama.cpp's two exceptions: in the gpt-oss (harmony) and Solar Open vocabularies <|end|>
+  // closes a message, not the generation; with Gemma 4's <|tool_response> present, </s> is
+  // ordinary.
+  auto has = [&](const char* t) {
+    const int32_t id = im.Find(t);
+    return id >= 0 && std::binary_search(eog.begin(), eog.end(), id);
+  };
+  auto drop = [&](const char* t) {
+    const int32_t id = im.Find(t);
+    eog.erase(std::remove(eog.begin(), eog.end(), id), eog.end());
+  };
+  if (has("<|end|>") && ((has("<|return|>") && (has("<|call|>") || has("<|calls|>"))) ||
+                         ((has("<|call|>") || has("<|calls|>")) && has("<|flush|>")))) {
+    drop("<|end|>");
+  }
+  if (has("<|tool_response>") && has("</s>")) drop("</s>");
+  eog_ids_ = std::move(eog);
+}
+
+bool Tokenizer::IsEog(int32_t id) const {
+  return std::binary_search(eog_ids_.begin(), eog_ids_.end(), id);
+}
+
+std::string Tokenizer::DecodeToken(int32_t id, bool render_special) const {
+  const TokenType t = token_type(id);
+  if (render_special && (t == TokenType::kControl || t == TokenType::kUnknown)) {
+    return impl_->Text(id);
+  }
+  return DecodeToken(id);
+}
+
+std::string Tokenizer::Decode(const std::vector<int32_t>& ids, bool render_special) const {
+  if (impl_->hf) {
+    // Control, unknown and unused tokens print nothing unless rendered (as llama.cpp); the
+    // pipeline decodes the rest together (byte runs, word markers and stripping need the whole
+    // sequence).
+    std::vector<int32_t> kept;
+    kept.reserve(ids.size());
+    for (const int32_t id : ids) {
+      if (id < 0 || id >= vocab_size_) continue;
+      const TokenType t = impl_->types[id];
+      const bool special = t == TokenType::kControl || t == TokenType::kUnknown;
+      if (t != TokenType::kUnused && (render_special || !special)) kept.push_back(id);
+    }
+    return impl_->hf->Decode(kept, /*skip_special_tokens=*/!render_special);
+  }
   std::string out;
   bool strip = impl_->add_space_prefix;
   for (const int32_t id : ids) {
+    const TokenType t = token_type(id);
+    if (render_special && (t == TokenType::kControl || t == TokenType::kUnknown)) {
+      out += impl_->Text(id);
+      // Encode gave the text after a special token the space prefix again.
+      strip = impl_->add_space_prefix;
+      continue;
+    }
     const size_t before = out.size();
     impl_->AppendPiece(id, &out);
     if (strip && out.size() > before) {

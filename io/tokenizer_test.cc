@@ -375,6 +375,7 @@ TokenizerData Gpt2Base() {
   d.bos = d.eos = 256;
   d.add_bos = false;
   d.add_space_prefix = false;
+  d.pre = "gpt-2";  // the tests below are about the GPT-2 regex ("" would be llama.cpp's default)
   return d;
 }
 
@@ -445,6 +446,44 @@ TEST(TokenizerGpt2, HandWrittenMerges) {
   const std::vector<int32_t> plain = tok->Encode("<|endoftext|>", false);
   EXPECT_EQ(tok->Decode(plain), "<|endoftext|>");
   EXPECT_EQ(std::count(plain.begin(), plain.end(), 256), 0);
+}
+
+// The pre-tokenizer follows tokenizer.ggml.pre: Llama 3's regex ("llama-bpe") splits digit runs in
+// threes and keeps a non-letter before a word; GPT-2's keeps digit runs whole.
+TEST(TokenizerGpt2, PreTypeSelectsTheRegexes) {
+  TokenizerData gpt2 = Gpt2Base();
+  TokenizerData llama3 = Gpt2Base();
+  llama3.pre = "llama-bpe";
+  auto a = MustBuild(gpt2);
+  auto b = MustBuild(llama3);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  // Bytes only (no merges): the ids are the bytes either way; the pieces differ, which shows in
+  // a merge that may only apply within a piece.
+  TokenizerData g2 = gpt2, l3 = llama3;
+  AddMerge(&g2, "3", "4");
+  AddMerge(&l3, "3", "4");
+  auto a34 = MustBuild(g2);
+  auto b34 = MustBuild(l3);
+  ASSERT_NE(a34, nullptr);
+  ASSERT_NE(b34, nullptr);
+  const int32_t t34 = a34->TokenId("34");
+  // "1234": GPT-2 keeps one piece (1 2 34); Llama 3 cuts "123" | "4", so 3 and 4 never meet.
+  EXPECT_EQ(a34->Encode("1234", false), (std::vector<int32_t>{'1', '2', t34}));
+  EXPECT_EQ(b34->Encode("1234", false), (std::vector<int32_t>{'1', '2', '3', '4'}));
+  EXPECT_EQ(a->Encode("x 1", false), b->Encode("x 1", false));
+}
+
+TEST(TokenizerGpt2, UnknownPreTypeIsAnError) {
+  TokenizerData d = Gpt2Base();
+  d.pre = "no-such-pre";
+  auto t = Tokenizer::FromData(d);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("tokenizer.ggml.pre"), std::string::npos)
+      << t.status().ToString();
+  EXPECT_NE(t.status().message().find("no-such-pre"), std::string::npos) << t.status().ToString();
+  EXPECT_NE(t.status().message().find("llama-bpe"), std::string::npos)  // lists the names
+      << t.status().ToString();
 }
 
 TEST(TokenizerGpt2, AddBosWhenConfigured) {
@@ -693,7 +732,7 @@ void PutTokenizer(const TokenizerData& d, GgufWriter* w) {
   if (d.unk >= 0) w->Set("tokenizer.ggml.unknown_token_id", GgufValue::U32(d.unk));
   w->Set("tokenizer.ggml.add_bos_token", GgufValue::Bool(d.add_bos));
   w->Set("tokenizer.ggml.add_space_prefix", GgufValue::Bool(d.add_space_prefix));
-  w->Set("tokenizer.ggml.pre", GgufValue::String("default"));
+  w->Set("tokenizer.ggml.pre", GgufValue::String(d.pre.empty() ? "default" : d.pre));
 }
 
 // Parses a GGUF image; skips the test while the GGUF reader is still a stub (Unimplemented).
@@ -849,6 +888,190 @@ TEST(TokenizerGguf, JsonEosMinusOneMeansNone) {
     EXPECT_NE(st.message().find("-7"), std::string::npos) << st.ToString();
   }
   std::remove(path.c_str());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Special tokens: end-of-generation set, rendering in Decode, chat template metadata
+
+// Gpt2Base plus control tokens (ids 257...), each typed control.
+TokenizerData Gpt2WithControls(const std::vector<std::string>& controls) {
+  TokenizerData d = Gpt2Base();
+  for (const std::string& c : controls) {
+    d.tokens.push_back(c);
+    d.token_types.push_back(3);
+  }
+  return d;
+}
+
+TEST(TokenizerSpecial, EogSetFromIdsAndKnownTexts) {
+  // 257 <|im_start|>, 258 <|im_end|>, 259 <|fim_pad|>, 260 <|repo_name|>, 261 <|file_sep|>,
+  // 262 <|eot_id|>, 263 <custom_eot>, 264 <custom_eom>, 265 <｜end▁of▁sentence｜>, 266 [EOS].
+  TokenizerData d = Gpt2WithControls({"<|im_start|>", "<|im_end|>", "<|fim_pad|>", "<|repo_name|>",
+                                      "<|file_sep|>", "<|eot_id|>", "<custom_eot>", "<custom_eom>",
+                                      "<｜end▁of▁sentence｜>", "[EOS]"});
+  d.eos = 256;  // <|endoftext|>, also a known text
+  d.eot = 263;
+  d.eom = 264;
+  auto tok = MustBuild(d);
+  ASSERT_NE(tok, nullptr);
+  EXPECT_EQ(tok->eog_ids(),
+            (std::vector<int32_t>{256, 258, 259, 260, 261, 262, 263, 264, 265, 266}));
+  for (const int32_t id : tok->eog_ids()) EXPECT_TRUE(tok->IsEog(id)) << id;
+  EXPECT_FALSE(tok->IsEog(257));  // <|im_start|> opens a turn
+  EXPECT_FALSE(tok->IsEog('a'));
+  EXPECT_FALSE(tok->IsEog(-1));
+  EXPECT_FALSE(tok->IsEog(100000));
+
+  // Without EOS and any known text, only the given ids end generation; a FIM id given by its key
+  // replaces the one found by text.
+  TokenizerData e = Gpt2WithControls({"<a>", "<b>", "<|fim_pad|>"});
+  e.bos = e.eos = -1;
+  e.tokens[256] = "<|begin|>";
+  e.eot = 258;
+  e.fim_pad = 257;
+  auto tok2 = MustBuild(e);
+  ASSERT_NE(tok2, nullptr);
+  EXPECT_EQ(tok2->eog_ids(), (std::vector<int32_t>{257, 258}));
+}
+
+TEST(TokenizerSpecial, EogExceptionsFollowLlamaCpp) {
+  // gpt-oss: with <|return|> and <|call|>, <|end|> ends a message, not the generation.
+  auto harmony = MustBuild(Gpt2WithControls({"<|end|>", "<|return|>", "<|call|>"}));
+  ASSERT_NE(harmony, nullptr);
+  EXPECT_FALSE(harmony->IsEog(257));
+  EXPECT_TRUE(harmony->IsEog(258));
+  EXPECT_TRUE(harmony->IsEog(259));
+  auto phi = MustBuild(Gpt2WithControls({"<|end|>"}));
+  ASSERT_NE(phi, nullptr);
+  EXPECT_TRUE(phi->IsEog(257));
+  // Gemma 4: with <|tool_response>, </s> is not an end of generation.
+  auto gemma = MustBuild(Gpt2WithControls({"</s>", "<|tool_response>"}));
+  ASSERT_NE(gemma, nullptr);
+  EXPECT_FALSE(gemma->IsEog(257));
+  EXPECT_TRUE(gemma->IsEog(258));
+  auto plain = MustBuild(Gpt2WithControls({"</s>"}));
+  ASSERT_NE(plain, nullptr);
+  EXPECT_TRUE(plain->IsEog(257));
+}
+
+TEST(TokenizerSpecial, EogIdsAreValidated) {
+  TokenizerData d = Gpt2Base();
+  d.eot = 257;  // one past the vocabulary
+  auto t = Tokenizer::FromData(d);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("tokenizer.ggml.eot_token_id = 257"), std::string::npos)
+      << t.status().ToString();
+  d.eot = -1;
+  d.fim_sep = -2;
+  t = Tokenizer::FromData(d);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("fim_sep_token_id = -2"), std::string::npos)
+      << t.status().ToString();
+}
+
+TEST(TokenizerSpecial, DecodeRendersOrHidesControlTokens) {
+  TokenizerData d = Gpt2WithControls({"<|im_start|>", "<|im_end|>"});
+  auto tok = MustBuild(d);
+  ASSERT_NE(tok, nullptr);
+  const std::string text = "<|im_start|>user\nHi there<|im_end|>\n<|endoftext|>";
+  const std::vector<int32_t> ids = tok->Encode(text, false, true);
+  ASSERT_EQ(ids.front(), 257);
+  EXPECT_EQ(tok->Decode(ids, /*render_special=*/true), text);
+  EXPECT_EQ(tok->Decode(ids, /*render_special=*/false), "user\nHi there\n");
+  EXPECT_EQ(tok->Decode(ids), "user\nHi there\n");
+  EXPECT_EQ(tok->DecodeToken(258, true), "<|im_end|>");
+  EXPECT_EQ(tok->DecodeToken(258, false), "");
+  EXPECT_EQ(tok->DecodeToken('a', true), "a");
+  EXPECT_EQ(tok->DecodeToken(-3, true), "");
+  EXPECT_EQ(tok->Decode({-3, 257, 99999}, true), "<|im_start|>");
+
+  // SentencePiece: BOS, EOS and <unk> print their text; the space prefix Encode adds after a
+  // special token is taken out again, so rendering round-trips.
+  auto spm = MustBuild(SpmData());
+  ASSERT_NE(spm, nullptr);
+  EXPECT_EQ(spm->Decode(spm->Encode("the</s>the", true, true), true), "<s>the</s>the");
+  EXPECT_EQ(spm->Decode(spm->Encode("the</s> the", false, true), true), "the</s> the");
+  EXPECT_EQ(spm->Decode({1, 265, 2}, false), "the");
+  EXPECT_EQ(spm->DecodeToken(0, true), "<unk>");
+  EXPECT_EQ(spm->DecodeToken(0, false), "");
+  EXPECT_EQ(spm->DecodeToken(1, true), "<s>");
+}
+
+TEST(TokenizerSpecial, RenderedDecodeRoundTripsTextWithSpecials) {
+  const uint64_t seed = TestSeed();
+  Rng rng(seed);
+  TokenizerData gd = TrainGpt2(kCorpus, 60);
+  for (const std::string c : {"<|im_start|>", "<|im_end|>"}) {
+    gd.tokens.push_back(c);
+    gd.token_types.push_back(3);
+  }
+  auto gpt2 = MustBuild(gd);
+  auto spm = MustBuild(SpmData());
+  ASSERT_NE(gpt2, nullptr);
+  ASSERT_NE(spm, nullptr);
+  const std::vector<std::string> gpt2_specials = {"<|im_start|>", "<|im_end|>", "<|endoftext|>"};
+  const std::vector<std::string> spm_specials = {"<s>", "</s>", "<unk>"};
+  for (int i = 0; i < 300; ++i) {
+    const bool use_spm = i % 2;
+    const Tokenizer& tok = use_spm ? *spm : *gpt2;
+    const auto& specials = use_spm ? spm_specials : gpt2_specials;
+    std::string text;
+    const int parts = 1 + static_cast<int>(rng.Below(4));
+    for (int p = 0; p < parts; ++p) {
+      if (rng.Below(2)) text += specials[rng.Below(specials.size())];
+      text += use_spm ? RandomAscii(rng, 12) : RandomUtf8(rng, 12);
+    }
+    const std::vector<int32_t> ids = tok.Encode(text, false, true);
+    ASSERT_EQ(tok.Decode(ids, true), text) << "seed " << seed << " case " << i << Show(ids);
+  }
+}
+
+TEST(TokenizerSpecial, GgufKeysForEogAndChatTemplate) {
+  TokenizerData d = Gpt2WithControls({"<my_eot>", "<my_eom>", "<my_pad>"});
+  const std::string tmpl = "{% for message in messages %}{{ message['content'] }}{% endfor %}";
+  {
+    GgufWriter w;
+    PutTokenizer(d, &w);
+    w.Set("tokenizer.ggml.eot_token_id", GgufValue::U32(257));
+    w.Set("tokenizer.ggml.eom_token_id", GgufValue::U32(258));
+    w.Set("tokenizer.ggml.fim_pad_token_id", GgufValue::U32(259));
+    w.Set("tokenizer.ggml.fim_rep_token_id", GgufValue::U32(0xFFFFFFFFu));  // none
+    w.Set("tokenizer.chat_template", GgufValue::String(tmpl));
+    LOAD_GGUF_OR_SKIP(f, w);
+    auto t = Tokenizer::FromGguf(f);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ((*t)->eog_ids(), (std::vector<int32_t>{256, 257, 258, 259}));
+    EXPECT_EQ((*t)->chat_template(), tmpl);
+  }
+  {
+    GgufWriter w;
+    PutTokenizer(d, &w);
+    LOAD_GGUF_OR_SKIP(f, w);
+    auto t = Tokenizer::FromGguf(f);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ((*t)->eog_ids(), (std::vector<int32_t>{256}));
+    EXPECT_EQ((*t)->chat_template(), "");
+  }
+  {
+    GgufWriter w;
+    PutTokenizer(d, &w);
+    w.Set("tokenizer.ggml.eom_token_id", GgufValue::U32(9000));
+    LOAD_GGUF_OR_SKIP(f, w);
+    auto t = Tokenizer::FromGguf(f);
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(t.status().message().find("tokenizer.ggml.eom_token_id = 9000"), std::string::npos)
+        << t.status().ToString();
+  }
+  {
+    GgufWriter w;
+    PutTokenizer(d, &w);
+    w.Set("tokenizer.chat_template", GgufValue::U32(3));
+    LOAD_GGUF_OR_SKIP(f, w);
+    auto t = Tokenizer::FromGguf(f);
+    ASSERT_FALSE(t.ok());
+    EXPECT_NE(t.status().message().find("tokenizer.chat_template"), std::string::npos)
+        << t.status().ToString();
+  }
 }
 
 }  // namespace

@@ -45,6 +45,15 @@ LIBRARIES = {
     "liblapack": ("LAPACK", "BSD-3-Clause", True),
     "libgtest": ("GoogleTest (test binaries only)", "BSD-3-Clause", True),
     "libgtest_main": ("GoogleTest (test binaries only)", "BSD-3-Clause", True),
+    # cpp-httplib (the server, serve/) as Debian builds it, with the libraries it links: OpenSSL
+    # 3 (TLS support compiled in; the server speaks plain HTTP), zlib and Brotli (compression).
+    "libcpp-httplib": ("cpp-httplib", "MIT", True),
+    "libssl": ("OpenSSL 3 (via cpp-httplib)", "Apache-2.0", True),
+    "libcrypto": ("OpenSSL 3 (via cpp-httplib)", "Apache-2.0", True),
+    "libz": ("zlib (via cpp-httplib)", "Zlib", True),
+    "libbrotlicommon": ("Brotli (via cpp-httplib)", "MIT", True),
+    "libbrotlidec": ("Brotli (via cpp-httplib)", "MIT", True),
+    "libbrotlienc": ("Brotli (via cpp-httplib)", "MIT", True),
     # Planned dependencies (issue 19), classified in advance.
     "libpcre2-8": ("PCRE2", "BSD-3-Clause WITH PCRE2-exception", True),
     "libutf8proc": ("utf8proc", "MIT", True),

@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 COMMANDS = [
-    ["demo"], ["inspect"], ["generate"], ["synth"], ["convert"], ["logits"], ["quantize"], ["policies"],
+    ["demo"], ["inspect"], ["generate"], ["synth"], ["convert"], ["logits"], ["quantize"], ["policies"], ["serve"],
     ["tokenize"], ["chat"],
     ["eval", "needle"], ["eval", "ppl"], ["eval", "kl"],
     ["bench", "decode"], ["bench", "capacity"], ["bench", "attention"],

@@ -1,0 +1,73 @@
+// The OpenAI-compatible request bodies of `strata serve`: parsing and validation of
+// /v1/completions and /v1/chat/completions, and the OpenAI error JSON every refusal is sent as.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "io/chat_template.h"
+#include "model/sampler.h"
+
+namespace strata::serve {
+
+// An error as OpenAI sends it: {"error": {"message", "type", "param", "code"}} with an HTTP
+// status. `param` names the request field at fault ("" when none: sent as null).
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;
+  std::string code;  // "" -> null
+};
+nlohmann::json ErrorJson(const ApiError& e);
+// The common cases.
+ApiError BadRequest(const std::string& param, const std::string& message);
+
+enum class Endpoint { kCompletions, kChat };
+
+// A validated generation request (one choice: n = 1).
+struct GenerationRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;                  // as given ("" when absent: the served model)
+  std::string prompt;                 // completions
+  std::vector<ChatMessage> messages;  // chat
+  std::optional<int64_t> max_tokens;  // absent: the endpoint's default (see the server)
+  SamplerOptions sampler;             // temperature, top_p, seed (validated)
+  bool seed_given = false;
+  std::vector<std::string> stop;  // up to kMaxStops non-empty strings
+  bool stream = false;
+  bool ignore_eos = false;     // llama.cpp's extension: generate through EOG tokens
+  bool include_usage = false;  // stream_options.include_usage
+  std::string policy;          // strata.policy; "" = the server's default
+};
+
+inline constexpr int kMaxStops = 4;
+// max_tokens above this is refused whatever the context (a guard for models with no context
+// limit in their metadata).
+inline constexpr int64_t kMaxTokensCap = int64_t{1} << 24;
+
+// What the parser checks the request against.
+struct RequestContext {
+  std::string model_name;  // the one served model; "model" must be it (or absent)
+};
+
+// Parses and validates `body` for `endpoint`. Types and ranges are checked field by field (a
+// wrong type names the field and the type it has; max_tokens in [1, kMaxTokensCap]; temperature
+// in [0, 2]; top_p in (0, 1]; n and best_of only 1; stop a string or a list of at most 4 non-empty
+// strings; messages a non-empty list of {role, content} with a known role); an unknown model is
+// a 404 (code model_not_found); a policy that the registry refuses is a 400 naming it
+// (param strata.policy). Fields OpenAI defines that do not change the output here (user,
+// presence_penalty 0, ...) are accepted and ignored; unknown fields are ignored, as OpenAI does.
+// The prompt's length against the context is checked by the server once it is tokenized.
+std::optional<ApiError> ParseGenerationRequest(const std::string& body, Endpoint endpoint,
+                                               const RequestContext& ctx, GenerationRequest* out);
+
+// "8GiB", "512MiB", "1.5G", "4096" (bytes) -> bytes. Units: B, K/KB/KiB, M/MB/MiB, G/GB/GiB,
+// T/TB/TiB (all binary, as memory is). Errors name `flag` and the text.
+StatusOr<int64_t> ParseByteSize(const std::string& flag, const std::string& text);
+
+}  // namespace strata::serve

@@ -1,0 +1,180 @@
+// The server's scheduler: a fixed number of decode slots and one KV memory budget, a bounded
+// admission queue, and one thread that runs continuous-batching steps (one token for every
+// active sequence per step, new prompts' prefill interleaved chunk by chunk).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "io/tokenizer.h"
+#include "kv/cache.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "serve/metrics.h"
+
+namespace strata::serve {
+
+using Clock = std::chrono::steady_clock;
+
+// Generated text as it may be shown: stop sequences are cut off (the text ends before the first
+// one), and while a tail of the text could still become a stop sequence or is an incomplete UTF-8
+// character it is held back, so a stream never shows text that the final answer does not have.
+class StopText {
+ public:
+  explicit StopText(std::vector<std::string> stops);
+  // Adds a decoded piece; true when the text now contains a stop sequence (the text is cut
+  // before it and nothing more may be appended).
+  bool Append(const std::string& piece);
+  // The text not yet taken that can be shown now.
+  std::string TakeReady();
+  // At the end: everything not yet taken.
+  std::string TakeRest();
+  const std::string& text() const { return text_; }
+
+ private:
+  std::vector<std::string> stops_;
+  size_t max_stop_ = 0;
+  std::string text_;
+  size_t taken_ = 0;
+  bool stopped_ = false;
+};
+
+// One generation request as the scheduler runs it, shared with the HTTP handler that streams
+// its output. The handler fills the inputs and calls Scheduler::Submit; the scheduler pushes text
+// deltas and, once, the end; the handler reads them with Next. Cancel() (a client that went
+// away) frees the sequence's slot and cache at the next step.
+class Sequence {
+ public:
+  // Inputs (set before Submit).
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 16;
+  SamplerOptions sampler;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;         // end-of-generation tokens do not end it (fixed-length runs)
+  std::unique_ptr<KvCache> cache;  // bound to its policy; released by the scheduler at the end
+  std::string policy_name;         // Policy::name(), the metrics label
+  Clock::time_point arrival = Clock::now();
+
+  // The end of a sequence.
+  struct Result {
+    std::string finish_reason;  // "stop" | "length"
+    std::string message;        // why it stopped early ("" when it simply ended)
+    Status error;               // not OK: the model or cache failed (an HTTP 500)
+    int64_t prompt_tokens = 0, completion_tokens = 0;
+    std::string text;       // all of it (the concatenation of the deltas)
+    bool shutdown = false;  // ended by Scheduler::Stop (the server is shutting down)
+  };
+  // Waits up to `timeout` for output. Returns true with `delta` set (possibly empty) when there
+  // was some or the sequence ended (then `*result` is set); false on timeout.
+  bool Next(std::chrono::milliseconds timeout, std::string* delta, std::optional<Result>* result);
+  // Blocks until the end and returns it.
+  Result Wait();
+  void Cancel() { cancelled_.store(true); }
+  bool cancelled() const { return cancelled_.load(); }
+
+ private:
+  friend class Scheduler;
+  void Push(std::string delta);
+  void Finish(Result r);
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::string> deltas_;
+  std::optional<Result> result_;
+  std::atomic<bool> cancelled_{false};
+
+  // Scheduler-thread state.
+  int64_t order_ = 0;  // admission order (the youngest is stopped first when the budget is short)
+  int64_t reserve_ = 0;
+  std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<StopText> text_;
+  std::vector<float> logits_;  // [n_vocab] of the last forward
+  int64_t generated_ = 0;
+  Clock::time_point last_token_;
+};
+
+struct SchedulerOptions {
+  int parallel = 4;                      // decode slots
+  int64_t kv_budget = int64_t{8} << 30;  // bytes, over every active sequence's ResidentBytes
+  int queue = 64;                        // requests waiting for a slot; more are refused
+  int chunk = 512;                       // prefill chunk (tokens), as `strata generate`'s
+  int64_t ctx = 0;                       // context size (0: no limit)
+};
+
+// The one call through which a step runs the model for every sequence in it: B tokens, B
+// caches, logits [B, n_vocab]. Model::Decode per sequence until Model::DecodeBatch (weights
+// read once per step: a GEMM over the batch) is on main; switching is this function's body.
+Status DecodeBatch(Model* model, const int32_t* tokens, int batch, KvCache* const* caches,
+                   ThreadPool* pool, float* logits);
+
+class Scheduler {
+ public:
+  // The model, pool and metrics must outlive the scheduler; the pool is used by its thread only.
+  Scheduler(Model* model, ThreadPool* pool, SchedulerOptions o, Metrics* metrics);
+  ~Scheduler();  // Stop()
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  const SchedulerOptions& options() const { return o_; }
+  // The KV bytes a prompt of `n_prompt` tokens is reserved at admission: the full cache's rate
+  // (the rows a prefill writes before any policy compresses them). A prompt whose reserve is
+  // over the whole budget can never be admitted (the server refuses it with a 400).
+  static int64_t PromptReserve(const KvCache& cache, int64_t n_prompt);
+
+  enum class Admission { kQueued, kQueueFull, kStopping };
+  // Queues a sequence (its cache created, its prompt tokenized and checked). kQueueFull: the
+  // queue holds options().queue requests beyond the free slots already (a 429); kStopping: the
+  // server is shutting down.
+  Admission Submit(std::shared_ptr<Sequence> seq);
+  // Ends every queued and running sequence (finish_reason "length", message naming the
+  // shutdown), releases their caches, and joins the thread. Idempotent.
+  void Stop();
+
+  int64_t queue_depth() const;
+  int64_t active() const;
+
+ private:
+  void Loop();
+  // Samples the next token of every running sequence, ends those that are done, checks the
+  // budget, and decodes the rest as one batch.
+  void Step();
+  void End(Sequence* s, std::string finish_reason, std::string message, Status error = {},
+           bool shutdown = false);
+  void RemoveEnded();
+  int64_t ResidentTotal() const;
+  void UpdateGauges();
+
+  Model* model_;
+  ThreadPool* pool_;
+  SchedulerOptions o_;
+  Metrics* metrics_;
+  const Tokenizer* tok_;
+  int64_t n_vocab_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Sequence>> queue_;
+  bool stopping_ = false;
+  std::atomic<int64_t> active_{0};
+  // Scheduler-thread state.
+  std::vector<std::shared_ptr<Sequence>> running_;
+  std::shared_ptr<Sequence> prefilling_;  // admitted, its prompt not yet in the cache
+  int64_t next_order_ = 0;
+  std::vector<int32_t> batch_tokens_;
+  std::vector<KvCache*> batch_caches_;
+  std::vector<float> batch_logits_;
+  std::thread thread_;
+};
+
+}  // namespace strata::serve

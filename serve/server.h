@@ -1,0 +1,84 @@
+// `strata serve`'s HTTP server: the OpenAI-compatible endpoints over cpp-httplib, one model, the
+// scheduler behind them, and a graceful stop.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "io/chat_template.h"
+#include "model/model.h"
+#include "serve/metrics.h"
+#include "serve/request.h"
+#include "serve/scheduler.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace strata::serve {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";  // loopback unless asked
+  int port = 8080;                 // 0: any free port (Start returns it)
+  std::string model_name;          // the name /v1/models lists and requests must use
+  int parallel = 4;
+  int64_t kv_budget = int64_t{8} << 30;
+  int queue = 64;
+  std::string policy = "full";  // the default cache policy (NAME[:key=value...])
+  std::string chat_template;    // "" : detected from the model's tokenizer.chat_template
+  std::string api_key;          // "" : no authentication
+  int threads = 1;
+  int64_t ctx = 0;  // context size (0: the model's trained length; none there: no limit)
+  int64_t max_body_bytes = int64_t{4} << 20;
+  int read_timeout_s = 30;   // a client that sends nothing for this long is dropped
+  int write_timeout_s = 30;  // a client that reads nothing for this long is dropped
+};
+
+class Server {
+ public:
+  // Checks the options (the default policy through the registry; --chat-template by name) and
+  // builds the scheduler. `model` must outlive the server.
+  static StatusOr<std::unique_ptr<Server>> Create(Model* model, ServerOptions o);
+  ~Server();  // Stop()
+
+  // Binds and starts serving on a background thread; returns the port (useful with port 0).
+  StatusOr<int> Start();
+  // Graceful stop: new requests are refused (503), queued and running sequences end (their
+  // streams get a final chunk and [DONE]; their caches, and archive files, are released), then
+  // the listener stops and its threads are joined. Idempotent.
+  void Stop();
+
+  Metrics& metrics() { return metrics_; }
+  const ServerOptions& options() const { return o_; }
+  // The chat template in use; null when none (chat requests then get an error naming
+  // --chat-template).
+  const ChatTemplate* chat_template() const { return chat_ ? &*chat_ : nullptr; }
+
+ private:
+  Server(Model* model, ServerOptions o);
+  void Routes();
+
+  Model* model_;
+  ServerOptions o_;
+  Metrics metrics_;
+  std::optional<ChatTemplate> chat_;
+  std::string chat_error_;  // why there is no template
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread listener_;
+  int listen_fd_ = -1;                 // the listening socket (owned by httplib), for its backlog
+  std::atomic<bool> stopping_{false};  // refuse new requests
+  std::mutex stop_mu_;                 // Stop() runs once, to the end, whoever calls it
+  bool stopped_ = false;
+  std::atomic<int64_t> next_id_{1};
+};
+
+}  // namespace strata::serve
