@@ -16,9 +16,8 @@ namespace strata::cli {
 namespace {
 
 // The template: --chat-template NAME, else the model's tokenizer.chat_template recognised by
-// fingerprint. Read from the GGUF key (an HF directory is converted into one in memory) so
-// every model format goes through the same path.
-StatusOr<ChatTemplate> ResolveTemplate(const ChatOptions& o, const Model& m) {
+// fingerprint.
+StatusOr<ChatTemplate> ResolveTemplate(const ChatOptions& o, const Tokenizer& tok) {
   if (!o.chat_template.empty()) {
     auto t = ChatTemplate::ByName(o.chat_template);
     if (!t.ok()) return t.status().WithContext("--chat-template");
@@ -26,13 +25,12 @@ StatusOr<ChatTemplate> ResolveTemplate(const ChatOptions& o, const Model& m) {
   }
   std::string names;
   for (const auto& n : ChatTemplate::BuiltinNames()) names += (names.empty() ? "" : ", ") + n;
-  const GgufValue* v = m.file().Find("tokenizer.chat_template");
-  if (v == nullptr || v->type != GgufType::kString || v->s.empty()) {
+  if (tok.chat_template().empty()) {
     return InvalidArgument("model '" + o.model +
                            "' has no chat template (tokenizer.chat_template); pass "
                            "--chat-template NAME, one of: " + names);
   }
-  return ChatTemplate::Detect(v->s);
+  return ChatTemplate::Detect(tok.chat_template());
 }
 
 // The conversation and the cache that holds it. `cached_text` is the rendered text whose
@@ -116,7 +114,7 @@ int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostre
   Model& m = **loaded;
   const Tokenizer* tok = m.tokenizer();
   if (!tok) return fail("model '" + o.model + "' has no tokenizer (tokenizer.ggml.* metadata)");
-  auto tmpl_or = ResolveTemplate(o, m);
+  auto tmpl_or = ResolveTemplate(o, *tok);
   if (!tmpl_or.ok()) return fail(tmpl_or.status().message());
   const ChatTemplate& tmpl = *tmpl_or;
   err << m.config().Summary() << "\n" << "chat template: " << tmpl.name() << "\n";
@@ -261,9 +259,9 @@ int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostre
       const int32_t id = sampler.Sample(logits.data(), n_vocab);
       if (IsEndOfGeneration(*tok, id)) break;
       sampler.Accept(id);
-      const bool control = tok->token_type(id) == TokenType::kControl;
-      const std::string piece = control ? tok->token_text(id) : tok->DecodeToken(id);
-      if (!control) out << piece << std::flush;
+      const std::string piece = tok->DecodeToken(id, /*render_special=*/true);
+      const bool hidden = tok->DecodeToken(id).empty() && !piece.empty();  // a control token
+      if (!hidden) out << piece << std::flush;
       reply += piece;
       // The last token of a -n limited reply is not fed (its logits would go unused); the
       // next turn's text carries it.

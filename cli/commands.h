@@ -75,6 +75,7 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err);
 // `strata tokenize` (cli/tokenize.cc).
 struct TokenizeOptions {
   std::string model;
+  std::string tokenizer_json;  // --tokenizer: an HF tokenizer.json instead of -m
   std::string prompt;
   bool has_prompt = false;  // -p was given (an empty text is still a text)
   std::string prompt_file;

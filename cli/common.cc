@@ -471,9 +471,9 @@ SamplerOptions ToSamplerOptions(const SamplerFlags& f) {
 }
 
 bool IsEndOfGeneration(const Tokenizer& tok, int32_t id) {
-  // EOG: switch to IsEog
-  // eos_id() < 0: the vocabulary has no EOS (the testbeds), so nothing stops early.
-  return tok.eos_id() >= 0 && id == tok.eos_id();
+  // EOS, EOT, EOM and the end-of-turn markers the file names (llama.cpp's EOG set); a testbed
+  // vocabulary without any never stops early.
+  return tok.IsEog(id);
 }
 
 StatusOr<std::string> ReadPromptFile(const std::string& flag, const std::string& path) {

@@ -198,6 +198,34 @@ TEST_F(TextCommandsTest, TokenizePrintsIdsAndPiecesLikeLlamaTokenize) {
   EXPECT_EQ(e.out, "[1]\n");
 }
 
+// --tokenizer reads an HF tokenizer.json: the ids are the reference implementation's
+// (testdata/tokenizer/ref_kimi_style.json, written by tools/tokref with the tokenizers port),
+// with the post-processor's BOS by default and without it under --no-bos.
+TEST_F(TextCommandsTest, TokenizeFromATokenizerJsonMatchesTheReference) {
+  const std::string dir = std::string(STRATA_SOURCE_DIR) + "/testdata/tokenizer/";
+  std::ifstream rf(dir + "ref_kimi_style.json");
+  ASSERT_TRUE(rf) << dir;
+  const nlohmann::json ref = nlohmann::json::parse(rf);
+  const std::string tj = dir + "fixtures/kimi_style/tokenizer.json";
+  int checked = 0;
+  for (const auto& c : ref["cases"]) {
+    if (c["name"] != "hello" && c["name"] != "trailing_space") continue;
+    const std::string text = c["decoded"];
+    CliResult with = Strata({"tokenize", "--tokenizer", tj, "-p", text, "--json"});
+    ASSERT_EQ(with.code, 0) << with.err;
+    EXPECT_EQ(nlohmann::json::parse(with.out)["ids"], c["ids_special"]) << text;
+    CliResult without = Strata({"tokenize", "--tokenizer", tj, "-p", text, "--ids", "--no-bos"});
+    ASSERT_EQ(without.code, 0) << without.err;
+    std::string list = "[";
+    for (size_t i = 0; i < c["ids"].size(); ++i) {
+      list += (i ? ", " : "") + std::to_string(c["ids"][i].get<int>());
+    }
+    EXPECT_EQ(without.out, list + "]\n") << text;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
+}
+
 TEST_F(TextCommandsTest, TokenizeErrorsNameTheProblem) {
   const std::string m = Path("tiny.gguf");
   const std::string hf = Path("hf_no_tok");
@@ -207,7 +235,11 @@ TEST_F(TextCommandsTest, TokenizeErrorsNameTheProblem) {
     std::string expect;
   } cases[] = {
       {{"tokenize", "-m", m}, "no text to tokenize: give -p TEXT or -f FILE"},
-      {{"tokenize", "-p", "x"}, "--model is required"},
+      {{"tokenize", "-p", "x"}, "give the tokenizer with -m MODEL or --tokenizer tokenizer.json"},
+      {{"tokenize", "-m", m, "--tokenizer", Path("tokenizer.json"), "-p", "x"},
+       "give the tokenizer with -m MODEL or --tokenizer tokenizer.json (one of them)"},
+      {{"tokenize", "--tokenizer", Path("missing.json"), "-p", "x"},
+       "--tokenizer " + Path("missing.json")},
       {{"tokenize", "-m", m, "-p", "x", "-f", Path("t.txt")},
        "-p and -f both give the text; use one"},
       {{"tokenize", "-m", m, "-p", "x", "--ids", "--json"},

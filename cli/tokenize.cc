@@ -18,8 +18,7 @@ namespace {
 // space), and a control token as its text, as llama-tokenize shows them (token_to_piece with
 // special rendering on), so "<|im_start|>" is visible rather than an empty piece.
 std::string PieceOf(const Tokenizer& tok, int32_t id) {
-  if (tok.CheckId(id).ok() && tok.token_type(id) == TokenType::kControl) return tok.token_text(id);
-  return tok.DecodeToken(id);
+  return tok.DecodeToken(id, /*render_special=*/true);
 }
 
 // A Python-style string literal: 'text' with \\, \', \n, \r, \t escaped and any other byte
@@ -96,8 +95,10 @@ StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const std::string& path) {
 void AddTokenizeCommand(CLI::App* app, TokenizeOptions* o) {
   CLI::App* cmd = app->add_subcommand(
       "tokenize", "Show the tokens of a text (id -> 'piece' per line, as llama-tokenize)");
-  cmd->add_option("-m,--model", o->model, "Model whose tokenizer to use (.gguf or HF directory)")
-      ->required();
+  cmd->add_option("-m,--model", o->model, "Model whose tokenizer to use (.gguf or HF directory)");
+  cmd->add_option("--tokenizer", o->tokenizer_json,
+                  "An HF tokenizer.json to use instead of -m (a tokenizer_config.json beside it "
+                  "supplies the BOS/EOS settings)");
   cmd->add_option_function<std::string>(
       "-p,--prompt",
       [o](const std::string& text) {
@@ -120,6 +121,9 @@ int RunTokenize(const TokenizeOptions& o, std::ostream& out, std::ostream& err) 
     err << "error: " << msg << "\n";
     return kExitUsage;
   };
+  if (o.model.empty() == o.tokenizer_json.empty()) {
+    return fail("give the tokenizer with -m MODEL or --tokenizer tokenizer.json (one of them)");
+  }
   if (!o.has_prompt && o.prompt_file.empty()) {
     return fail("no text to tokenize: give -p TEXT or -f FILE");
   }
@@ -135,8 +139,11 @@ int RunTokenize(const TokenizeOptions& o, std::ostream& out, std::ostream& err) 
     if (!t.ok()) return fail(t.status().message());
     text = std::move(*t);
   }
-  auto tok_or = LoadTokenizer(o.model);
-  if (!tok_or.ok()) return fail("-m " + o.model + ": " + tok_or.status().ToString());
+  auto tok_or = o.model.empty() ? Tokenizer::FromHfJson(o.tokenizer_json) : LoadTokenizer(o.model);
+  if (!tok_or.ok()) {
+    return fail((o.model.empty() ? "--tokenizer " + o.tokenizer_json : "-m " + o.model) + ": " +
+                tok_or.status().ToString());
+  }
   const Tokenizer& tok = **tok_or;
 
   const std::vector<int32_t> ids = tok.Encode(text, /*with_bos=*/!o.no_bos, o.special);
