@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cctype>
 #include <exception>
+#include <iostream>
+
+#include <unistd.h>
 
 #include "cli/bench_geodesia.h"
 #include "cli/commands.h"
@@ -101,6 +104,11 @@ std::string ExtrasMessage(CLI::App* app, const std::vector<std::string>& args) {
 }  // namespace
 
 int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  return RunStrata(args, std::cin, out, err);
+}
+
+int RunStrata(const std::vector<std::string>& args, std::istream& in, std::ostream& out,
+              std::ostream& err) {
   CLI::App app("strata: long-context LLM decoding on a KV cache compressed by training-free "
                "policies",
                "strata");
@@ -114,6 +122,8 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
       "  strata synth --preset 125m --dtype f16 -o /tmp/l125.gguf\n"
       "  strata bench decode -m /tmp/l125.gguf --ctx 0,4096,16384 --threads 1,2\n"
       "  strata policies                  # every cache policy and its settings\n"
+      "  strata tokenize -m model.gguf -p \"Hello world\"\n"
+      "  strata chat -m model.gguf --policy vestige\n"
       "Run `strata COMMAND --help` for a command's flags.\n";
   DemoOptions demo;
   AddDemoCommand(&app, &demo);
@@ -143,6 +153,10 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
   AddPoliciesCommand(&app, &policies);
   ServeOptions serve;
   AddServeCommand(&app, &serve);
+  TokenizeOptions tokenize;
+  AddTokenizeCommand(&app, &tokenize);
+  ChatOptions chat;
+  AddChatCommand(&app, &chat);
 
   // Set after the commands are added: CLI11 copies a parent's footer into subcommands made
   // later, and every command's --help repeated these examples.
@@ -193,6 +207,10 @@ int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostr
     if (app.got_subcommand("eval")) return RunEval(*eval, out, err);
     if (app.got_subcommand("policies")) return RunPolicies(policies, out, err);
     if (app.got_subcommand("serve")) return RunServe(serve, out, err);
+    if (app.got_subcommand("tokenize")) return RunTokenize(tokenize, out, err);
+    if (app.got_subcommand("chat")) {
+      return RunChat(chat, in, /*interactive=*/&in == &std::cin && isatty(STDIN_FILENO), out, err);
+    }
     if (bench->got_subcommand("attention")) return RunBenchAttention(bench_attention, out, err);
   } catch (const std::exception& e) {
     err << "error: internal: " << e.what() << "\n";

@@ -28,6 +28,17 @@ inline CliResult Strata(const std::vector<std::string>& args) {
   return r;
 }
 
+// The same with `stdin_text` as the command's standard input (as from a pipe: never a terminal).
+inline CliResult Strata(const std::vector<std::string>& args, const std::string& stdin_text) {
+  std::istringstream in(stdin_text);
+  std::ostringstream out, err;
+  CliResult r;
+  r.code = RunStrata(args, in, out, err);
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
 // A test suite with its own temporary folder holding a synthesized tiny llama (Path("tiny.gguf"),
 // `strata synth --arch llama --seed 7`), removed after the suite. Derive as
 // `class FooTest : public TinyModelSuite<FooTest>` and give FooTest a `static constexpr const

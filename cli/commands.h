@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <map>
 #include <memory>
 #include <ostream>
@@ -24,6 +25,20 @@ struct PolicyFlags {
 };
 void AddPolicyFlags(CLI::App* cmd, PolicyFlags* f);
 
+// Sampler flags shared by generate and chat, with llama.cpp's names and meanings
+// (model/sampler.h): --temp, --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n,
+// --seed.
+struct SamplerFlags {
+  float temperature = 0.f;
+  int32_t top_k = 0;
+  float top_p = 1.f;
+  float min_p = 0.f;
+  float repeat_penalty = 1.f;
+  int32_t repeat_last_n = 64;
+  uint64_t seed = 0;
+};
+void AddSamplerFlags(CLI::App* cmd, SamplerFlags* f);
+
 struct InspectOptions {
   std::string path;       // .gguf file or HF directory
   std::string json_path;  // optional JSON report
@@ -35,10 +50,12 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err);
 struct GenerateOptions {
   std::string model;  // empty: the built-in default model
   std::string prompt = "The quick brown fox";
+  bool prompt_given = false;  // -p was on the command line (with -f: an error)
+  std::string prompt_file;    // -f: the prompt read from this file instead of -p
   int64_t n_predict = 32;
-  float temperature = 0.f;
-  float top_p = 1.f;
-  uint64_t seed = 0;
+  SamplerFlags sampling;
+  std::vector<std::string> stop;  // --stop: end the text where any of these appears
+  bool special = false;           // --special: control tokens written in the prompt are parsed
   int threads = 0;  // 0 means "not given": hardware concurrency
   int chunk = 512;
   int64_t ctx_size = 0;  // -c: 0 = the model's trained context length
@@ -54,6 +71,42 @@ struct GenerateOptions {
 };
 void AddGenerateCommand(CLI::App* app, GenerateOptions* o);
 int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err);
+
+// `strata tokenize` (cli/tokenize.cc).
+struct TokenizeOptions {
+  std::string model;
+  std::string tokenizer_json;  // --tokenizer: an HF tokenizer.json instead of -m
+  std::string prompt;
+  bool has_prompt = false;  // -p was given (an empty text is still a text)
+  std::string prompt_file;
+  bool ids = false;
+  bool pieces = false;
+  bool json = false;
+  bool special = false;  // parse control tokens written in the text
+  bool no_bos = false;
+};
+void AddTokenizeCommand(CLI::App* app, TokenizeOptions* o);
+int RunTokenize(const TokenizeOptions& o, std::ostream& out, std::ostream& err);
+
+// `strata chat` (cli/chat.cc): reads user lines from `in`; `interactive` (stdin is a terminal)
+// shows a "> " prompt before each.
+struct ChatOptions {
+  std::string model;
+  std::string system;         // --system: the conversation's first message
+  std::string chat_template;  // empty: recognise the model's tokenizer.chat_template
+  int64_t n_predict = -1;     // per reply; -1: until end of generation or the context size
+  SamplerFlags sampling;
+  int threads = 0;
+  int chunk = 512;
+  int64_t ctx_size = 0;
+  bool no_mmap = false;
+  std::string policy = "full";
+  PolicyFlags policy_flags;
+  std::string kv_type = "bf16";
+};
+void AddChatCommand(CLI::App* app, ChatOptions* o);
+int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostream& out,
+            std::ostream& err);
 
 struct SynthCliOptions {
   std::string arch;  // empty: the preset's architecture (llama for tiny)
@@ -199,5 +252,9 @@ int RunServe(const ServeOptions& o, std::ostream& out, std::ostream& err);
 // The whole binary: parses args (without the program name) and runs the chosen command. --help
 // prints to `out` and returns 0; parse errors and unknown commands print to `err` and return 2.
 int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+// The same with `in` as stdin (read by `strata chat`); the overload above passes std::cin, and
+// only then can the input be a terminal.
+int RunStrata(const std::vector<std::string>& args, std::istream& in, std::ostream& out,
+              std::ostream& err);
 
 }  // namespace strata::cli

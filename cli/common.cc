@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -432,6 +433,112 @@ std::string DefaultCacheDir() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   if (xdg && *xdg) return std::string(xdg) + "/strata";
   return STRATA_BINARY_DIR;
+}
+
+void AddSamplerFlags(CLI::App* cmd, SamplerFlags* f) {
+  cmd->add_option("--temp", f->temperature, "Sampling temperature; 0 = greedy")
+      ->capture_default_str();
+  cmd->add_option("--top-k", f->top_k, "Top-k sampling: keep the K most likely tokens (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--top-p", f->top_p, "Nucleus sampling: keep the top tokens with mass >= P")
+      ->capture_default_str();
+  cmd->add_option("--min-p", f->min_p,
+                  "Min-p sampling: keep tokens with probability >= P times the top token's "
+                  "(0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--repeat-penalty", f->repeat_penalty,
+                  "Penalize tokens of the last --repeat-last-n tokens (positive logits divided, "
+                  "negative multiplied by it; 1 = off)")
+      ->capture_default_str();
+  cmd->add_option("--repeat-last-n", f->repeat_last_n,
+                  "Tokens the repetition penalty looks back over (0 = off, -1 = the whole "
+                  "context)")
+      ->capture_default_str();
+  cmd->add_option("--seed", f->seed, "Sampler seed")->capture_default_str();
+  // The chain runs in llama.cpp's order: penalty, top-k, top-p, min-p, temperature.
+}
+
+SamplerOptions ToSamplerOptions(const SamplerFlags& f) {
+  SamplerOptions so;
+  so.temperature = f.temperature;
+  so.top_k = f.top_k;
+  so.top_p = f.top_p;
+  so.min_p = f.min_p;
+  so.repeat_penalty = f.repeat_penalty;
+  so.repeat_last_n = f.repeat_last_n;
+  so.seed = f.seed;
+  return so;
+}
+
+bool IsEndOfGeneration(const Tokenizer& tok, int32_t id) {
+  // EOS, EOT, EOM and the end-of-turn markers the file names (llama.cpp's EOG set); a testbed
+  // vocabulary without any never stops early.
+  return tok.IsEog(id);
+}
+
+StatusOr<std::string> ReadPromptFile(const std::string& flag, const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return InvalidArgument(flag + " '" + path + "' is a directory, not a prompt file");
+  }
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    return InvalidArgument(flag + ": cannot read '" + path + "': " + std::strerror(errno));
+  }
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  if (f.bad()) return IoError(flag + ": error reading '" + path + "'");
+  return ss.str();
+}
+
+Status StopStrings::Check(const std::vector<std::string>& stops) {
+  for (const std::string& s : stops) {
+    if (s.empty()) return InvalidArgument("--stop: a stop string must not be empty");
+  }
+  return OkStatus();
+}
+
+std::string StopStrings::Push(const std::string& piece) {
+  if (stopped()) return "";
+  const size_t old_size = text_.size();
+  text_ += piece;
+  // A match ends inside the new piece: start looking a stop string's length before it. The
+  // earliest match wins.
+  size_t cut = std::string::npos;
+  for (const std::string& s : stops_) {
+    const size_t from = old_size >= s.size() ? old_size - s.size() + 1 : 0;
+    const size_t at = text_.find(s, from);
+    if (at != std::string::npos && (cut == std::string::npos || at < cut)) {
+      cut = at;
+      matched_ = s;
+    }
+  }
+  if (cut != std::string::npos) {
+    text_.resize(cut);
+    std::string out = cut > printed_ ? text_.substr(printed_) : "";
+    printed_ = text_.size();
+    return out;
+  }
+  // Hold back the longest tail that is a proper prefix of some stop string.
+  size_t hold = 0;
+  for (const std::string& s : stops_) {
+    for (size_t n = std::min(s.size() - 1, text_.size()); n > hold; --n) {
+      if (text_.compare(text_.size() - n, n, s, 0, n) == 0) {
+        hold = n;
+        break;
+      }
+    }
+  }
+  const size_t safe = std::max(printed_, text_.size() - hold);
+  std::string out = text_.substr(printed_, safe - printed_);
+  printed_ = safe;
+  return out;
+}
+
+std::string StopStrings::Flush() {
+  std::string out = text_.substr(printed_);
+  printed_ = text_.size();
+  return out;
 }
 
 std::string DumpJson(const nlohmann::json& j) {

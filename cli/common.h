@@ -16,6 +16,7 @@
 #include "eval/needle.h"
 #include "kv/registry.h"
 #include "model/model.h"
+#include "model/sampler.h"
 
 namespace strata::cli {
 
@@ -139,6 +140,40 @@ StatusOr<std::string> ResolveDefaultModel(const std::string& models_dir,
 // $XDG_CACHE_HOME/strata when XDG_CACHE_HOME is set, else the build directory.
 std::string DefaultModelsDir();
 std::string DefaultCacheDir();
+
+// The sampler options of the shared sampler flags (not validated: SamplerOptions::Validate).
+SamplerOptions ToSamplerOptions(const SamplerFlags& f);
+
+// Whether `id` ends a generated reply (generate and chat stop there without printing it).
+bool IsEndOfGeneration(const Tokenizer& tok, int32_t id);
+
+// A prompt file's bytes (generate/tokenize -f); errors name the flag, the path and the reason.
+StatusOr<std::string> ReadPromptFile(const std::string& flag, const std::string& path);
+
+// Streams generated text while watching for stop strings (--stop): Push() returns what may be
+// printed now. A tail that could be the start of a stop string is held back until the next
+// pieces decide it, so nothing printed ever has to be taken back; at a match, the text ends
+// just before the stop string (which is not printed).
+class StopStrings {
+ public:
+  explicit StopStrings(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // Empty when no stop string is empty; else an error naming the flag.
+  static Status Check(const std::vector<std::string>& stops);
+  // Adds a decoded piece; returns the text now safe to print (empty once stopped()).
+  std::string Push(const std::string& piece);
+  // At the end of generation: the held-back tail (which matched no stop string).
+  std::string Flush();
+  bool stopped() const { return !matched_.empty(); }
+  const std::string& matched() const { return matched_; }  // the stop string found, or ""
+  // Everything generated, cut before the stop string.
+  const std::string& text() const { return text_; }
+
+ private:
+  std::vector<std::string> stops_;
+  std::string text_;
+  size_t printed_ = 0;
+  std::string matched_;
+};
 
 // Pretty JSON (invalid UTF-8 in generated text is replaced, never thrown on).
 std::string DumpJson(const nlohmann::json& j);

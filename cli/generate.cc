@@ -28,14 +28,18 @@ void AddGenerateCommand(CLI::App* app, GenerateOptions* o) {
   cmd->add_option("-m,--model", o->model,
                   "Model (.gguf or HF directory); default: the built-in model");
   cmd->add_option("-p,--prompt", o->prompt, "Prompt text (BOS is prepended)")
+      ->capture_default_str()
+      ->each([o](const std::string&) { o->prompt_given = true; });
+  cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from this file (instead of -p)");
+  cmd->add_option("-n,--n-predict", o->n_predict,
+                  "Tokens to generate (stops early at an end-of-generation token)")
       ->capture_default_str();
-  cmd->add_option("-n,--n-predict", o->n_predict, "Tokens to generate (stops early at EOS)")
-      ->capture_default_str();
-  cmd->add_option("--temp", o->temperature, "Sampling temperature; 0 = greedy")
-      ->capture_default_str();
-  cmd->add_option("--top-p", o->top_p, "Nucleus sampling: keep the top tokens with mass >= P")
-      ->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Sampler seed")->capture_default_str();
+  cmd->add_flag("--special", o->special,
+                "Parse control tokens written in the prompt (<|im_start|>, </s>, ...) as their "
+                "ids");
+  cmd->add_option("--stop", o->stop,
+                  "Stop when the generated text contains STR (not printed; repeatable)");
+  AddSamplerFlags(cmd, &o->sampling);
   cmd->add_option("--threads", o->threads,
                   "Worker threads (default: the hardware threads; more are capped to them)")
       ->capture_default_str();
@@ -71,11 +75,19 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
         CheckAtLeast("--chunk", o.chunk, 1), CheckAtLeast("-c", o.ctx_size, 0)}) {
     if (!st.ok()) return fail(st.message());
   }
-  SamplerOptions so;
-  so.temperature = o.temperature;
-  so.top_p = o.top_p;
-  so.seed = o.seed;
+  const SamplerOptions so = ToSamplerOptions(o.sampling);
   if (Status st = so.Validate(); !st.ok()) return fail(st.message());
+  if (Status st = StopStrings::Check(o.stop); !st.ok()) return fail(st.message());
+  std::string prompt_text = o.prompt;
+  if (o.prompt_given && !o.prompt_file.empty()) {
+    return fail("-p and -f both give the prompt; use one");
+  }
+  if (!o.prompt_file.empty()) {
+    auto text = ReadPromptFile("-f", o.prompt_file);
+    if (!text.ok()) return fail(text.status().message());
+    prompt_text = std::move(*text);
+  }
+  const std::string prompt_flag = o.prompt_file.empty() ? "-p" : "-f " + o.prompt_file;
   const auto kv_type = ParseKvType(o.kv_type);
   if (!kv_type.ok()) return fail(kv_type.status().message());
   auto policy = MakeCliPolicy(o.policy, o.policy_settings, &o.policy_flags);
@@ -102,11 +114,13 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   if (!ctx_or.ok()) return fail(ctx_or.status().message());
   const int64_t ctx = *ctx_or;  // 0: no limit
 
-  const std::vector<int32_t> prompt = tok->Encode(o.prompt, /*with_bos=*/true);
-  if (prompt.empty()) return fail("-p: the prompt is empty and the tokenizer adds no BOS");
+  const std::vector<int32_t> prompt = tok->Encode(prompt_text, /*with_bos=*/true, o.special);
+  if (prompt.empty()) {
+    return fail(prompt_flag + ": the prompt is empty and the tokenizer adds no BOS");
+  }
   const int64_t n_prompt = static_cast<int64_t>(prompt.size());
   if (ctx > 0 && n_prompt > ctx) {
-    return fail("-p: the prompt is " + std::to_string(n_prompt) +
+    return fail(prompt_flag + ": the prompt is " + std::to_string(n_prompt) +
                 " tokens, more than the context size " + std::to_string(ctx) +
                 " (-c/--ctx-size; the model was trained to " +
                 std::to_string(m.config().n_ctx_train) + ")");
@@ -118,6 +132,7 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   const int threads = CapThreads("--threads", o.threads, err);
   ThreadPool pool(threads);
   Sampler sampler(so);
+  for (const int32_t id : prompt) sampler.Accept(id);  // the penalty window spans the prompt
   const int64_t n_vocab = m.config().n_vocab;
   std::vector<float> logits(n_vocab);
 
@@ -129,9 +144,9 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   }
   const auto t1 = Clock::now();
   const CacheCounters counters0 = cache.counters();  // the decode steps are measured
-  out << o.prompt << std::flush;
+  out << prompt_text << std::flush;
 
-  std::string text;
+  StopStrings stops(o.stop);
   int64_t generated = 0, decode_steps = 0;
   double decode_s = 0;
   bool hit_eos = false, hit_ctx = false;
@@ -142,15 +157,14 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
       break;
     }
     const int32_t id = sampler.Sample(logits.data(), n_vocab);
-    // eos_id() < 0: the vocabulary has no EOS (the testbeds), so nothing stops early.
-    if (tok->eos_id() >= 0 && id == tok->eos_id()) {
+    if (IsEndOfGeneration(*tok, id)) {
       hit_eos = true;
       break;
     }
-    const std::string piece = tok->DecodeToken(id);
-    text += piece;
-    out << piece << std::flush;
+    sampler.Accept(id);
+    out << stops.Push(tok->DecodeToken(id)) << std::flush;
     ++generated;
+    if (stops.stopped()) break;
     if (i + 1 == o.n_predict) break;  // the last token's logits are never used
     const auto d0 = Clock::now();
     if (Status st = m.Decode(id, &cache, &pool, logits.data()); !st.ok()) {
@@ -160,7 +174,8 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
     decode_s += Seconds(d0, Clock::now());
     ++decode_steps;
   }
-  out << "\n" << std::flush;
+  out << stops.Flush() << "\n" << std::flush;
+  const std::string& text = stops.text();
 
   const double prefill_s = Seconds(t0, t1);
   const int64_t resident = cache.ResidentBytes();
@@ -171,6 +186,7 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   t.AddRow({"prompt tokens", std::to_string(prompt.size())});
   t.AddRow({"generated tokens",
             std::to_string(generated) + (hit_eos ? " (stopped at EOS)" : "") +
+                (stops.stopped() ? " (stopped at --stop '" + stops.matched() + "')" : "") +
                 (hit_ctx ? " (stopped at the context size " + std::to_string(ctx) + ", -c)" : "")});
   t.AddRow({"context size", ctx > 0 ? std::to_string(ctx) : "no limit"});
   t.AddRow({"prefill tokens/s", Rate(static_cast<int64_t>(prompt.size()), prefill_s)});
@@ -201,12 +217,15 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
 
   if (!o.json_path.empty()) {
     nlohmann::json j = {{"model", path},
-                        {"prompt", o.prompt},
+                        {"prompt", prompt_text},
                         {"text", text},
                         {"prompt_tokens", prompt.size()},
                         {"generated_tokens", generated},
                         {"stopped_at_eos", hit_eos},
                         {"stopped_at_ctx", hit_ctx},
+                        // the --stop string that ended the text, or null
+                        {"stopped_at_stop", stops.stopped() ? nlohmann::json(stops.matched())
+                                                            : nlohmann::json()},
                         {"ctx_size", ctx},
                         {"prefill_seconds", prefill_s},
                         {"decode_steps", decode_steps},

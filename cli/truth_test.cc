@@ -300,7 +300,7 @@ const std::vector<std::vector<std::string>>& Commands() {
   static const auto* kCommands = new std::vector<std::vector<std::string>>{
       {"demo"},          {"inspect"},        {"generate"},         {"synth"},
       {"convert"},       {"logits"},         {"quantize"},         {"policies"},
-      {"serve"},
+      {"serve"},         {"tokenize"},      {"chat"},
       {"eval", "needle"},
       {"eval", "ppl"},   {"eval", "kl"},     {"bench", "decode"},  {"bench", "capacity"},
       {"bench", "attention"}};

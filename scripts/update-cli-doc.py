@@ -19,6 +19,7 @@ import sys
 
 COMMANDS = [
     ["demo"], ["inspect"], ["generate"], ["synth"], ["convert"], ["logits"], ["quantize"], ["policies"], ["serve"],
+    ["tokenize"], ["chat"],
     ["eval", "needle"], ["eval", "ppl"], ["eval", "kl"],
     ["bench", "decode"], ["bench", "capacity"], ["bench", "attention"],
 ]
