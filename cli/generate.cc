@@ -150,6 +150,7 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   int64_t generated = 0, decode_steps = 0;
   double decode_s = 0;
   bool hit_eos = false, hit_ctx = false;
+  int32_t eog_id = -1;  // the end-of-generation token that stopped it
   for (int64_t i = 0; i < o.n_predict; ++i) {
     // Token i sits at position n_prompt + i: the context is full once that reaches -c.
     if (ctx > 0 && n_prompt + i >= ctx) {
@@ -159,6 +160,7 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
     const int32_t id = sampler.Sample(logits.data(), n_vocab);
     if (IsEndOfGeneration(*tok, id)) {
       hit_eos = true;
+      eog_id = id;
       break;
     }
     sampler.Accept(id);
@@ -185,7 +187,9 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   Table t({"statistic", "value"});
   t.AddRow({"prompt tokens", std::to_string(prompt.size())});
   t.AddRow({"generated tokens",
-            std::to_string(generated) + (hit_eos ? " (stopped at EOS)" : "") +
+            std::to_string(generated) + (hit_eos ? " (stopped at end-of-generation token " + std::to_string(eog_id) + " '" +
+                               tok->DecodeToken(eog_id, /*render_special=*/true) + "')"
+                         : "") +
                 (stops.stopped() ? " (stopped at --stop '" + stops.matched() + "')" : "") +
                 (hit_ctx ? " (stopped at the context size " + std::to_string(ctx) + ", -c)" : "")});
   t.AddRow({"context size", ctx > 0 ? std::to_string(ctx) : "no limit"});

@@ -509,7 +509,7 @@ TEST_F(TextCommandsTest, ChatAndGenerateStopAtTheEndOfGenerationToken) {
   CliResult g = Strata({"generate", "-m", eos_model, "-p", prompt, "--special", "-n", "24"});
   ASSERT_EQ(g.code, 0) << g.err;
   EXPECT_EQ(g.out, prompt + cut + "\n");
-  EXPECT_NE(g.err.find("(stopped at EOS)"), std::string::npos) << g.err;
+  EXPECT_NE(g.err.find("(stopped at end-of-generation token"), std::string::npos) << g.err;
 }
 
 TEST_F(TextCommandsTest, ChatStatsResetAndEof) {

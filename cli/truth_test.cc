@@ -64,7 +64,7 @@ TEST_F(TruthTest, TestbedsHaveNoEosAndGenerateAnswersV0) {
                         "<KEY><v0><v20>In the beginning<KEY>", "-n", "2", "--threads", "1",
                         "--json", json});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_FALSE(Has(r.err, "stopped at EOS")) << r.err;
+  EXPECT_FALSE(Has(r.err, "stopped at end-of-generation")) << r.err;
   const nlohmann::json j = Json(json);
   EXPECT_EQ(j["text"], "<v0><v20>") << j.dump();
   EXPECT_EQ(j["generated_tokens"], 2);
