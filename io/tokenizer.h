@@ -9,8 +9,12 @@
 //   byte-level BPE and the ByteLevel decoder. An unknown `pre` is an error at load. Control (and
 //   unknown) tokens are special added tokens, user-defined tokens non-special ones; added tokens
 //   are matched leftmost-longest (HF's AddedVocabulary; llama.cpp tries them longest first).
-// - Invalid UTF-8 never throws: stray bytes become one-byte pieces and still round-trip
-//   ("llama" and "gpt2"; a tokenizer.json reads each bad sequence as U+FFFD, as HF is given it).
+// - Invalid UTF-8 never throws. "llama": stray bytes become one-byte pieces and still
+//   round-trip. "gpt2" and a tokenizer.json read each maximal bad sequence as U+FFFD, as llama.cpp
+//   does and as HF is given text, so their ids are the references' (the round trip then gives
+//   the repaired text).
+// - A "gpt2" file without tokenizer.ggml.add_bos_token takes llama.cpp's default: BOS for the
+//   llama3 group, tekken and chameleon, none for the other pre types.
 // - Decode drops the leading space added by add_space_prefix even when a BOS precedes the text
 //   (llama.cpp keeps it in that case), so Decode(Encode(x)) == x. Clean-up of spaces before
 //   punctuation (clean_up_tokenization_spaces) is not done, for the same reason.
