@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/utf8.h"
 #include "io/json_input.h"
 #include "io/regex_split.h"
 #include "io/unigram.h"
@@ -25,50 +26,12 @@ using json = nlohmann::json;
 
 // ---- UTF-8 ----
 
-constexpr uint32_t kBadCp = 0xFFFFFFFFu;
+constexpr uint32_t kBadCp = kInvalidCodePoint;
 
-// Decodes the character at s[i]: its code point and length, or (kBadCp, 1) for a byte that does
-// not start a valid sequence.
-std::pair<uint32_t, size_t> NextChar(std::string_view s, size_t i) {
-  const uint8_t c = static_cast<uint8_t>(s[i]);
-  if (c < 0x80) return {c, 1};
-  size_t len;
-  uint32_t cp, min_cp;
-  if ((c & 0xE0) == 0xC0) {
-    len = 2, cp = c & 0x1F, min_cp = 0x80;
-  } else if ((c & 0xF0) == 0xE0) {
-    len = 3, cp = c & 0x0F, min_cp = 0x800;
-  } else if ((c & 0xF8) == 0xF0) {
-    len = 4, cp = c & 0x07, min_cp = 0x10000;
-  } else {
-    return {kBadCp, 1};
-  }
-  if (i + len > s.size()) return {kBadCp, 1};
-  for (size_t k = 1; k < len; ++k) {
-    const uint8_t cc = static_cast<uint8_t>(s[i + k]);
-    if ((cc & 0xC0) != 0x80) return {kBadCp, 1};
-    cp = (cp << 6) | (cc & 0x3F);
-  }
-  if (cp < min_cp || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return {kBadCp, 1};
-  return {cp, len};
-}
-
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
+// The character at s[i] as (code point, length); core/utf8.h.
+inline std::pair<uint32_t, size_t> NextChar(std::string_view s, size_t i) {
+  const Utf8Char c = DecodeUtf8At(s, i);
+  return {c.cp, c.len};
 }
 
 // Length of the maximal valid prefix of a UTF-8 sequence at s[i] that is not a whole character
@@ -167,24 +130,6 @@ int ParseByteToken(std::string_view t) {  // "<0xNN>" -> NN, else -1
 
 // ---- JSON field access with paths ----
 
-std::string TypeName(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null:
-      return "null";
-    case json::value_t::boolean:
-      return "a boolean";
-    case json::value_t::string:
-      return "a string";
-    case json::value_t::array:
-      return "an array";
-    case json::value_t::object:
-      return "an object";
-    case json::value_t::number_float:
-      return "a number";
-    default:
-      return "an integer";
-  }
-}
 
 std::string Join(const std::string& path, std::string_view key) {
   return path.empty() ? std::string(key) : path + "." + std::string(key);
@@ -192,7 +137,7 @@ std::string Join(const std::string& path, std::string_view key) {
 
 Status TypeError(const std::string& what, const std::string& path, const char* expected,
                  const json& got) {
-  return InvalidArgument(what + ": " + path + ": expected " + expected + ", got " + TypeName(got) +
+  return InvalidArgument(what + ": " + path + ": expected " + expected + ", got " + JsonTypeName(got) +
                          " " + BriefJson(got));
 }
 

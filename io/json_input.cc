@@ -54,4 +54,26 @@ std::string BriefJson(const nlohmann::json& v, size_t max_chars) {
   return s;
 }
 
+std::string JsonTypeName(const nlohmann::json& v) {
+  switch (v.type()) {
+    case nlohmann::json::value_t::null:
+      return "null";
+    case nlohmann::json::value_t::boolean:
+      return "a boolean";
+    case nlohmann::json::value_t::string:
+      return "a string";
+    case nlohmann::json::value_t::number_integer:
+    case nlohmann::json::value_t::number_unsigned:
+      return "an integer";
+    case nlohmann::json::value_t::number_float:
+      return "a number";
+    case nlohmann::json::value_t::array:
+      return "an array";
+    case nlohmann::json::value_t::object:
+      return "an object";
+    default:
+      return "an unsupported value";
+  }
+}
+
 }  // namespace strata

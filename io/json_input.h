@@ -27,6 +27,10 @@ int64_t JsonDepthExceededAt(std::string_view text, int max_depth = kMaxJsonDepth
 // at byte N ...)" or "what: JSON nests deeper than 64 levels (at byte N)").
 StatusOr<nlohmann::json> ParseUntrustedJson(std::string_view text, const std::string& what);
 
+// What a value is, for messages that say what a field was: "null", "a boolean", "a string",
+// "an integer", "a number", "an array", "an object".
+std::string JsonTypeName(const nlohmann::json& v);
+
 // A value as JSON text for an error message, cut to about max_chars ("..." marks the cut).
 std::string BriefJson(const nlohmann::json& v, size_t max_chars = 80);
 

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/utf8.h"
+
 namespace strata {
 namespace {
 
@@ -152,23 +154,6 @@ std::string Join(const std::vector<std::string>& v, const char* sep) {
 
 // A pre_tokenizer flattened into steps, each a canonical text. Regexes are written with \r and
 // \n escaped, since tokenizer.json files spell them both ways (a raw CR/LF or a backslash).
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
 
 // \x{HHHH} escapes (how this file spells non-ASCII) become the characters themselves, as
 // tokenizer.json files write them.

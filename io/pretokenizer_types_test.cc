@@ -53,7 +53,7 @@ TEST(PreTokenizerTypesTest, EmptyIsDefault) {
 TEST(PreTokenizerTypesTest, UnknownNameListsTheSupportedOnes) {
   auto r = PreTokenizerRegexes("gpt-5-turbo");
   ASSERT_FALSE(r.ok());
-  const std::string& msg = r.status().message();
+  const std::string msg = r.status().message();  // a copy: message() of a temporary status
   EXPECT_NE(msg.find("\"gpt-5-turbo\""), std::string::npos) << msg;
   for (const char* n : {"default", "gpt-2", "llama-bpe", "qwen2", "deepseek-llm", "deepseek-v3",
                         "kimi-k2", "tekken"}) {

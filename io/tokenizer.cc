@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/utf8.h"
 #include "io/gguf.h"
 #include "io/hf_tokenizer.h"
 #include "io/json_input.h"
@@ -34,39 +35,15 @@ struct CodeUnit {
   uint32_t cp;
   size_t begin, len;
 };
-constexpr uint32_t kInvalidCp = 0xFFFFFFFFu;
+constexpr uint32_t kInvalidCp = kInvalidCodePoint;
 
 std::vector<CodeUnit> DecodeUtf8(const std::string& s) {
   std::vector<CodeUnit> out;
   out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    const uint8_t c = static_cast<uint8_t>(s[i]);
-    size_t len = 0;
-    uint32_t cp = 0, min_cp = 0;
-    if (c < 0x80) {
-      len = 1, cp = c;
-    } else if ((c & 0xE0) == 0xC0) {
-      len = 2, cp = c & 0x1F, min_cp = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3, cp = c & 0x0F, min_cp = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4, cp = c & 0x07, min_cp = 0x10000;
-    }
-    bool ok = len > 0 && i + len <= s.size();
-    for (size_t k = 1; ok && k < len; ++k) {
-      const uint8_t cc = static_cast<uint8_t>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) ok = false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if (ok && (cp < min_cp || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))) ok = false;
-    if (!ok) {
-      out.push_back({kInvalidCp, i, 1});
-      ++i;
-    } else {
-      out.push_back({cp, i, len});
-      i += len;
-    }
+  for (size_t i = 0; i < s.size();) {
+    const Utf8Char c = DecodeUtf8At(s, i);
+    out.push_back({c.cp, i, c.len});
+    i += c.len;
   }
   return out;
 }

@@ -7,6 +7,8 @@
 #include <limits>
 #include <utility>
 
+#include "core/utf8.h"
+
 namespace strata {
 namespace {
 
@@ -15,29 +17,7 @@ constexpr double kUnkPenalty = 10.0;
 
 // Byte length of the character that starts at s[i]: the validated UTF-8 sequence, or 1 for a
 // byte that does not start one (so that invalid input still advances byte by byte).
-size_t CharLen(std::string_view s, size_t i) {
-  const uint8_t c = static_cast<uint8_t>(s[i]);
-  size_t len;
-  uint32_t cp, min_cp;
-  if (c < 0x80) return 1;
-  if ((c & 0xE0) == 0xC0) {
-    len = 2, cp = c & 0x1F, min_cp = 0x80;
-  } else if ((c & 0xF0) == 0xE0) {
-    len = 3, cp = c & 0x0F, min_cp = 0x800;
-  } else if ((c & 0xF8) == 0xF0) {
-    len = 4, cp = c & 0x07, min_cp = 0x10000;
-  } else {
-    return 1;
-  }
-  if (i + len > s.size()) return 1;
-  for (size_t k = 1; k < len; ++k) {
-    const uint8_t cc = static_cast<uint8_t>(s[i + k]);
-    if ((cc & 0xC0) != 0x80) return 1;
-    cp = (cp << 6) | (cc & 0x3F);
-  }
-  if (cp < min_cp || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 1;
-  return len;
-}
+size_t CharLen(std::string_view s, size_t i) { return DecodeUtf8At(s, i).len; }
 
 }  // namespace
 

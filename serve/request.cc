@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "io/json_input.h"
 #include "kv/registry.h"
 
 namespace strata::serve {
@@ -13,31 +14,9 @@ namespace {
 
 using nlohmann::json;
 
-// "a string", "a number", ... for messages that say what a field was.
-std::string TypeName(const json& v) {
-  switch (v.type()) {
-    case json::value_t::null:
-      return "null";
-    case json::value_t::boolean:
-      return "a boolean";
-    case json::value_t::string:
-      return "a string";
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned:
-      return "an integer";
-    case json::value_t::number_float:
-      return "a number";
-    case json::value_t::array:
-      return "an array";
-    case json::value_t::object:
-      return "an object";
-    default:
-      return "an unsupported value";
-  }
-}
 
 ApiError WrongType(const std::string& param, const json& v, const std::string& want) {
-  return BadRequest(param, "'" + param + "' must be " + want + ", got " + TypeName(v));
+  return BadRequest(param, "'" + param + "' must be " + want + ", got " + JsonTypeName(v));
 }
 
 // An integer-valued JSON number (5 or 5.0); other numbers and types are refused.
@@ -105,7 +84,7 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, Endpoint
         "", "the request body is not valid JSON (" + std::to_string(body.size()) + " bytes)");
   }
   if (!j.is_object())
-    return BadRequest("", "the request body must be a JSON object, got " + TypeName(j));
+    return BadRequest("", "the request body must be a JSON object, got " + JsonTypeName(j));
   auto field = [&](const char* name) -> const json* {
     auto it = j.find(name);
     return it == j.end() || it->is_null() ? nullptr : &*it;

@@ -633,7 +633,14 @@ TEST_F(ServeTest, SoakOfTwoThousandMixedRequests) {
   EXPECT_TRUE(WaitForMetric(port, "strata_active_sequences 0\n"));
   EXPECT_EQ(ResidentGauge(Get(port, "/metrics").body), 0);
   const int64_t growth = RssBytes() - rss0;
+#if defined(__SANITIZE_ADDRESS__)
+  // Under AddressSanitizer freed memory sits in its quarantine (256 MiB by default) and the
+  // shadow grows with it, so RSS says nothing about the server; LeakSanitizer checks at exit.
+  std::printf("[soak] RSS grew by %lld bytes (ASan build: not checked)\n",
+              static_cast<long long>(growth));
+#else
   EXPECT_LT(growth, int64_t{32} << 20) << "RSS grew by " << growth << " bytes";
+#endif
 }
 
 // Stop() in process: a non-streamed request that is still generating gets a 503 naming the
