@@ -397,6 +397,22 @@ class SequenceNormalizer : public Normalizer {
   std::vector<std::unique_ptr<Normalizer>> steps_;
 };
 
+// The steps of a "Sequence" component: each element of the array `key`, parsed by `parse`
+// (which reports the element's path in its errors); a step that parses to nothing (e.g. an empty
+// normalizer) is dropped.
+template <typename T, typename Parse>
+StatusOr<std::vector<std::unique_ptr<T>>> ParseSteps(const Obj& o, std::string_view key,
+                                                     const std::string& what, Parse parse) {
+  ASSIGN_OR_RETURN(const json* arr, o.Array(key));
+  std::vector<std::unique_ptr<T>> steps;
+  for (size_t i = 0; i < arr->size(); ++i) {
+    ASSIGN_OR_RETURN(std::unique_ptr<T> step,
+                     parse((*arr)[i], o.At(key) + "[" + std::to_string(i) + "]", what));
+    if (step) steps.push_back(std::move(step));
+  }
+  return steps;
+}
+
 StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const json& v, const std::string& path,
                                                       const std::string& what) {
   if (v.is_null()) return std::unique_ptr<Normalizer>();
@@ -436,14 +452,8 @@ StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const json& v, const std::
     return std::unique_ptr<Normalizer>(new StripNormalizer(left, right));
   }
   if (type == "Sequence") {
-    ASSIGN_OR_RETURN(const json* arr, o.Array("normalizers"));
-    std::vector<std::unique_ptr<Normalizer>> steps;
-    for (size_t i = 0; i < arr->size(); ++i) {
-      ASSIGN_OR_RETURN(
-          std::unique_ptr<Normalizer> n,
-          ParseNormalizer((*arr)[i], o.At("normalizers") + "[" + std::to_string(i) + "]", what));
-      if (n) steps.push_back(std::move(n));
-    }
+    ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Normalizer>> steps,
+                     ParseSteps<Normalizer>(o, "normalizers", what, ParseNormalizer));
     return std::unique_ptr<Normalizer>(new SequenceNormalizer(std::move(steps)));
   }
   return UnsupportedType(o, "normalizer", type);
@@ -651,14 +661,8 @@ StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const json& v, const s
     return std::unique_ptr<PreTokenizer>(new SplitPreTokenizer(std::move(re), behavior, false));
   }
   if (type == "Sequence") {
-    ASSIGN_OR_RETURN(const json* arr, o.Array("pretokenizers"));
-    std::vector<std::unique_ptr<PreTokenizer>> steps;
-    for (size_t i = 0; i < arr->size(); ++i) {
-      ASSIGN_OR_RETURN(std::unique_ptr<PreTokenizer> p,
-                       ParsePreTokenizer(
-                           (*arr)[i], o.At("pretokenizers") + "[" + std::to_string(i) + "]", what));
-      if (p) steps.push_back(std::move(p));
-    }
+    ASSIGN_OR_RETURN(std::vector<std::unique_ptr<PreTokenizer>> steps,
+                     ParseSteps<PreTokenizer>(o, "pretokenizers", what, ParsePreTokenizer));
     return std::unique_ptr<PreTokenizer>(new SequencePreTokenizer(std::move(steps)));
   }
   return UnsupportedType(o, "pre-tokenizer", type);
@@ -936,14 +940,8 @@ StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const json& v, const std::string
     return std::unique_ptr<Decoder>(new BpeSuffixDecoder(suffix));
   }
   if (type == "Sequence") {
-    ASSIGN_OR_RETURN(const json* arr, o.Array("decoders"));
-    std::vector<std::unique_ptr<Decoder>> steps;
-    for (size_t i = 0; i < arr->size(); ++i) {
-      ASSIGN_OR_RETURN(
-          std::unique_ptr<Decoder> d,
-          ParseDecoder((*arr)[i], o.At("decoders") + "[" + std::to_string(i) + "]", what));
-      if (d) steps.push_back(std::move(d));
-    }
+    ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Decoder>> steps,
+                     ParseSteps<Decoder>(o, "decoders", what, ParseDecoder));
     return std::unique_ptr<Decoder>(new SequenceDecoder(std::move(steps)));
   }
   return UnsupportedType(o, "decoder", type);
