@@ -30,6 +30,9 @@
 #include "kv/geodesia/policy.h"
 #include "kv/registry.h"
 #include "kv/vestige/policy.h"
+#include "kv/vestige/selector.h"
+#include "core/dtype.h"
+#include "core/rng.h"
 
 namespace strata::cli {
 
@@ -304,6 +307,34 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
   }
   t.Print(out);
   PrintLegend(columns, out);
+  if (mla && o.d_r > 0) {
+    // The selector's sigma on one random 4096-row block of this geometry (branch channels,
+    // kappa 16), both back-ends in this run on this thread: best of 5 each.
+    const int64_t n = 4096;
+    const int width = o.d_c + o.d_r;
+    Rng rng(o.seed);
+    std::vector<uint16_t> block(static_cast<size_t>(n) * width);
+    for (auto& v : block) v = F32ToBf16(static_cast<float>(rng.Normal()));
+    std::vector<float> sigma(n);
+    auto best_ms = [&](BlockSigma::Path path) {
+      BlockSigma bs;
+      bs.set_path(path);
+      double best = 1e30;
+      for (int rep = 0; rep < 6; ++rep) {  // the first call builds the tables: untimed
+        const auto t0 = Clock::now();
+        bs.Compute(block.data(), width, n, width, o.d_c, 16, sigma.data());
+        const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        if (rep > 0) best = std::min(best, ms);
+      }
+      return best;
+    };
+    const double direct = best_ms(BlockSigma::Path::kDirect);
+    const double fft = best_ms(BlockSigma::Path::kFft);
+    out << "selector sigma per " << n << "-row close (" << o.d_r
+        << " branch channels, kappa 16, 1 thread, best of 5): direct partial DFT "
+        << FormatFixed(direct, 3) << " ms (used), KissFFT " << FormatFixed(fft, 3) << " ms; "
+        << FormatFixed(fft / direct, 2) << "x\n";
+  }
   // Where the resident bytes are, for the policies that hold more than cache pages.
   bool header = false;
   for (const Row& r : rows) {

@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "kernels/lowpass.h"
 
 namespace strata {
 
@@ -106,10 +107,24 @@ BlockSigma& BlockSigma::operator=(BlockSigma&& o) noexcept {
     inv_ = o.inv_;
     o.n_ = 0;
     o.fwd_ = o.inv_ = nullptr;
+    rows_ = std::move(o.rows_);
+    rows_c_ = o.rows_c_;
     cols_ = std::move(o.cols_);
     spec_ = std::move(o.spec_);
     low_ = std::move(o.low_);
     acc_ = std::move(o.acc_);
+    tab_ = std::move(o.tab_);
+    tab_kappa_ = o.tab_kappa_;
+    tab_n_ = o.tab_n_;
+    o.tab_kappa_ = 0;
+    o.tab_n_ = 0;
+    basis_ = std::move(o.basis_);
+    basis_kappa_ = o.basis_kappa_;
+    basis_n_ = o.basis_n_;
+    o.basis_kappa_ = 0;
+    o.basis_n_ = 0;
+    scratch_ = std::move(o.scratch_);
+    path_ = o.path_;
   }
   return *this;
 }
@@ -127,24 +142,66 @@ void BlockSigma::Plan(int64_t n) {
   acc_.assign(n, 0.f);
 }
 
+int64_t BlockSigma::RowStride(int C) {
+  return (static_cast<int64_t>(C) + kLowpassPad - 1) / kLowpassPad * kLowpassPad;
+}
+
+float* BlockSigma::RowBuffer(int C, int64_t n) {
+  const size_t size = static_cast<size_t>(n) * RowStride(C);
+  if (rows_c_ != C || rows_.size() != size) {
+    rows_.assign(size, 0.f);  // zero padding columns; rows are overwritten by the caller
+    rows_c_ = C;
+  }
+  return rows_.data();
+}
+
 void BlockSigma::Compute(const uint16_t* rows, int64_t stride, int64_t n, int row_width,
                          int first_channel, int kappa, float* sigma) {
   STRATA_CHECK(n >= 2 && n % 2 == 0);
   STRATA_CHECK(kappa >= 1 && kappa < n / 2);
   STRATA_CHECK(first_channel >= 0 && first_channel < row_width);
-  static_assert(sizeof(kiss_fft_scalar) == sizeof(float), "kissfft-float expected");
-  static_assert(sizeof(kiss_fft_cpx) == 2 * sizeof(float));
   const int C = row_width - first_channel;
-  float* cols = ColumnBuffer(C, n);
-  // Transpose the block's channels into [C, n] f32 (bf16 -> f32 is exact).
-  for (int64_t u = 0; u < n; ++u) {
+  const int64_t ld = RowStride(C);
+  float* x = RowBuffer(C, n);
+  for (int64_t u = 0; u < n; ++u) {  // bf16 -> f32 is exact
     const uint16_t* r = rows + u * stride + first_channel;
-    for (int c = 0; c < C; ++c) cols[static_cast<size_t>(c) * n + u] = Bf16ToF32(r[c]);
+    for (int c = 0; c < C; ++c) x[u * ld + c] = Bf16ToF32(r[c]);
   }
-  ComputeColumns(cols, C, n, kappa, sigma);
+  ComputeRows(C, n, kappa, sigma);
 }
 
-void BlockSigma::ComputeColumns(const float* cols, int C, int64_t n, int kappa, float* sigma) {
+void BlockSigma::ComputeRows(int C, int64_t n, int kappa, float* sigma) {
+  STRATA_CHECK(n >= 2 && n % 2 == 0);
+  STRATA_CHECK(kappa >= 1 && kappa < n / 2);
+  STRATA_CHECK(rows_c_ == C && rows_.size() == static_cast<size_t>(n) * RowStride(C));
+  const int64_t ld = RowStride(C);
+  const bool direct =
+      path_ == Path::kDirect || (path_ == Path::kAuto && kappa <= kDirectMaxKappa);
+  if (direct) {
+    if (basis_kappa_ != kappa || basis_n_ != n) {
+      basis_ = LowpassBasis(n, kappa);
+      basis_kappa_ = kappa;
+      basis_n_ = n;
+    }
+    LowpassResidualNorms(rows_.data(), ld, n, C, basis_.data(), kappa, &scratch_, sigma);
+    return;
+  }
+  // Many bins: an FFT per channel on the transposed block.
+  // Transposed in tiles of 16 rows so every channel receives whole 64-byte lines (a row-at-a-time
+  // scatter with a 4n-byte stride thrashes the cache and costs 3x the FFTs).
+  cols_.resize(static_cast<size_t>(C) * n);
+  constexpr int64_t kTile = 16;
+  for (int64_t u0 = 0; u0 < n; u0 += kTile) {
+    const int64_t u1 = std::min(n, u0 + kTile);
+    for (int c = 0; c < C; ++c) {
+      float* dst = cols_.data() + static_cast<size_t>(c) * n;
+      for (int64_t u = u0; u < u1; ++u) dst[u] = rows_[u * ld + c];
+    }
+  }
+  ComputeColumnsFft(cols_.data(), C, n, kappa, sigma);
+}
+
+void BlockSigma::ComputeColumnsFft(const float* cols, int C, int64_t n, int kappa, float* sigma) {
   STRATA_CHECK(n >= 2 && n % 2 == 0);
   STRATA_CHECK(kappa >= 1 && kappa < n / 2);
   Plan(n);
@@ -233,22 +290,17 @@ void VestigeSelector::CloseBlock(const LayerStore& store) {
     sigma_.reserve(std::max<size_t>(b + n, sigma_.capacity() + sigma_.capacity() / 16));
   }
   sigma_.resize(b + n);
-  // Gather the block's selected channels straight from the store into [C, n] f32 (rows live in
-  // 64-row pages, so they are read one row at a time; bf16 -> f32 is exact).
-  // Transposed in tiles of 16 rows so every channel receives whole 64-byte lines (a row-at-a-time
-  // scatter with a 4n-byte stride thrashes the cache and cost 3x the FFTs).
+  // Gather the block's selected channels straight from the store into [n, RowStride(C)] f32 rows
+  // (rows live in 64-row pages, so they are read one row at a time; bf16 -> f32 is exact).
   const int C = row_width_ - first_channel_;
-  float* cols = fft_.ColumnBuffer(C, n);
-  constexpr int kTile = 16;
-  const uint16_t* r[kTile];
-  for (int64_t u0 = 0; u0 < n; u0 += kTile) {  // n is a multiple of 64
-    for (int i = 0; i < kTile; ++i) r[i] = store.key_row(0, b + u0 + i) + first_channel_;
-    for (int c = 0; c < C; ++c) {
-      float* dst = cols + static_cast<size_t>(c) * n + u0;
-      for (int i = 0; i < kTile; ++i) dst[i] = Bf16ToF32(r[i][c]);
-    }
+  const int64_t ld = BlockSigma::RowStride(C);
+  float* x = fft_.RowBuffer(C, n);
+  for (int64_t u = 0; u < n; ++u) {
+    const uint16_t* r = store.key_row(0, b + u) + first_channel_;
+    float* dst = x + u * ld;
+    for (int c = 0; c < C; ++c) dst[c] = Bf16ToF32(r[c]);
   }
-  fft_.ComputeColumns(cols, C, n, cfg_.kappa, sigma_.data() + b);
+  fft_.ComputeRows(C, n, cfg_.kappa, sigma_.data() + b);
 }
 
 void VestigeSelector::Rebalance() {

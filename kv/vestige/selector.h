@@ -41,12 +41,21 @@ int64_t VestigeBudget(int64_t n_closed, const VestigeRatio& ratio);
 
 // sigma of one block: rows [0, n) of `rows` (n bf16 rows of width `row_width`, row u at
 // rows + u * stride), channels [first_channel, row_width). Writes sigma[n] (f32).
-// Requires kappa >= 1 and kappa < n / 2 (n even). The forward transform is KissFFT's real FFT
-// (float); the inverse of the zeroed spectrum is evaluated directly from the kappa kept bins
-// (O(n kappa), vectorised; an inverse FFT costs ~3x more at n = 4096, kappa = 16). Scratch and
-// tables are reused across calls by keeping a BlockSigma object.
+// Requires kappa >= 1 and kappa < n / 2 (n even). For kappa <= kDirectMaxKappa (the shipped
+// kappa = 16) the kept bins are a direct partial DFT on a real Fourier basis, analysis and
+// synthesis as two register-tiled products over the rows in their natural layout
+// (kernels/lowpass.h: 2 n (2 kappa - 1) C multiply-adds, ~8x cheaper than the FFT path at
+// n = 4096, kappa = 16, C = 64). Above it, KissFFT's real FFT (float) per channel and the inverse of
+// the zeroed spectrum evaluated directly from the kept bins (O(n kappa)). Scratch and tables are
+// reused across calls by keeping a BlockSigma object.
 class BlockSigma {
  public:
+  static constexpr int kDirectMaxKappa = 64;
+  // Which back-end computes sigma: by kappa (kAuto, the selector's), or forced (tests compare the
+  // two on the same block; `bench attention --kind mla` times both in one run).
+  enum class Path { kAuto, kDirect, kFft };
+  void set_path(Path p) { path_ = p; }
+
   BlockSigma() = default;
   ~BlockSigma();
   BlockSigma(const BlockSigma&) = delete;
@@ -56,27 +65,35 @@ class BlockSigma {
 
   void Compute(const uint16_t* rows, int64_t stride, int64_t n, int row_width, int first_channel,
                int kappa, float* sigma);
-  // The same on channels already gathered: cols [C, n] f32 (channel-major). Clobbers nothing in
-  // cols; writes sigma[n].
-  void ComputeColumns(const float* cols, int C, int64_t n, int kappa, float* sigma);
-  // Scratch for callers that gather the channels themselves: [C, n] f32.
-  float* ColumnBuffer(int C, int64_t n) {
-    cols_.resize(static_cast<size_t>(C) * n);
-    return cols_.data();
-  }
+  // For callers that gather the channels themselves: a [n, RowStride(C)] f32 buffer, row u's
+  // channel c at u * RowStride(C) + c; the padding columns [C, RowStride(C)) are zero and must
+  // stay zero. Fill rows [0, n), then ComputeRows.
+  static int64_t RowStride(int C);
+  float* RowBuffer(int C, int64_t n);
+  // sigma[n] of the rows in RowBuffer(C, n) (read, not modified).
+  void ComputeRows(int C, int64_t n, int kappa, float* sigma);
 
  private:
   void Plan(int64_t n);
+  // The FFT path on channel-major columns cols [C, n].
+  void ComputeColumnsFft(const float* cols, int C, int64_t n, int kappa, float* sigma);
   int64_t n_ = 0;
   void* fwd_ = nullptr;      // kiss_fftr_cfg
   void* inv_ = nullptr;      // kiss_fftr_cfg
-  std::vector<float> cols_;  // [channels, n] the block transposed, f32
+  std::vector<float> rows_;  // [n, RowStride(C)] the block's channels, f32
+  int rows_c_ = 0;
+  std::vector<float> cols_;  // [channels, n] the block transposed (FFT path)
   std::vector<float> spec_;  // [n/2 + 1] complex as (re, im) pairs
   std::vector<float> low_;   // [n]
   std::vector<float> acc_;   // [n] running sum of squared residuals
-  std::vector<float> tab_;   // [kappa - 1][cos n, sin n] synthesis tables
+  std::vector<float> tab_;   // [kappa - 1][cos n, sin n] synthesis tables (FFT path)
   int tab_kappa_ = 0;
   int64_t tab_n_ = 0;
+  std::vector<float> basis_;  // kernels/lowpass.h basis (direct path)
+  int basis_kappa_ = 0;
+  int64_t basis_n_ = 0;
+  std::vector<float> scratch_;
+  Path path_ = Path::kAuto;
 };
 
 struct VestigeSelectorConfig {

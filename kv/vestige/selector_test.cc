@@ -129,6 +129,51 @@ TEST(VestigeSelectorTest, SigmaMatchesDirectDftFloat64) {
   }
 }
 
+// Both back-ends of BlockSigma against the float64 direct DFT on fixed shapes: the direct
+// partial DFT (kappa <= kDirectMaxKappa, including the bound itself) and the FFT path above it.
+TEST(VestigeSelectorTest, DirectAndFftPathsMatchFloat64) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  struct Case {
+    int64_t n;
+    int width, first, kappa;
+  };
+  const int kmax = BlockSigma::kDirectMaxKappa;
+  for (const Case& c : {Case{256, 40, 8, kmax}, Case{256, 40, 8, kmax + 1},
+                        Case{384, 20, 0, 150}, Case{1024, 72, 8, 16}}) {
+    SCOPED_TRACE("n " + std::to_string(c.n) + " kappa " + std::to_string(c.kappa));
+    const std::vector<uint16_t> rows = RandomRows(rng, c.n, c.width);
+    BlockSigma bs;
+    std::vector<float> sigma(c.n);
+    bs.Compute(rows.data(), c.width, c.n, c.width, c.first, c.kappa, sigma.data());
+    const std::vector<double> ref = SigmaRef(rows, c.n, c.width, c.first, c.kappa);
+    for (int64_t u = 0; u < c.n; ++u) {
+      ASSERT_NEAR(sigma[u], ref[u], 1e-4 * std::max(1.0, ref[u])) << "row " << u;
+    }
+  }
+}
+
+// The two back-ends agree with each other on the shipped shape (n 4096, kappa 16, d_r 64) when
+// forced, and the automatic choice is the direct one there.
+TEST(VestigeSelectorTest, ForcedPathsAgreeAtShippedShape) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  const int64_t n = 4096;
+  const int width = 576, first = 512, kappa = 16;
+  const std::vector<uint16_t> rows = RandomRows(rng, n, width);
+  std::vector<float> autos(n), direct(n), fft(n);
+  BlockSigma bs;
+  bs.Compute(rows.data(), width, n, width, first, kappa, autos.data());
+  bs.set_path(BlockSigma::Path::kDirect);
+  bs.Compute(rows.data(), width, n, width, first, kappa, direct.data());
+  bs.set_path(BlockSigma::Path::kFft);
+  bs.Compute(rows.data(), width, n, width, first, kappa, fft.data());
+  EXPECT_EQ(autos, direct);
+  for (int64_t u = 0; u < n; ++u) ASSERT_NEAR(direct[u], fft[u], 1e-4 * std::max(1.0f, fft[u]));
+}
+
 // Branch slice: random content channels, zero branch -> sigma is exactly 0 for every row.
 TEST(VestigeSelectorTest, ZeroBranchGivesZeroSigma) {
   const uint64_t seed = TestSeed();
