@@ -148,8 +148,9 @@ class Deepseek2Model final : public Model {
                   nope = c.qk_nope_dim, vd = c.v_head_dim, qk = nope + dr, row = dc + dr;
     const int n = rows.n;
     Embed(rows.tokens, n, x);
-    std::vector<float> xn(n * d), q(n * H * qk), kva(n * row), qabs(H * row), att(H * dc),
-        o(n * H * vd), y(n * d);
+    const int group = std::min(n, kAbsorbRows);
+    std::vector<float> xn(n * d), q(n * H * qk), kva(n * row), qabs(group * H * row),
+        att(group * H * dc), o(n * H * vd), y(n * d);
     std::vector<float> qa(c.q_lora_rank > 0 ? n * c.q_lora_rank : 0);
     for (int l = 0; l < c.n_layers; ++l) {
       const MlaLayer& L = layers_[l];
@@ -173,28 +174,42 @@ class Deepseek2Model final : public Model {
         if (!rows.live(i)) continue;
         RETURN_IF_ERROR(rows.Event(i, rows.caches[i]->Append(l, r, nullptr)));
       }
-      for (int i = 0; i < n; ++i) {
-        if (!rows.live(i)) continue;  // its o rows stay as they were: meaningless, not read back
-        KvCache* cache = rows.caches[i];
-        const int64_t p = rows.pos[i];
-        // Absorbed queries for every head, in parallel over heads.
+      // Rows in groups of up to kAbsorbRows: the group's absorbed queries, then each row's
+      // observation and read (in row order), then the group's value expansion. The per-head
+      // products W_UK,h^T q and W_UV,h att are MatVecBatch over the group's rows (== MatVec per
+      // row bit for bit), so each head's weights are read once per group instead of once per row.
+      for (int i0 = 0; i0 < n; i0 += kAbsorbRows) {
+        const int m = std::min(n - i0, kAbsorbRows);
+        // Absorbed queries for every row of the group and every head, in parallel over heads.
         auto absorb = [&](int64_t hb, int64_t he, int) {
           for (int64_t h = hb; h < he; ++h) {
-            float* qh = &q[(i * H + h) * qk];
-            float* out = &qabs[h * row];
-            MatVec(L.k_b.Rows(h * dc, dc), qh, out, nullptr);
-            std::memcpy(out + dc, qh + nope, sizeof(float) * dr);
-            if (!c.mla_nope) Rope(out + dc, static_cast<int>(dr), p, RopeStyle::kNorm, rope_);
+            MatVecBatch(L.k_b.Rows(h * dc, dc), &q[(i0 * H + h) * qk], m, H * qk,
+                        &qabs[h * row], H * row, nullptr);
+            for (int j = 0; j < m; ++j) {
+              float* out = &qabs[(j * H + h) * row];
+              std::memcpy(out + dc, &q[((i0 + j) * H + h) * qk + nope], sizeof(float) * dr);
+              if (!c.mla_nope) {
+                Rope(out + dc, static_cast<int>(dr), rows.pos[i0 + j], RopeStyle::kNorm, rope_);
+              }
+            }
           }
         };
         ParallelForOrInline(pool, H, 1, absorb);
-        RETURN_IF_ERROR(rows.Event(i, cache->ObserveQuery(l, p, qabs.data())));
-        if (!rows.live(i)) continue;
-        RETURN_IF_ERROR(rows.Event(i, cache->Attend(l, qabs.data(), p, pool, att.data())));
-        if (!rows.live(i)) continue;
+        for (int j = 0; j < m; ++j) {
+          const int i = i0 + j;
+          if (!rows.live(i)) continue;  // its o rows stay as they were: meaningless, not read back
+          KvCache* cache = rows.caches[i];
+          const int64_t p = rows.pos[i];
+          const float* qa_i = &qabs[j * H * row];
+          RETURN_IF_ERROR(rows.Event(i, cache->ObserveQuery(l, p, qa_i)));
+          if (!rows.live(i)) continue;
+          RETURN_IF_ERROR(rows.Event(i, cache->Attend(l, qa_i, p, pool, &att[j * H * dc])));
+        }
+        // Rows that failed expand whatever their att holds: meaningless, not read back.
         auto expand = [&](int64_t hb, int64_t he, int) {
           for (int64_t h = hb; h < he; ++h) {
-            MatVec(L.v_b.Rows(h * vd, vd), &att[h * dc], &o[(i * H + h) * vd], nullptr);
+            MatVecBatch(L.v_b.Rows(h * vd, vd), &att[h * dc], m, H * dc, &o[(i0 * H + h) * vd],
+                        H * vd, nullptr);
           }
         };
         ParallelForOrInline(pool, H, 1, expand);
@@ -204,7 +219,7 @@ class Deepseek2Model final : public Model {
       for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.ffn_norm.data(), d, c.rms_eps, &xn[i * d]);
       if (!L.moe) {
         Ffn(rows, L.gate, L.up, L.down, xn.data(), c.d_ff, pool, y.data());
-      } else if (rows.independent && n > 1) {
+      } else if (n > 1) {  // a decode batch or a prefill chunk (== Moe per row bit for bit)
         MoeBatch(L, xn.data(), rows, pool, y.data());
       } else {
         Moe(L, xn.data(), rows, pool, y.data());
@@ -215,6 +230,9 @@ class Deepseek2Model final : public Model {
   }
 
  private:
+  // Rows per group of the absorbed-query and value-expansion products in ForwardChunk.
+  static constexpr int kAbsorbRows = 64;
+
   // y = down(silu(gate x) * up x) for the rows of a pass.
   void Ffn(const Rows& rows, const TensorView& gate, const TensorView& up, const TensorView& down,
            const float* x, int64_t ff, ThreadPool* pool, float* y) const {
@@ -262,7 +280,7 @@ class Deepseek2Model final : public Model {
     }
   }
 
-  // Per token (a prefill chunk, or one decoded token): router, then its experts one by one.
+  // One decoded token: router, then its experts one by one.
   void Moe(const MlaLayer& L, const float* x, const Rows& rows, ThreadPool* pool, float* y) const {
     const ModelConfig& c = config_;
     const int64_t d = c.d_model, E = c.n_experts, ffe = c.d_ff_expert;
@@ -290,9 +308,9 @@ class Deepseek2Model final : public Model {
     }
   }
 
-  // A decode batch: the router for every sequence in one product, then the rows grouped by
-  // expert so that each routed expert's weights are read once per step (MatVecBatch over its
-  // rows), and each row's expert outputs added in its own routing order, as Moe adds them, so
+  // A decode batch or a prefill chunk: the router for every row in one product, then the rows
+  // grouped by expert so that each routed expert's weights are read once per pass (MatVecBatch
+  // over its rows; per token they were streamed once per row), and each row's expert outputs added in its own routing order, as Moe adds them, so
   // every row equals its solo Moe bit for bit.
   void MoeBatch(const MlaLayer& L, const float* x, const Rows& rows, ThreadPool* pool,
                 float* y) const {
