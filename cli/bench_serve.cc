@@ -353,14 +353,14 @@ int RunLoadMode(const BenchServeOptions& o, std::ostream& out, std::ostream& err
       t.AddRow({std::to_string(ctx), std::to_string(k),
                 std::to_string(r->ok) + " / " + std::to_string(r->requests),
                 std::to_string(r->streamed_tokens), FormatFixed(r->aggregate_tok_s, 1),
-                r->decode_window_s > 0 ? FormatFixed(r->decode_tok_s, 1) : "-",
-                single > 0 && r->decode_window_s > 0 ? FormatFixed(ratio, 2) : "-",
+                r->decode_window_tokens > 0 ? FormatFixed(r->decode_tok_s, 1) : "-",
+                single > 0 && r->decode_window_tokens > 0 ? FormatFixed(ratio, 2) : "-",
                 pct(r->ttft_s), pct(r->itl_s)});
       for (const auto& e : r->errors) problems.push_back(label + " " + e);
       if (r->cut > 0) {
         problems.push_back(label + " " + std::to_string(r->cut) + " requests hung up at --duration");
       }
-      if (r->decode_window_s <= 0) {
+      if (r->decode_window_tokens <= 0) {
         problems.push_back(label + " no moment with all streams generating (raise --max-tokens)");
       }
       auto pj = [](const serve::Percentiles& p) {

@@ -437,6 +437,8 @@ void Server::Routes() {
               }
               json last = chunk(c);
               extension(*r, &last);
+              // All the tokens, also those whose text was empty (no chunk carried their count).
+              last["strata"]["completion_tokens"] = r->completion_tokens;
               if (!write(SseEvent(last))) return false;
               if (include_usage) {
                 json u = chunk(c);
