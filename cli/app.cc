@@ -149,6 +149,8 @@ int RunStrata(const std::vector<std::string>& args, std::istream& in, std::ostre
   std::shared_ptr<EvalCliOptions> eval = AddEvalCommand(&app);
   BenchAttentionOptions bench_attention;
   AddBenchAttentionCommand(bench, &bench_attention);
+  BenchServeOptions bench_serve;
+  AddBenchServeCommand(bench, &bench_serve);
   PoliciesOptions policies;
   AddPoliciesCommand(&app, &policies);
   ServeOptions serve;
@@ -212,6 +214,7 @@ int RunStrata(const std::vector<std::string>& args, std::istream& in, std::ostre
       return RunChat(chat, in, /*interactive=*/&in == &std::cin && isatty(STDIN_FILENO), out, err);
     }
     if (bench->got_subcommand("attention")) return RunBenchAttention(bench_attention, out, err);
+    if (bench->got_subcommand("serve")) return RunBenchServe(bench_serve, out, err);
   } catch (const std::exception& e) {
     err << "error: internal: " << e.what() << "\n";
     return 1;

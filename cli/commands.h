@@ -249,6 +249,30 @@ struct ServeOptions {
 void AddServeCommand(CLI::App* app, ServeOptions* o);
 int RunServe(const ServeOptions& o, std::ostream& out, std::ostream& err);
 
+// `strata bench serve` (cli/bench_serve.cc): the load generator and the capacity mode.
+struct BenchServeOptions {
+  std::string model;  // -m: an in-process server (--capacity: the model's cache geometry)
+  std::string url;    // --url: a running server on loopback
+  std::string streams = "1,4,16";
+  std::string ctx;  // empty: 128 (load), 16384 (--capacity)
+  int64_t max_tokens = 32;
+  int64_t requests_per_stream = 1;
+  double duration = 300;
+  std::string policy;  // load: one (empty: the server's default); --capacity: a list
+  int64_t parallel = 0;   // 0: the largest --streams
+  std::string kv_budget;  // empty: 8GiB (load), 4GiB (--capacity)
+  int64_t queue = 64;
+  int threads = 0;  // 0: all cores
+  std::string api_key;
+  uint64_t seed = 1;
+  bool capacity = false;
+  std::string geometry;  // --capacity: named cache shapes (empty: the default list)
+  int samples = 1;
+  std::string json_path;
+};
+void AddBenchServeCommand(CLI::App* bench, BenchServeOptions* o);
+int RunBenchServe(const BenchServeOptions& o, std::ostream& out, std::ostream& err);
+
 // The whole binary: parses args (without the program name) and runs the chosen command. --help
 // prints to `out` and returns 0; parse errors and unknown commands print to `err` and return 2.
 int RunStrata(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);

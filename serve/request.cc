@@ -107,14 +107,37 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, Endpoint
   if (endpoint == Endpoint::kCompletions) {
     const json* p = field("prompt");
     if (!p) return BadRequest("prompt", "'prompt' is required");
+    // A list of token ids (or a batch of one such list), as OpenAI accepts them.
+    auto token_ids = [&](const json& a) -> std::optional<ApiError> {
+      if (a.empty()) return BadRequest("prompt", "'prompt' is an empty list of token ids");
+      out->prompt_ids.reserve(a.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        const std::string param = "prompt[" + std::to_string(i) + "]";
+        if (!a[i].is_number()) return WrongType(param, a[i], "a token id (an integer)");
+        int64_t id = 0;
+        if (auto e = GetInt(a[i], param, &id)) return e;
+        if (id < 0 || (ctx.n_vocab > 0 && id >= ctx.n_vocab)) {
+          return BadRequest(param, "token id " + std::to_string(id) +
+                                       " is outside the vocabulary [0, " +
+                                       std::to_string(ctx.n_vocab) + ")");
+        }
+        out->prompt_ids.push_back(static_cast<int32_t>(id));
+      }
+      out->prompt_ids_given = true;
+      return std::nullopt;
+    };
     if (p->is_string()) {
       out->prompt = p->get<std::string>();
     } else if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) {
       out->prompt = (*p)[0].get<std::string>();  // a batch of one prompt
+    } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
+      if (auto e = token_ids(*p)) return e;
+    } else if (p->is_array() && p->size() == 1 && (*p)[0].is_array()) {
+      if (auto e = token_ids((*p)[0])) return e;  // a batch of one token list
     } else if (p->is_array()) {
       return BadRequest("prompt",
-                        "'prompt' must be a string or a list of one string (one "
-                        "prompt per request), got a list of " +
+                        "'prompt' must be a string, a list of one string or a list of "
+                        "token ids (one prompt per request), got a list of " +
                             std::to_string(p->size()) + " items");
     } else {
       return WrongType("prompt", *p, "a string");

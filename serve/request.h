@@ -34,6 +34,10 @@ struct GenerationRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;                  // as given ("" when absent: the served model)
   std::string prompt;                 // completions
+  // completions: the prompt given as token ids (OpenAI's `prompt: [int, ...]`), used as they are
+  // (no BOS added); prompt_ids_given tells it from a text prompt.
+  std::vector<int32_t> prompt_ids;
+  bool prompt_ids_given = false;
   std::vector<ChatMessage> messages;  // chat
   std::optional<int64_t> max_tokens;  // absent: the endpoint's default (see the server)
   SamplerOptions sampler;             // temperature, top_p, seed (validated)
@@ -53,12 +57,14 @@ inline constexpr int64_t kMaxTokensCap = int64_t{1} << 24;
 // What the parser checks the request against.
 struct RequestContext {
   std::string model_name;  // the one served model; "model" must be it (or absent)
+  int64_t n_vocab = 0;     // token-id prompts must be in [0, n_vocab) (0: not checked)
 };
 
 // Parses and validates `body` for `endpoint`. Types and ranges are checked field by field (a
 // wrong type names the field and the type it has; max_tokens in [1, kMaxTokensCap]; temperature
 // in [0, 2]; top_p in (0, 1]; n and best_of only 1; stop a string or a list of at most 4 non-empty
-// strings; messages a non-empty list of {role, content} with a known role); an unknown model is
+// strings; a completions prompt a string, a list of one string, a non-empty list of token ids in
+// [0, n_vocab) or a list of one such list; messages a non-empty list of {role, content} with a known role); an unknown model is
 // a 404 (code model_not_found); a policy that the registry refuses is a 400 naming it
 // (param strata.policy). Fields OpenAI defines that do not change the output here (user,
 // presence_penalty 0, ...) are accepted and ignored; unknown fields are ignored, as OpenAI does.

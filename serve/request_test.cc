@@ -10,7 +10,7 @@
 namespace strata::serve {
 namespace {
 
-const RequestContext kCtx{"tiny"};
+const RequestContext kCtx{"tiny", 512};
 
 // The error for a completions body (nullopt when it parsed).
 std::optional<ApiError> Bad(const std::string& body, Endpoint ep = Endpoint::kCompletions) {
@@ -19,6 +19,19 @@ std::optional<ApiError> Bad(const std::string& body, Endpoint ep = Endpoint::kCo
 }
 
 bool Has(const std::string& s, const std::string& sub) { return s.find(sub) != std::string::npos; }
+
+TEST(Request, TokenIdPrompts) {
+  for (const char* body : {R"({"prompt": [1, 7, 511]})", R"({"prompt": [[1, 7, 511]]})"}) {
+    GenerationRequest g;
+    ASSERT_FALSE(ParseGenerationRequest(body, Endpoint::kCompletions, kCtx, &g)) << body;
+    EXPECT_TRUE(g.prompt_ids_given);
+    EXPECT_EQ(g.prompt_ids, (std::vector<int32_t>{1, 7, 511}));
+    EXPECT_TRUE(g.prompt.empty());
+  }
+  GenerationRequest g;
+  ASSERT_FALSE(ParseGenerationRequest(R"({"prompt": "hi"})", Endpoint::kCompletions, kCtx, &g));
+  EXPECT_FALSE(g.prompt_ids_given);
+}
 
 TEST(Request, ParsesEveryField) {
   GenerationRequest g;
@@ -76,6 +89,12 @@ TEST(Request, EveryBadInputIsA4xxNamingTheField) {
       {R"({"max_tokens": 5})", 400, "prompt", "'prompt' is required"},
       {R"({"prompt": 5})", 400, "prompt", "'prompt' must be a string, got an integer"},
       {R"({"prompt": ["a", "b"]})", 400, "prompt", "a list of 2 items"},
+      {R"({"prompt": [1, 512]})", 400, "prompt[1]", "token id 512 is outside the vocabulary [0, 512)"},
+      {R"({"prompt": [1, -3]})", 400, "prompt[1]", "outside the vocabulary"},
+      {R"({"prompt": [1, "b"]})", 400, "prompt[1]", "must be a token id (an integer), got a string"},
+      {R"({"prompt": [1, 2.5]})", 400, "prompt[1]", "must be an integer, got 2.5"},
+      {R"({"prompt": [[]]})", 400, "prompt", "an empty list of token ids"},
+      {R"({"prompt": [[1], [2]]})", 400, "prompt", "a list of 2 items"},
       {R"({"prompt": "x", "max_tokens": -1})", 400, "max_tokens", "in [1, 16777216], got -1"},
       {R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens", "got 0"},
       {R"({"prompt": "x", "max_tokens": 99999999999})", 400, "max_tokens", "got 99999999999"},

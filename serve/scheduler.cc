@@ -91,10 +91,11 @@ std::string StopText::TakeRest() {
   return out;
 }
 
-void Sequence::Push(std::string delta) {
+void Sequence::Push(std::string delta, int64_t tokens) {
   if (delta.empty()) return;
   std::lock_guard<std::mutex> l(mu_);
   deltas_.push_back(std::move(delta));
+  pushed_tokens_ = tokens;
   cv_.notify_all();
 }
 
@@ -105,7 +106,7 @@ void Sequence::Finish(Result r) {
 }
 
 bool Sequence::Next(std::chrono::milliseconds timeout, std::string* delta,
-                    std::optional<Result>* result) {
+                    std::optional<Result>* result, int64_t* tokens) {
   std::unique_lock<std::mutex> l(mu_);
   if (!cv_.wait_for(l, timeout, [&] { return !deltas_.empty() || result_.has_value(); })) {
     return false;
@@ -115,6 +116,7 @@ bool Sequence::Next(std::chrono::milliseconds timeout, std::string* delta,
     *delta += deltas_.front();
     deltas_.pop_front();
   }
+  if (tokens) *tokens = pushed_tokens_;
   // The end is reported once every delta before it is taken.
   if (result_.has_value()) *result = result_;
   return true;
@@ -210,7 +212,7 @@ void Scheduler::End(Sequence* s, std::string finish_reason, std::string message,
   r.prompt_tokens = static_cast<int64_t>(s->prompt.size());
   r.completion_tokens = s->generated_;
   if (s->text_) {
-    s->Push(s->text_->TakeRest());
+    s->Push(s->text_->TakeRest(), s->generated_);
     r.text = s->text_->text();
   }
   metrics_->AddTokens(0, s->generated_);
@@ -258,7 +260,7 @@ void Scheduler::Step() {
     }
     s->last_token_ = now;
     const bool stopped = s->text_->Append(tok_->DecodeToken(id));
-    s->Push(s->text_->TakeReady());
+    s->Push(s->text_->TakeReady(), s->generated_);
     if (stopped) {
       End(s, "stop", "");
       continue;

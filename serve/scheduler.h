@@ -77,7 +77,10 @@ class Sequence {
   };
   // Waits up to `timeout` for output. Returns true with `delta` set (possibly empty) when there
   // was some or the sequence ended (then `*result` is set); false on timeout.
-  bool Next(std::chrono::milliseconds timeout, std::string* delta, std::optional<Result>* result);
+  // `tokens` (may be null): the tokens generated up to the end of `delta` (a delta may carry
+  // several tokens, and a token whose text is held back arrives with a later delta).
+  bool Next(std::chrono::milliseconds timeout, std::string* delta, std::optional<Result>* result,
+            int64_t* tokens = nullptr);
   // Blocks until the end and returns it.
   Result Wait();
   void Cancel() { cancelled_.store(true); }
@@ -85,12 +88,13 @@ class Sequence {
 
  private:
   friend class Scheduler;
-  void Push(std::string delta);
+  void Push(std::string delta, int64_t tokens);
   void Finish(Result r);
 
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::string> deltas_;
+  int64_t pushed_tokens_ = 0;  // the tokens generated up to the last delta pushed
   std::optional<Result> result_;
   std::atomic<bool> cancelled_{false};
 

@@ -233,12 +233,14 @@ void Server::Routes() {
         return;
       }
       GenerationRequest g;
-      RequestContext rc{o_.model_name};
+      RequestContext rc{o_.model_name, model_->config().n_vocab};
       if (auto e = ParseGenerationRequest(req.body, ep, rc, &g)) return SendError(res, *e);
       const Tokenizer& tok = *model_->tokenizer();
 
       std::vector<int32_t> prompt;
-      if (ep == Endpoint::kCompletions) {
+      if (ep == Endpoint::kCompletions && g.prompt_ids_given) {
+        prompt = g.prompt_ids;  // token ids are the prompt as given (no BOS added)
+      } else if (ep == Endpoint::kCompletions) {
         prompt = tok.Encode(g.prompt, /*with_bos=*/true);
       } else {
         if (!chat_) return SendError(res, BadRequest("messages", chat_error_));
@@ -401,7 +403,8 @@ void Server::Routes() {
             }
             std::string delta;
             std::optional<Sequence::Result> r;
-            while (!seq->Next(std::chrono::milliseconds(100), &delta, &r)) {
+            int64_t tokens = 0;
+            while (!seq->Next(std::chrono::milliseconds(100), &delta, &r, &tokens)) {
               if (!sink.is_writable()) {
                 seq->Cancel();
                 return false;
@@ -414,7 +417,11 @@ void Server::Routes() {
               } else {
                 c["text"] = delta;
               }
-              if (!write(SseEvent(chunk(c)))) return false;
+              // The extension: tokens generated so far (a chunk may carry several), so a client
+              // can time tokens, not chunks (`strata bench serve`).
+              json ev = chunk(c);
+              ev["strata"] = {{"completion_tokens", tokens}};
+              if (!write(SseEvent(ev))) return false;
             }
             if (!r) return true;  // more to come
             if (!r->error.ok()) {
@@ -430,6 +437,8 @@ void Server::Routes() {
               }
               json last = chunk(c);
               extension(*r, &last);
+              // All the tokens, also those whose text was empty (no chunk carried their count).
+              last["strata"]["completion_tokens"] = r->completion_tokens;
               if (!write(SseEvent(last))) return false;
               if (include_usage) {
                 json u = chunk(c);
