@@ -140,7 +140,9 @@ TEST_F(ReportTest, GradedBlockLevelsInNeedleAndPplJson) {
         }
       }
     }
-    if (per_block) EXPECT_EQ(nlohmann::json(from_blocks), bl["per_layer_head"]);
+    if (per_block) {
+      EXPECT_EQ(nlohmann::json(from_blocks), bl["per_layer_head"]);
+    }
 
     auto tokens = TokenizeCorpus(*model_, std::string(BuiltinHaystack()));
     ASSERT_TRUE(tokens.ok());
@@ -184,7 +186,9 @@ TEST_F(ReportTest, GradedBlockLevelsInNeedleAndPplJson) {
         }
       }
     }
-    if (per_block) EXPECT_EQ(nlohmann::json(wsum), pb["per_layer_head"]);
+    if (per_block) {
+      EXPECT_EQ(nlohmann::json(wsum), pb["per_layer_head"]);
+    }
   }
 }
 
