@@ -167,6 +167,7 @@ int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostre
     t.AddRow({"KV resident vs full", eval::VsFullText(achieved.resident_vs_full())});
     t.AddRow({"KV read vs full, conversation", eval::VsFullText(achieved.read_vs_full())});
     t.AddRow({"rows kept (of visible)", eval::KeptText(achieved)});
+    AddBlockLevelRows(achieved.levels, &t);
     t.Print(out);
     out << std::flush;
   };

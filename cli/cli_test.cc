@@ -349,6 +349,39 @@ TEST_F(CliTest, GeodesiaDefaultsRunOnTheGqaTestbed) {
   EXPECT_EQ(r.out.find("skipped"), std::string::npos) << r.out;
 }
 
+// Issue 18: `generate --verbose` prints one block-level histogram row per layer for a graded
+// policy (blocks over the layer's KV heads at 16/8/4/2/1 bits, adding up to its blocks), and
+// none without --verbose or for a policy without graded blocks.
+TEST_F(CliTest, GenerateVerbosePrintsBlockLevelHistograms) {
+  const std::string gqa = std::string(STRATA_SOURCE_DIR) + "/models/gqa.gguf";
+  if (!fs::exists(gqa)) GTEST_SKIP() << gqa << " is not there";
+  std::string prompt;
+  for (int i = 0; i < 12; ++i) prompt += "In the beginning God created the heaven and the earth. ";
+  Result r = Strata({"generate", "-m", gqa, "--policy", "geodesia:bits=2", "-p", prompt, "-n",
+                     "4", "--threads", "1", "--verbose"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string row = "block levels, layer 0 (16/8/4/2/1 bits)";
+  const size_t at = r.err.find(row);
+  ASSERT_NE(at, std::string::npos) << r.err;
+  // The counts on that row: five numbers, at least one block below 16 bits at a 2-bit budget.
+  std::istringstream line(r.err.substr(at + row.size(), r.err.find('\n', at) - at - row.size()));
+  std::vector<int64_t> n;
+  std::string tok;
+  while (line >> tok) {
+    if (tok != "/") n.push_back(std::stoll(tok));
+  }
+  ASSERT_EQ(n.size(), 5u) << r.err;
+  EXPECT_GT(n[1] + n[2] + n[3] + n[4], 0) << r.err;
+  Result quiet = Strata({"generate", "-m", gqa, "--policy", "geodesia:bits=2", "-p", prompt,
+                         "-n", "4", "--threads", "1"});
+  ASSERT_EQ(quiet.code, 0) << quiet.err;
+  EXPECT_EQ(quiet.err.find("block levels"), std::string::npos) << quiet.err;
+  Result full = Strata({"generate", "-m", gqa, "-p", prompt, "-n", "4", "--threads", "1",
+                        "--verbose"});
+  ASSERT_EQ(full.code, 0) << full.err;
+  EXPECT_EQ(full.err.find("block levels"), std::string::npos) << full.err;
+}
+
 // `bench attention` runs registered policies through the registry for both layer kinds.
 TEST_F(CliTest, BenchAttentionRunsRegisteredPolicies) {
   Result g = Strata({"bench", "attention", "--kind", "gqa", "--ctx", "512", "--q-heads", "4",

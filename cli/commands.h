@@ -64,6 +64,7 @@ struct GenerateOptions {
   std::string policy_settings;  // "key=value,..." passed to the policy registry
   PolicyFlags policy_flags;
   std::string kv_type = "bf16";  // --kv-type f32 | f16 | bf16 (f32/f16: the full policy only)
+  bool verbose = false;  // --verbose: per-layer block-level histograms in the statistics
   std::string json_path;
   // Where the built-in default model lives (set from the build; tests override them).
   std::string models_dir;

@@ -133,6 +133,18 @@ int64_t PeakRssBytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
+void AddBlockLevelRows(const LevelHistograms& h, Table* t) {
+  if (h.empty()) return;
+  std::string names;
+  for (int bits : h.levels) names += (names.empty() ? "" : "/") + std::to_string(bits);
+  const auto per_layer = h.PerLayer();
+  for (size_t l = 0; l < per_layer.size(); ++l) {
+    std::string v;
+    for (int64_t n : per_layer[l]) v += (v.empty() ? "" : " / ") + std::to_string(n);
+    t->AddRow({"block levels, layer " + std::to_string(l) + " (" + names + " bits)", v});
+  }
+}
+
 std::string FormatBytes(double bytes) {
   static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;

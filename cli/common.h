@@ -12,6 +12,7 @@
 
 #include "core/status.h"
 #include "cli/commands.h"
+#include "kv/achieved.h"
 #include "kv/policy.h"
 #include "eval/needle.h"
 #include "kv/registry.h"
@@ -55,6 +56,9 @@ void PrintLegend(const std::vector<ColumnDoc>& cols, std::ostream& out);
 
 // "1.50 MiB", "812 B".
 std::string FormatBytes(double bytes);
+// Rows "block levels, layer L (16/8/4/2/1 bits)" = "3 / 0 / 2 / 10 / 17" (blocks over the layer's
+// KV heads at each level) for a graded policy (Geodesia-KV); nothing for other policies.
+void AddBlockLevelRows(const LevelHistograms& h, Table* t);
 // The process's peak resident set size so far (getrusage ru_maxrss), in bytes.
 int64_t PeakRssBytes();
 // printf("%.*f").

@@ -61,6 +61,7 @@ struct EvalCliOptions {
   std::string ratio2;
   int draws = 20000;
   uint64_t bootstrap_seed = 0;
+  bool block_levels = false;  // --block-levels (needle, ppl): per-block levels in the JSON
 };
 
 namespace {
@@ -219,6 +220,10 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
   n->add_option("--seed", o->seed, "Seed of the trial draws (key, depth, filler offset)")
       ->capture_default_str();
   n->add_option("--haystack", o->haystack, "Filler text file; default: the built-in KJV excerpt");
+  n->add_flag("--block-levels", o->block_levels,
+              "JSON: each trial's results also list the level of every graded block (Geodesia-KV) "
+              "after the question, [layer][KV head][block]; the per-layer, per-head histograms "
+              "are always there");
   n->add_option("--dump-trials", o->dump_trials,
                 "Write every trial's token ids (filler, prefix, query, answer) to this file as "
                 "JSON Lines, so another implementation can run the same trials (docs/eval.md)");
@@ -268,6 +273,9 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
   p->add_option("--ratio2", o->ratio2, "Ratio for --policy2 (default: none)");
   p->add_option("--draws", o->draws, "Bootstrap draws")->capture_default_str();
   p->add_option("--bootstrap-seed", o->bootstrap_seed, "Bootstrap seed")->capture_default_str();
+  p->add_flag("--block-levels", o->block_levels,
+              "JSON: each window also lists the level of every graded block (Geodesia-KV) at its "
+              "end, [layer][KV head][block]; the per-layer, per-head histograms are always there");
 
   CLI::App* k = eval->add_subcommand(
       "kl", "KL(full || policy) of next-token distributions over the scored positions");
@@ -393,6 +401,7 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
     n.haystack_name = o.haystack;
   }
   n.dump_trials = o.dump_trials;
+  n.block_levels = o.block_levels;
   auto kv_type = ParseKvType(o.kv_type);
   if (!kv_type.ok()) return Fail(err, kv_type.status().message());
   n.kv_type = *kv_type;
@@ -568,6 +577,7 @@ int RunPplCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
   WarnPastTrainedContext("--len", {o.window_len}, loaded->model->config(), err);
   eval::PplOptions p;
   p.w = setup->w;
+  p.w.block_levels = o.block_levels;
   p.policies = SplitList(o.policies);
   if (p.policies.empty()) return Fail(err, "--policy needs at least one policy");
   p.skip_unsupported = o.policies == "all";

@@ -62,6 +62,9 @@ void AddGenerateCommand(CLI::App* app, GenerateOptions* o) {
   AddPolicyFlags(cmd, &o->policy_flags);
   cmd->add_option("--kv-type", o->kv_type, kKvTypeHelp)->capture_default_str();
   cmd->add_option("--json", o->json_path, "Also write text and statistics as JSON to this file");
+  cmd->add_flag("--verbose", o->verbose,
+                "Also print per-layer block-level histograms (Geodesia-KV: blocks at 16/8/4/2/1 "
+                "bits over the layer's KV heads) in the statistics");
 }
 
 int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) {
@@ -215,6 +218,7 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   t.AddRow({"KV read vs full, decode steps", eval::VsFullText(achieved.read_vs_full())});
   t.AddRow({"rows kept (of visible)", eval::KeptText(achieved)});
   t.AddRow({"compressed", eval::CompressedText(achieved, check)});
+  if (o.verbose) AddBlockLevelRows(achieved.levels, &t);
   err << "\n";
   t.Print(err);
   if (!check.warning.empty()) err << "warning: " << check.warning << "\n";

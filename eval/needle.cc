@@ -323,6 +323,8 @@ StatusOr<NeedleScore> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
   s.read_bits = visible > 0 ? static_cast<double>(read) * 8.0 / visible : 0;
   s.resident_bits = ResidentBitsPerValue(*cache);
   s.achieved = MeasureAchieved(*cache, counters0);
+  std::vector<int> levels;
+  CacheBlockLevels(*cache, &levels, &s.block_levels);
   return s;
 }
 
@@ -403,7 +405,9 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
                                             o.kv_type));
           const double delta = sc.nll - rec.reference_nll;
           rec.results.push_back({sc.nll, delta, delta < o.intact_nats, sc.answered, sc.tokens_right,
-                                 sc.resident_bits, sc.read_bits, sc.achieved});
+                                 sc.resident_bits, sc.read_bits, sc.achieved,
+                                 o.block_levels ? sc.block_levels
+                                                : std::vector<std::vector<std::vector<int>>>{}});
         }
       }
       const double el =
@@ -555,7 +559,7 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
     nlohmann::json res = nlohmann::json::array();
     for (size_t c = 0; c < t.results.size(); ++c) {
       const PolicyConfig& pc = r.configs[c];
-      res.push_back({{"policy", pc.policy},
+      nlohmann::json rj = {{"policy", pc.policy},
                      {"variant", pc.variant},
                      {"ratio", RatioJson(pc)},
                      {"nll", t.results[c].nll},
@@ -564,7 +568,10 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
                      {"answered", t.results[c].answered},
                      {"tokens_right", t.results[c].tokens_right},
                      {"resident_bits_per_value", t.results[c].resident_bits},
-                     {"read_bits_per_value", t.results[c].read_bits}});
+                     {"read_bits_per_value", t.results[c].read_bits}};
+      // [layer][KV head][block] levels after the question (graded policies, --block-levels).
+      if (!t.results[c].block_levels.empty()) rj["block_levels"] = t.results[c].block_levels;
+      res.push_back(std::move(rj));
     }
     j["trials"].push_back({{"length", t.length},
                            {"trial", t.index},

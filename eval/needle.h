@@ -77,6 +77,8 @@ struct NeedleOptions {
   // WriteTrialDump) as the run builds them, so another implementation can run the same trials.
   std::string dump_trials;
   DType kv_type = DType::kBF16;  // the caches' row storage (--kv-type)
+  // JSON: each trial's results also list the level of every graded block (--block-levels).
+  bool block_levels = false;
 };
 
 // One trial's token sequences.
@@ -137,6 +139,8 @@ struct NeedleScore {
   double read_bits = 0;
   // The same counters beside the full cache's (reads: the question's query steps).
   AchievedCompression achieved;
+  // The level of every block after the question, [layer][KV head][block] (graded policies).
+  std::vector<std::vector<std::vector<int>>> block_levels;
 };
 
 struct NeedleConfigResult {
@@ -148,6 +152,7 @@ struct NeedleConfigResult {
   double resident_bits = 0;
   double read_bits = 0;
   AchievedCompression achieved;
+  std::vector<std::vector<std::vector<int>>> block_levels;  // NeedleScore::block_levels
 };
 
 struct NeedleTrialRecord {

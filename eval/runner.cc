@@ -247,7 +247,16 @@ nlohmann::json AchievedJson(const AchievedCompression& a) {
           {"blocks_closed", or_null(p.blocks_closed)},
           {"reference", p.reference},
           {"policy_compressed", p.compressed},
-          {"note", p.note}};
+          {"note", p.note},
+          {"block_levels", LevelHistogramsJson(a.levels)}};
+}
+
+nlohmann::json LevelHistogramsJson(const LevelHistograms& h) {
+  if (h.empty()) return nullptr;
+  return {{"levels", h.levels},
+          {"per_layer_head", h.counts},
+          {"per_layer", h.PerLayer()},
+          {"total", h.Total()}};
 }
 
 void AddAchievedFields(const AchievedCompression& a, const CompressionCheck& check,

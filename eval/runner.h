@@ -107,6 +107,10 @@ double ResidentBitsPerValue(const KvCache& cache);
 // the full cache's, the policy's rows kept / visible and blocks closed (null where it does not
 // select rows or has no blocks) and its note.
 nlohmann::json AchievedJson(const AchievedCompression& a);
+// The "block_levels" field of "achieved": null for a policy without graded blocks, else
+// {levels: [16, 8, 4, 2, 1], per_layer_head: [layer][KV head][level] blocks, per_layer:
+// [layer][level], total: [level]} (summed over the run's windows or trials, at their ends).
+nlohmann::json LevelHistogramsJson(const LevelHistograms& h);
 // Sets (*j)["achieved"] = AchievedJson(a), (*j)["compressed"] = check.compressed and
 // (*j)["warnings"] = [check.warning] ([] when none): every report's per-config fields.
 void AddAchievedFields(const AchievedCompression& a, const CompressionCheck& check,

@@ -91,6 +91,8 @@ StatusOr<WindowResult> RunPplWindow(Model& model, const std::vector<int32_t>& to
   r.resident_bytes = cache->ResidentBytes();
   r.resident_bits_per_value = ResidentBitsPerValue(*cache);
   r.achieved = MeasureAchieved(*cache, counters0);
+  std::vector<int> levels;
+  CacheBlockLevels(*cache, &levels, &r.block_levels);
   double s = 0;
   for (double x : r.nll) s += x;
   r.mean_nll = s / static_cast<double>(r.nll.size());
@@ -200,7 +202,7 @@ nlohmann::json PplJson(const PplReport& r) {
     AddAchievedFields(c.achieved, c.check, &cj);
     cj["windows"] = nlohmann::json::array();
     for (const auto& w : c.windows) {
-      cj["windows"].push_back({{"offset", w.offset},
+      nlohmann::json wj = {{"offset", w.offset},
                                {"mean_nll", w.mean_nll},
                                {"ppl", std::exp(w.mean_nll)},
                                {"n_targets", static_cast<int64_t>(w.nll.size())},
@@ -208,7 +210,10 @@ nlohmann::json PplJson(const PplReport& r) {
                                {"bytes_read", w.bytes_read},
                                {"resident_bits_per_value", w.resident_bits_per_value},
                                {"read_bits_per_value", w.read_bits_per_value},
-                               {"nll", w.nll}});
+                               {"nll", w.nll}};
+      // [layer][KV head][block] levels at the window's end (graded policies, --block-levels).
+      if (r.options.w.block_levels && !w.block_levels.empty()) wj["block_levels"] = w.block_levels;
+      cj["windows"].push_back(std::move(wj));
     }
     j["configs"].push_back(cj);
   }

@@ -30,6 +30,8 @@ struct WindowOptions {
   int chunk = 256;
   int threads = 1;
   DType kv_type = DType::kBF16;  // the caches' row storage (--kv-type)
+  // ppl JSON: each window also lists the level of every graded block at its end (--block-levels).
+  bool block_levels = false;
 };
 
 // Window starts over a token stream of n tokens: the explicit offsets (each must leave room for a
@@ -49,6 +51,9 @@ struct WindowResult {
   int64_t resident_bytes = 0;
   int64_t bytes_read = 0;
   AchievedCompression achieved;  // the same counters beside the full cache's (scored steps)
+  // The level of every block at the end, [layer][KV head][block] (empty for a policy without
+  // graded blocks); in the JSON only with WindowOptions::block_levels.
+  std::vector<std::vector<std::vector<int>>> block_levels;
 };
 
 struct PplConfigResult {

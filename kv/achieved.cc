@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 namespace strata {
@@ -18,6 +19,74 @@ void AchievedCompression::Add(const AchievedCompression& o) {
   policy.Add(o.policy);
   resident_parts.Add(o.resident_parts);
   if (recovered.empty()) recovered = o.recovered;
+  levels.Add(o.levels);
+}
+
+void LevelHistograms::Add(const LevelHistograms& o) {
+  if (o.empty()) return;
+  if (empty()) {
+    *this = o;
+    return;
+  }
+  if (counts.size() < o.counts.size()) counts.resize(o.counts.size());
+  for (size_t l = 0; l < o.counts.size(); ++l) {
+    if (counts[l].size() < o.counts[l].size()) counts[l].resize(o.counts[l].size());
+    for (size_t h = 0; h < o.counts[l].size(); ++h) {
+      if (counts[l][h].size() < o.counts[l][h].size()) counts[l][h].resize(o.counts[l][h].size());
+      for (size_t i = 0; i < o.counts[l][h].size(); ++i) counts[l][h][i] += o.counts[l][h][i];
+    }
+  }
+}
+
+std::vector<std::vector<int64_t>> LevelHistograms::PerLayer() const {
+  std::vector<std::vector<int64_t>> out(counts.size(), std::vector<int64_t>(levels.size(), 0));
+  for (size_t l = 0; l < counts.size(); ++l) {
+    for (const auto& head : counts[l]) {
+      for (size_t i = 0; i < head.size() && i < levels.size(); ++i) out[l][i] += head[i];
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> LevelHistograms::Total() const {
+  std::vector<int64_t> out(levels.size(), 0);
+  for (const auto& layer : PerLayer()) {
+    for (size_t i = 0; i < layer.size(); ++i) out[i] += layer[i];
+  }
+  return out;
+}
+
+bool CacheBlockLevels(const KvCache& cache, std::vector<int>* levels,
+                      std::vector<std::vector<std::vector<int>>>* blocks) {
+  blocks->assign(cache.n_layers(), {});
+  bool any = false;
+  for (int l = 0; l < cache.n_layers(); ++l) {
+    std::vector<int> lv;
+    if (cache.policy().BlockLevels(l, &lv, &(*blocks)[l])) {
+      if (!any) *levels = lv;
+      any = true;
+    }
+  }
+  if (!any) blocks->clear();
+  return any;
+}
+
+LevelHistograms CacheLevelHistograms(const KvCache& cache) {
+  LevelHistograms h;
+  std::vector<std::vector<std::vector<int>>> blocks;
+  if (!CacheBlockLevels(cache, &h.levels, &blocks)) return h;
+  h.counts.resize(blocks.size());
+  for (size_t l = 0; l < blocks.size(); ++l) {
+    h.counts[l].assign(blocks[l].size(), std::vector<int64_t>(h.levels.size(), 0));
+    for (size_t kv = 0; kv < blocks[l].size(); ++kv) {
+      for (int bits : blocks[l][kv]) {
+        for (size_t i = 0; i < h.levels.size(); ++i) {
+          if (h.levels[i] == bits) h.counts[l][kv][i]++;
+        }
+      }
+    }
+  }
+  return h;
 }
 
 double AchievedCompression::resident_vs_full() const {
@@ -52,6 +121,7 @@ AchievedCompression MeasureAchieved(const KvCache& cache, const CacheCounters& s
   a.resident_parts = cache.ResidentBreakdown();
   const Status rec = cache.policy().recovered_error();
   if (!rec.ok()) a.recovered = rec.message();
+  a.levels = CacheLevelHistograms(cache);
   return a;
 }
 

@@ -11,6 +11,24 @@
 
 namespace strata {
 
+// Block levels of a graded policy (Policy::BlockLevels) at the end of a run: blocks per level per
+// (layer, KV head), summed over runs. Empty `levels`: the policy has no graded blocks.
+struct LevelHistograms {
+  std::vector<int> levels;                                 // e.g. 16, 8, 4, 2, 1
+  std::vector<std::vector<std::vector<int64_t>>> counts;   // [layer][KV head][level index]
+  bool empty() const { return levels.empty(); }
+  // Adds counts element-wise (an empty side takes the other's shape).
+  void Add(const LevelHistograms& other);
+  // Summed over heads: [layer][level index]; over everything: [level index].
+  std::vector<std::vector<int64_t>> PerLayer() const;
+  std::vector<int64_t> Total() const;
+};
+// The level of every block, [layer][KV head][block] (levels: as above); false when the policy
+// has no graded blocks.
+bool CacheBlockLevels(const KvCache& cache, std::vector<int>* levels,
+                      std::vector<std::vector<std::vector<int>>>* blocks);
+LevelHistograms CacheLevelHistograms(const KvCache& cache);
+
 // Measured figures of one run, or a sum of runs (trials, windows: Add). Bytes are summed over
 // layers; reads cover the measured queries only (e.g. the needle's question, a window's scored
 // steps), resident bytes are taken at the end of the run.
@@ -29,6 +47,8 @@ struct AchievedCompression {
   // Policy::recovered_error() at the end ("" when none; a sum keeps the first): an error the
   // policy recovered from exactly, e.g. a failed archive write that left the rows in RAM.
   std::string recovered;
+  // Graded block levels at the end (summed over runs; empty for other policies).
+  LevelHistograms levels;
 
   void Add(const AchievedCompression& other);
   // resident / full resident, read / full read; 0 when the full figure is 0.

@@ -184,6 +184,13 @@ class Policy {
   // What the policy did to the layer so far (see PolicySummary). The default: rows_visible =
   // store rows x KV heads, no row selection, no blocks, compressed = true (no claim).
   virtual PolicySummary Summary(int layer, const LayerStore& store) const;
+  // Graded block levels (Geodesia-KV) of one layer: `levels` = the ladder's bits per value,
+  // highest first (16, 8, 4, 2, 1), and per KV head the level of every block (the open block
+  // included). False, writing nothing, for a policy without graded blocks (the default).
+  virtual bool BlockLevels(int layer, std::vector<int>* levels,
+                           std::vector<std::vector<int>>* per_head) const {
+    return false;
+  }
 };
 
 // The classic cache: every visible row, exactly. The reference every other policy is tested

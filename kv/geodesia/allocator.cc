@@ -19,13 +19,14 @@ int NewIndex(const AllocBlock& b, const std::array<int64_t, kNumLevels>& beta, d
   if (b.hot) return b.index;
   // Requant once: the run counts from column 0, so a block already below 16 never moves.
   const int start = o.cascade ? b.index : 0;
+  const int steps = std::min(kSteps, o.max_index);
   int i = start;
-  while (i < kSteps) {
+  while (i < steps) {
     const double r = StepRatio(b, i, beta, o.mass_power);
     if (!(r <= lambda) || r == kInf) break;
     ++i;
   }
-  return std::max(b.index, std::min(i, kSteps));
+  return std::max(b.index, std::min(i, steps));
 }
 
 }  // namespace
@@ -68,7 +69,8 @@ AllocResult Allocate(const std::vector<AllocBlock>& blocks,
     const AllocBlock& blk = blocks[b];
     STRATA_CHECK(blk.index >= 0 && blk.index < kNumLevels);
     r.initial_bits += beta[blk.index];
-    const bool can_move = !blk.hot && blk.index < kSteps && (o.cascade || blk.index == 0);
+    const bool can_move = !blk.hot && blk.index < std::min(kSteps, o.max_index) &&
+                          (o.cascade || blk.index == 0);
     if (can_move) {
       movable.push_back(static_cast<int64_t>(b));
     } else {
@@ -81,14 +83,22 @@ AllocResult Allocate(const std::vector<AllocBlock>& blocks,
   r.total_bits = r.initial_bits;
   // Candidate multipliers: the finite ratios of available steps. (The reference also sorts the
   // +inf sentinels of unavailable steps; applying one takes every available step, exactly as the
-  // largest finite ratio does, so they add nothing.)
+  // largest finite ratio does, so they add nothing.) kReference: every non-hot block's steps
+  // i >= idx_b, also those of blocks that can no longer move (requant once, already quantized);
+  // kExact: the movable blocks' steps only.
   std::vector<double> cand;
-  cand.reserve(movable.size() * kSteps);
-  for (int64_t b : movable) {
-    for (int i = blocks[b].index; i < kSteps; ++i) {
+  cand.reserve(blocks.size() * kSteps);
+  STRATA_CHECK(o.max_index >= 0 && o.max_index <= kSteps);
+  auto add_steps = [&](size_t b) {
+    for (int i = blocks[b].index; i < std::min(kSteps, o.max_index); ++i) {
       const double x = StepRatio(blocks[b], i, beta, o.mass_power);
       if (x != kInf) cand.push_back(x);
     }
+  };
+  if (o.candidates == Candidates::kReference) {
+    for (size_t b = 0; b < blocks.size(); ++b) add_steps(b);  // StepRatio: +inf when hot
+  } else {
+    for (int64_t b : movable) add_steps(static_cast<size_t>(b));
   }
   r.feasible = static_cast<double>(r.initial_bits) <= target_bits;
   if (cand.empty()) return r;

@@ -9,6 +9,13 @@
 // starts at column 0 in requant-once mode (the reference: a block already below 16 never moves
 // again) and at column idx_b in cascade mode. lambda is the smallest candidate ratio whose total
 // bits meet the target (binary search over the sorted ratios; total(lambda) is non-increasing).
+// Candidate multipliers (§2.4): kReference (the reference) lists every available step of every
+// non-hot block, i >= idx_b, including the later steps of blocks already below 16 bits in
+// requant-once mode (their ratios come from errors computed on the quantized data). Those steps
+// can never be taken (the run counts from column 0), but under budget one of them can be the
+// smallest candidate, and then the forced ratchet step moves nothing. kExact lists the steps of
+// blocks that can still move only (still-exact blocks in requant-once mode; the same list in
+// cascade mode).
 // Ratchet (§11.5): kReference applies the smallest candidate even when the current total
 // already meets the target (each call takes at least the globally cheapest step); kClean takes no
 // step then. Levels only ever move down.
@@ -25,6 +32,7 @@
 namespace strata::geodesia {
 
 enum class Ratchet { kReference, kClean };
+enum class Candidates { kReference, kExact };
 
 // One block as the allocator sees it.
 struct AllocBlock {
@@ -32,7 +40,9 @@ struct AllocBlock {
   bool hot = false;   // never demoted at this call
   double mass = 0;    // EMA mass
   // e_b(L) for every ladder level, indexed like kLevels (err[0] = 0 for an exact block; entries
-  // above the current level are unused). Computed on the block's current reconstruction.
+  // above the current level are unused). Computed on the block's current reconstruction
+  // (err[index] of a quantized block is its own level's proxy on that data in requant-once mode,
+  // and 0 in cascade mode: the marginal error of a further re-encode).
   std::array<double, kNumLevels> err = {};
 };
 
@@ -40,6 +50,10 @@ struct AllocatorOptions {
   double mass_power = 1;  // p
   Ratchet ratchet = Ratchet::kReference;
   bool cascade = false;  // steps may start at the current level (requant cascade)
+  Candidates candidates = Candidates::kReference;
+  // Ladder floor: no step below ladder index max_index (4 = the centroid, the reference; 3: no
+  // block below 2 bits, so every token stays recoverable the way KIVI-2 keeps it).
+  int max_index = kNumLevels - 1;
 };
 
 struct AllocResult {

@@ -187,6 +187,69 @@ TEST(GeodesiaAllocatorTest, RatchetAndExtremeBudgets) {
   }
 }
 
+// §2.4, worked by hand (D = 32, g = 32: beta = 65536 / 36864 / 20480 / 12288 / 1024 bits).
+// Block A is exact with mass 1 and errors 0, 1, 2, 3, 4: its ratios are 1/28672, 1/16384,
+// 1/8192, 1/11264. Block B is already at 2 bits (requant once: it can never move again) with mass
+// 1e-3 and errors e(2) = 3, e(1) = 4 on its quantized data: its 2 -> 1 ratio is 1e-3/11264. Block
+// C is hot. Under budget the reference ratchet applies the smallest candidate:
+//   reference candidates {1e-3/11264, 1/28672, ...}: lambda = 1e-3/11264 < every ratio of A, so
+//     nothing moves (B's step is listed but can never be taken);
+//   exact candidates {1/28672, ...}: lambda = 1/28672, A takes its first step (16 -> 8) only.
+// Over budget both lists agree: a target of A at 8 bits gives lambda = 1/28672; A at 4 bits gives
+// 1/16384 (the run stops at 1/8192); A as a centroid needs 1/8192 (the whole run, 1/11264 included).
+TEST(GeodesiaAllocatorTest, ReferenceCandidatesIncludeQuantizedBlocksHandWorked) {
+  const auto beta = LadderBits(32, 32);
+  ASSERT_EQ(beta[0], 65536);
+  ASSERT_EQ(beta[1], 36864);
+  ASSERT_EQ(beta[2], 20480);
+  ASSERT_EQ(beta[3], 12288);
+  ASSERT_EQ(beta[4], 1024);
+  std::vector<AllocBlock> blocks(3);
+  blocks[0].mass = 1;
+  blocks[0].err = {0, 1, 2, 3, 4};
+  blocks[1].index = 3;
+  blocks[1].mass = 1e-3;
+  blocks[1].err = {0, 0, 0, 3, 4};
+  blocks[2].hot = true;
+  EXPECT_DOUBLE_EQ(StepRatio(blocks[0], 0, beta, 1), 1.0 / 28672);
+  EXPECT_DOUBLE_EQ(StepRatio(blocks[1], 3, beta, 1), 1e-3 / 11264);
+  const double initial = static_cast<double>(beta[0] + beta[3] + beta[0]);
+  AllocatorOptions ref;  // candidates reference (the default), ratchet reference
+  ASSERT_EQ(ref.candidates, Candidates::kReference);
+  AllocatorOptions exact;
+  exact.candidates = Candidates::kExact;
+  // Under budget.
+  const AllocResult r_ref = Allocate(blocks, beta, initial, ref);
+  EXPECT_EQ(r_ref.lambda, 1e-3 / 11264);
+  EXPECT_EQ(r_ref.index, (std::vector<int>{0, 3, 0}));
+  EXPECT_EQ(r_ref.n_steps, 0);
+  EXPECT_EQ(r_ref.total_bits, beta[0] + beta[3] + beta[0]);
+  const AllocResult r_ex = Allocate(blocks, beta, initial, exact);
+  EXPECT_EQ(r_ex.lambda, 1.0 / 28672);
+  EXPECT_EQ(r_ex.index, (std::vector<int>{1, 3, 0}));
+  EXPECT_EQ(r_ex.n_steps, 1);
+  EXPECT_EQ(r_ex.total_bits, beta[1] + beta[3] + beta[0]);
+  // Over budget, both agree.
+  for (const AllocatorOptions& o : {ref, exact}) {
+    const auto at = [&](int ia) { return static_cast<double>(beta[ia] + beta[3] + beta[0]); };
+    const AllocResult a8 = Allocate(blocks, beta, at(1), o);
+    EXPECT_EQ(a8.lambda, 1.0 / 28672);
+    EXPECT_EQ(a8.index, (std::vector<int>{1, 3, 0}));
+    const AllocResult a4 = Allocate(blocks, beta, at(2), o);
+    EXPECT_EQ(a4.lambda, 1.0 / 16384);
+    EXPECT_EQ(a4.index, (std::vector<int>{2, 3, 0}));
+    const AllocResult a1 = Allocate(blocks, beta, at(4), o);
+    EXPECT_EQ(a1.lambda, 1.0 / 8192);
+    EXPECT_EQ(a1.index, (std::vector<int>{4, 3, 0}));
+    EXPECT_EQ(a1.total_bits, beta[4] + beta[3] + beta[0]);
+  }
+  // The clean ratchet takes no step under budget with either list.
+  for (AllocatorOptions o : {ref, exact}) {
+    o.ratchet = Ratchet::kClean;
+    EXPECT_EQ(Allocate(blocks, beta, initial, o).n_steps, 0);
+  }
+}
+
 TEST(GeodesiaAllocatorTest, HotBlocks) {
   // nb = 10, q_offset = 577 (block 9), window 128: {0} + {8, 9} (current and predecessor).
   std::vector<char> hot = HotBlocks(10, 577, 4, 128);

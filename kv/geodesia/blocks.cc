@@ -220,7 +220,43 @@ void GradedLayer::Compact() {
   }
 }
 
+void GradedLayer::AppendExternal(const uint16_t* block_k, const uint16_t* block_v) {
+  STRATA_CHECK_MSG(c_.external_open, "AppendExternal needs GradedConfig::external_open");
+  const int D = c_.head_dim;
+  if (n_tokens_ % kBlockTokens == 0) {
+    n_valid_.push_back(0);
+    for (Head& hd : heads_) {
+      hd.level.push_back(16);
+      hd.offset.push_back(-1);  // no slot while open
+      hd.res_mask.push_back(0);
+      hd.res_begin.push_back(static_cast<int32_t>(hd.res_pos.size()));
+      hd.ek.push_back(0);
+      hd.ev.push_back(0);
+      hd.vnorm.push_back(0);
+      if (c_.boxes) hd.box.resize(hd.box.size() + 2 * D, 0);
+    }
+  }
+  const int64_t b = n_blocks() - 1;
+  ++n_valid_[b];
+  ++n_tokens_;
+  const bool closes = n_valid_[b] == kBlockTokens;
+  STRATA_CHECK_MSG(closes == (block_k != nullptr && block_v != nullptr),
+                   "AppendExternal: the rows of block %lld must come exactly with the token that "
+                   "closes it", static_cast<long long>(b));
+  if (!closes) return;
+  const SlotLayout L = GetSlotLayout(16, D, c_.group_size);
+  for (int h = 0; h < c_.n_kv_heads; ++h) {
+    heads_[h].offset[b] = AllocSlot(LevelIndex(16), h, b);
+    uint8_t* slot = slabs_[LevelIndex(16)].at(heads_[h].offset[b]);
+    const int64_t n = static_cast<int64_t>(kBlockTokens) * D;
+    std::memcpy(slot + L.k_rows, block_k + h * n, n * 2);
+    std::memcpy(slot + L.v_rows, block_v + h * n, n * 2);
+  }
+  CloseBlock(b);
+}
+
 void GradedLayer::Append(const uint16_t* k, const uint16_t* v) {
+  STRATA_CHECK_MSG(!c_.external_open, "Append with GradedConfig::external_open (AppendExternal)");
   const int D = c_.head_dim;
   if (n_tokens_ % kBlockTokens == 0) {
     n_valid_.push_back(0);
@@ -388,10 +424,16 @@ const uint16_t* GradedLayer::box_max(int h, int64_t b) const {
 }
 
 void GradedLayer::Reconstruct(int h, int64_t b, double* k, double* v) const {
+  STRATA_CHECK_MSG(heads_[h].offset[b] >= 0,
+                   "block %lld is open and its rows are held outside the graded layer",
+                   static_cast<long long>(b));
   ReconstructBlock(view(h), b, k, v);
 }
 
 const uint8_t* GradedLayer::slot(int h, int64_t b) const {
+  STRATA_CHECK_MSG(heads_[h].offset[b] >= 0,
+                   "block %lld is open and its rows are held outside the graded layer",
+                   static_cast<long long>(b));
   return slabs_[LevelIndex(heads_[h].level[b])].at(heads_[h].offset[b]);
 }
 
@@ -421,8 +463,10 @@ ResidentBytes GradedLayer::resident_bytes(int h) const {
   const Head& hd = heads_[h];
   const int D = c_.head_dim;
   ResidentBytes r;
-  for (int8_t l : hd.level) {
-    const SlotLayout L = GetSlotLayout(l, D, c_.group_size);
+  // The open block's rows live with the caller under external_open.
+  const int64_t n_held = c_.external_open ? n_closed_blocks() : n_blocks();
+  for (int64_t b = 0; b < n_held; ++b) {
+    const SlotLayout L = GetSlotLayout(hd.level[b], D, c_.group_size);
     r.payload += L.bytes - L.scale_bytes;
     r.scales += L.scale_bytes;
   }

@@ -71,13 +71,19 @@ struct GradedConfig {
   int group_size = 64;  // g: must divide 64 and head_dim
   DemotionMode demotion = DemotionMode::kOnce;
   bool boxes = true;    // keep the per-block key boxes (compressed-Quest page bounds)
+  // The open (last) block's rows are held by the caller (GeodesiaPolicy: the LayerStore page),
+  // not here: AppendExternal counts tokens and stores a block when it closes. The open block is
+  // level 16 without a slot (offset -1; it must not be read, reconstructed or demoted) and
+  // resident_bytes() leaves it out; level_histogram() still counts it at 16, as §1.5 charges it.
+  bool external_open = false;
 };
 // Checks a config; the error names the bad value.
 Status ValidateGradedConfig(const GradedConfig& c);
 
 // Bytes a layer (or one head) keeps resident, by kind. total() is what accounting charges.
 struct ResidentBytes {
-  int64_t payload = 0;   // bf16 rows, packed codes, centroids (open block: a full 64-row slot)
+  int64_t payload = 0;   // bf16 rows, packed codes, centroids (open block: a full 64-row slot,
+                         // unless GradedConfig::external_open, where the caller holds it)
   int64_t scales = 0;    // f16 lo/step of quantized blocks
   int64_t boxes = 0;     // f16 key boxes, one per block (open block included)
   int64_t residual = 0;  // exact residual K and V rows
@@ -102,8 +108,15 @@ class GradedLayer {
   bool closed(int64_t b) const { return b < n_closed_blocks(); }
   int32_t n_valid(int64_t b) const { return n_valid_[b]; }
 
-  // Appends one token for every KV head. k, v: [n_kv_heads, head_dim] bf16.
+  // Appends one token for every KV head. k, v: [n_kv_heads, head_dim] bf16. (Not with
+  // external_open.)
   void Append(const uint16_t* k, const uint16_t* v);
+  // external_open: counts one token for every KV head. When that token closes the open block,
+  // block_k and block_v ([n_kv_heads, 64, head_dim] bf16) carry the whole block, which is stored
+  // exact and closed; otherwise they must be null.
+  void AppendExternal(const uint16_t* block_k, const uint16_t* block_v);
+  // The open block: the last block when it has fewer than 64 tokens.
+  bool has_open_block() const { return n_tokens_ % kBlockTokens != 0; }
 
   // Re-encodes closed block b of head h at `level` (< its current level) and frees the old slot.
   // Errors (InvalidArgument, naming the values): a level not on the ladder, an open block, a

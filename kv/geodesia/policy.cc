@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/dtype.h"
 #include "kv/geodesia/accounting.h"
 #include "kv/geodesia/packed_attention.h"
 #include "kv/geodesia/quest.h"
@@ -68,8 +69,14 @@ std::string GeodesiaConfig::ToString() const {
     << ", sinks " << sinks << ", rd-frac " << rd_frac << ", quest-keep " << quest_keep
     << ", ratchet " << (ratchet == geodesia::Ratchet::kReference ? "reference" : "clean")
     << ", requant " << (requant == geodesia::DemotionMode::kOnce ? "once" : "cascade")
+    << ", candidates "
+    << (candidates == geodesia::Candidates::kReference ? "reference" : "exact")
+    << ", mass " << (mass == Mass::kExact ? "exact" : "compressed")
     << ", budget " << (budget_all ? "all" : "levels");
   if (mass_power != 1) s << ", mass-power " << mass_power;
+  if (floor != 1) s << ", floor " << floor;
+  if (salience != 0) s << ", salience " << salience;
+  if (rd_value_score) s << ", rd-score value";
   if (value_weight != 0) s << ", value-weight " << value_weight;
   return s.str();
 }
@@ -119,6 +126,29 @@ PolicySettings GeodesiaSettings(bool cquest) {
                         {"once", "cascade"}, "demotion re-encoding: from the exact row or level by "
                                              "level")
           .Shared(),
+      SettingDecl::Enum("mass", c.mass == GeodesiaConfig::Mass::kExact ? "exact" : "compressed",
+                        {"exact", "compressed"},
+                        "source of the decode attention mass: exact = the first query over exact "
+                        "keys (reference; keeps a bf16 copy of every key, charged as resident); "
+                        "compressed = over the stored cache"),
+      SettingDecl::Enum("candidates",
+                        c.candidates == geodesia::Candidates::kReference ? "reference" : "exact",
+                        {"reference", "exact"},
+                        "allocator multipliers: reference = every non-hot block's later steps "
+                        "(quantized blocks' too, which cannot move); exact = still-movable blocks'"),
+      SettingDecl::Int("floor", c.floor,
+                       "lowest block level in bits (1: centroids allowed, the reference; 2, 4 "
+                       "or 8: no block below it)")
+          .Min(1)
+          .Max(16)
+          .Constraint("a ladder level: 1, 2, 4, 8 or 16"),
+      SettingDecl::Real("salience", c.salience,
+                        "query-independent mass share mixed into every block: damage = (mass + "
+                        "salience / blocks) x error (0: the reference)")
+          .Min(0),
+      SettingDecl::Enum("rd-score", c.rd_value_score ? "value" : "mass", {"mass", "value"},
+                        "RD residual token score: mass = prefill attention x value residual^2 "
+                        "(reference); value = value residual^2 alone (query-independent)"),
       SettingDecl::Real("mass-power", c.mass_power, "exponent p of the block mass").Min(0, true),
       SettingDecl::Real("value-weight", c.value_weight, "weight w_v of the value error").Min(0),
       SettingDecl::Enum("budget", c.budget_all ? "all" : "levels", {"levels", "all"},
@@ -161,7 +191,18 @@ StatusOr<GeodesiaConfig> GeodesiaConfig::FromSpec(const PolicySpec& spec, bool c
                                            : geodesia::Ratchet::kReference;
   c.requant = s.text("requant") == "cascade" ? geodesia::DemotionMode::kCascade
                                              : geodesia::DemotionMode::kOnce;
+  c.mass = s.text("mass") == "compressed" ? Mass::kCompressed : Mass::kExact;
+  c.candidates = s.text("candidates") == "exact" ? geodesia::Candidates::kExact
+                                                 : geodesia::Candidates::kReference;
   c.mass_power = s.Real("mass-power");
+  const int64_t fl = s.Int("floor");
+  if (geodesia::LevelIndex(static_cast<int>(fl)) < 0) {
+    return InvalidArgument("--floor = " + std::to_string(fl) +
+                           " is not a ladder level (1, 2, 4, 8 or 16 bits)");
+  }
+  c.floor = static_cast<int>(fl);
+  c.salience = s.Real("salience");
+  c.rd_value_score = s.text("rd-score") == "value";
   c.value_weight = s.Real("value-weight");
   c.budget_all = s.text("budget") == "all";
   return c;
@@ -188,6 +229,8 @@ struct GeodesiaPolicy::Layer {
   int64_t released_upto = 0;        // LayerStore pages [0, released_upto) are released
   std::vector<std::vector<int64_t>> last_blocks;  // [n_q] graded blocks of the last read
   std::vector<uint16_t> kbuf, vbuf;               // [n_kv, D] append scratch
+  std::vector<uint16_t> kblock, vblock;           // [n_kv, 64, D] a closing block's rows
+  std::vector<std::vector<uint16_t>> exact_keys;  // mass exact: [n_kv][T * D] bf16 keys
 };
 
 // Read scratch, reused across reads and shared by the layers (a read uses it only while it runs,
@@ -240,6 +283,8 @@ Status GeodesiaPolicy::Bind(const std::vector<LayerGeometry>& layers) {
     // Boxes only feed the compressed-Quest page bound; §1.5 charges them only with the gate on, so
     // a plain Geodesia cache does not keep them (0.25 bits/value at P = 64).
     gc.boxes = c_.quest();
+    // The open block is held once, in the LayerStore page that receives the rows.
+    gc.external_open = !c_.graded_open_block;
     auto graded = GradedLayer::Create(gc);
     if (!graded.ok()) return graded.status().WithContext(where);
     auto L = std::make_unique<Layer>();
@@ -255,6 +300,10 @@ Status GeodesiaPolicy::Bind(const std::vector<LayerGeometry>& layers) {
     L->err_at.resize(g.n_kv_heads);
     L->res_pos.resize(g.n_kv_heads);
     L->last_blocks.resize(g.n_q_heads);
+    // The exact keys feed only the allocator's mass: none kept when it never runs (bits >= 16).
+    if (c_.mass == GeodesiaConfig::Mass::kExact && c_.allocate()) {
+      L->exact_keys.resize(g.n_kv_heads);
+    }
     L->kbuf.resize(static_cast<size_t>(g.n_kv_heads) * g.k_dim);
     L->vbuf.resize(static_cast<size_t>(g.n_kv_heads) * g.k_dim);
     layers_.push_back(std::move(L));
@@ -289,6 +338,30 @@ Status GeodesiaPolicy::BeginCall(int layer, const LayerStore& store, const Cache
 Status GeodesiaPolicy::OnAppend(int layer, const LayerStore& store) {
   Layer& L = *layers_[layer];
   const int64_t n = store.n_rows();
+  for (int h = 0; h < static_cast<int>(L.exact_keys.size()); ++h) {
+    const uint16_t* k = store.key_row(h, n - 1);
+    L.exact_keys[h].insert(L.exact_keys[h].end(), k, k + L.D);
+  }
+  if (L.graded->config().external_open) {
+    // The LayerStore page is the open block's one copy; the graded layer takes the block when it
+    // closes (its page is still resident: pages go only below the running call's first row).
+    if (n % kBlockTokens != 0) {
+      L.graded->AppendExternal(nullptr, nullptr);
+      return OkStatus();
+    }
+    const int64_t per_head = static_cast<int64_t>(kBlockTokens) * L.D;
+    L.kblock.resize(static_cast<size_t>(L.n_kv) * per_head);
+    L.vblock.resize(L.kblock.size());
+    for (int h = 0; h < L.n_kv; ++h) {
+      for (int t = 0; t < kBlockTokens; ++t) {
+        const int64_t row = n - kBlockTokens + t;
+        std::copy_n(store.key_row(h, row), L.D, L.kblock.data() + h * per_head + t * L.D);
+        std::copy_n(store.val_row(h, row), L.D, L.vblock.data() + h * per_head + t * L.D);
+      }
+    }
+    L.graded->AppendExternal(L.kblock.data(), L.vblock.data());
+    return OkStatus();
+  }
   for (int h = 0; h < L.n_kv; ++h) {
     std::copy_n(store.key_row(h, n - 1), L.D, L.kbuf.data() + static_cast<int64_t>(h) * L.D);
     std::copy_n(store.val_row(h, n - 1), L.D, L.vbuf.data() + static_cast<int64_t>(h) * L.D);
@@ -308,8 +381,12 @@ Status GeodesiaPolicy::Activate(int layer, const LayerStore& store) {
   const int64_t nb = (prompt_len + kBlockTokens - 1) / kBlockTokens;
   for (int h = 0; h < L.n_kv; ++h) {
     L.ema[h].SetPrior(L.observer->BlockMass(h, nb));
-    if (c_.rd_frac > 0 && prompt_len > 0 && L.observer->n_rows(h) > 0) {
-      const std::vector<double> score = L.observer->TokenScore(h, prompt_len);
+    const bool have_score = c_.rd_value_score || L.observer->n_rows(h) > 0;
+    if (c_.rd_frac > 0 && prompt_len > 0 && have_score) {
+      // rd-score value: every token weighs 1, so the value residual alone ranks them.
+      const std::vector<double> score =
+          c_.rd_value_score ? std::vector<double>(prompt_len, 1.0)
+                            : L.observer->TokenScore(h, prompt_len);
       const std::vector<double> vres = geodesia::ValueResiduals(
           [&](int64_t j) { return store.val_row(h, j); }, prompt_len, L.D);
       geodesia::ResidualSelectOptions o;
@@ -355,6 +432,7 @@ Status GeodesiaPolicy::RunAllocator(int layer, int64_t q_offset, std::vector<cha
     if (!gl.closed(b)) hot[b] = 1;
   }
   const bool cascade = c_.requant == geodesia::DemotionMode::kCascade;
+  const bool ref_cand = c_.candidates == geodesia::Candidates::kReference;
   const auto beta = geodesia::LadderBits(L.D, c_.group);
   // Error proxies of the blocks that can move and have none for their current representation.
   std::vector<std::pair<int, int64_t>> todo;
@@ -363,8 +441,11 @@ Status GeodesiaPolicy::RunAllocator(int layer, int64_t q_offset, std::vector<cha
     L.err_at[h].resize(nb, -1);
     for (int64_t b = 0; b < nb; ++b) {
       const int idx = geodesia::LevelIndex(gl.level(h, b));
-      const bool movable = !hot[b] && idx < kNumLevels - 1 && (cascade || idx == 0);
-      if (movable && L.err_at[h][b] != idx) todo.push_back({h, b});
+      // Reference candidates also list the later steps of quantized blocks that can no longer
+      // move (requant once): they need the proxies of their quantized data too.
+      const bool listed = !hot[b] && idx < kNumLevels - 1 &&
+                          (cascade || idx == 0 || ref_cand);
+      if (listed && L.err_at[h][b] != idx) todo.push_back({h, b});
     }
   }
   const bool with_v = c_.value_weight > 0;
@@ -383,17 +464,22 @@ Status GeodesiaPolicy::RunAllocator(int layer, int64_t q_offset, std::vector<cha
   ao.mass_power = c_.mass_power;
   ao.ratchet = c_.ratchet;
   ao.cascade = cascade;
+  ao.candidates = c_.candidates;
+  ao.max_index = geodesia::LevelIndex(c_.floor);
   std::vector<AllocBlock> blocks(nb);
   for (int h = 0; h < L.n_kv; ++h) {
     for (int64_t b = 0; b < nb; ++b) {
       AllocBlock& a = blocks[b];
       a.index = geodesia::LevelIndex(gl.level(h, b));
       a.hot = hot[b] != 0;
-      a.mass = L.ema[h].mass(b);
+      a.mass = L.ema[h].mass(b) + c_.salience / static_cast<double>(nb);
       a.err = {};
       if (L.err_at[h][b] == a.index) {
-        // e(current) = 0: the marginal error of a re-encode is measured from what is stored.
-        for (int li = a.index + 1; li < kNumLevels; ++li) a.err[li] = L.err[h][b][li - 1];
+        // Cascade: e(current) = 0, the marginal error of a re-encode is measured from what is
+        // stored. Once (the reference): a quantized block's own level has its proxy on the
+        // quantized data (§2.3 on the current reconstruction); its steps are candidates only.
+        const int from = cascade ? a.index + 1 : std::max(a.index, 1);
+        for (int li = from; li < kNumLevels; ++li) a.err[li] = L.err[h][b][li - 1];
       }
     }
     double target = c_.bits * 2.0 * static_cast<double>(nb) * kBlockTokens * L.D;
@@ -561,8 +647,36 @@ Status GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, 
       }
     }
   };
+  // Compressed mass: the first query's own pass records every block's partials. Exact mass:
+  // the partials come from the exact keys below, and the pass only attends.
+  const bool exact_mass = need_mass && c_.mass == GeodesiaConfig::Mass::kExact;
   ParallelForEach(pool, static_cast<int64_t>(tasks.size()),
-                  [&](int64_t ti, int w) { run_task(ti, w, need_mass); });
+                  [&](int64_t ti, int w) { run_task(ti, w, need_mass && !exact_mass); });
+  if (exact_mass) {
+    // Per KV head and block: each query head's max score and sum of exp over the block's exact
+    // keys (f32 scores, as the kernels), for BlockMassFromStates below.
+    ParallelForEach(pool, static_cast<int64_t>(n_kv) * n_full, [&](int64_t i, int) {
+      const int h = static_cast<int>(i / n_full);
+      const int64_t b = i % n_full;
+      const uint16_t* keys = L.exact_keys[h].data() + b * kBlockTokens * D;
+      const int nv = gl.n_valid(b);
+      std::vector<float> s(nv);
+      for (int r = 0; r < G; ++r) {
+        const float* qr = q + (static_cast<int64_t>(h) * G + r) * D;
+        float mx = -INFINITY;
+        for (int t = 0; t < nv; ++t) {
+          float dot = 0;
+          for (int c = 0; c < D; ++c) dot += qr[c] * Bf16ToF32(keys[t * D + c]);
+          s[t] = dot * scale;
+          mx = std::max(mx, s[t]);
+        }
+        double z = 0;
+        for (int t = 0; t < nv; ++t) z += std::exp(static_cast<double>(s[t] - mx));
+        bm[h][b * G + r] = mx;
+        bd[h][b * G + r] = static_cast<float>(z);
+      }
+    });
+  }
   for (int h = 0; h < n_kv; ++h) {
     SoftmaxStates ts = tail.at(h);
     ts.Reset();
@@ -648,7 +762,10 @@ Status GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, 
 }
 
 int64_t GeodesiaPolicy::ResidentBytes(int layer, const LayerStore& store) const {
-  return store.resident_bytes() + layers_[layer]->graded->resident_bytes().total();
+  const Layer& L = *layers_[layer];
+  int64_t exact_keys = 0;
+  for (const auto& k : L.exact_keys) exact_keys += static_cast<int64_t>(k.size()) * 2;
+  return store.resident_bytes() + L.graded->resident_bytes().total() + exact_keys;
 }
 
 PolicySummary GeodesiaPolicy::Summary(int layer, const LayerStore& store) const {
@@ -673,7 +790,11 @@ PolicySummary GeodesiaPolicy::Summary(int layer, const LayerStore& store) const 
   s.budget_bits = c_.bits;
   if (L.active) {
     const geodesia::ResidentBytes rb = gl.resident_bytes();
-    const int64_t bytes = c_.budget_all ? rb.total() : rb.payload + rb.scales;
+    int64_t bytes = c_.budget_all ? rb.total() : rb.payload + rb.scales;
+    // The open block, held by the LayerStore, is charged exact like every level-16 block.
+    if (gl.config().external_open && gl.has_open_block()) {
+      bytes += static_cast<int64_t>(L.n_kv) * geodesia::LevelBlockBits(16, L.D, c_.group) / 8;
+    }
     s.budget_values = gl.n_tokens() * L.n_kv * 2 * L.D;
     s.budget_bits_used = 8.0 * static_cast<double>(bytes);
   }
@@ -684,6 +805,18 @@ PolicySummary GeodesiaPolicy::Summary(int layer, const LayerStore& store) const 
              (c_.quest() ? " and the Quest gate read every block" : "");
   }
   return s;
+}
+
+bool GeodesiaPolicy::BlockLevels(int layer, std::vector<int>* levels,
+                                 std::vector<std::vector<int>>* per_head) const {
+  const GradedLayer& gl = *layers_[layer]->graded;
+  levels->assign(kLevels.begin(), kLevels.end());
+  per_head->assign(gl.n_kv_heads(), {});
+  for (int h = 0; h < gl.n_kv_heads(); ++h) {
+    (*per_head)[h].resize(gl.n_blocks());
+    for (int64_t b = 0; b < gl.n_blocks(); ++b) (*per_head)[h][b] = gl.level(h, b);
+  }
+  return true;
 }
 
 bool GeodesiaPolicy::active(int layer) const { return layers_[layer]->active; }

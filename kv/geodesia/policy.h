@@ -64,12 +64,36 @@ struct GeodesiaConfig {
   double quest_keep = 1;       // compressed-Quest keep fraction (`quest-keep`); 1: gate off
   geodesia::Ratchet ratchet = geodesia::Ratchet::kReference;     // `ratchet reference|clean`
   geodesia::DemotionMode requant = geodesia::DemotionMode::kOnce;  // `requant once|cascade`
+  // `mass exact|compressed`: where a call's block attention mass comes from. exact (the
+  // reference, §2.1): the first query's softmax over the EXACT keys of every row (the policy then
+  // keeps a bf16 copy of every key, charged in ResidentBytes as its own part but, like the
+  // reference's dense simulation, not in the §1.5 figures); compressed: over the cache as it is
+  // stored (dequantized blocks, centroids), no extra copy.
+  enum class Mass { kExact, kCompressed };
+  Mass mass = Mass::kExact;
+  // `candidates reference|exact`: the allocator's multiplier list (allocator.h).
+  geodesia::Candidates candidates = geodesia::Candidates::kReference;
   double mass_power = 1;       // p (`mass-power`)
+  // Retrieval-safe settings (beyond the reference; their defaults are the reference):
+  // `floor`: the lowest level a block may take (1: the centroid, the reference; 2: every block
+  // keeps per-token codes, so every token stays recoverable).
+  int floor = 1;
+  // `salience`: a query-independent share of attention mass mixed into every block's mass,
+  // damage = (m_b + salience / nb)^p e_b(L): blocks the prefix queries do not attend still
+  // weigh by their own error (key range, centroid radius), so outlier blocks keep codes.
+  double salience = 0;
+  // `rd-score mass|value`: the RD residual's token score, mass (the reference: prefill
+  // attention x value residual^2) or value (the value residual^2 alone: query-independent).
+  bool rd_value_score = false;
   double value_weight = 0;     // w_v (`value-weight`)
   // `budget levels|all`: levels (reference) = the budget covers the block levels only, residual
   // rows and boxes (kept only with the Quest gate) come on top; all = they are charged against it
   // too (the resident total meets B).
   bool budget_all = false;
+  // Tests only (no setting): the graded layer also keeps the open block's rows in its own exact
+  // slot, as v1 did (the open block then resident twice: the LayerStore page and that slot).
+  // Off, the LayerStore page is its one copy and the graded layer stores a block when it closes.
+  bool graded_open_block = false;
 
   bool quest() const { return quest_keep < 1; }
   bool allocate() const { return bits < 16; }
@@ -122,6 +146,9 @@ class GeodesiaPolicy final : public Policy {
   // No row selection; blocks = closed 64-token blocks x KV heads; compressed = some block is
   // below 16 bits, or (Quest gate) the last read of the layer skipped a closed block.
   PolicySummary Summary(int layer, const LayerStore& store) const override;
+  // Levels 16, 8, 4, 2, 1; per KV head the level of every block of the graded layer.
+  bool BlockLevels(int layer, std::vector<int>* levels,
+                   std::vector<std::vector<int>>* per_head) const override;
 
   // For benchmarks that fill a cache synthetically (no prefill, no queries), between calls: runs
   // the allocator on the current EMA (no mass update) as a call whose first query sits at

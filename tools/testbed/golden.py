@@ -5,7 +5,7 @@ eval/testbed_test.cc) and prints the markdown tables of models/README.md.
   /usr/bin/python3 tools/testbed/golden.py OUT_DIR [--golden models/golden.json]
 
 OUT_DIR holds the reports `strata eval needle --json` wrote (nope-mla.json, rope-mla.json, and
-gqa.json + gqa-geodesia.json when the GQA model exists). Every cell goes into the fixture with its
+gqa.json + gqa-geodesia.json + gqa-geodesia-v2.json when the GQA model exists). Every cell goes into the fixture with its
 trial count, answered count and Wilson interval; cells marked "fast" run in CI (T = 1024), the
 rest only with STRATA_GOLDEN=full. Standard library only.
 """
@@ -24,6 +24,7 @@ FAST = {
     ("nope-mla", "random@32"),
     ("rope-mla", "full@8"), ("rope-mla", "vestige:recall=off@8"),
     ("gqa", "full@8"), ("gqa", "geodesia:bits=2:group=32"),
+    ("gqa", "geodesia:bits=3.85:group=32:mass=compressed:salience=1"),
 }
 
 
@@ -41,7 +42,8 @@ def main() -> int:
     cells = []
     protocol = None
     reports = [("nope-mla", "nope-mla.json"), ("rope-mla", "rope-mla.json"),
-               ("gqa", "gqa.json"), ("gqa", "gqa-geodesia.json")]
+               ("gqa", "gqa.json"), ("gqa", "gqa-geodesia.json"),
+               ("gqa", "gqa-geodesia-v2.json")]
     for model, name in reports:
         path = os.path.join(a.out_dir, name)
         if not os.path.exists(path):
