@@ -78,6 +78,15 @@ inline void MergeOne(float* dm, float* dd, float* d_o, float sm, float sd, const
   *dm = m;
 }
 
+// bf16 dot-product scores with vdpbf16ps (defined once below, compiled for AVX512_BF16, called
+// only when the CPU has it): s[h * ss + r] = sum_{c < dk} qb[h * qbs + c] * krow[r][c] for h < G
+// and rows r of [0, n_rows) in micro-tiles of 16 / H rows (heads in groups of 4, then 3, 2 or 1),
+// so up to 15 rows past n_rows are evaluated and written: krow and s must have them. qb rows are
+// bf16, zero-padded to qbs (a multiple of 32 >= dk); key rows are read for dk values only.
+// Each lane sums pairs of exact bf16 x bf16 products in f32 (denormal inputs read as zero).
+void ScoreBf16Native(const uint16_t* qb, int64_t qbs, int G, int dk, const uint16_t* const* krow,
+                     int n_rows, float* s, int64_t ss);
+
 }  // namespace attention_internal
 }  // namespace strata
 #endif  // STRATA_KERNELS_ATTENTION_MERGE_ONCE_
@@ -95,6 +104,7 @@ constexpr int kRowsPad = kTileRows + tile::kRowSlack;  // score rows and row poi
 
 struct Scratch {
   AlignedBuffer<float> q;   // [G, dkp] scaled query heads, zero-padded
+  AlignedBuffer<uint16_t> qb;  // [G, dkb] the same rounded to bf16 (native bf16 path), dkb % 32 == 0
   AlignedBuffer<float> kt;  // [kTileRows, dkp] tile keys as f32 (when converted up front)
   AlignedBuffer<float> vt;  // [kTileRows, dvp] tile values as f32 (idem, unless shared)
   AlignedBuffer<float> s;   // [G, kRowsPad] scores, then probabilities
@@ -159,19 +169,27 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
   const int64_t dvp = (dv + N - 1) / N * N;
   // MLA: values are the first dv entries of the key rows.
   const bool shared = kv.values_in_keys();
+  // --attn-math bf16 (or int8) over bf16 rows: the scaled query is rounded to bf16 once and
+  // scores are sums of exact bf16 products in f32; with vdpbf16ps (native) straight from the
+  // rows, otherwise (portable) by the f32 score tiles below on the rounded query.
+  const bool bf16 = AtLeast(kv.math, AttnMath::kBF16) && kv.dtype == DType::kBF16;
+  const bool native = bf16 && attn_math_internal::NativeBf16Dot();
   // Rows are converted to f32 scratch once per tile when several 4-head groups read them, or
   // when a row's width is not a whole number of vectors; otherwise in registers as they are used.
-  // (f16 and f32 rows are always staged: the in-register path decodes bf16 only.)
+  // (f16 and f32 rows are always staged: the in-register path decodes bf16 only.) The native
+  // bf16 scores read keys as they are: then only values are staged.
   const bool staged = G > 4 || dkp != dk || dvp != dv || kv.dtype != DType::kBF16;
+  const bool stage_keys = staged && !native;
+  const bool vals_in_kt = shared && stage_keys;  // values read from the converted key rows
+  const int64_t dkb = (dk + 31) / 32 * 32;
 
   thread_local Scratch sc;
   Grow(&sc.q, G * dkp);
   Grow(&sc.s, G * kRowsPad);
   Grow(&sc.o, G * dvp);
-  if (staged) {
-    Grow(&sc.kt, kRowsPad * dkp);
-    if (!shared) Grow(&sc.vt, kTileRows * dvp);
-  }
+  if (stage_keys) Grow(&sc.kt, kRowsPad * dkp);
+  if (staged && !vals_in_kt) Grow(&sc.vt, kTileRows * dvp);
+  if (native) Grow(&sc.qb, G * dkb);
   sc.m.assign(G, attention_internal::kNegInf);
   sc.d.assign(G, 0.f);
   std::fill(sc.o.data(), sc.o.data() + G * dvp, 0.f);
@@ -179,10 +197,16 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
     float* dst = sc.q.data() + g * dkp;
     for (int64_t c = 0; c < dk; ++c) dst[c] = q[g * dk + c] * scale;
     std::fill(dst + dk, dst + dkp, 0.f);
+    if (!bf16) continue;
+    for (int64_t c = 0; c < dk; ++c) dst[c] = Bf16ToF32(F32ToBf16(dst[c]));
+    if (!native) continue;
+    uint16_t* qb = sc.qb.data() + g * dkb;
+    for (int64_t c = 0; c < dk; ++c) qb[c] = F32ToBf16(dst[c]);
+    std::fill(qb + dk, qb + dkb, uint16_t{0});
   }
   float* kt = sc.kt.data();
-  const float* vt = shared ? kt : sc.vt.data();
-  const int64_t vts = shared ? dkp : dvp;
+  const float* vt = vals_in_kt ? kt : sc.vt.data();
+  const int64_t vts = vals_in_kt ? dkp : dvp;
   const uint16_t* krow[kRowsPad];
   const uint16_t* vrow[kRowsPad];
   thread_local tile::PrefetchQueue pf;
@@ -230,18 +254,28 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
       queue_span(kTileRows, 2 * kTileRows);
     }
     queue_span(t0 + 2 * kTileRows, t0 + 3 * kTileRows);
-    pf.Spread(tile::ScoreCalls(G, nr));
     float* s = sc.s.data();
-    if (staged) {
-      const int n_conv = nr + tile::kRowSlack - 1;
-      for (int i = 0; i < n_conv; ++i) {
-        RowToF32(kv.dtype, krow[i], dk, dkp, kt + i * dkp);
-        if (!shared && i < nr) RowToF32(kv.dtype, vrow[i], dv, dvp, sc.vt.data() + i * dvp);
+    if (staged && !vals_in_kt) {
+      for (int i = 0; i < nr; ++i) RowToF32(kv.dtype, vrow[i], dv, dvp, sc.vt.data() + i * dvp);
+    }
+    if (native) {
+      // 16-row slices (all heads), the prefetch queue ticked after each.
+      constexpr int kSlice = 16;
+      pf.Spread((nr + kSlice - 1) / kSlice);
+      for (int i0 = 0; i0 < nr; i0 += kSlice) {
+        attention_internal::ScoreBf16Native(sc.qb.data(), dkb, G, static_cast<int>(dk), krow + i0,
+                                            std::min(kSlice, nr - i0), s + i0, kRowsPad);
+        pf.Tick();
       }
+    } else if (stage_keys) {
+      pf.Spread(tile::ScoreCalls(G, nr));
+      const int n_conv = nr + tile::kRowSlack - 1;
+      for (int i = 0; i < n_conv; ++i) RowToF32(kv.dtype, krow[i], dk, dkp, kt + i * dkp);
       tile::ScoreTile(sc.q.data(), dkp, G, dkp,
                       [&](int r, int64_t c) { return hn::Load(df, kt + r * dkp + c); }, nr, s,
                       kRowsPad, &pf);
     } else {
+      pf.Spread(tile::ScoreCalls(G, nr));
       tile::ScoreTile(sc.q.data(), dkp, G, dkp,
                       [&](int r, int64_t c) { return tile::Bf16Vec(krow[r], c); }, nr, s,
                       kRowsPad, &pf);
@@ -301,7 +335,115 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 namespace strata {
+
+namespace attention_internal {
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define STRATA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+namespace {
+
+// Block k of the result: blocks 2k and 2k + 1 of (a, b) added.
+STRATA_BF16_TARGET inline __m512 AddBlocks(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Lane i of the result = the sum of the lanes of acc[i] (the transpose-and-add tree of
+// attention_tile-inl.h's ReduceAcc, in AVX-512 intrinsics).
+STRATA_BF16_TARGET inline __m512 Reduce16(const __m512* acc) {
+  __m512 t[8];
+  for (int k = 0; k < 8; ++k) {
+    t[k] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * k], acc[2 * k + 1]),
+                         _mm512_unpackhi_ps(acc[2 * k], acc[2 * k + 1]));
+  }
+  __m512 u[4];
+  for (int k = 0; k < 4; ++k) {
+    const __m512d c = _mm512_castps_pd(t[2 * k]), d = _mm512_castps_pd(t[2 * k + 1]);
+    u[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
+  }
+  return AddBlocks(AddBlocks(u[0], u[1]), AddBlocks(u[2], u[3]));
+}
+
+// One 32-value chunk c of H heads x 16 / H rows (from row i0) into acc; the keys are masked loads
+// (the last, partial chunk; q is zero-padded).
+template <int H>
+STRATA_BF16_TARGET inline void ChunkBf16(const uint16_t* qb, int64_t qbs,
+                                         const uint16_t* const* krow, int i0, int c,
+                                         __mmask32 mask, __m512* acc) {
+  constexpr int R = 16 / H;
+  if constexpr (H >= 4) {
+    __m512i kv[R];
+    for (int r = 0; r < R; ++r) kv[r] = _mm512_maskz_loadu_epi16(mask, krow[i0 + r] + c);
+    for (int h = 0; h < H; ++h) {
+      const __m512i qv = _mm512_loadu_si512(qb + h * qbs + c);
+      for (int r = 0; r < R; ++r)
+        acc[h * R + r] = _mm512_dpbf16_ps(acc[h * R + r], (__m512bh)qv, (__m512bh)kv[r]);
+    }
+  } else {
+    __m512i qv[H];
+    for (int h = 0; h < H; ++h) qv[h] = _mm512_loadu_si512(qb + h * qbs + c);
+    for (int r = 0; r < R; ++r) {
+      const __m512i kv = _mm512_maskz_loadu_epi16(mask, krow[i0 + r] + c);
+      for (int h = 0; h < H; ++h)
+        acc[h * R + r] = _mm512_dpbf16_ps(acc[h * R + r], (__m512bh)qv[h], (__m512bh)kv);
+    }
+  }
+}
+
+// H heads x 16 / H rows starting at row i0.
+template <int H>
+STRATA_BF16_TARGET inline void ScoreRowsBf16(const uint16_t* qb, int64_t qbs, int dk,
+                                             const uint16_t* const* krow, int i0, float* s,
+                                             int64_t ss) {
+  constexpr int R = 16 / H;
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  const int full = dk / 32 * 32;
+  for (int c = 0; c < full; c += 32) ChunkBf16<H>(qb, qbs, krow, i0, c, ~__mmask32{0}, acc);
+  if (full < dk) {
+    ChunkBf16<H>(qb, qbs, krow, i0, full, static_cast<__mmask32>((uint64_t{1} << (dk - full)) - 1),
+                 acc);
+  }
+  alignas(64) float red[16];
+  _mm512_store_ps(red, Reduce16(acc));
+  for (int h = 0; h < H; ++h)
+    for (int r = 0; r < R; ++r) s[h * ss + i0 + r] = red[h * R + r];
+}
+
+template <int H>
+STRATA_BF16_TARGET void ScoreGroupBf16(const uint16_t* qb, int64_t qbs, int dk,
+                                       const uint16_t* const* krow, int n_rows, float* s,
+                                       int64_t ss) {
+  for (int i0 = 0; i0 < n_rows; i0 += 16 / H) ScoreRowsBf16<H>(qb, qbs, dk, krow, i0, s, ss);
+}
+
+}  // namespace
+
+void ScoreBf16Native(const uint16_t* qb, int64_t qbs, int G, int dk, const uint16_t* const* krow,
+                     int n_rows, float* s, int64_t ss) {
+  int h0 = 0;
+  for (; h0 + 4 <= G; h0 += 4) ScoreGroupBf16<4>(qb + h0 * qbs, qbs, dk, krow, n_rows, s + h0 * ss, ss);
+  switch (G - h0) {
+    case 3: ScoreGroupBf16<3>(qb + h0 * qbs, qbs, dk, krow, n_rows, s + h0 * ss, ss); break;
+    case 2: ScoreGroupBf16<2>(qb + h0 * qbs, qbs, dk, krow, n_rows, s + h0 * ss, ss); break;
+    case 1: ScoreGroupBf16<1>(qb + h0 * qbs, qbs, dk, krow, n_rows, s + h0 * ss, ss); break;
+    default: break;
+  }
+}
+#undef STRATA_BF16_TARGET
+#else
+void ScoreBf16Native(const uint16_t*, int64_t, int, int, const uint16_t* const*, int, float*,
+                     int64_t) {
+  STRATA_CHECK_MSG(false, "vdpbf16ps scores called on a build without x86 AVX-512 support");
+}
+#endif
+
+}  // namespace attention_internal
 
 HWY_EXPORT(AttendStreamImpl);
 
