@@ -86,6 +86,23 @@ inline void MergeOne(float* dm, float* dd, float* d_o, float sm, float sd, const
 // Each lane sums pairs of exact bf16 x bf16 products in f32 (denormal inputs read as zero).
 void ScoreBf16Native(const uint16_t* qb, int64_t qbs, int G, int dk, const uint16_t* const* krow,
                      int n_rows, float* s, int64_t ss);
+// The value side with vdpbf16ps: o[h * os + .] += sum_{t < n_rows} bf16(p[h * ps + t]) vrow[t][.]
+// over dv columns, for h < G. Rows are taken in pairs (t, t + 1) whose values are interleaved
+// in registers; p[h * ps + n_rows] must be 0 and vrow[n_rows] readable when n_rows is odd. o is
+// kept in the permuted order of those interleaves, 32 columns per chunk (o rows dv32 = dv rounded
+// up to 32 wide): UnpermuteBf16Values restores column order.
+void AccumBf16Native(const float* p, int64_t ps, int G, int dv, const uint16_t* const* vrow,
+                     int n_rows, float* o, int64_t os);
+// dst[j] = o[position of column j], j < dv (the layout AccumBf16Native accumulates in).
+inline void UnpermuteBf16Values(const float* o, int dv, float* dst) {
+  for (int j = 0; j < dv; ++j) {
+    const int c = j / 32 * 32, i = j % 32;  // chunk, column in chunk
+    // Within a 128-bit block k of a 32-column chunk: columns 8k..8k+3 in the low half's lanes
+    // 4k..4k+3, columns 8k+4..8k+7 in the high half's lanes 4k..4k+3.
+    const int k = i / 8, w = i % 8;
+    dst[j] = o[c + (w < 4 ? 0 : 16) + 4 * k + (w % 4)];
+  }
+}
 
 }  // namespace attention_internal
 }  // namespace strata
@@ -177,22 +194,25 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
   // Rows are converted to f32 scratch once per tile when several 4-head groups read them, or
   // when a row's width is not a whole number of vectors; otherwise in registers as they are used.
   // (f16 and f32 rows are always staged: the in-register path decodes bf16 only.) The native
-  // bf16 scores read keys as they are: then only values are staged.
+  // bf16 path reads keys and values as they are (vdpbf16ps on the rows): nothing is staged.
   const bool staged = G > 4 || dkp != dk || dvp != dv || kv.dtype != DType::kBF16;
   const bool stage_keys = staged && !native;
+  const bool stage_vals = staged && !native;     // native: values are read as bf16 too
   const bool vals_in_kt = shared && stage_keys;  // values read from the converted key rows
   const int64_t dkb = (dk + 31) / 32 * 32;
+  // o's row width: native values accumulate in AccumBf16Native's permuted 32-column chunks.
+  const int64_t os = native ? (dv + 31) / 32 * 32 : dvp;
 
   thread_local Scratch sc;
   Grow(&sc.q, G * dkp);
   Grow(&sc.s, G * kRowsPad);
-  Grow(&sc.o, G * dvp);
+  Grow(&sc.o, G * os);
   if (stage_keys) Grow(&sc.kt, kRowsPad * dkp);
-  if (staged && !vals_in_kt) Grow(&sc.vt, kTileRows * dvp);
+  if (stage_vals && !vals_in_kt) Grow(&sc.vt, kTileRows * dvp);
   if (native) Grow(&sc.qb, G * dkb);
   sc.m.assign(G, attention_internal::kNegInf);
   sc.d.assign(G, 0.f);
-  std::fill(sc.o.data(), sc.o.data() + G * dvp, 0.f);
+  std::fill(sc.o.data(), sc.o.data() + G * os, 0.f);
   for (int g = 0; g < G; ++g) {
     float* dst = sc.q.data() + g * dkp;
     for (int64_t c = 0; c < dk; ++c) dst[c] = q[g * dk + c] * scale;
@@ -255,7 +275,7 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
     }
     queue_span(t0 + 2 * kTileRows, t0 + 3 * kTileRows);
     float* s = sc.s.data();
-    if (staged && !vals_in_kt) {
+    if (stage_vals && !vals_in_kt) {
       for (int i = 0; i < nr; ++i) RowToF32(kv.dtype, vrow[i], dv, dvp, sc.vt.data() + i * dvp);
     }
     if (native) {
@@ -295,9 +315,9 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
         if (m_old != attention_internal::kNegInf) {
           const float f = std::exp(m_old - tmax);
           sc.d[g] *= f;
-          float* og = sc.o.data() + g * dvp;
+          float* og = sc.o.data() + g * os;
           const VF vf = hn::Set(df, f);
-          for (int64_t j = 0; j < dvp; j += N)
+          for (int64_t j = 0; j < os; j += N)
             hn::Store(hn::Mul(hn::Load(df, og + j), vf), df, og + j);
         }
         sc.m[g] = tmax;
@@ -314,7 +334,10 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
     }
 
     // o += P V.
-    if (staged) {
+    if (native) {
+      attention_internal::AccumBf16Native(s, kRowsPad, G, static_cast<int>(dv), vrow, nr,
+                                          sc.o.data(), os);
+    } else if (stage_vals) {
       tile::AccumTile(s, kRowsPad, G,
                       [&](int t, int64_t c) { return hn::Load(df, vt + t * vts + c); }, nr, 0, dvp,
                       sc.o.data(), dvp);
@@ -324,9 +347,16 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
     }
   }
 
+  thread_local std::vector<float> col;  // a native head's o in column order
   for (int g = 0; g < G; ++g) {
-    attention_internal::MergeOne(&st->m[g], &st->d[g], st->o + g * dv, sc.m[g], sc.d[g],
-                                 sc.o.data() + g * dvp, static_cast<int>(dv));
+    const float* og = sc.o.data() + g * os;
+    if (native) {
+      col.resize(dv);
+      attention_internal::UnpermuteBf16Values(og, static_cast<int>(dv), col.data());
+      og = col.data();
+    }
+    attention_internal::MergeOne(&st->m[g], &st->d[g], st->o + g * dv, sc.m[g], sc.d[g], og,
+                                 static_cast<int>(dv));
   }
 }
 
@@ -422,7 +452,82 @@ STRATA_BF16_TARGET void ScoreGroupBf16(const uint16_t* qb, int64_t qbs, int dk,
   for (int i0 = 0; i0 < n_rows; i0 += 16 / H) ScoreRowsBf16<H>(qb, qbs, dk, krow, i0, s, ss);
 }
 
+// H heads x C chunks of 32 columns from column c0: rows in pairs, values interleaved.
+template <int H, int C>
+STRATA_BF16_TARGET inline void AccumPairsBf16(const uint32_t* pp, int64_t pps, int dv,
+                                              const uint16_t* const* vrow, int n_pairs, int c0,
+                                              float* o, int64_t os) {
+  __m512 lo[H][C], hi[H][C];
+  __mmask32 mask[C];
+  for (int j = 0; j < C; ++j) {
+    const int left = dv - (c0 + 32 * j);
+    mask[j] = left >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << left) - 1);
+    for (int h = 0; h < H; ++h) {
+      lo[h][j] = _mm512_loadu_ps(o + h * os + c0 + 32 * j);
+      hi[h][j] = _mm512_loadu_ps(o + h * os + c0 + 32 * j + 16);
+    }
+  }
+  for (int t = 0; t < n_pairs; ++t) {
+    __m512i vl[C], vh[C];
+    for (int j = 0; j < C; ++j) {
+      const __m512i a = _mm512_maskz_loadu_epi16(mask[j], vrow[2 * t] + c0 + 32 * j);
+      const __m512i b = _mm512_maskz_loadu_epi16(mask[j], vrow[2 * t + 1] + c0 + 32 * j);
+      vl[j] = _mm512_unpacklo_epi16(a, b);
+      vh[j] = _mm512_unpackhi_epi16(a, b);
+    }
+    for (int h = 0; h < H; ++h) {
+      const __m512i w = _mm512_set1_epi32(static_cast<int>(pp[h * pps + t]));
+      for (int j = 0; j < C; ++j) {
+        lo[h][j] = _mm512_dpbf16_ps(lo[h][j], (__m512bh)vl[j], (__m512bh)w);
+        hi[h][j] = _mm512_dpbf16_ps(hi[h][j], (__m512bh)vh[j], (__m512bh)w);
+      }
+    }
+  }
+  for (int j = 0; j < C; ++j) {
+    for (int h = 0; h < H; ++h) {
+      _mm512_storeu_ps(o + h * os + c0 + 32 * j, lo[h][j]);
+      _mm512_storeu_ps(o + h * os + c0 + 32 * j + 16, hi[h][j]);
+    }
+  }
+}
+
+template <int H>
+STRATA_BF16_TARGET void AccumHeadsBf16(const uint32_t* pp, int64_t pps, int dv,
+                                       const uint16_t* const* vrow, int n_pairs, float* o,
+                                       int64_t os) {
+  constexpr int C = H >= 4 ? 2 : (H == 1 ? 8 : 4);  // 2 H C <= 16 accumulators
+  int c0 = 0;
+  for (; c0 + 32 * C <= dv; c0 += 32 * C) AccumPairsBf16<H, C>(pp, pps, dv, vrow, n_pairs, c0, o, os);
+  for (; c0 < dv; c0 += 32) AccumPairsBf16<H, 1>(pp, pps, dv, vrow, n_pairs, c0, o, os);
+}
+
 }  // namespace
+
+STRATA_BF16_TARGET void AccumBf16Native(const float* p, int64_t ps, int G, int dv, const uint16_t* const* vrow,
+                     int n_rows, float* o, int64_t os) {
+  // Probabilities rounded to bf16 (round to nearest even), consecutive rows packed in pairs:
+  // uint32 t of a head's row = [bf16 p_2t | bf16 p_2t+1 << 16].
+  const int n_pairs = (n_rows + 1) / 2;
+  const int64_t pps = (n_pairs + 15) / 16 * 16;
+  thread_local std::vector<uint32_t> buf;
+  if (buf.size() < static_cast<size_t>(G * pps)) buf.resize(G * pps);
+  uint32_t* pp = buf.data();
+  for (int h = 0; h < G; ++h) {
+    for (int t = 0; t < 2 * n_pairs; t += 32) {
+      const __m512 a = _mm512_loadu_ps(p + h * ps + t);
+      const __m512 b = _mm512_loadu_ps(p + h * ps + t + 16);
+      _mm512_storeu_si512(pp + h * pps + t / 2, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+  }
+  int h0 = 0;
+  for (; h0 + 4 <= G; h0 += 4) AccumHeadsBf16<4>(pp + h0 * pps, pps, dv, vrow, n_pairs, o + h0 * os, os);
+  switch (G - h0) {
+    case 3: AccumHeadsBf16<3>(pp + h0 * pps, pps, dv, vrow, n_pairs, o + h0 * os, os); break;
+    case 2: AccumHeadsBf16<2>(pp + h0 * pps, pps, dv, vrow, n_pairs, o + h0 * os, os); break;
+    case 1: AccumHeadsBf16<1>(pp + h0 * pps, pps, dv, vrow, n_pairs, o + h0 * os, os); break;
+    default: break;
+  }
+}
 
 void ScoreBf16Native(const uint16_t* qb, int64_t qbs, int G, int dk, const uint16_t* const* krow,
                      int n_rows, float* s, int64_t ss) {
@@ -440,6 +545,10 @@ void ScoreBf16Native(const uint16_t* qb, int64_t qbs, int G, int dk, const uint1
 void ScoreBf16Native(const uint16_t*, int64_t, int, int, const uint16_t* const*, int, float*,
                      int64_t) {
   STRATA_CHECK_MSG(false, "vdpbf16ps scores called on a build without x86 AVX-512 support");
+}
+void AccumBf16Native(const float*, int64_t, int, int, const uint16_t* const*, int, float*,
+                     int64_t) {
+  STRATA_CHECK_MSG(false, "vdpbf16ps values called on a build without x86 AVX-512 support");
 }
 #endif
 
