@@ -15,6 +15,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -37,6 +38,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// CPU seconds of the calling thread: with one thread the read runs on it, and on a shared machine
+// this does not count the time slices other processes took (wall time does).
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 std::vector<std::string> SplitComma(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -54,6 +63,7 @@ struct Row {
   AttnMath math = AttnMath::kF32;
   int64_t ctx = 0;
   double ms = 0;
+  double cpu_ms = 0;  // best step's calling-thread CPU time (1 thread: the whole read)
   double bytes = 0;          // KV bytes read per step (the engine's counters)
   double rows = 0;           // rows attended per step (per KV head summed)
   double fetched = 0;        // rows recalled from an archive per step
@@ -158,13 +168,13 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
     }
     specs.push_back(std::move(spec).value());
   }
-  // Each policy under each arithmetic (resolved; one that resolves like an earlier one is
-  // dropped), in groups: the first arithmetic's policies, then the next's.
+  // Each policy under each arithmetic (a value given twice is measured once), in groups: the
+  // first arithmetic's policies, then the next's.
   std::vector<AttnMath> maths;
   for (const std::string& m : SplitComma(o.attn_math)) {
     auto pm = ParseAttnMath(m);
     if (!pm.ok()) return fail(pm.status().message());
-    const AttnMath r = ResolveAttnMath(*pm);
+    const AttnMath r = *pm;
     if (std::find(maths.begin(), maths.end(), r) == maths.end()) maths.push_back(r);
   }
   if (maths.empty()) return fail("--attn-math needs at least one of f32, bf16, int8, auto");
@@ -220,7 +230,7 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       caches.push_back(std::move(cache_or).value());
     }
     const size_t n_pol = items.size();
-    std::vector<std::vector<double>> times(n_pol);
+    std::vector<std::vector<double>> times(n_pol), cpu_times(n_pol);
     std::vector<ReadStats> sums(n_pol);
     for (int s = 0; s < o.warmup + o.steps; ++s) {
       for (size_t i = 0; i < n_pol; ++i) {
@@ -231,13 +241,16 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
         if (st.ok()) st = cache.Append(0, k.data(), v.data());
         sources[i].Query(q.data(), static_cast<int>(q.size()));
         const auto t0 = Clock::now();
+        const double c0 = ThreadCpuSeconds();
         if (st.ok()) st = cache.Attend(0, q.data(), pos, &pool, att.data());
+        const double cpu_ms = 1e3 * (ThreadCpuSeconds() - c0);
         const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
         if (st.ok()) st = cache.EndCall();
         if (!st.ok()) return fail("--policy " + items[i] + ": decode step: " + st.ToString());
         if (s + 1 == o.warmup) counters0[i] = cache.counters();
         if (s >= o.warmup) {
           times[i].push_back(ms);
+          cpu_times[i].push_back(cpu_ms);
           const ReadStats& st = cache.counters().last_step;
           sums[i].bytes_read += st.bytes_read;
           sums[i].rows_attended += st.rows_attended;
@@ -248,6 +261,7 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
     for (size_t i = 0; i < n_pol; ++i) {
       KvCache& cache = *caches[i];
       std::sort(times[i].begin(), times[i].end());
+      std::sort(cpu_times[i].begin(), cpu_times[i].end());
       Row r;
       r.label = items[i];
       r.is_full = specs[i].name == "full";
@@ -255,6 +269,7 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       r.math = math_of[i];
       r.ctx = ctx;
       r.ms = times[i][0];  // best step: robust to load from other processes on a shared machine
+      r.cpu_ms = cpu_times[i][0];
       r.bytes = static_cast<double>(sums[i].bytes_read) / o.steps;
       r.rows = static_cast<double>(sums[i].rows_attended) / o.steps;
       r.fetched = static_cast<double>(sums[i].rows_fetched) / o.steps;
@@ -295,6 +310,9 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       {"ms/step", "wall time of the best timed decode step (one query through the policy)"},
       {"speedup", "full's ms/step (first --attn-math) / this row's ms/step, same ctx, same run"},
       {"vs full same math", "full's ms/step under this row's --attn-math / this row's ms/step"},
+      {"cpu ms/step", "CPU time of the calling thread in the best-CPU step (with --threads 1: the "
+                      "whole read, without the time slices a shared machine gave others)"},
+      {"cpu speedup", "full's cpu ms/step (first --attn-math) / this row's cpu ms/step"},
       {"KV bytes read/step", "bytes the read touched per step: rows, indexes, scales, summaries"},
       {"read ratio", "KV bytes read/step / full's at the same ctx"},
       {"rows read/step", "rows whose full K/V were read per step, summed over KV heads"},
@@ -319,6 +337,7 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
     if (r.is_full) full_same = &r;
     t.AddRow({std::to_string(r.ctx), r.label, FormatFixed(r.ms, 3),
               FormatFixed(full->ms / r.ms, 2) + "x", FormatFixed(full_same->ms / r.ms, 2) + "x",
+              FormatFixed(r.cpu_ms, 3), FormatFixed(full->cpu_ms / r.cpu_ms, 2) + "x",
               FormatBytes(r.bytes),
               FormatFixed(r.bytes / full->bytes, 4), FormatFixed(r.rows, 1),
               FormatFixed(r.fetched, 1), FormatBytes(static_cast<double>(r.resident)),
@@ -333,6 +352,8 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
                        {"ms_per_step", r.ms},
                        {"speedup_vs_full", full->ms / r.ms},
                        {"speedup_vs_full_same_math", full_same->ms / r.ms},
+                       {"cpu_ms_per_step", r.cpu_ms},
+                       {"cpu_speedup_vs_full", full->cpu_ms / r.cpu_ms},
                        {"attn_math", AttnMathName(r.math)},
                        {"kv_bytes_read_per_step", r.bytes},
                        {"read_ratio_vs_full", r.bytes / full->bytes},

@@ -28,6 +28,25 @@
 //       each pointer through the one just stored). 16k tokens, 1 thread: D = 64, G = 3 5.0 ->
 //       2.52-2.54 ns per (token, head); D = 128, G = 4 6.1 -> 4.4-4.6 ns (28 GB/s); 2 threads,
 //       32 q / 8 KV heads: 1.7-1.9 -> 1.4-1.8 ms.
+//   v4  --attn-math bf16 (issue 21 parts 1-2; kernels/attn_math.h): the scaled query is rounded to
+//       bf16 once per call; with AVX512_BF16 (cpuid) scores come from vdpbf16ps micro-tiles on the
+//       rows as stored (4 heads x 4 rows, 32 values per step, masked tail, the same reduction
+//       tree) and the value side from vdpbf16ps on row pairs interleaved in registers
+//       (probabilities rounded to bf16, f32 accumulators in a permuted column order restored at
+//       the merge): nothing is staged to f32. Elsewhere (or SetNativeBf16ForTest(false)) the
+//       portable form runs the f32 tiles on the rounded query. Error bound and its test:
+//       kernels/attention_test.cc (Bf16MathWithinStatedBoundNativeAndPortable).
+//       Measured (1 thread, thread CPU time, best of 7, shared host under load ~18 on 2 cores;
+//       /tmp driver calling AttendStream): MLA G=16 dk=576 dv=512, 8192 rows: f32 22.7-28.9 ns
+//       per (token, head), native bf16 34.8-40.1, portable bf16 22.1-29.6; 512 rows
+//       (cache-resident): f32 21.7, native 33.8; GQA G=4 D=128, 16384 rows: f32 8.7-10.2, native
+//       12.8-13.6. Cache-resident, each native half runs at ~0.82 ns per vdpbf16ps, while the f32
+//       kernel's 68 FMAs per (token, head) take ~0.32 ns each: on this Zen5 core vdpbf16ps zmm
+//       retires about a third as fast as an FMA, so two products per lane lose. (A first version
+//       kept the 16 score accumulators in a helper's pointer argument and GCC stored all of them
+//       to the stack every step; fixed, no change in speed: the instruction rate is the limit.)
+//       Hence auto is the f32 path for bf16 rows (Bf16RowsMath); bf16 stays selectable and
+//       tested (the model-level contract holds for it: model/attn_math_model_test.cc).
 #include "kernels/attention.h"
 
 #include <algorithm>
@@ -189,7 +208,7 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
   // --attn-math bf16 (or int8) over bf16 rows: the scaled query is rounded to bf16 once and
   // scores are sums of exact bf16 products in f32; with vdpbf16ps (native) straight from the
   // rows, otherwise (portable) by the f32 score tiles below on the rounded query.
-  const bool bf16 = AtLeast(kv.math, AttnMath::kBF16) && kv.dtype == DType::kBF16;
+  const bool bf16 = Bf16RowsMath(kv.math) == AttnMath::kBF16 && kv.dtype == DType::kBF16;
   const bool native = bf16 && attn_math_internal::NativeBf16Dot();
   // Rows are converted to f32 scratch once per tile when several 4-head groups read them, or
   // when a row's width is not a whole number of vectors; otherwise in registers as they are used.
@@ -374,17 +393,18 @@ namespace attention_internal {
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define STRATA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define STRATA_BF16_INLINE STRATA_BF16_TARGET __attribute__((always_inline)) inline
 namespace {
 
 // Block k of the result: blocks 2k and 2k + 1 of (a, b) added.
-STRATA_BF16_TARGET inline __m512 AddBlocks(__m512 a, __m512 b) {
+STRATA_BF16_INLINE __m512 AddBlocks(__m512 a, __m512 b) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
                        _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 // Lane i of the result = the sum of the lanes of acc[i] (the transpose-and-add tree of
 // attention_tile-inl.h's ReduceAcc, in AVX-512 intrinsics).
-STRATA_BF16_TARGET inline __m512 Reduce16(const __m512* acc) {
+STRATA_BF16_INLINE __m512 Reduce16(const __m512* acc) {
   __m512 t[8];
   for (int k = 0; k < 8; ++k) {
     t[k] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * k], acc[2 * k + 1]),
@@ -399,45 +419,38 @@ STRATA_BF16_TARGET inline __m512 Reduce16(const __m512* acc) {
   return AddBlocks(AddBlocks(u[0], u[1]), AddBlocks(u[2], u[3]));
 }
 
-// One 32-value chunk c of H heads x 16 / H rows (from row i0) into acc; the keys are masked loads
-// (the last, partial chunk; q is zero-padded).
+// H heads x 16 / H rows starting at row i0, 32 values per step; the last (partial) step's keys
+// are masked loads (q is zero-padded). One function with the accumulators local: passed to a
+// helper by pointer, GCC stored all 16 to the stack on every step (measured 2x slower).
 template <int H>
-STRATA_BF16_TARGET inline void ChunkBf16(const uint16_t* qb, int64_t qbs,
-                                         const uint16_t* const* krow, int i0, int c,
-                                         __mmask32 mask, __m512* acc) {
-  constexpr int R = 16 / H;
-  if constexpr (H >= 4) {
-    __m512i kv[R];
-    for (int r = 0; r < R; ++r) kv[r] = _mm512_maskz_loadu_epi16(mask, krow[i0 + r] + c);
-    for (int h = 0; h < H; ++h) {
-      const __m512i qv = _mm512_loadu_si512(qb + h * qbs + c);
-      for (int r = 0; r < R; ++r)
-        acc[h * R + r] = _mm512_dpbf16_ps(acc[h * R + r], (__m512bh)qv, (__m512bh)kv[r]);
-    }
-  } else {
-    __m512i qv[H];
-    for (int h = 0; h < H; ++h) qv[h] = _mm512_loadu_si512(qb + h * qbs + c);
-    for (int r = 0; r < R; ++r) {
-      const __m512i kv = _mm512_maskz_loadu_epi16(mask, krow[i0 + r] + c);
-      for (int h = 0; h < H; ++h)
-        acc[h * R + r] = _mm512_dpbf16_ps(acc[h * R + r], (__m512bh)qv[h], (__m512bh)kv);
-    }
-  }
-}
-
-// H heads x 16 / H rows starting at row i0.
-template <int H>
-STRATA_BF16_TARGET inline void ScoreRowsBf16(const uint16_t* qb, int64_t qbs, int dk,
+STRATA_BF16_INLINE void ScoreRowsBf16(const uint16_t* qb, int64_t qbs, int dk,
                                              const uint16_t* const* krow, int i0, float* s,
                                              int64_t ss) {
   constexpr int R = 16 / H;
   __m512 acc[16];
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-  const int full = dk / 32 * 32;
-  for (int c = 0; c < full; c += 32) ChunkBf16<H>(qb, qbs, krow, i0, c, ~__mmask32{0}, acc);
-  if (full < dk) {
-    ChunkBf16<H>(qb, qbs, krow, i0, full, static_cast<__mmask32>((uint64_t{1} << (dk - full)) - 1),
-                 acc);
+  const uint16_t* kr[R];
+  for (int r = 0; r < R; ++r) kr[r] = krow[i0 + r];
+  for (int c = 0; c < dk; c += 32) {
+    const __mmask32 mask = c + 32 <= dk ? ~__mmask32{0}
+                                        : static_cast<__mmask32>((uint64_t{1} << (dk - c)) - 1);
+    if constexpr (H >= 4) {
+      __m512i kv[R];
+      for (int r = 0; r < R; ++r) kv[r] = _mm512_maskz_loadu_epi16(mask, kr[r] + c);
+      for (int h = 0; h < H; ++h) {
+        const __m512i qv = _mm512_loadu_si512(qb + h * qbs + c);
+        for (int r = 0; r < R; ++r)
+          acc[h * R + r] = _mm512_dpbf16_ps(acc[h * R + r], (__m512bh)qv, (__m512bh)kv[r]);
+      }
+    } else {
+      __m512i qv[H];
+      for (int h = 0; h < H; ++h) qv[h] = _mm512_loadu_si512(qb + h * qbs + c);
+      for (int r = 0; r < R; ++r) {
+        const __m512i kv = _mm512_maskz_loadu_epi16(mask, kr[r] + c);
+        for (int h = 0; h < H; ++h)
+          acc[h * R + r] = _mm512_dpbf16_ps(acc[h * R + r], (__m512bh)qv[h], (__m512bh)kv);
+      }
+    }
   }
   alignas(64) float red[16];
   _mm512_store_ps(red, Reduce16(acc));
@@ -454,7 +467,7 @@ STRATA_BF16_TARGET void ScoreGroupBf16(const uint16_t* qb, int64_t qbs, int dk,
 
 // H heads x C chunks of 32 columns from column c0: rows in pairs, values interleaved.
 template <int H, int C>
-STRATA_BF16_TARGET inline void AccumPairsBf16(const uint32_t* pp, int64_t pps, int dv,
+STRATA_BF16_INLINE void AccumPairsBf16(const uint32_t* pp, int64_t pps, int dv,
                                               const uint16_t* const* vrow, int n_pairs, int c0,
                                               float* o, int64_t os) {
   __m512 lo[H][C], hi[H][C];
@@ -541,6 +554,7 @@ void ScoreBf16Native(const uint16_t* qb, int64_t qbs, int G, int dk, const uint1
   }
 }
 #undef STRATA_BF16_TARGET
+#undef STRATA_BF16_INLINE
 #else
 void ScoreBf16Native(const uint16_t*, int64_t, int, int, const uint16_t* const*, int, float*,
                      int64_t) {

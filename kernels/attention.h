@@ -79,9 +79,9 @@ struct KvStreamView {
   const uint16_t* const* key_pages = nullptr;
   const uint16_t* const* val_pages = nullptr;
   int page_shift = 0;
-  // Dot-product arithmetic (resolved, see kernels/attn_math.h): kF32 is the exact path; kBF16 or
-  // kInt8 round the query to bf16 and sum bf16 products in f32 (bf16 rows only; f16 and f32 rows
-  // always take the f32 path).
+  // Dot-product arithmetic (--attn-math, resolved here by Bf16RowsMath): f32 (and auto) is the
+  // exact path; bf16 (and int8) round the query to bf16 and sum bf16 products in f32 (bf16 rows
+  // only; f16 and f32 rows always take the f32 path).
   AttnMath math = AttnMath::kF32;
 
   const uint16_t* key_row(int64_t u) const {

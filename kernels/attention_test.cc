@@ -406,6 +406,16 @@ TEST(AttentionTest, Bf16MathLeavesF32RowsExact) {
   EXPECT_EQ(Attend(q, g, 0.125f, v, nullptr, n), Attend(q, g, 0.125f, fast, nullptr, n));
 }
 
+// auto over bf16 rows is the f32 path, bit for bit.
+TEST(AttentionTest, AutoMathIsTheF32PathOnBf16Rows) {
+  Rng rng(TestSeed());
+  Stream s = MakeStream(rng, 150, 576, 512, true);
+  std::vector<float> q = RandomQ(rng, 16, 576);
+  KvStreamView a = s.view;
+  a.math = AttnMath::kAuto;
+  EXPECT_EQ(Attend(q, 16, 0.07f, s.view, nullptr, 150), Attend(q, 16, 0.07f, a, nullptr, 150));
+}
+
 TEST(AttnMathTest, ParseResolveAndCpuFeatures) {
   EXPECT_EQ(*ParseAttnMath("F32"), AttnMath::kF32);
   EXPECT_EQ(*ParseAttnMath("bf16"), AttnMath::kBF16);
@@ -415,9 +425,11 @@ TEST(AttnMathTest, ParseResolveAndCpuFeatures) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("'fp8'"), std::string::npos);
   const DotFeatures& f = CpuDotFeatures();
-  EXPECT_EQ(ResolveAttnMath(AttnMath::kAuto), f.avx512_bf16 ? AttnMath::kBF16 : AttnMath::kF32);
-  for (AttnMath m : {AttnMath::kF32, AttnMath::kBF16, AttnMath::kInt8})
-    EXPECT_EQ(ResolveAttnMath(m), m);
+  // auto over bf16 rows is the f32 path (measured faster than vdpbf16ps here), int8 their bf16.
+  EXPECT_EQ(Bf16RowsMath(AttnMath::kAuto), AttnMath::kF32);
+  EXPECT_EQ(Bf16RowsMath(AttnMath::kF32), AttnMath::kF32);
+  EXPECT_EQ(Bf16RowsMath(AttnMath::kBF16), AttnMath::kBF16);
+  EXPECT_EQ(Bf16RowsMath(AttnMath::kInt8), AttnMath::kBF16);
   EXPECT_TRUE(AtLeast(AttnMath::kInt8, AttnMath::kBF16));
   EXPECT_FALSE(AtLeast(AttnMath::kF32, AttnMath::kBF16));
   EXPECT_FALSE(AtLeast(AttnMath::kAuto, AttnMath::kBF16));
@@ -436,7 +448,7 @@ TEST(AttnMathTest, ParseResolveAndCpuFeatures) {
   }
   const AttnMath prev = DefaultAttnMath();
   SetDefaultAttnMath(AttnMath::kAuto);
-  EXPECT_EQ(DefaultAttnMath(), ResolveAttnMath(AttnMath::kAuto));  // stored resolved
+  EXPECT_EQ(DefaultAttnMath(), AttnMath::kAuto);
   SetDefaultAttnMath(prev);
 }
 

@@ -73,14 +73,19 @@ const DotFeatures& CpuDotFeatures() {
   return f;
 }
 
-AttnMath ResolveAttnMath(AttnMath m) {
-  if (m != AttnMath::kAuto) return m;
-  return CpuDotFeatures().avx512_bf16 ? AttnMath::kBF16 : AttnMath::kF32;
+AttnMath Bf16RowsMath(AttnMath m) {
+  switch (m) {
+    case AttnMath::kBF16:
+    case AttnMath::kInt8: return AttnMath::kBF16;
+    case AttnMath::kF32:
+    case AttnMath::kAuto: return AttnMath::kF32;
+  }
+  return AttnMath::kF32;
 }
 
 AttnMath DefaultAttnMath() { return static_cast<AttnMath>(g_default.load(std::memory_order_relaxed)); }
 void SetDefaultAttnMath(AttnMath m) {
-  g_default.store(static_cast<int>(ResolveAttnMath(m)), std::memory_order_relaxed);
+  g_default.store(static_cast<int>(m), std::memory_order_relaxed);
 }
 
 namespace attn_math_internal {

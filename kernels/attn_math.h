@@ -8,9 +8,11 @@
 //   int8  integer dot products on quantized codes where a kernel has them (the packed caches);
 //         kernels over bf16 rows use their bf16 path under it.
 //   auto  the fastest of the above that meets the accuracy contract on this CPU (the default of
-//         the command line; see ResolveAttnMath).
-// Kernels take a resolved value (never kAuto): each uses the most aggressive arithmetic it
-// implements that does not exceed the one asked for (AtLeast below).
+//         the command line; each kernel resolves it, see Bf16RowsMath).
+// Each kernel resolves the value it is given (kAuto included) to the arithmetic it runs, with a
+// function next to these (Bf16RowsMath for kernels over bf16 rows): auto is a per-kernel choice,
+// the fastest form measured to meet the contract, and int8 falls back to bf16 where a kernel has
+// no integer form.
 #pragma once
 
 #include <string>
@@ -35,18 +37,19 @@ struct DotFeatures {
 };
 const DotFeatures& CpuDotFeatures();
 
-// auto -> bf16 when the CPU has a bf16 dot instruction (the portable bf16 form is not faster than
-// f32, so auto is f32 elsewhere). Explicit values are returned unchanged: bf16 and int8 run
-// everywhere (portable forms), only their speed depends on the CPU. A kernel with an int8 path
-// that meets the contract extends the auto rule here (one place).
-AttnMath ResolveAttnMath(AttnMath m);
+// The arithmetic of kernels over bf16 rows (AttendStream): f32 or bf16. auto -> f32: measured on
+// the AVX512_BF16 host this was built on (AMD EPYC Zen5), vdpbf16ps retires about a third as many
+// instructions per cycle as f32 FMAs, so its two products per lane lose to widened FMAs (MLA
+// G = 16: 1.35-1.55x slower; see kernels/attention.cc's version log), and the portable form
+// costs what f32 does. int8 -> bf16 (no integer form over bf16 rows).
+AttnMath Bf16RowsMath(AttnMath m);
 // Whether `m` (resolved) permits arithmetic `level` (f32 < bf16 < int8).
 inline bool AtLeast(AttnMath m, AttnMath level) {
   return static_cast<int>(m) >= static_cast<int>(level) && m != AttnMath::kAuto;
 }
 
 // The process-wide default of caches built without an explicit choice (Model::NewCache): f32
-// until the command line sets it from --attn-math (stored resolved).
+// until the command line sets it from --attn-math (auto there by default).
 AttnMath DefaultAttnMath();
 void SetDefaultAttnMath(AttnMath m);
 

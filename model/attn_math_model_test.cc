@@ -70,7 +70,7 @@ struct KlStats {
 };
 
 // Teacher-forced logits of `tokens` under f32 and `fast`; KL(p_f32 || p_fast) per position.
-KlStats CompareLogits(const Model& m, const std::vector<int32_t>& tokens, AttnMath fast) {
+KlStats CompareLogits(Model& m, const std::vector<int32_t>& tokens, AttnMath fast) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t V = m.config().n_vocab;
   std::vector<float> ref, got;
@@ -108,7 +108,7 @@ KlStats CompareLogits(const Model& m, const std::vector<int32_t>& tokens, AttnMa
   return s;
 }
 
-std::vector<int32_t> Greedy(const Model& m, const std::vector<int32_t>& prompt, int n,
+std::vector<int32_t> Greedy(Model& m, const std::vector<int32_t>& prompt, int n,
                             AttnMath math) {
   auto c = Cache(m, math);
   std::vector<float> logits(m.config().n_vocab);

@@ -44,7 +44,7 @@ class Model {
   // kv_type: how the cache stores rows (--kv-type; bf16 unless asked): f32 and f16 are read by
   // the full policy only, and any other policy is refused with an error naming it.
   // attn_math: the attention dot-product arithmetic (--attn-math; the process default, f32 unless
-  // the command line set it; resolved here).
+  // the command line set it; each kernel resolves it).
   StatusOr<std::unique_ptr<KvCache>> NewCache(std::unique_ptr<Policy> policy,
                                               DType kv_type = DType::kBF16,
                                               AttnMath attn_math = DefaultAttnMath()) const;
