@@ -1,14 +1,16 @@
 // The model-level accuracy contract of the fast attention arithmetic (--attn-math bf16; see
-// kernels/attn_math.h and the kernel bound in kernels/attention_test.cc): on every shipped testbed
-// (models/*.gguf) and on synthetic models of each architecture, the next-token distribution under
-// the fast path stays within KL(p_f32 || p_fast) <= 1e-4 nats per token of the f32 path over 512
-// teacher-forced tokens, and greedy text on the testbeds is unchanged. (The golden needle tables
-// under the fast path: eval/testbed_test.cc.)
+// kernels/attn_math.h and the kernel bound in kernels/attention_test.cc): the next-token
+// distribution under the fast path within KL(p_f32 || p_fast) <= 1e-4 nats per token of the f32
+// path over 512 teacher-forced tokens, greedy text unchanged. It holds on every shipped testbed
+// (models/*.gguf) and on the synthetic deepseek2 models; on the synthetic llama and qwen2 models
+// (sharper weights, std 0.08) it does not, which this test records and which is one reason auto
+// is f32 over bf16 rows. (The golden needle tables under bf16: eval/testbed_test.cc.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -191,7 +193,22 @@ TEST(AttnMathModelTest, SyntheticModelsOfEachArchitectureWithinKl) {
     std::printf("%s: KL(f32 || bf16) mean %.3g max %.3g nats/token over %d tokens, argmax changed "
                 "at %d\n",
                 v.label, s.mean, s.max, kTokens, s.argmax_changed);
-    EXPECT_LE(s.mean, kMaxMeanKl) << v.label;
+    if (std::getenv("STRATA_KL_PORTABLE") != nullptr) {
+      const bool prev = attn_math_internal::SetNativeBf16ForTest(false);
+      const KlStats p = CompareLogits(**m, tokens, AttnMath::kBF16);
+      attn_math_internal::SetNativeBf16ForTest(prev);
+      std::printf("%s: portable bf16 KL mean %.3g max %.3g\n", v.label, p.mean, p.max);
+    }
+    if (v.arch == Arch::kDeepseek2) {
+      EXPECT_LE(s.mean, kMaxMeanKl) << v.label;
+    } else if (s.mean > kMaxMeanKl) {
+      // Measured: bf16 query rounding does NOT meet the contract on these GQA models (llama
+      // 2.0-2.6e-3, qwen2 2-4e-4 nats/token over seeds 1-3, the portable form the same as
+      // vdpbf16ps: it is the query rounding, not the kernel). So auto must not pick bf16 for
+      // them: auto over bf16 rows is the f32 path (kernels/attn_math.h).
+      std::printf("%s: bf16 is outside the contract here; auto uses f32\n", v.label);
+      EXPECT_EQ(Bf16RowsMath(AttnMath::kAuto), AttnMath::kF32) << v.label;
+    }
   }
 }
 
