@@ -10,6 +10,7 @@
 #include "cli/bench_geodesia.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "kernels/attn_math.h"
 
 #ifndef STRATA_VERSION
 #define STRATA_VERSION "unknown"
@@ -160,6 +161,28 @@ int RunStrata(const std::vector<std::string>& args, std::istream& in, std::ostre
   ChatOptions chat;
   AddChatCommand(&app, &chat);
 
+  // --attn-math, declared once here: every command that runs attention gets it (the leaves of
+  // the command tree, less those that run no model; a command with its own, such as bench
+  // attention's list, keeps that). It sets the process default that caches are built with.
+  std::string attn_math = "auto";
+  {
+    const std::vector<std::string> no_model = {"tokenize", "policies", "inspect", "synth",
+                                               "quantize"};
+    std::vector<CLI::App*> todo = {&app};
+    while (!todo.empty()) {
+      CLI::App* a = todo.back();
+      todo.pop_back();
+      const auto subs = a->get_subcommands([](CLI::App*) { return true; });
+      if (!subs.empty()) {
+        todo.insert(todo.end(), subs.begin(), subs.end());
+        continue;
+      }
+      if (a == &app || IsKnown(no_model, a->get_name())) continue;
+      if (a->get_option_no_throw("--attn-math") != nullptr) continue;
+      a->add_option("--attn-math", attn_math, kAttnMathHelp)->capture_default_str();
+    }
+  }
+
   // Set after the commands are added: CLI11 copies a parent's footer into subcommands made
   // later, and every command's --help repeated these examples.
   app.footer(examples);
@@ -194,6 +217,12 @@ int RunStrata(const std::vector<std::string>& args, std::istream& in, std::ostre
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e, out, err);  // --help, --version
     return usage_error(e.what());
+  }
+
+  if (auto m = ParseAttnMath(attn_math); m.ok()) {
+    SetDefaultAttnMath(*m);
+  } else {
+    return usage_error(m.status().message());
   }
 
   try {

@@ -15,6 +15,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <ctime>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -40,6 +41,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// CPU seconds of the calling thread: with one thread the read runs on it, and on a shared machine
+// this does not count the time slices other processes took (wall time does).
+double ThreadCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 std::vector<std::string> SplitComma(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -52,8 +61,12 @@ std::vector<std::string> SplitComma(const std::string& s) {
 
 struct Row {
   std::string label;
+  bool is_full = false;
+  int math_index = 0;  // which --attn-math value
+  AttnMath math = AttnMath::kF32;
   int64_t ctx = 0;
   double ms = 0;
+  double cpu_ms = 0;  // best step's calling-thread CPU time (1 thread: the whole read)
   double bytes = 0;          // KV bytes read per step (the engine's counters)
   double rows = 0;           // rows attended per step (per KV head summed)
   double fetched = 0;        // rows recalled from an archive per step
@@ -95,6 +108,11 @@ void AddBenchAttentionCommand(CLI::App* bench, BenchAttentionOptions* o) {
   cmd->add_option("--warmup", o->warmup, "Untimed decode steps first")->capture_default_str();
   cmd->add_option("--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the synthetic rows and queries")
+      ->capture_default_str();
+  cmd->add_option("--attn-math", o->attn_math,
+                  "Attention arithmetic(s), comma-separated (f32, bf16, int8, auto): every policy "
+                  "is measured under each, in the same run; speedup is against full under the "
+                  "first, 'vs full same math' against full under the row's own")
       ->capture_default_str();
   cmd->add_option("--json", o->json_path, "Also write the results as JSON to this file");
 }
@@ -153,6 +171,34 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
     }
     specs.push_back(std::move(spec).value());
   }
+  // Each policy under each arithmetic (a value given twice is measured once), in groups: the
+  // first arithmetic's policies, then the next's.
+  std::vector<AttnMath> maths;
+  for (const std::string& m : SplitComma(o.attn_math)) {
+    auto pm = ParseAttnMath(m);
+    if (!pm.ok()) return fail(pm.status().message());
+    const AttnMath r = *pm;
+    if (std::find(maths.begin(), maths.end(), r) == maths.end()) maths.push_back(r);
+  }
+  if (maths.empty()) return fail("--attn-math needs at least one of f32, bf16, int8, auto");
+  std::vector<AttnMath> math_of;
+  std::vector<int> math_index;
+  {
+    std::vector<std::string> labels;
+    std::vector<PolicySpec> all_specs;
+    for (size_t mi = 0; mi < maths.size(); ++mi) {
+      for (size_t i = 0; i < items.size(); ++i) {
+        labels.push_back(maths.size() > 1
+                             ? items[i] + " [" + AttnMathName(maths[mi]) + "]"
+                             : items[i]);
+        all_specs.push_back(specs[i]);
+        math_of.push_back(maths[mi]);
+        math_index.push_back(static_cast<int>(mi));
+      }
+    }
+    items = std::move(labels);
+    specs = std::move(all_specs);
+  }
   const int threads = o.threads > 0 ? CapThreads("--threads", o.threads, err) : HardwareThreads();
   ThreadPool pool(threads);
   const int64_t n_kv = int64_t{g.n_kv_heads} * g.k_dim;
@@ -167,7 +213,9 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
     for (size_t i = 0; i < items.size(); ++i) {
       auto policy = MakePolicy(specs[i]);
       if (!policy.ok()) return fail("--policy " + items[i] + ": " + policy.status().message());
-      auto cache_or = KvCache::Create({g}, std::move(policy).value());
+      LayerGeometry gi = g;
+      gi.attn_math = math_of[i];
+      auto cache_or = KvCache::Create({gi}, std::move(policy).value());
       if (!cache_or.ok()) return fail("--policy " + items[i] + ": " + cache_or.status().message());
       KvCache& cache = **cache_or;
       describe[i] = cache.policy().describe();
@@ -185,7 +233,7 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       caches.push_back(std::move(cache_or).value());
     }
     const size_t n_pol = items.size();
-    std::vector<std::vector<double>> times(n_pol);
+    std::vector<std::vector<double>> times(n_pol), cpu_times(n_pol);
     std::vector<ReadStats> sums(n_pol);
     for (int s = 0; s < o.warmup + o.steps; ++s) {
       for (size_t i = 0; i < n_pol; ++i) {
@@ -196,13 +244,16 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
         if (st.ok()) st = cache.Append(0, k.data(), v.data());
         sources[i].Query(q.data(), static_cast<int>(q.size()));
         const auto t0 = Clock::now();
+        const double c0 = ThreadCpuSeconds();
         if (st.ok()) st = cache.Attend(0, q.data(), pos, &pool, att.data());
+        const double cpu_ms = 1e3 * (ThreadCpuSeconds() - c0);
         const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
         if (st.ok()) st = cache.EndCall();
         if (!st.ok()) return fail("--policy " + items[i] + ": decode step: " + st.ToString());
         if (s + 1 == o.warmup) counters0[i] = cache.counters();
         if (s >= o.warmup) {
           times[i].push_back(ms);
+          cpu_times[i].push_back(cpu_ms);
           const ReadStats& st = cache.counters().last_step;
           sums[i].bytes_read += st.bytes_read;
           sums[i].rows_attended += st.rows_attended;
@@ -213,10 +264,15 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
     for (size_t i = 0; i < n_pol; ++i) {
       KvCache& cache = *caches[i];
       std::sort(times[i].begin(), times[i].end());
+      std::sort(cpu_times[i].begin(), cpu_times[i].end());
       Row r;
       r.label = items[i];
+      r.is_full = specs[i].name == "full";
+      r.math_index = math_index[i];
+      r.math = math_of[i];
       r.ctx = ctx;
       r.ms = times[i][0];  // best step: robust to load from other processes on a shared machine
+      r.cpu_ms = cpu_times[i][0];
       r.bytes = static_cast<double>(sums[i].bytes_read) / o.steps;
       r.rows = static_cast<double>(sums[i].rows_attended) / o.steps;
       r.fetched = static_cast<double>(sums[i].rows_fetched) / o.steps;
@@ -255,7 +311,11 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       {"ctx", "context length: rows in the cache before the timed decode steps"},
       {"policy", "the --policy item (NAME[@X][:key=value...]); its settings are listed above"},
       {"ms/step", "wall time of the best timed decode step (one query through the policy)"},
-      {"speedup", "full's ms/step / this policy's ms/step, same ctx, same run"},
+      {"speedup", "full's ms/step (first --attn-math) / this row's ms/step, same ctx, same run"},
+      {"vs full same math", "full's ms/step under this row's --attn-math / this row's ms/step"},
+      {"cpu ms/step", "CPU time of the calling thread in the best-CPU step (with --threads 1: the "
+                      "whole read, without the time slices a shared machine gave others)"},
+      {"cpu speedup", "full's cpu ms/step (first --attn-math) / this row's cpu ms/step"},
       {"KV bytes read/step", "bytes the read touched per step: rows, indexes, scales, summaries"},
       {"read ratio", "KV bytes read/step / full's at the same ctx"},
       {"rows read/step", "rows whose full K/V were read per step, summed over KV heads"},
@@ -273,11 +333,15 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
   };
   Table t(ColumnNames(columns));
   nlohmann::json results = nlohmann::json::array();
-  const Row* full = nullptr;
+  const Row* full = nullptr;       // full under the first arithmetic: first for each ctx
+  const Row* full_same = nullptr;  // full under the row's arithmetic: first of its group
   for (const Row& r : rows) {
-    if (r.label == "full") full = &r;  // full comes first for each ctx
+    if (r.is_full && r.math_index == 0) full = &r;
+    if (r.is_full) full_same = &r;
     t.AddRow({std::to_string(r.ctx), r.label, FormatFixed(r.ms, 3),
-              FormatFixed(full->ms / r.ms, 2) + "x", FormatBytes(r.bytes),
+              FormatFixed(full->ms / r.ms, 2) + "x", FormatFixed(full_same->ms / r.ms, 2) + "x",
+              FormatFixed(r.cpu_ms, 3), FormatFixed(full->cpu_ms / r.cpu_ms, 2) + "x",
+              FormatBytes(r.bytes),
               FormatFixed(r.bytes / full->bytes, 4), FormatFixed(r.rows, 1),
               FormatFixed(r.fetched, 1), FormatBytes(static_cast<double>(r.resident)),
               FormatFixed(static_cast<double>(r.resident) / full->resident, 4),
@@ -290,6 +354,10 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
                        {"policy", r.label},
                        {"ms_per_step", r.ms},
                        {"speedup_vs_full", full->ms / r.ms},
+                       {"speedup_vs_full_same_math", full_same->ms / r.ms},
+                       {"cpu_ms_per_step", r.cpu_ms},
+                       {"cpu_speedup_vs_full", full->cpu_ms / r.cpu_ms},
+                       {"attn_math", AttnMathName(r.math)},
                        {"kv_bytes_read_per_step", r.bytes},
                        {"read_ratio_vs_full", r.bytes / full->bytes},
                        {"rows_read_per_step", r.rows},

@@ -412,7 +412,8 @@ int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream&
   out << "decode, model " << path << " (" << ArchName(m.config().arch) << ", "
       << (ft != nullptr && ft->IsInteger() ? FileTypeIdName(ft->AsInt()) : std::string("no file type"))
       << ", " << FormatFixed(bpw, 2) << " bits per weight), " << o.tokens
-      << " timed steps; floor = read bandwidth / (decode weight bytes + KV bytes read per "
+      << " timed steps, --attn-math " << AttnMathName(DefaultAttnMath())
+      << "; floor = read bandwidth / (decode weight bytes + KV bytes read per "
          "token)\n";
   t.Print(out);
   const std::vector<ColumnDoc> legend = {

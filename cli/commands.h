@@ -160,6 +160,7 @@ struct BenchAttentionOptions {
   int warmup = 2;
   int threads = 0;  // 0: hardware concurrency
   uint64_t seed = 1;
+  std::string attn_math = "f32,auto";  // every policy is measured under each (comma-separated)
   std::string json_path;
 };
 void AddBenchAttentionCommand(CLI::App* bench, BenchAttentionOptions* o);

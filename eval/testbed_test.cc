@@ -23,6 +23,7 @@
 #include "eval/corpus.h"
 #include "eval/needle.h"
 #include "eval/stats.h"
+#include "kernels/attn_math.h"
 #include "model/model.h"
 
 #ifndef STRATA_SOURCE_DIR
@@ -121,7 +122,14 @@ Golden LoadGolden() {
   return g;
 }
 
-TEST(TestbedTest, GoldenTablesHold) {
+// Runs the golden cells with caches built under `math` (--attn-math; the process default that
+// the needle harness's caches take).
+void CheckGoldenTables(AttnMath math) {
+  struct Restore {
+    AttnMath prev = DefaultAttnMath();
+    ~Restore() { SetDefaultAttnMath(prev); }
+  } restore;
+  SetDefaultAttnMath(math);
   const Golden g = LoadGolden();
   ASSERT_TRUE(g.error.empty()) << g.error;
   const bool full = std::getenv("STRATA_GOLDEN") != nullptr &&
@@ -249,9 +257,14 @@ TEST(TestbedTest, GoldenTablesHold) {
       ++checked;
     }
   }
-  std::printf("golden: %d cells checked (%s, %lld trials each)\n", checked,
-              full ? "full" : "fast subset", static_cast<long long>(trials));
+  std::printf("golden: %d cells checked (%s, %lld trials each, --attn-math %s)\n", checked,
+              full ? "full" : "fast subset", static_cast<long long>(trials), AttnMathName(math));
 }
+
+TEST(TestbedTest, GoldenTablesHold) { CheckGoldenTables(AttnMath::kF32); }
+
+// The accuracy contract of the fast arithmetic (kernels/attn_math.h): the same tables hold.
+TEST(TestbedTest, GoldenTablesHoldUnderBf16) { CheckGoldenTables(AttnMath::kBF16); }
 
 }  // namespace
 }  // namespace strata::eval

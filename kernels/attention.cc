@@ -28,6 +28,25 @@
 //       each pointer through the one just stored). 16k tokens, 1 thread: D = 64, G = 3 5.0 ->
 //       2.52-2.54 ns per (token, head); D = 128, G = 4 6.1 -> 4.4-4.6 ns (28 GB/s); 2 threads,
 //       32 q / 8 KV heads: 1.7-1.9 -> 1.4-1.8 ms.
+//   v4  --attn-math bf16 (issue 21 parts 1-2; kernels/attn_math.h): the scaled query is rounded to
+//       bf16 once per call; with AVX512_BF16 (cpuid) scores come from vdpbf16ps micro-tiles on the
+//       rows as stored (4 heads x 4 rows, 32 values per step, masked tail, the same reduction
+//       tree) and the value side from vdpbf16ps on row pairs interleaved in registers
+//       (probabilities rounded to bf16, f32 accumulators in a permuted column order restored at
+//       the merge): nothing is staged to f32. Elsewhere (or SetNativeBf16ForTest(false)) the
+//       portable form runs the f32 tiles on the rounded query. Error bound and its test:
+//       kernels/attention_test.cc (Bf16MathWithinStatedBoundNativeAndPortable).
+//       Measured (1 thread, thread CPU time, best of 7, shared host under load ~18 on 2 cores;
+//       /tmp driver calling AttendStream): MLA G=16 dk=576 dv=512, 8192 rows: f32 22.7-28.9 ns
+//       per (token, head), native bf16 34.8-40.1, portable bf16 22.1-29.6; 512 rows
+//       (cache-resident): f32 21.7, native 33.8; GQA G=4 D=128, 16384 rows: f32 8.7-10.2, native
+//       12.8-13.6. Cache-resident, each native half runs at ~0.82 ns per vdpbf16ps, while the f32
+//       kernel's 68 FMAs per (token, head) take ~0.32 ns each: on this Zen5 core vdpbf16ps zmm
+//       retires about a third as fast as an FMA, so two products per lane lose. (A first version
+//       kept the 16 score accumulators in a helper's pointer argument and GCC stored all of them
+//       to the stack every step; fixed, no change in speed: the instruction rate is the limit.)
+//       Hence auto is the f32 path for bf16 rows (Bf16RowsMath); bf16 stays selectable and
+//       tested (the model-level contract holds for it: model/attn_math_model_test.cc).
 #include "kernels/attention.h"
 
 #include <algorithm>
@@ -78,6 +97,32 @@ inline void MergeOne(float* dm, float* dd, float* d_o, float sm, float sd, const
   *dm = m;
 }
 
+// bf16 dot-product scores with vdpbf16ps (defined once below, compiled for AVX512_BF16, called
+// only when the CPU has it): s[h * ss + r] = sum_{c < dk} qb[h * qbs + c] * krow[r][c] for h < G
+// and rows r of [0, n_rows) in micro-tiles of 16 / H rows (heads in groups of 4, then 3, 2 or 1),
+// so up to 15 rows past n_rows are evaluated and written: krow and s must have them. qb rows are
+// bf16, zero-padded to qbs (a multiple of 32 >= dk); key rows are read for dk values only.
+// Each lane sums pairs of exact bf16 x bf16 products in f32 (denormal inputs read as zero).
+void ScoreBf16Native(const uint16_t* qb, int64_t qbs, int G, int dk, const uint16_t* const* krow,
+                     int n_rows, float* s, int64_t ss);
+// The value side with vdpbf16ps: o[h * os + .] += sum_{t < n_rows} bf16(p[h * ps + t]) vrow[t][.]
+// over dv columns, for h < G. Rows are taken in pairs (t, t + 1) whose values are interleaved
+// in registers; p[h * ps + n_rows] must be 0 and vrow[n_rows] readable when n_rows is odd. o is
+// kept in the permuted order of those interleaves, 32 columns per chunk (o rows dv32 = dv rounded
+// up to 32 wide): UnpermuteBf16Values restores column order.
+void AccumBf16Native(const float* p, int64_t ps, int G, int dv, const uint16_t* const* vrow,
+                     int n_rows, float* o, int64_t os);
+// dst[j] = o[position of column j], j < dv (the layout AccumBf16Native accumulates in).
+inline void UnpermuteBf16Values(const float* o, int dv, float* dst) {
+  for (int j = 0; j < dv; ++j) {
+    const int c = j / 32 * 32, i = j % 32;  // chunk, column in chunk
+    // Within a 128-bit block k of a 32-column chunk: columns 8k..8k+3 in the low half's lanes
+    // 4k..4k+3, columns 8k+4..8k+7 in the high half's lanes 4k..4k+3.
+    const int k = i / 8, w = i % 8;
+    dst[j] = o[c + (w < 4 ? 0 : 16) + 4 * k + (w % 4)];
+  }
+}
+
 }  // namespace attention_internal
 }  // namespace strata
 #endif  // STRATA_KERNELS_ATTENTION_MERGE_ONCE_
@@ -95,6 +140,7 @@ constexpr int kRowsPad = kTileRows + tile::kRowSlack;  // score rows and row poi
 
 struct Scratch {
   AlignedBuffer<float> q;   // [G, dkp] scaled query heads, zero-padded
+  AlignedBuffer<uint16_t> qb;  // [G, dkb] the same rounded to bf16 (native bf16 path), dkb % 32 == 0
   AlignedBuffer<float> kt;  // [kTileRows, dkp] tile keys as f32 (when converted up front)
   AlignedBuffer<float> vt;  // [kTileRows, dvp] tile values as f32 (idem, unless shared)
   AlignedBuffer<float> s;   // [G, kRowsPad] scores, then probabilities
@@ -159,30 +205,47 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
   const int64_t dvp = (dv + N - 1) / N * N;
   // MLA: values are the first dv entries of the key rows.
   const bool shared = kv.values_in_keys();
+  // --attn-math bf16 (or int8) over bf16 rows: the scaled query is rounded to bf16 once and
+  // scores are sums of exact bf16 products in f32; with vdpbf16ps (native) straight from the
+  // rows, otherwise (portable) by the f32 score tiles below on the rounded query.
+  const bool bf16 = Bf16RowsMath(kv.math) == AttnMath::kBF16 && kv.dtype == DType::kBF16;
+  const bool native = bf16 && attn_math_internal::NativeBf16Dot();
   // Rows are converted to f32 scratch once per tile when several 4-head groups read them, or
   // when a row's width is not a whole number of vectors; otherwise in registers as they are used.
-  // (f16 and f32 rows are always staged: the in-register path decodes bf16 only.)
+  // (f16 and f32 rows are always staged: the in-register path decodes bf16 only.) The native
+  // bf16 path reads keys and values as they are (vdpbf16ps on the rows): nothing is staged.
   const bool staged = G > 4 || dkp != dk || dvp != dv || kv.dtype != DType::kBF16;
+  const bool stage_keys = staged && !native;
+  const bool stage_vals = staged && !native;     // native: values are read as bf16 too
+  const bool vals_in_kt = shared && stage_keys;  // values read from the converted key rows
+  const int64_t dkb = (dk + 31) / 32 * 32;
+  // o's row width: native values accumulate in AccumBf16Native's permuted 32-column chunks.
+  const int64_t os = native ? (dv + 31) / 32 * 32 : dvp;
 
   thread_local Scratch sc;
   Grow(&sc.q, G * dkp);
   Grow(&sc.s, G * kRowsPad);
-  Grow(&sc.o, G * dvp);
-  if (staged) {
-    Grow(&sc.kt, kRowsPad * dkp);
-    if (!shared) Grow(&sc.vt, kTileRows * dvp);
-  }
+  Grow(&sc.o, G * os);
+  if (stage_keys) Grow(&sc.kt, kRowsPad * dkp);
+  if (stage_vals && !vals_in_kt) Grow(&sc.vt, kTileRows * dvp);
+  if (native) Grow(&sc.qb, G * dkb);
   sc.m.assign(G, attention_internal::kNegInf);
   sc.d.assign(G, 0.f);
-  std::fill(sc.o.data(), sc.o.data() + G * dvp, 0.f);
+  std::fill(sc.o.data(), sc.o.data() + G * os, 0.f);
   for (int g = 0; g < G; ++g) {
     float* dst = sc.q.data() + g * dkp;
     for (int64_t c = 0; c < dk; ++c) dst[c] = q[g * dk + c] * scale;
     std::fill(dst + dk, dst + dkp, 0.f);
+    if (!bf16) continue;
+    for (int64_t c = 0; c < dk; ++c) dst[c] = Bf16ToF32(F32ToBf16(dst[c]));
+    if (!native) continue;
+    uint16_t* qb = sc.qb.data() + g * dkb;
+    for (int64_t c = 0; c < dk; ++c) qb[c] = F32ToBf16(dst[c]);
+    std::fill(qb + dk, qb + dkb, uint16_t{0});
   }
   float* kt = sc.kt.data();
-  const float* vt = shared ? kt : sc.vt.data();
-  const int64_t vts = shared ? dkp : dvp;
+  const float* vt = vals_in_kt ? kt : sc.vt.data();
+  const int64_t vts = vals_in_kt ? dkp : dvp;
   const uint16_t* krow[kRowsPad];
   const uint16_t* vrow[kRowsPad];
   thread_local tile::PrefetchQueue pf;
@@ -230,18 +293,28 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
       queue_span(kTileRows, 2 * kTileRows);
     }
     queue_span(t0 + 2 * kTileRows, t0 + 3 * kTileRows);
-    pf.Spread(tile::ScoreCalls(G, nr));
     float* s = sc.s.data();
-    if (staged) {
-      const int n_conv = nr + tile::kRowSlack - 1;
-      for (int i = 0; i < n_conv; ++i) {
-        RowToF32(kv.dtype, krow[i], dk, dkp, kt + i * dkp);
-        if (!shared && i < nr) RowToF32(kv.dtype, vrow[i], dv, dvp, sc.vt.data() + i * dvp);
+    if (stage_vals && !vals_in_kt) {
+      for (int i = 0; i < nr; ++i) RowToF32(kv.dtype, vrow[i], dv, dvp, sc.vt.data() + i * dvp);
+    }
+    if (native) {
+      // 16-row slices (all heads), the prefetch queue ticked after each.
+      constexpr int kSlice = 16;
+      pf.Spread((nr + kSlice - 1) / kSlice);
+      for (int i0 = 0; i0 < nr; i0 += kSlice) {
+        attention_internal::ScoreBf16Native(sc.qb.data(), dkb, G, static_cast<int>(dk), krow + i0,
+                                            std::min(kSlice, nr - i0), s + i0, kRowsPad);
+        pf.Tick();
       }
+    } else if (stage_keys) {
+      pf.Spread(tile::ScoreCalls(G, nr));
+      const int n_conv = nr + tile::kRowSlack - 1;
+      for (int i = 0; i < n_conv; ++i) RowToF32(kv.dtype, krow[i], dk, dkp, kt + i * dkp);
       tile::ScoreTile(sc.q.data(), dkp, G, dkp,
                       [&](int r, int64_t c) { return hn::Load(df, kt + r * dkp + c); }, nr, s,
                       kRowsPad, &pf);
     } else {
+      pf.Spread(tile::ScoreCalls(G, nr));
       tile::ScoreTile(sc.q.data(), dkp, G, dkp,
                       [&](int r, int64_t c) { return tile::Bf16Vec(krow[r], c); }, nr, s,
                       kRowsPad, &pf);
@@ -261,9 +334,9 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
         if (m_old != attention_internal::kNegInf) {
           const float f = std::exp(m_old - tmax);
           sc.d[g] *= f;
-          float* og = sc.o.data() + g * dvp;
+          float* og = sc.o.data() + g * os;
           const VF vf = hn::Set(df, f);
-          for (int64_t j = 0; j < dvp; j += N)
+          for (int64_t j = 0; j < os; j += N)
             hn::Store(hn::Mul(hn::Load(df, og + j), vf), df, og + j);
         }
         sc.m[g] = tmax;
@@ -280,7 +353,10 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
     }
 
     // o += P V.
-    if (staged) {
+    if (native) {
+      attention_internal::AccumBf16Native(s, kRowsPad, G, static_cast<int>(dv), vrow, nr,
+                                          sc.o.data(), os);
+    } else if (stage_vals) {
       tile::AccumTile(s, kRowsPad, G,
                       [&](int t, int64_t c) { return hn::Load(df, vt + t * vts + c); }, nr, 0, dvp,
                       sc.o.data(), dvp);
@@ -290,9 +366,16 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
     }
   }
 
+  thread_local std::vector<float> col;  // a native head's o in column order
   for (int g = 0; g < G; ++g) {
-    attention_internal::MergeOne(&st->m[g], &st->d[g], st->o + g * dv, sc.m[g], sc.d[g],
-                                 sc.o.data() + g * dvp, static_cast<int>(dv));
+    const float* og = sc.o.data() + g * os;
+    if (native) {
+      col.resize(dv);
+      attention_internal::UnpermuteBf16Values(og, static_cast<int>(dv), col.data());
+      og = col.data();
+    }
+    attention_internal::MergeOne(&st->m[g], &st->d[g], st->o + g * dv, sc.m[g], sc.d[g], og,
+                                 static_cast<int>(dv));
   }
 }
 
@@ -301,7 +384,189 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 namespace strata {
+
+namespace attention_internal {
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define STRATA_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define STRATA_BF16_INLINE STRATA_BF16_TARGET __attribute__((always_inline)) inline
+namespace {
+
+// Block k of the result: blocks 2k and 2k + 1 of (a, b) added.
+STRATA_BF16_INLINE __m512 AddBlocks(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Lane i of the result = the sum of the lanes of acc[i] (the transpose-and-add tree of
+// attention_tile-inl.h's ReduceAcc, in AVX-512 intrinsics).
+STRATA_BF16_INLINE __m512 Reduce16(const __m512* acc) {
+  __m512 t[8];
+  for (int k = 0; k < 8; ++k) {
+    t[k] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * k], acc[2 * k + 1]),
+                         _mm512_unpackhi_ps(acc[2 * k], acc[2 * k + 1]));
+  }
+  __m512 u[4];
+  for (int k = 0; k < 4; ++k) {
+    const __m512d c = _mm512_castps_pd(t[2 * k]), d = _mm512_castps_pd(t[2 * k + 1]);
+    u[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
+  }
+  return AddBlocks(AddBlocks(u[0], u[1]), AddBlocks(u[2], u[3]));
+}
+
+// H heads x 16 / H rows starting at row i0, 32 values per step; the last (partial) step's keys
+// are masked loads (q is zero-padded). One function with the accumulators local: passed to a
+// helper by pointer, GCC stored all 16 to the stack on every step (measured 2x slower).
+template <int H>
+STRATA_BF16_INLINE void ScoreRowsBf16(const uint16_t* qb, int64_t qbs, int dk,
+                                             const uint16_t* const* krow, int i0, float* s,
+                                             int64_t ss) {
+  constexpr int R = 16 / H;
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  const uint16_t* kr[R];
+  for (int r = 0; r < R; ++r) kr[r] = krow[i0 + r];
+  for (int c = 0; c < dk; c += 32) {
+    const __mmask32 mask = c + 32 <= dk ? ~__mmask32{0}
+                                        : static_cast<__mmask32>((uint64_t{1} << (dk - c)) - 1);
+    if constexpr (H >= 4) {
+      __m512i kv[R];
+      for (int r = 0; r < R; ++r) kv[r] = _mm512_maskz_loadu_epi16(mask, kr[r] + c);
+      for (int h = 0; h < H; ++h) {
+        const __m512i qv = _mm512_loadu_si512(qb + h * qbs + c);
+        for (int r = 0; r < R; ++r)
+          acc[h * R + r] = _mm512_dpbf16_ps(acc[h * R + r], (__m512bh)qv, (__m512bh)kv[r]);
+      }
+    } else {
+      __m512i qv[H];
+      for (int h = 0; h < H; ++h) qv[h] = _mm512_loadu_si512(qb + h * qbs + c);
+      for (int r = 0; r < R; ++r) {
+        const __m512i kv = _mm512_maskz_loadu_epi16(mask, kr[r] + c);
+        for (int h = 0; h < H; ++h)
+          acc[h * R + r] = _mm512_dpbf16_ps(acc[h * R + r], (__m512bh)qv[h], (__m512bh)kv);
+      }
+    }
+  }
+  alignas(64) float red[16];
+  _mm512_store_ps(red, Reduce16(acc));
+  for (int h = 0; h < H; ++h)
+    for (int r = 0; r < R; ++r) s[h * ss + i0 + r] = red[h * R + r];
+}
+
+template <int H>
+STRATA_BF16_TARGET void ScoreGroupBf16(const uint16_t* qb, int64_t qbs, int dk,
+                                       const uint16_t* const* krow, int n_rows, float* s,
+                                       int64_t ss) {
+  for (int i0 = 0; i0 < n_rows; i0 += 16 / H) ScoreRowsBf16<H>(qb, qbs, dk, krow, i0, s, ss);
+}
+
+// H heads x C chunks of 32 columns from column c0: rows in pairs, values interleaved.
+template <int H, int C>
+STRATA_BF16_INLINE void AccumPairsBf16(const uint32_t* pp, int64_t pps, int dv,
+                                              const uint16_t* const* vrow, int n_pairs, int c0,
+                                              float* o, int64_t os) {
+  __m512 lo[H][C], hi[H][C];
+  __mmask32 mask[C];
+  for (int j = 0; j < C; ++j) {
+    const int left = dv - (c0 + 32 * j);
+    mask[j] = left >= 32 ? ~__mmask32{0} : static_cast<__mmask32>((uint64_t{1} << left) - 1);
+    for (int h = 0; h < H; ++h) {
+      lo[h][j] = _mm512_loadu_ps(o + h * os + c0 + 32 * j);
+      hi[h][j] = _mm512_loadu_ps(o + h * os + c0 + 32 * j + 16);
+    }
+  }
+  for (int t = 0; t < n_pairs; ++t) {
+    __m512i vl[C], vh[C];
+    for (int j = 0; j < C; ++j) {
+      const __m512i a = _mm512_maskz_loadu_epi16(mask[j], vrow[2 * t] + c0 + 32 * j);
+      const __m512i b = _mm512_maskz_loadu_epi16(mask[j], vrow[2 * t + 1] + c0 + 32 * j);
+      vl[j] = _mm512_unpacklo_epi16(a, b);
+      vh[j] = _mm512_unpackhi_epi16(a, b);
+    }
+    for (int h = 0; h < H; ++h) {
+      const __m512i w = _mm512_set1_epi32(static_cast<int>(pp[h * pps + t]));
+      for (int j = 0; j < C; ++j) {
+        lo[h][j] = _mm512_dpbf16_ps(lo[h][j], (__m512bh)vl[j], (__m512bh)w);
+        hi[h][j] = _mm512_dpbf16_ps(hi[h][j], (__m512bh)vh[j], (__m512bh)w);
+      }
+    }
+  }
+  for (int j = 0; j < C; ++j) {
+    for (int h = 0; h < H; ++h) {
+      _mm512_storeu_ps(o + h * os + c0 + 32 * j, lo[h][j]);
+      _mm512_storeu_ps(o + h * os + c0 + 32 * j + 16, hi[h][j]);
+    }
+  }
+}
+
+template <int H>
+STRATA_BF16_TARGET void AccumHeadsBf16(const uint32_t* pp, int64_t pps, int dv,
+                                       const uint16_t* const* vrow, int n_pairs, float* o,
+                                       int64_t os) {
+  constexpr int C = H >= 4 ? 2 : (H == 1 ? 8 : 4);  // 2 H C <= 16 accumulators
+  int c0 = 0;
+  for (; c0 + 32 * C <= dv; c0 += 32 * C) AccumPairsBf16<H, C>(pp, pps, dv, vrow, n_pairs, c0, o, os);
+  for (; c0 < dv; c0 += 32) AccumPairsBf16<H, 1>(pp, pps, dv, vrow, n_pairs, c0, o, os);
+}
+
+}  // namespace
+
+STRATA_BF16_TARGET void AccumBf16Native(const float* p, int64_t ps, int G, int dv, const uint16_t* const* vrow,
+                     int n_rows, float* o, int64_t os) {
+  // Probabilities rounded to bf16 (round to nearest even), consecutive rows packed in pairs:
+  // uint32 t of a head's row = [bf16 p_2t | bf16 p_2t+1 << 16].
+  const int n_pairs = (n_rows + 1) / 2;
+  const int64_t pps = (n_pairs + 15) / 16 * 16;
+  thread_local std::vector<uint32_t> buf;
+  if (buf.size() < static_cast<size_t>(G * pps)) buf.resize(G * pps);
+  uint32_t* pp = buf.data();
+  for (int h = 0; h < G; ++h) {
+    for (int t = 0; t < 2 * n_pairs; t += 32) {
+      const __m512 a = _mm512_loadu_ps(p + h * ps + t);
+      const __m512 b = _mm512_loadu_ps(p + h * ps + t + 16);
+      _mm512_storeu_si512(pp + h * pps + t / 2, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+  }
+  int h0 = 0;
+  for (; h0 + 4 <= G; h0 += 4) AccumHeadsBf16<4>(pp + h0 * pps, pps, dv, vrow, n_pairs, o + h0 * os, os);
+  switch (G - h0) {
+    case 3: AccumHeadsBf16<3>(pp + h0 * pps, pps, dv, vrow, n_pairs, o + h0 * os, os); break;
+    case 2: AccumHeadsBf16<2>(pp + h0 * pps, pps, dv, vrow, n_pairs, o + h0 * os, os); break;
+    case 1: AccumHeadsBf16<1>(pp + h0 * pps, pps, dv, vrow, n_pairs, o + h0 * os, os); break;
+    default: break;
+  }
+}
+
+void ScoreBf16Native(const uint16_t* qb, int64_t qbs, int G, int dk, const uint16_t* const* krow,
+                     int n_rows, float* s, int64_t ss) {
+  int h0 = 0;
+  for (; h0 + 4 <= G; h0 += 4) ScoreGroupBf16<4>(qb + h0 * qbs, qbs, dk, krow, n_rows, s + h0 * ss, ss);
+  switch (G - h0) {
+    case 3: ScoreGroupBf16<3>(qb + h0 * qbs, qbs, dk, krow, n_rows, s + h0 * ss, ss); break;
+    case 2: ScoreGroupBf16<2>(qb + h0 * qbs, qbs, dk, krow, n_rows, s + h0 * ss, ss); break;
+    case 1: ScoreGroupBf16<1>(qb + h0 * qbs, qbs, dk, krow, n_rows, s + h0 * ss, ss); break;
+    default: break;
+  }
+}
+#undef STRATA_BF16_TARGET
+#undef STRATA_BF16_INLINE
+#else
+void ScoreBf16Native(const uint16_t*, int64_t, int, int, const uint16_t* const*, int, float*,
+                     int64_t) {
+  STRATA_CHECK_MSG(false, "vdpbf16ps scores called on a build without x86 AVX-512 support");
+}
+void AccumBf16Native(const float*, int64_t, int, int, const uint16_t* const*, int, float*,
+                     int64_t) {
+  STRATA_CHECK_MSG(false, "vdpbf16ps values called on a build without x86 AVX-512 support");
+}
+#endif
+
+}  // namespace attention_internal
 
 HWY_EXPORT(AttendStreamImpl);
 

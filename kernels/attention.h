@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "core/dtype.h"
+#include "kernels/attn_math.h"
 #include "core/thread_pool.h"
 
 namespace strata {
@@ -78,6 +79,10 @@ struct KvStreamView {
   const uint16_t* const* key_pages = nullptr;
   const uint16_t* const* val_pages = nullptr;
   int page_shift = 0;
+  // Dot-product arithmetic (--attn-math, resolved here by Bf16RowsMath): f32 (and auto) is the
+  // exact path; bf16 (and int8) round the query to bf16 and sum bf16 products in f32 (bf16 rows
+  // only; f16 and f32 rows always take the f32 path).
+  AttnMath math = AttnMath::kF32;
 
   const uint16_t* key_row(int64_t u) const {
     if (key_ptrs) return key_ptrs[u];

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <string>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -271,6 +273,183 @@ TEST(AttentionTest, StateBufferIsAlignedAndReset) {
     EXPECT_EQ(st.d[h], 0.f);
   }
   for (int i = 0; i < 5 * 33; ++i) EXPECT_EQ(st.o[i], 0.f);
+}
+
+// --attn-math bf16: the error bound, derived from the rounding.
+//
+// Scores. The kernel computes s'_i = sum_c qh_c k_ic with qh_c = bf16(fl(scale q_c)) and f32 sums
+// of the (exact) bf16 x bf16 products. With u = 2^-24 (f32) and ub = 2^-8 (bf16, round to nearest
+// even),
+//   |qh_c - scale q_c| <= (ub + u + ub u) |scale q_c|,
+//   |s'_i - s_i| <= E_i = ((ub + u + ub u)(1 + g) + g) a_i,  a_i = scale sum_c |q_c k_ic|,
+// where g = gamma_dk = dk u / (1 - dk u) bounds the f32 summation of dk products. With
+// D = max_i E_i the softmax weights move by factors within [e^-2D, e^2D], so an output moves by
+// at most (e^2D - 1) S, S = sum_i w_i |v_ij| (w: the exact weights).
+// Values (vdpbf16ps form only). The probabilities p_i = exp(s'_i - m) are rounded to bf16 before
+// they multiply the (bf16) values, the denominator keeps the f32 sum: that adds at most
+// ub sum_i w'_i |v_ij| <= ub e^2D S.
+// Total: |o' - o| <= (e^2D - 1 + [native] ub e^2D) S + kRefTol (kRefTol: the f32 path's own
+// value-side and online-softmax rounding). Denormal bf16 inputs (|x| < 2^-126) read as zero in
+// vdpbf16ps: random rows of size ~1 have none.
+// The bound is worst case (all roundings aligned); the second check below is the tight one:
+// against float64 on the rounded query the portable form is as accurate as the f32 path
+// (kRefTol), and the native form within the probability rounding ub S_h (S_h: S under the rounded
+// query's weights, times the f32 score rounding's own factor e^(2 g max a_i)).
+struct BoundTerms {
+  double d = 0;     // D: the largest score error
+  double f32 = 0;   // g max_i a_i: the f32 summation's share of it
+  double s = 0;     // S = sum_i w_i |v_ij|
+};
+BoundTerms Bf16Terms(const float* qh, float scale, const KvStreamView& kv, int64_t n, int j) {
+  const double u = std::ldexp(1.0, -24), ub = std::ldexp(1.0, -8);
+  const double gam = kv.dk * u / (1 - kv.dk * u);
+  const double rq = (ub + u + ub * u);
+  std::vector<double> sc(n);
+  std::vector<float> k(kv.dk), v(kv.dv);
+  BoundTerms t;
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    ToF32(kv.dtype, kv.key_row(i), k.data(), kv.dk);
+    double ai = 0, si = 0;
+    for (int c = 0; c < kv.dk; ++c) {
+      ai += std::fabs(static_cast<double>(qh[c]) * k[c]);
+      si += static_cast<double>(qh[c]) * k[c];
+    }
+    sc[i] = si * scale;
+    m = std::max(m, sc[i]);
+    t.d = std::max(t.d, (rq * (1 + gam) + gam) * ai * scale);
+    t.f32 = std::max(t.f32, gam * ai * scale);
+  }
+  double den = 0, num = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    ToF32(kv.dtype, kv.val_row(i), v.data(), kv.dv);
+    const double w = std::exp(sc[i] - m);
+    den += w;
+    num += w * std::fabs(v[j]);
+  }
+  t.s = num / den;
+  return t;
+}
+
+TEST(AttentionTest, Bf16MathWithinStatedBoundNativeAndPortable) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  const bool has_native = CpuDotFeatures().avx512_bf16;
+  for (bool native : {true, false}) {
+    if (native && !has_native) continue;
+    SCOPED_TRACE(native ? "vdpbf16ps" : "portable bf16");
+    const bool prev = attn_math_internal::SetNativeBf16ForTest(native);
+    ForEachSimdTarget([&] {
+      const Shape shapes[] = {{16, 576, 512, true}, {4, 128, 128, false}, {8, 128, 128, false},
+                              {3, 37, 19, false},   {5, 40, 24, true},    {1, 1, 1, false},
+                              {7, 17, 33, false},   {2, 64, 64, true},    {3, 64, 64, false},
+                              {1, 64, 64, false},   {6, 96, 64, false},   {128, 576, 512, true}};
+      const int64_t ns[] = {1, 17, 64, 65, 200};
+      int differs = 0;
+      for (const Shape& sh : shapes) {
+        for (int64_t n : ns) {
+          if (sh.dk >= 512 && n > 65) continue;
+          Stream s = MakeStream(rng, n, sh.dk, sh.dv, sh.shared, 2.f);
+          std::vector<float> q = RandomQ(rng, sh.g, sh.dk);
+          const float scale = 1.f / std::sqrt(static_cast<float>(sh.dk));
+          KvStreamView fast = s.view;
+          fast.math = AttnMath::kBF16;
+          const std::vector<float> got = Attend(q, sh.g, scale, fast, nullptr, n);
+          const std::vector<float> exact = Attend(q, sh.g, scale, s.view, nullptr, n);
+          std::vector<double> ref(static_cast<size_t>(sh.g) * sh.dv);
+          AttendStreamRef(q.data(), sh.g, scale, s.view, nullptr, n, ref.data());
+          // The rounded query, scale folded in, in float64.
+          std::vector<float> qh(q.size());
+          for (size_t i = 0; i < q.size(); ++i) qh[i] = Bf16ToF32(F32ToBf16(q[i] * scale));
+          std::vector<double> ref_h(ref.size());
+          AttendStreamRef(qh.data(), sh.g, 1.f, s.view, nullptr, n, ref_h.data());
+          const double ub = native ? std::ldexp(1.0, -8) : 0.0;
+          for (int h = 0; h < sh.g; ++h) {
+            for (int j = 0; j < sh.dv; ++j) {
+              const size_t i = static_cast<size_t>(h) * sh.dv + j;
+              const BoundTerms e = Bf16Terms(q.data() + h * sh.dk, scale, s.view, n, j);
+              const double bound = (std::expm1(2 * e.d) + ub * std::exp(2 * e.d)) * e.s + kRefTol;
+              ASSERT_LE(std::fabs(got[i] - ref[i]), bound)
+                  << "G=" << sh.g << " dk=" << sh.dk << " n=" << n << " h=" << h << " j=" << j;
+              const BoundTerms eh = Bf16Terms(qh.data() + h * sh.dk, 1.f, s.view, n, j);
+              ASSERT_NEAR(got[i], ref_h[i], ub * eh.s * std::exp(2 * eh.f32) + kRefTol)
+                  << "G=" << sh.g << " dk=" << sh.dk << " n=" << n << " h=" << h << " j=" << j;
+              differs += got[i] != exact[i];
+            }
+          }
+          if (sh.g >= 16) break;  // one size of the big MLA shapes keeps the test quick
+        }
+      }
+      // The fast path was taken: its outputs are not the f32 path's.
+      EXPECT_GT(differs, 0);
+    });
+    attn_math_internal::SetNativeBf16ForTest(prev);
+  }
+}
+
+// f16 and f32 rows ignore the bf16 setting (their reads are the exact path).
+TEST(AttentionTest, Bf16MathLeavesF32RowsExact) {
+  Rng rng(TestSeed());
+  const int g = 4, dk = 64, dv = 64;
+  const int64_t n = 70;
+  std::vector<float> k(n * dk), q = RandomQ(rng, g, dk);
+  for (auto& x : k) x = static_cast<float>(rng.Normal());
+  KvStreamView v;
+  v.keys = v.vals = reinterpret_cast<const uint16_t*>(k.data());
+  v.k_stride = v.v_stride = 2 * dk;
+  v.dk = dk;
+  v.dv = dv;
+  v.dtype = DType::kF32;
+  KvStreamView fast = v;
+  fast.math = AttnMath::kBF16;
+  EXPECT_EQ(Attend(q, g, 0.125f, v, nullptr, n), Attend(q, g, 0.125f, fast, nullptr, n));
+}
+
+// auto over bf16 rows is the f32 path, bit for bit.
+TEST(AttentionTest, AutoMathIsTheF32PathOnBf16Rows) {
+  Rng rng(TestSeed());
+  Stream s = MakeStream(rng, 150, 576, 512, true);
+  std::vector<float> q = RandomQ(rng, 16, 576);
+  KvStreamView a = s.view;
+  a.math = AttnMath::kAuto;
+  EXPECT_EQ(Attend(q, 16, 0.07f, s.view, nullptr, 150), Attend(q, 16, 0.07f, a, nullptr, 150));
+}
+
+TEST(AttnMathTest, ParseResolveAndCpuFeatures) {
+  EXPECT_EQ(*ParseAttnMath("F32"), AttnMath::kF32);
+  EXPECT_EQ(*ParseAttnMath("bf16"), AttnMath::kBF16);
+  EXPECT_EQ(*ParseAttnMath("int8"), AttnMath::kInt8);
+  EXPECT_EQ(*ParseAttnMath("auto"), AttnMath::kAuto);
+  const auto bad = ParseAttnMath("fp8");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'fp8'"), std::string::npos);
+  const DotFeatures& f = CpuDotFeatures();
+  // auto over bf16 rows is the f32 path (measured faster than vdpbf16ps here), int8 their bf16.
+  EXPECT_EQ(Bf16RowsMath(AttnMath::kAuto), AttnMath::kF32);
+  EXPECT_EQ(Bf16RowsMath(AttnMath::kF32), AttnMath::kF32);
+  EXPECT_EQ(Bf16RowsMath(AttnMath::kBF16), AttnMath::kBF16);
+  EXPECT_EQ(Bf16RowsMath(AttnMath::kInt8), AttnMath::kBF16);
+  EXPECT_TRUE(AtLeast(AttnMath::kInt8, AttnMath::kBF16));
+  EXPECT_FALSE(AtLeast(AttnMath::kF32, AttnMath::kBF16));
+  EXPECT_FALSE(AtLeast(AttnMath::kAuto, AttnMath::kBF16));
+  // The same answer cpuid gives /proc/cpuinfo's flags, where the file exists.
+  FILE* fp = std::fopen("/proc/cpuinfo", "r");
+  if (fp != nullptr) {
+    std::string text;
+    char buf[4096];
+    size_t r;
+    while ((r = std::fread(buf, 1, sizeof(buf), fp)) > 0) text.append(buf, r);
+    std::fclose(fp);
+    if (text.find(" avx512f") != std::string::npos) {
+      EXPECT_EQ(f.avx512_bf16, text.find(" avx512_bf16") != std::string::npos);
+      EXPECT_EQ(f.avx512_vnni, text.find(" avx512_vnni") != std::string::npos);
+    }
+  }
+  const AttnMath prev = DefaultAttnMath();
+  SetDefaultAttnMath(AttnMath::kAuto);
+  EXPECT_EQ(DefaultAttnMath(), AttnMath::kAuto);
+  SetDefaultAttnMath(prev);
 }
 
 }  // namespace

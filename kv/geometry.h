@@ -6,6 +6,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "kernels/attn_math.h"
 
 namespace strata {
 
@@ -31,6 +32,9 @@ struct LayerGeometry {
   // How the store holds rows (--kv-type): bf16 (the default, which every policy reads), or f32 /
   // f16 for research and parity (read by the full policy only; see Policy::SupportsKvType).
   DType kv_type = DType::kBF16;
+  // The dot-product arithmetic of this layer's reads (--attn-math; each kernel resolves it, auto
+  // included): every view the store hands out and every read of kv/policy.cc carries it.
+  AttnMath attn_math = AttnMath::kF32;
 
   int group_size() const { return n_q_heads / n_kv_heads; }
   // Bytes of one stored value: 2 (bf16, f16) or 4 (f32).

@@ -28,7 +28,9 @@ void RunTasks(const LayerStore& store, const float* q, const std::vector<Task>& 
       // The next task's rows are prefetched while this one computes (pages are separate
       // allocations: the hardware prefetcher starts cold on each).
       const Task* next = t + 1 < e ? &tasks[t + 1] : nullptr;
-      AttendStream(q + static_cast<int64_t>(task.head) * G * g.k_dim, G, g.scale, task.view,
+      KvStreamView view = task.view;
+      view.math = g.attn_math;  // the layer's arithmetic, whichever way the view was built
+      AttendStream(q + static_cast<int64_t>(task.head) * G * g.k_dim, G, g.scale, view,
                    nullptr, task.n, &sub, next ? &next->view : nullptr, next ? next->n : 0);
     }
   };

@@ -88,6 +88,7 @@ KvStreamView LayerStore::PageView(int h, int64_t p) const {
   v.dk = g_.k_dim;
   v.dv = g_.v_dim;
   v.dtype = g_.kv_type;
+  v.math = g_.attn_math;
   return v;
 }
 

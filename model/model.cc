@@ -143,9 +143,12 @@ int64_t Model::decode_weight_bytes() const {
 }
 
 StatusOr<std::unique_ptr<KvCache>> Model::NewCache(std::unique_ptr<Policy> policy,
-                                                   DType kv_type) const {
+                                                   DType kv_type, AttnMath attn_math) const {
   std::vector<LayerGeometry> layers = CacheLayers();
-  for (LayerGeometry& g : layers) g.kv_type = kv_type;
+  for (LayerGeometry& g : layers) {
+    g.kv_type = kv_type;
+    g.attn_math = attn_math;
+  }
   return KvCache::Create(std::move(layers), std::move(policy));
 }
 

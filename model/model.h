@@ -12,6 +12,7 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "io/gguf.h"
+#include "kernels/attn_math.h"
 #include "io/tokenizer.h"
 #include "kernels/matmul.h"
 #include "kv/cache.h"
@@ -42,8 +43,11 @@ class Model {
   virtual std::vector<LayerGeometry> CacheLayers() const = 0;
   // kv_type: how the cache stores rows (--kv-type; bf16 unless asked): f32 and f16 are read by
   // the full policy only, and any other policy is refused with an error naming it.
+  // attn_math: the attention dot-product arithmetic (--attn-math; the process default, f32 unless
+  // the command line set it; each kernel resolves it).
   StatusOr<std::unique_ptr<KvCache>> NewCache(std::unique_ptr<Policy> policy,
-                                              DType kv_type = DType::kBF16) const;
+                                              DType kv_type = DType::kBF16,
+                                              AttnMath attn_math = DefaultAttnMath()) const;
 
   // Feeds `n` prompt tokens at positions cache->n_tokens()..+n in chunks of `chunk` tokens.
   // The end of the call is the compression point (observations are delivered, OnCompress runs).

@@ -1,0 +1,63 @@
+// The arithmetic of attention dot products (--attn-math).
+//
+//   f32   exact path: queries and cache rows widened to f32, f32 FMAs (what the bit-exactness
+//         tests and the 1e-4-vs-float64 kernel tests use).
+//   bf16  the query is rounded to bf16 once per read (after the softmax scale); q.k is a sum of
+//         exact bf16 x bf16 products accumulated in f32 (AVX512_BF16 `vdpbf16ps` where the CPU has
+//         it, the same arithmetic widened to f32 FMAs elsewhere); the value side stays f32.
+//   int8  integer dot products on quantized codes where a kernel has them (the packed caches);
+//         kernels over bf16 rows use their bf16 path under it.
+//   auto  the fastest of the above that meets the accuracy contract on this CPU (the default of
+//         the command line; each kernel resolves it, see Bf16RowsMath).
+// Each kernel resolves the value it is given (kAuto included) to the arithmetic it runs, with a
+// function next to these (Bf16RowsMath for kernels over bf16 rows): auto is a per-kernel choice,
+// the fastest form measured to meet the contract, and int8 falls back to bf16 where a kernel has
+// no integer form.
+#pragma once
+
+#include <string>
+
+#include "core/status.h"
+
+namespace strata {
+
+enum class AttnMath : int { kF32 = 0, kBF16 = 1, kInt8 = 2, kAuto = 3 };
+
+// "f32" | "bf16" | "int8" | "auto" (case-insensitive); anything else is InvalidArgument naming it.
+StatusOr<AttnMath> ParseAttnMath(const std::string& text);
+const char* AttnMathName(AttnMath m);
+// The help text of --attn-math (shared by every command that builds caches).
+extern const char* const kAttnMathHelp;
+
+// CPU features (run time: cpuid, and XCR0 for the OS's AVX / AVX-512 register state).
+struct DotFeatures {
+  bool avx512_bf16 = false;  // vdpbf16ps usable
+  bool avx512_vnni = false;  // vpdpbusd on 512-bit vectors
+  bool avx_vnni = false;     // vpdpbusd on 256-bit vectors (VEX)
+};
+const DotFeatures& CpuDotFeatures();
+
+// The arithmetic of kernels over bf16 rows (AttendStream): f32 or bf16. auto -> f32: measured on
+// the AVX512_BF16 host this was built on (AMD EPYC Zen5), vdpbf16ps retires about a third as many
+// instructions per cycle as f32 FMAs, so its two products per lane lose to widened FMAs (MLA
+// G = 16: 1.35-1.55x slower; see kernels/attention.cc's version log), and the portable form
+// costs what f32 does. int8 -> bf16 (no integer form over bf16 rows).
+AttnMath Bf16RowsMath(AttnMath m);
+// Whether `m` (resolved) permits arithmetic `level` (f32 < bf16 < int8).
+inline bool AtLeast(AttnMath m, AttnMath level) {
+  return static_cast<int>(m) >= static_cast<int>(level) && m != AttnMath::kAuto;
+}
+
+// The process-wide default of caches built without an explicit choice (Model::NewCache): f32
+// until the command line sets it from --attn-math (auto there by default).
+AttnMath DefaultAttnMath();
+void SetDefaultAttnMath(AttnMath m);
+
+namespace attn_math_internal {
+// Tests: false makes the bf16 kernels take their portable (widened-FMA) form even where the CPU
+// has vdpbf16ps, so both forms are checked on one machine. Returns the previous value.
+bool SetNativeBf16ForTest(bool allowed);
+bool NativeBf16Dot();  // CPU has it and tests did not turn it off
+}  // namespace attn_math_internal
+
+}  // namespace strata
