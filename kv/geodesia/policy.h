@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/packed_attention.h"
 #include "kv/geodesia/allocator.h"
 #include "kv/geodesia/blocks.h"
 #include "kv/geodesia/observer.h"
@@ -70,6 +71,8 @@ struct GeodesiaConfig {
   // rows and boxes (kept only with the Quest gate) come on top; all = they are charged against it
   // too (the resident total meets B).
   bool budget_all = false;
+  // Arithmetic of the packed read's quantized blocks (setting attn-math; f32 | int8).
+  geodesia::PackedMath math = geodesia::PackedMath::kF32;
 
   bool quest() const { return quest_keep < 1; }
   bool allocate() const { return bits < 16; }
