@@ -29,22 +29,26 @@ namespace strata::geodesia {
 // always read in f32):
 //   kF32   the codes are converted to f32 and every product is an f32 FMA (the exact path; what
 //          the bit-exactness tests of the policies use);
-//   kInt8  integer dot products on the codes. Per block, time group tg and head: the folded query
-//          q'_c = (scale q_c) step_c is rounded to int8, q'_c ~ d qi_c with d = max_c |q'_c| / 127,
-//          and s_t = d * float(sum_c qi_c code_tc) + a (one FMA), a = (scale q).lo + mu sum_c
-//          (q'_c - d qi_c) with mu = (2^bits - 1) / 2 (the rounding residual re-centred, so the
-//          logit error is sum_c (q'_c - d qi_c)(code_tc - mu)). Per block, value channel group cg
-//          and head: the weights w_t = p_t step_t (p_t = exp(s_t - block max) <= 1) are rounded to
-//          w_t ~ e wi_t, e = max_t w_t / 127, wi in [0, 127], and o_c = e * float(sum_t wi_t code_tc)
-//          + sum_t p_t lo_t + mu sum_t (w_t - e wi_t). The integer sums are exact (AVX-512 VNNI
-//          vpdpbusd where the CPU has it, else plain integer loops: PackedInt8KeyDots /
-//          PackedInt8ValueSums, equal to their scalar references bit for bit on every target).
-//          Error bound vs float64 (kernels/packed_attention_test.cc, Int8WithinStatedBound): per
-//          logit |ds_t| <= (1/2 + 2^-10) d sum_c |code_tc - mu| + f32 terms, per output channel
-//          (e^(2 E) - 1) max_t |v_tc - o_c| + sum_b (e_b / 2) sum_t |code_tc - mu| / Z (E: the
-//          largest logit bound, Z the softmax denominator in the frame of the block weights).
-//          Used for head dims that are a multiple of 64 and groups that are a multiple of 16;
-//          other shapes read in f32.
+//   kInt8  integer dot products on the codes, with the f32 operands rounded to two int8 pieces
+//          (x ~ d qi + d2 qi2: qi = int8 of x with d = max |x| / 127, qi2 = int8 of the remainder
+//          r = x - d qi with d2 = max |r| / 127 <= d (1/2 + 2^-22) / 127; QuantizeInt8). Per
+//          block, time group tg and head: the folded query q'_c = (scale q_c) step_c, and
+//          s_t = d2 * float(sum_c qi2_c code_tc) + (d * float(sum_c qi_c code_tc) + a) (FMAs),
+//          a = (scale q).lo + mu sum_c (q'_c - d qi_c - d2 qi2_c), mu = (2^bits - 1) / 2 (the
+//          left-over rounding re-centred, so the logit error is sum_c eps_c (code_tc - mu)).
+//          Per block, value channel group cg and head: the weights w_t = p_t step_t (p_t =
+//          exp(s_t - block max) <= 1), and o_c = e2 * float(sum_t wi2_t code_tc) + (e *
+//          float(sum_t wi_t code_tc) + sum_t p_t lo_t + mu sum_t (left-over of w_t)). The
+//          integer sums are exact (AVX-512 VNNI vpdpbusd where the CPU has it, else plain
+//          integer loops: PackedInt8KeyDots / PackedInt8ValueSums, equal to their scalar
+//          references bit for bit on every target).
+//          Error bound vs float64 (kernels/packed_attention_test.cc, WithinStatedBoundOfFloat64):
+//          per logit |ds_t| <= E_t = (1/2 + 2^-10) d2 sum_c |code_tc - mu| + 2^-16 (sum_c |q'_c|
+//          code_tc + sum_c |scale q_c lo_c| + 1); per output channel (e^(2E) - 1) max_t |v_tc -
+//          o_c| + e^(2E) V_c + 2^-14 max_t |v_tc|, E = max_t E_t, V_c = sum_b (e2_b / 2)(1 +
+//          2^-10) sum_t |code_tc - mu| / Z (Z: the softmax denominator in the frame of the block
+//          weights). Used for head dims that are a multiple of 64 and groups that are a multiple
+//          of 16; other shapes read in f32.
 enum class PackedMath : uint8_t { kF32, kInt8 };
 const char* PackedMathName(PackedMath m);  // "f32", "int8"
 
@@ -83,8 +87,9 @@ void PackedInt8ValueSums(const uint8_t* codes, int64_t D, int g, const int8_t* w
                          int32_t* out);
 void PackedInt8ValueSumsRef(const uint8_t* codes, int64_t D, int g, const int8_t* w, int n_q,
                             int32_t* out);
-// x[0, n) -> q[i] = clamp(nearest-even(x[i] / d), -qmax, qmax), d = max |x| / qmax (returned;
-// 0 and q = 0 for an all-zero x). IEEE-exact operations: the same bytes on every target.
+// x[0, n) -> q[i] = clamp(nearest-even(x[i] * (qmax / m)), -qmax, qmax), m = max |x|; returns
+// d = m / qmax (0 and q = 0 for an all-zero x). |x_i - d q_i| <= d (1/2 + 2^-22). Correctly
+// rounded operations only: the same bytes on every target.
 float QuantizeInt8(const float* x, int64_t n, int qmax, int8_t* q);
 // The block list cut into n_splits contiguous chunks (ChunkRange), each read into its own state
 // (in parallel on `pool` when given), merged into st in chunk order. For a given n_splits the

@@ -232,14 +232,16 @@ TEST(PackedAttentionInt8, QuantizeInt8RoundsToNearestAndScales) {
 }
 
 // The kInt8 path against float64, within the bound stated at PackedMath (packed_attention.h):
-//   logits  |ds_t| <= E_t = (1/2 + 2^-10) d sum_c |code_tc - mu| + 2^-16 (sum_c |q'_c| code_tc +
-//           sum_c |scale q_c lo_c| + 1)  (the int8 rounding of q' = scale q step, re-centred on mu
-//           = (2^bits - 1) / 2, plus the f32 dots); exact rows (bf16, centroid, residual):
+//   logits  |ds_t| <= E_t = (1/2 + 2^-10) d2 sum_c |code_tc - mu| + 2^-16 (sum_c |q'_c| code_tc +
+//           sum_c |scale q_c lo_c| + 1): the left-over of the two-piece int8 rounding of q' =
+//           scale q step, d2 <= d (1/2 + 2^-22) / 127 with d = max_c |q'_c| / 127, re-centred on
+//           mu = (2^bits - 1) / 2, plus the f32 dots; exact rows (bf16, centroid, residual):
 //           2^-16 (sum_c |scale q_c k_c| + 1);
 //   outputs |do_c| <= (e^(2E) - 1) max_t |v_tc - o_c| + e^(2E) V_c + 2^-14 max_t |v_tc|, E = max_t
-//           E_t, V_c = sum_b (e_b / 2)(1 + 2^-10) sum_t |code_tc - mu| / Z with e_b = max_t p_t
-//           step_t / 127 of block b and channel c's group (p, Z: the float64 softmax weights and
-//           denominator; e^(2E) covers the kernel's own weights being within e^(+-2E) of them).
+//           E_t, V_c = sum_b (e2_b / 2)(1 + 2^-10) sum_t |code_tc - mu| / Z, e2_b <= e_b (1/2 +
+//           2^-22) / 127, e_b = max_t p_t step_t / 127 of block b and channel c's group (p, Z: the
+//           float64 softmax weights and denominator; e^(2E) covers the kernel's own weights being
+//           within e^(+-2E) of them).
 // Fresh seeds: STRATA_TEST_SEED reproduces a failure. Also checks that int8 is not exact (the
 // bound is exercised) and that the scalar kInt8 reference agrees with the SIMD kernel.
 TEST(PackedAttentionInt8, WithinStatedBoundOfFloat64) {
@@ -322,7 +324,8 @@ TEST(PackedAttentionInt8, WithinStatedBoundOfFloat64) {
                 extra += std::fabs(qf) * kc[t * D + c] + std::fabs(qs * f16at(L.k_lo, tg * D + c));
                 sumc += std::fabs(kc[t * D + c] - mu);
               }
-              const double e = (0.5 + std::ldexp(1, -10)) * dmax / 127 * sumc +
+              const double d2 = dmax / 127 * (0.5 + std::ldexp(1, -22)) / 127;
+              const double e = (0.5 + std::ldexp(1, -10)) * d2 * sumc +
                                std::ldexp(extra + 1, -16);
               rows.push_back({s, e, b, t, {v.begin() + t * D, v.begin() + (t + 1) * D}});
             }
@@ -366,7 +369,8 @@ TEST(PackedAttentionInt8, WithinStatedBoundOfFloat64) {
             for (int c = cg * g; c < (cg + 1) * g; ++c) {
               double sc = 0;
               for (int t : ts) sc += std::fabs(vc[t * D + c] - mu);
-              Vc[c] += eb / 2 * (1 + std::ldexp(1, -10)) * sc / Z;
+              const double eb2 = eb * (0.5 + std::ldexp(1, -22)) / 127;
+              Vc[c] += eb2 / 2 * (1 + std::ldexp(1, -10)) * sc / Z;
             }
           }
         }
