@@ -124,7 +124,7 @@ TEST(RegistryTest, ValidatesSpecsBeforeTheMakerRuns) {
             "streaming does not take 'bits' (a setting of geodesia, cquest); streaming takes: "
             "ratio, sinks"},
            {{"full", {{"ratio", "8"}}}, "full does not take 'ratio'"},
-           {{"kivi2", {{"ratio", "8"}}}, "kivi2 takes no settings"},
+           {{"kivi2", {{"ratio", "8"}}}, "kivi2 does not take 'ratio'"},
            {{"geodesia", {{"group", "x"}}}, "--group = 'x' is not an integer"},
            {{"nosuch", {}}, "unknown policy 'nosuch' (available: full, vestige"},
        }) {

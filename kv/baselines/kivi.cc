@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "kernels/geodesia_format.h"
 #include "kernels/ops.h"
 #include "kv/baselines/common.h"
 
@@ -67,6 +69,8 @@ Status KiviPolicy::Bind(const std::vector<LayerGeometry>& layers) {
     L.g = layers[l];
     L.mla = L.g.kind == AttnKind::kMla;
     L.n_vg = (L.g.v_dim + kGroup - 1) / kGroup;
+    L.packed = !L.mla && L.g.k_dim == L.g.v_dim && L.g.k_dim > 0 && L.g.k_dim % kGroup == 0;
+    if (L.packed) L.slot_bytes = geodesia::SlotBytes(bits_, L.g.k_dim, kGroup);
     L.heads.resize(L.g.n_kv_heads);
   }
   return OkStatus();
@@ -100,11 +104,26 @@ void KiviPolicy::Flush(Layer& L, const LayerStore& store) {
         step[c] = p.step;
         for (int t = 0; t < kGroup; ++t) codes[t * D + c] = col[t];
       }
-      const size_t kb = H.kcodes.size();
-      H.kcodes.resize(kb + KeyCodeBytes(L));
-      KiviPack(codes.data(), int64_t{kGroup} * D, bits_, H.kcodes.data() + kb);
-      H.kscale.insert(H.kscale.end(), lo.begin(), lo.end());
-      H.kscale.insert(H.kscale.end(), step.begin(), step.end());
+      // Packed layers: group j is half j % 2 of slot j / 2 (time group j % 2 of its keys, rows
+      // 32 (j % 2) ... of its values).
+      const int half = static_cast<int>(L.n_groups % 2);
+      const geodesia::SlotLayout SL =
+          L.packed ? geodesia::GetSlotLayout(bits_, D, kGroup) : geodesia::SlotLayout{};
+      uint8_t* slot = nullptr;
+      if (L.packed) {
+        if (half == 0) H.slots.resize(H.slots.size() + L.slot_bytes, 0);
+        slot = H.slots.data() + (L.n_groups / 2) * L.slot_bytes;
+        KiviPack(codes.data(), int64_t{kGroup} * D, bits_,
+                 slot + SL.k_codes + half * KeyCodeBytes(L));
+        std::memcpy(slot + SL.k_lo + int64_t{half} * D * 2, lo.data(), D * 2);
+        std::memcpy(slot + SL.k_step + int64_t{half} * D * 2, step.data(), D * 2);
+      } else {
+        const size_t kb = H.kcodes.size();
+        H.kcodes.resize(kb + KeyCodeBytes(L));
+        KiviPack(codes.data(), int64_t{kGroup} * D, bits_, H.kcodes.data() + kb);
+        H.kscale.insert(H.kscale.end(), lo.begin(), lo.end());
+        H.kscale.insert(H.kscale.end(), step.begin(), step.end());
+      }
       if (L.mla) continue;
       // Values: per token over groups of 32 channels.
       for (int t = 0; t < kGroup; ++t) {
@@ -114,9 +133,20 @@ void KiviPolicy::Flush(Layer& L, const LayerStore& store) {
           const int c0 = cg * kGroup, nc = std::min(kGroup, DV - c0);
           const KiviQuantParams p =
               KiviQuantize(x.data() + t * DV + c0, nc, 1, bits_, codes.data() + t * DV + c0);
-          H.vscale.push_back(p.lo);
-          H.vscale.push_back(p.step);
+          if (L.packed) {
+            const int64_t at = (int64_t{half} * kGroup + t) * L.n_vg + cg;
+            std::memcpy(slot + SL.v_lo + at * 2, &p.lo, 2);
+            std::memcpy(slot + SL.v_step + at * 2, &p.step, 2);
+          } else {
+            H.vscale.push_back(p.lo);
+            H.vscale.push_back(p.step);
+          }
         }
+      }
+      if (L.packed) {
+        KiviPack(codes.data(), int64_t{kGroup} * DV, bits_,
+                 slot + SL.v_codes + half * ValCodeBytes(L));
+        continue;
       }
       const size_t vb = H.vcodes.size();
       H.vcodes.resize(vb + ValCodeBytes(L));
@@ -151,6 +181,34 @@ void KiviPolicy::DequantGroup(const Layer& L, int h, int64_t j, float* kt, float
   const int D = L.g.k_dim, DV = L.g.v_dim;
   thread_local std::vector<uint8_t> codes;
   codes.resize(static_cast<size_t>(kGroup) * std::max(D, DV));
+  if (L.packed) {
+    const geodesia::SlotLayout SL = geodesia::GetSlotLayout(bits_, D, kGroup);
+    const uint8_t* slot = H.slots.data() + (j / 2) * L.slot_bytes;
+    const int half = static_cast<int>(j % 2);
+    auto f16 = [&](int64_t off, int64_t i) {
+      uint16_t v;
+      std::memcpy(&v, slot + off + i * 2, 2);
+      return F16ToF32(v);
+    };
+    KiviUnpack(slot + SL.k_codes + half * KeyCodeBytes(L), int64_t{kGroup} * D, bits_,
+               codes.data());
+    for (int t = 0; t < kGroup; ++t) {
+      for (int c = 0; c < D; ++c) {
+        kt[t * D + c] = KiviDequant(codes[t * D + c], f16(SL.k_lo, int64_t{half} * D + c),
+                                    f16(SL.k_step, int64_t{half} * D + c));
+      }
+    }
+    if (vt == nullptr) return;
+    KiviUnpack(slot + SL.v_codes + half * ValCodeBytes(L), int64_t{kGroup} * DV, bits_,
+               codes.data());
+    for (int t = 0; t < kGroup; ++t) {
+      for (int c = 0; c < DV; ++c) {
+        const int64_t at = (int64_t{half} * kGroup + t) * L.n_vg + c / kGroup;
+        vt[t * DV + c] = KiviDequant(codes[t * DV + c], f16(SL.v_lo, at), f16(SL.v_step, at));
+      }
+    }
+    return;
+  }
   KiviUnpack(H.kcodes.data() + j * KeyCodeBytes(L), int64_t{kGroup} * D, bits_, codes.data());
   const uint16_t* lo = H.kscale.data() + j * 2 * D;
   const uint16_t* step = lo + D;
@@ -208,6 +266,14 @@ Status KiviPolicy::Read(int layer, const LayerStore& store, const float* q, int6
   for (int64_t u = qg * kGroup; u < limit; ++u) exact.push_back(u);
   ReadRows(store, q, exact.data(), static_cast<int64_t>(exact.size()), pool, st, stats);
   if (qg == 0) return OkStatus();
+  if (L.packed) {
+    ReadPacked(L, qg, q, pool, st);
+    if (stats) {
+      stats->rows_attended += qg * kGroup * g.n_kv_heads;
+      stats->bytes_read += qg * GroupBytes(layer);
+    }
+    return OkStatus();
+  }
 
   const int G = g.group_size();
   const int D = g.k_dim, DV = g.v_dim;
@@ -258,6 +324,40 @@ Status KiviPolicy::Read(int layer, const LayerStore& store, const float* q, int6
   return OkStatus();
 }
 
+void KiviPolicy::ReadPacked(const Layer& L, int64_t qg, const float* q, ThreadPool* pool,
+                            SoftmaxStates* st) const {
+  const LayerGeometry& g = L.g;
+  const int G = g.group_size();
+  const int D = g.k_dim;
+  // Slots [0, n_blk), the last one half valid when qg is odd (its second group, if quantized
+  // already, lies past the query's causal limit or is not yet complete).
+  const int64_t n_blk = (qg + 1) / 2;
+  std::vector<int8_t> level(n_blk, static_cast<int8_t>(bits_));
+  std::vector<int64_t> offset(n_blk);
+  std::vector<int32_t> n_valid(n_blk, 2 * kGroup);
+  for (int64_t b = 0; b < n_blk; ++b) offset[b] = b * L.slot_bytes;
+  if (qg % 2 == 1) n_valid[n_blk - 1] = kGroup;
+  const int li = geodesia::LevelIndex(bits_);
+  SoftmaxStateBuffer part(g.n_q_heads, g.v_dim);
+  part.states().Reset();
+  auto run = [&](int64_t h, int /*worker*/) {
+    const uint8_t* base = L.heads[h].slots.data();
+    geodesia::PackedHeadView view;
+    view.head_dim = D;
+    view.group_size = kGroup;
+    view.n_blocks = n_blk;
+    view.level = level.data();
+    view.offset = offset.data();
+    view.n_valid = n_valid.data();
+    view.seg[li] = &base;
+    view.seg_bytes[li] = std::max<int64_t>(1, n_blk * L.slot_bytes);
+    SoftmaxStates hs = HeadSlice(part.states(), static_cast<int>(h) * G, G);
+    geodesia::PackedAttend(view, q + h * G * D, G, g.scale, nullptr, n_blk, &hs, nullptr, math_);
+  };
+  ParallelForEach(pool, g.n_kv_heads, run);
+  MergeStates(st, part.states());
+}
+
 int64_t KiviPolicy::ResidentBytes(int layer, const LayerStore& store) const {
   return store.resident_bytes() + QuantizedBytes(layer);
 }
@@ -277,14 +377,19 @@ PolicySummary KiviPolicy::Summary(int layer, const LayerStore& store) const {
 PolicySettings KiviSettings(int bits) {
   PolicySettings p;
   p.policy = "kivi" + std::to_string(bits);
+  p.settings = {SettingDecl::Enum("attn-math", "f32", {"f32", "int8"},
+                                  "arithmetic of the packed read: f32 exact, int8 integer dot "
+                                  "products on the codes (kernels/packed_attention.h)")};
   return p;
 }
 
 StatusOr<std::unique_ptr<Policy>> MakeKiviPolicy(const PolicySpec& spec, int bits) {
   // No settings: the rate is fixed by the bits (an eval grid passes its --ratio only to the
   // policies that declare it).
-  RETURN_IF_ERROR(ResolveSettings(KiviSettings(bits), spec.settings).status());
-  return std::unique_ptr<Policy>(new KiviPolicy(bits));
+  ASSIGN_OR_RETURN(const ResolvedSettings s, ResolveSettings(KiviSettings(bits), spec.settings));
+  const geodesia::PackedMath math = s.text("attn-math") == "int8" ? geodesia::PackedMath::kInt8
+                                                                  : geodesia::PackedMath::kF32;
+  return std::unique_ptr<Policy>(new KiviPolicy(bits, math));
 }
 
 }  // namespace strata::baselines

@@ -24,6 +24,14 @@
 //
 // KIVI's rate is set by --bits through the policy name; --ratio is accepted and ignored (so a
 // grid over ratios can include it).
+//
+// Read path: GQA layers whose key and value widths are equal and a multiple of 32 keep their
+// groups in Geodesia's packed slot format (kernels/geodesia_format.h: two 32-token groups are
+// one 64-token slot at level `bits` with group size 32; the same codes, packing and f16 scales
+// as above, only arranged as that format's arrays) and are read by the packed attention kernel
+// (kernels/packed_attention.h), with the arithmetic of the `attn-math` setting (f32 | int8,
+// geodesia::PackedMath). Other layers (MLA, other widths) keep the per-group arrays and the
+// dequantize-then-attend loop.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +40,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/packed_attention.h"
 #include "kv/policy.h"
 #include "kv/registry.h"
 
@@ -54,7 +63,8 @@ class KiviPolicy final : public Policy {
   static constexpr int kGroup = 32;     // tokens per key group, channels per value group
   static constexpr int kResidual = 32;  // exact recent tokens, at least
 
-  explicit KiviPolicy(int bits) : bits_(bits) {}
+  explicit KiviPolicy(int bits, geodesia::PackedMath math = geodesia::PackedMath::kF32)
+      : bits_(bits), math_(math) {}
   std::string name() const override { return bits_ == 2 ? "kivi2" : "kivi4"; }
   Status Bind(const std::vector<LayerGeometry>& layers) override;
   Status OnAppend(int layer, const LayerStore& store) override;
@@ -67,6 +77,9 @@ class KiviPolicy final : public Policy {
   PolicySummary Summary(int layer, const LayerStore& store) const override;
 
   int bits() const { return bits_; }
+  geodesia::PackedMath math() const { return math_; }
+  // True when the layer's groups are held as packed slots and read by the packed kernel.
+  bool packed(int layer) const { return layers_[layer].packed; }
   // Groups quantized so far (rows [0, 32 * groups) are held quantized).
   int64_t quantized_groups(int layer) const { return layers_[layer].n_groups; }
   // Bytes of codes and scales of one group (all KV heads) and of all groups.
@@ -85,10 +98,13 @@ class KiviPolicy final : public Policy {
     std::vector<uint16_t> kscale;  // per group: lo[k_dim], step[k_dim] (f16)
     std::vector<uint8_t> vcodes;   // GQA, per group: packed [32, v_dim]
     std::vector<uint16_t> vscale;  // GQA, per group: [32 tokens][n_vg] (lo, step) pairs
+    std::vector<uint8_t> slots;    // packed layers: per pair of groups one slot (SlotBytes)
   };
   struct Layer {
     LayerGeometry g;
     bool mla = false;
+    bool packed = false;  // groups held as packed slots (see the header comment)
+    int64_t slot_bytes = 0;
     int n_vg = 0;  // value channel groups
     int64_t n_groups = 0;
     std::vector<Head> heads;
@@ -99,11 +115,17 @@ class KiviPolicy final : public Policy {
   int64_t KeyCodeBytes(const Layer& L) const { return int64_t{kGroup} * L.g.k_dim * bits_ / 8; }
   int64_t ValCodeBytes(const Layer& L) const { return int64_t{kGroup} * L.g.v_dim * bits_ / 8; }
 
+  // Packed layers: the groups [0, qg) of every KV head through PackedAttend.
+  void ReadPacked(const Layer& L, int64_t qg, const float* q, ThreadPool* pool,
+                  SoftmaxStates* st) const;
+
   int bits_;
+  geodesia::PackedMath math_;
   std::vector<Layer> layers_;
 };
 
-// kivi2 / kivi4 take no settings: the rate is fixed by the bits.
+// kivi2 / kivi4: the rate is fixed by the bits; one setting, attn-math (f32 | int8), the
+// arithmetic of the packed read (geodesia::PackedMath).
 PolicySettings KiviSettings(int bits);
 StatusOr<std::unique_ptr<Policy>> MakeKiviPolicy(const PolicySpec& spec, int bits);
 

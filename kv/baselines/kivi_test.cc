@@ -20,9 +20,9 @@ struct Made {
   KiviPolicy* policy = nullptr;
 };
 
-Made MakeKivi(const LayerGeometry& g, int bits) {
+Made MakeKivi(const LayerGeometry& g, int bits, const std::string& math = "f32") {
   Made out;
-  auto p = MakeKiviPolicy(PolicySpec{bits == 2 ? "kivi2" : "kivi4", {}}, bits);
+  auto p = MakeKiviPolicy(PolicySpec{bits == 2 ? "kivi2" : "kivi4", {{"attn-math", math}}}, bits);
   EXPECT_TRUE(p.ok());
   out.policy = static_cast<KiviPolicy*>(p->get());
   auto c = KvCache::Create({g}, std::move(p).value());
@@ -143,12 +143,25 @@ TEST(KiviTest, IncrementalFlushScheduleAndRowErrors) {
 
 // Attention through the policy equals a float64 softmax over the dequantized rows of complete
 // groups before the query and the exact rows after them. Tolerance 2e-5: f32 accumulation.
+// D = 48 and MLA: the dequantize-then-attend loop; D = 64: packed slots read by PackedAttend
+// (f32; int8: the integer dot products, within 2e-3 here, their own bound in
+// kernels/packed_attention_test.cc).
 TEST(KiviTest, AttentionMatchesDequantizedReference) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   ThreadPool pool(3);
-  for (const LayerGeometry& g : {GqaGeometry(4, 2, 48), MlaGeometry()}) {
-    Made m = MakeKivi(g, 4);
+  struct Case {
+    LayerGeometry g;
+    const char* math;
+    double tol;
+  };
+  for (const Case& cs : {Case{GqaGeometry(4, 2, 48), "f32", 2e-5}, Case{MlaGeometry(), "f32", 2e-5},
+                         Case{GqaGeometry(4, 2, 64), "f32", 2e-5},
+                         Case{GqaGeometry(4, 2, 64), "int8", 2e-3}}) {
+    const LayerGeometry& g = cs.g;
+    SCOPED_TRACE(::testing::Message() << "k_dim " << g.k_dim << " " << cs.math);
+    Made m = MakeKivi(g, 4, cs.math);
+    EXPECT_EQ(m.policy->packed(0), g.kind != AttnKind::kMla && g.k_dim % 32 == 0);
     // The queries sit in the last call (rows [100, 300)): KIVI serves a call's queries from the
     // exact rows its first row still needs (pages wholly before it inside quantized groups go).
     Build(m.cache.get(), seed, 100, 300);
@@ -176,7 +189,7 @@ TEST(KiviTest, AttentionMatchesDequantizedReference) {
         std::vector<float> out(g.n_q_heads * g.v_dim);
         const int64_t before = m.cache->counters().bytes_read_total;
         ASSERT_OK(m.cache->Attend(0, q.data(), pos, p, out.data()));
-        EXPECT_LT(testing::MaxAbsDiff(out, ref), 2e-5) << "pos " << pos;
+        EXPECT_LT(testing::MaxAbsDiff(out, ref), cs.tol) << "pos " << pos;
         EXPECT_EQ(m.cache->counters().bytes_read_total - before,
                   (qrows / 32) * m.policy->GroupBytes(0) + (pos + 1 - qrows) * g.bytes_per_token());
       }

@@ -77,6 +77,7 @@ std::string GeodesiaConfig::ToString() const {
   if (floor != 1) s << ", floor " << floor;
   if (salience != 0) s << ", salience " << salience;
   if (rd_value_score) s << ", rd-score value";
+  if (math != geodesia::PackedMath::kF32) s << ", attn-math " << geodesia::PackedMathName(math);
   if (value_weight != 0) s << ", value-weight " << value_weight;
   return s.str();
 }
@@ -154,6 +155,9 @@ PolicySettings GeodesiaSettings(bool cquest) {
       SettingDecl::Enum("budget", c.budget_all ? "all" : "levels", {"levels", "all"},
                         "levels: the budget covers the block levels; all: residual rows and "
                         "boxes too"),
+      SettingDecl::Enum("attn-math", "f32", {"f32", "int8"},
+                        "arithmetic of the packed read: f32 exact, int8 integer dot products on "
+                        "the codes (kernels/packed_attention.h)"),
   };
   return p;
 }
@@ -205,6 +209,7 @@ StatusOr<GeodesiaConfig> GeodesiaConfig::FromSpec(const PolicySpec& spec, bool c
   c.rd_value_score = s.text("rd-score") == "value";
   c.value_weight = s.Real("value-weight");
   c.budget_all = s.text("budget") == "all";
+  c.math = s.text("attn-math") == "int8" ? geodesia::PackedMath::kInt8 : geodesia::PackedMath::kF32;
   return c;
 }
 
@@ -614,7 +619,8 @@ Status GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, 
     cs.Reset();
     const int64_t* list = unions[t.h].data();
     if (!quest && !record) {
-      geodesia::PackedAttend(view, qh, G, scale, list + t.begin, t.end - t.begin, &cs);
+      geodesia::PackedAttend(view, qh, G, scale, list + t.begin, t.end - t.begin, &cs, nullptr,
+                             c_.math);
       return;
     }
     // One pass over the chunk: heads take only their selected blocks; the first query also
@@ -636,7 +642,7 @@ Status GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, 
       io.block_m = blk_m.data();
       io.block_d = blk_d.data();
     }
-    geodesia::PackedAttend(view, qh, G, scale, list + t.begin, n, &cs, &io);
+    geodesia::PackedAttend(view, qh, G, scale, list + t.begin, n, &cs, &io, c_.math);
     if (record) {
       for (int64_t i = 0; i < n; ++i) {
         const int64_t b = list[t.begin + i];

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/packed_attention.h"
 #include "kv/geodesia/allocator.h"
 #include "kv/geodesia/blocks.h"
 #include "kv/geodesia/observer.h"
@@ -94,6 +95,8 @@ struct GeodesiaConfig {
   // slot, as v1 did (the open block then resident twice: the LayerStore page and that slot).
   // Off, the LayerStore page is its one copy and the graded layer stores a block when it closes.
   bool graded_open_block = false;
+  // Arithmetic of the packed read's quantized blocks (setting attn-math; f32 | int8).
+  geodesia::PackedMath math = geodesia::PackedMath::kF32;
 
   bool quest() const { return quest_keep < 1; }
   bool allocate() const { return bits < 16; }
