@@ -247,6 +247,22 @@ def kda_recurrent(q, k, v, g, beta, state=None):
     return torch.stack(out, 1), S
 
 
+def unit_lower_inverse(L):
+    """(I + L)^-1 for strictly lower-triangular L [..., C, C]. L is nilpotent (L^C = 0), so
+    (I + L)^-1 = sum_k (-L)^k = (I - L)(I + L^2)(I + L^4)...: log2(C) levels of batched matrix
+    products (torch.linalg.solve_triangular loops over the batch on CPU, far slower here)."""
+    C = L.shape[-1]
+    eye = torch.eye(C, device=L.device, dtype=L.dtype)
+    M = -L
+    inv = eye + M
+    p = 2
+    while p < C:
+        M = M @ M
+        inv = inv @ (eye + M)
+        p *= 2
+    return inv
+
+
 def kda_chunked(q, k, v, g, beta, state=None, chunk: int = 16):
     """The chunked (WY / UT) form of kda_recurrent (spec 2.3), equal up to rounding, for training
     and prefill. Within a chunk only pairwise exponents Gamma_r - Gamma_s (s <= r, so <= 0),
@@ -273,15 +289,15 @@ def kda_chunked(q, k, v, g, beta, state=None, chunk: int = 16):
     diff = G[..., :, None, :] - G[..., None, :, :]  # [.., r, s, D] = Gamma_r - Gamma_s
     idx = torch.arange(C, device=k.device)
     causal = idx[:, None] >= idx[None, :]  # s <= r
-    E = diff.masked_fill(~causal[..., None], float("-inf")).exp()  # 0 above the diagonal
-    kE = k[..., :, None, :] * E  # k_r[i] e^{Gamma_r - Gamma_s}
-    kk = (kE * k[..., None, :, :]).sum(-1)  # [.., r, s]
-    qk = ((q[..., :, None, :] * E) * k[..., None, :, :]).sum(-1)  # A_qk incl. the diagonal
+    E = torch.where(causal[..., None], diff, diff.new_tensor(float("-inf"))).exp()  # 0 if s > r
+    P = E * k[..., None, :, :]  # [.., r, s, D] = e^{Gamma_r - Gamma_s} k_s
+    # One batched product per row r gives both sum_i k_r[i] P[r, s, i] and sum_i q_r[i] P[r, s, i].
+    Z = torch.stack((k, q), -2) @ P.transpose(-1, -2)  # [.., r, 2, s]
+    kk, qk = Z[..., 0, :], Z[..., 1, :]  # qk = A_qk incl. the diagonal
     strict = (idx[:, None] > idx[None, :]).to(k.dtype)
-    A = torch.eye(C, device=k.device, dtype=k.dtype) + b[..., :, None] * kk * strict
     eG = G.exp()
     rhs = b[..., None] * torch.cat((eG * k, v), -1)  # Diag(beta) [e^Gamma K | V]
-    X = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)
+    X = unit_lower_inverse(b[..., :, None] * kk * strict) @ rhs  # (I + L)^-1 Diag(beta) [..]
     W, U = X[..., :D], X[..., D:]
     Qg = q * eG
     GC = G[..., -1:, :]  # Gamma_C

@@ -18,6 +18,7 @@ import math
 import os
 import platform
 import random
+import signal
 import socket
 import sys
 import time
@@ -270,9 +271,27 @@ def main(argv=None) -> int:
         save_checkpoint(a.out, state)
         last_ckpt = time.monotonic()
 
+    # SIGTERM / SIGINT: finish the current step, write a checkpoint and exit 0 without the final
+    # export (run the same command again to resume).
+    stop = {"sig": None}
+
+    def on_signal(signum, _frame):
+        stop["sig"] = signum
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
     model.train()
     aw = a.answer_weight
     while now_train_s() < budget_s:
+        if stop["sig"] is not None:
+            checkpoint("signal")
+            log.write(t="stop", step=st["step"], tokens=st["tokens"],
+                      train_s=round(st["train_s"], 3), signal=int(stop["sig"]))
+            log.sync()
+            print(f"[{a.model}] stopped by signal {stop['sig']} at step {st['step']} "
+                  f"({st['train_s']:.0f}s of training); checkpoint {ckpt_path}", flush=True)
+            return 0
         t0 = time.monotonic()
         step = st["step"]
         lr = lr_at(a, step, now_train_s(), budget_s)
