@@ -39,6 +39,8 @@ def random_model(kind: str, seed: int, init_scale: float = 1.0) -> tb_model.Caus
     if init_scale != 1.0:
         with torch.no_grad():
             for name, p in model.named_parameters():
+                if name.endswith("A_log") or name.endswith("dt_bias"):
+                    continue  # KDA decay parameters keep their (already random) initialisation
                 if p.dim() >= 2:
                     p.mul_(init_scale)
                 else:  # norm weights: jitter around 1 so their layout matters in parity
@@ -50,7 +52,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--run", help="a train.py output directory (uses its ckpt.pt)")
-    src.add_argument("--random-init", choices=["nope", "rope", "gqa"],
+    src.add_argument("--random-init", choices=list(tb_model.KINDS),
                      help="export a seeded random initialisation instead")
     p.add_argument("--seed", type=int, default=1234, help="with --random-init")
     p.add_argument("--init-scale", type=float, default=1.0, help="with --random-init")

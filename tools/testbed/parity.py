@@ -154,7 +154,8 @@ def run_strata_logits(strata: str, gguf: str, ids: np.ndarray, workdir: str,
 
 def engine_kv_rows(path: str, c, n_tokens: int) -> list[list[np.ndarray]]:
     """The engine's --dump-kv file as bf16 bit patterns (uint16) for the model of tb_model.Config
-    c, per layer in the reference's
+    c (a Kimi Linear model: the file holds its MLA layers only, and a KDA layer's entry is []),
+    per layer in the reference's
     tensor layouts and in the order the reference rounds them: MLA [rows [1, T, d_c + d_r]];
     GQA [K [1, G, T, hd] in HF dim order, V [1, G, T, hd]].
 
@@ -162,23 +163,31 @@ def engine_kv_rows(path: str, c, n_tokens: int) -> list[list[np.ndarray]]:
     GQA row = [K head 0 .. K head G-1 ; V head 0 .. V head G-1], K in the engine's dim order:
     the converter permutes llama q/k rows, so engine dim 2i+s of a head is HF dim s*hd/2 + i."""
     raw = np.fromfile(path, dtype="<u2")
-    if c.is_mla:
+    mla_rows = c.is_mla or c.is_kimi
+    if mla_rows:
         width = c.kv_lora_rank + c.qk_rope_head_dim
     else:
         width = 2 * c.n_kv_heads * c.head_dim
-    expect = c.n_layers * n_tokens * width
+    # Kimi Linear: only the MLA layers have a KV cache (KDA layers hold a fixed-size f32
+    # recurrent state that is not dumped), so the file holds the MLA layers in layer order.
+    cached = c.mla_layers() if c.is_kimi else list(range(c.n_layers))
+    expect = len(cached) * n_tokens * width
     if raw.size != expect:
-        raise RuntimeError(f"{path}: {raw.size} bf16 values, expected {c.n_layers} layers x "
-                           f"{n_tokens} tokens x {width} = {expect}")
-    rows = raw.reshape(c.n_layers, n_tokens, width)
+        raise RuntimeError(f"{path}: {raw.size} bf16 values, expected {len(cached)} cached "
+                           f"layers x {n_tokens} tokens x {width} = {expect}")
+    rows = raw.reshape(len(cached), n_tokens, width)
     out = []
     for l in range(c.n_layers):
-        if c.is_mla:
-            out.append([np.ascontiguousarray(rows[l][None])])
+        if l not in cached:
+            out.append([])  # a KDA layer: nothing is rounded to bf16 there
+            continue
+        i = cached.index(l)
+        if mla_rows:
+            out.append([np.ascontiguousarray(rows[i][None])])
             continue
         G, hd, T = c.n_kv_heads, c.head_dim, n_tokens
-        k = rows[l, :, :G * hd].reshape(T, G, hd // 2, 2).swapaxes(-1, -2).reshape(T, G, hd)
-        v = rows[l, :, G * hd:].reshape(T, G, hd)
+        k = rows[i, :, :G * hd].reshape(T, G, hd // 2, 2).swapaxes(-1, -2).reshape(T, G, hd)
+        v = rows[i, :, G * hd:].reshape(T, G, hd)
         out.append([np.ascontiguousarray(k.transpose(1, 0, 2)[None]),
                     np.ascontiguousarray(v.transpose(1, 0, 2)[None])])
     return out
@@ -233,7 +242,7 @@ class EngineKvRounding:
 
     def __init__(self, model, engine: list[list[np.ndarray]], rel: float):
         self.c = model.config
-        self.split = self.c.kv_lora_rank if self.c.is_mla else None
+        self.split = self.c.kv_lora_rank if (self.c.is_mla or self.c.is_kimi) else None
         self.engine, self.rel = engine, rel
         self.layer, self.slot = None, 0
         self.elements = self.ambiguous = self.flipped = 0
@@ -274,7 +283,7 @@ class EngineKvRounding:
         return False
 
     def _name(self, l, slot, idx):
-        if self.c.is_mla:
+        if self.c.is_mla or self.c.is_kimi:
             _, t, j = idx
             part = "c_hat" if j < self.c.kv_lora_rank else "r"
             return f"layer {l} token {t} row dim {j} ({part})"

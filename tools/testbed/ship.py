@@ -4,6 +4,10 @@
 quick evaluations), and the GGUF (`strata convert --dtype f32`, models/NAME.gguf).
 
   /usr/bin/python3 tools/testbed/ship.py RUN_DIR NAME --strata build/release/strata
+  /usr/bin/python3 tools/testbed/ship.py tools/testbed/runs/kimi kimi-linear   # the hybrid
+
+--no-gguf ships the HF export and the record only (for an architecture whose `strata convert`
+is not there yet); run ship.py again without it later to write the GGUF.
 
 Standard library only.
 """
@@ -25,6 +29,7 @@ def main() -> int:
     ap.add_argument("name")
     ap.add_argument("--strata", default=os.path.join(REPO, "build", "release", "strata"))
     ap.add_argument("--every", type=int, default=50, help="loss-curve sampling in steps")
+    ap.add_argument("--no-gguf", action="store_true", help="skip `strata convert`")
     a = ap.parse_args()
     summary_path = os.path.join(a.run_dir, "summary.json")
     hf = os.path.join(a.run_dir, "hf")
@@ -57,6 +62,9 @@ def main() -> int:
     with open(os.path.join(out_dir, "training.json"), "w") as f:
         json.dump(record, f, indent=0)
         f.write("\n")
+    if a.no_gguf:
+        print(f"shipped {a.name}: {out_dir} (no GGUF: --no-gguf)")
+        return 0
     gguf = os.path.join(REPO, "models", a.name + ".gguf")
     r = subprocess.run([a.strata, "convert", out_dir, "-o", gguf, "--dtype", "f32"])
     if r.returncode != 0:

@@ -95,6 +95,8 @@ def hf_config(c: tb_model.Config, max_position_embeddings: int = 2048) -> dict:
         "torch_dtype": "float32",
         "strata_testbed_kind": c.kind,
     }
+    if c.is_kimi:
+        return kimi_config(c, common, max_position_embeddings)
     if c.is_mla:
         return {
             "architectures": ["DeepseekV2ForCausalLM"],
@@ -122,8 +124,80 @@ def hf_config(c: tb_model.Config, max_position_embeddings: int = 2048) -> dict:
     }
 
 
+# The MoE hyper-parameters of the kimi testbed: written so that the config has every key of the
+# real Kimi Linear config (spec 1), but moot: first_k_dense_replace = num_hidden_layers makes every
+# layer's FFN the dense `mlp` (HF KimiDecoderLayer: MoE only at layer >= first_k_dense_replace), so
+# no expert tensor exists.
+KIMI_MOOT_MOE = {
+    "num_experts": 4,
+    "num_experts_per_token": 2,
+    "num_shared_experts": 1,
+    "moe_intermediate_size": 64,
+    "moe_router_activation_func": "sigmoid",
+    "moe_renormalize": True,
+    "routed_scaling_factor": 2.446,
+    "use_grouped_topk": True,
+    "num_expert_group": 1,
+    "topk_group": 1,
+}
+
+
+def kimi_config(c: tb_model.Config, common: dict, max_position_embeddings: int) -> dict:
+    """KimiLinearForCausalLM config.json (keys of spec 1). linear_attn_config's layer lists are
+    1-based as in the real config; every layer not in kda_layers is a NoPE MLA layer."""
+    kda = [l + 1 for l in range(c.n_layers) if c.is_kda_layer(l)]
+    full = [l + 1 for l in range(c.n_layers) if not c.is_kda_layer(l)]
+    return {
+        "architectures": ["KimiLinearForCausalLM"],
+        "model_type": "kimi_linear",
+        **common,
+        "num_key_value_heads": c.n_heads,
+        "head_dim": c.d_model // c.n_heads,
+        "linear_attn_config": {
+            "kda_layers": kda,
+            "full_attn_layers": full,
+            "num_heads": c.kda_heads,
+            "head_dim": c.kda_head_dim,
+            "short_conv_kernel_size": c.conv_kernel,
+        },
+        "kv_lora_rank": c.kv_lora_rank,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": c.qk_nope_head_dim,
+        "qk_rope_head_dim": c.qk_rope_head_dim,
+        "v_head_dim": c.v_head_dim,
+        "mla_use_nope": True,
+        **KIMI_MOOT_MOE,
+        "first_k_dense_replace": c.n_layers,
+        "moe_layer_freq": 1,
+        "num_nextn_predict_layers": 0,
+        "model_max_length": max_position_embeddings,
+        "pad_token_id": None,
+    }
+
+
 def config_from_hf(cfg: dict) -> tb_model.Config:
     arch = cfg["architectures"][0]
+    if arch == "KimiLinearForCausalLM":
+        lac = cfg["linear_attn_config"]
+        n = cfg["num_hidden_layers"]
+        kda = tuple(sorted(l - 1 for l in lac["kda_layers"]))
+        full = sorted(l - 1 for l in lac.get("full_attn_layers", []))
+        if sorted(set(kda) | set(full)) != list(range(n)) or set(kda) & set(full):
+            raise ValueError(f"linear_attn_config: kda_layers {lac['kda_layers']} and "
+                             f"full_attn_layers {lac.get('full_attn_layers')} must partition "
+                             f"1..{n}")
+        if cfg.get("q_lora_rank") or not cfg.get("mla_use_nope", False):
+            raise ValueError("only the testbed's full-rank-q NoPE Kimi Linear layout is supported")
+        if cfg.get("num_experts") and cfg.get("first_k_dense_replace", 0) < n:
+            raise ValueError("only the testbed's all-dense Kimi Linear layout is supported "
+                             f"(first_k_dense_replace {cfg.get('first_k_dense_replace')} < {n})")
+        return tb_model.Config(
+            kind="kimi", vocab_size=cfg["vocab_size"], d_model=cfg["hidden_size"], n_layers=n,
+            n_heads=cfg["num_attention_heads"], d_ff=cfg["intermediate_size"],
+            rms_eps=cfg["rms_norm_eps"], kv_lora_rank=cfg["kv_lora_rank"],
+            qk_nope_head_dim=cfg["qk_nope_head_dim"], qk_rope_head_dim=cfg["qk_rope_head_dim"],
+            v_head_dim=cfg["v_head_dim"], kda_layers=kda, kda_heads=lac["num_heads"],
+            kda_head_dim=lac["head_dim"], conv_kernel=lac["short_conv_kernel_size"])
     if arch == "DeepseekV2ForCausalLM":
         if cfg.get("q_lora_rank") or cfg.get("n_routed_experts"):
             raise ValueError("only the testbed's dense, full-rank-q DeepseekV2 layout is supported")

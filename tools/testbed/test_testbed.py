@@ -418,6 +418,395 @@ class EngineKvSubstitutionTest(Tmp):
                 parity.reference_logits(d, ids, kv_bf16=True, engine_kv=path)
 
 
+def test_seed() -> int:
+    """STRATA_TEST_SEED when set (reproduces a run), else a fresh seed, printed."""
+    env = os.environ.get("STRATA_TEST_SEED")
+    seed = int(env) if env else int.from_bytes(os.urandom(4), "little")
+    print(f"[kimi tests] seed {seed} (STRATA_TEST_SEED={seed} reproduces)", file=sys.stderr)
+    return seed
+
+
+def kda_inputs(gen, B, T, H, D, dtype=torch.float64, strong=True):
+    q = tb_model.l2norm(torch.randn(B, T, H, D, generator=gen, dtype=dtype)) * D ** -0.5
+    k = tb_model.l2norm(torch.randn(B, T, H, D, generator=gen, dtype=dtype))
+    v = torch.randn(B, T, H, D, generator=gen, dtype=dtype)
+    g = -torch.rand(B, T, H, D, generator=gen, dtype=dtype) * 2
+    if strong:  # strong per-channel decays: e^Gamma alone underflows, e^-Gamma overflows in f32
+        g[..., 0] = -20.0
+        g[:, ::3, :, 1] = -30.0
+    beta = torch.rand(B, T, H, generator=gen, dtype=dtype)
+    S0 = torch.randn(B, H, D, D, generator=gen, dtype=dtype)
+    return q, k, v, g, beta, S0
+
+
+class KdaTest(unittest.TestCase):
+    """KDA (spec 2.2 / 2.3): the chunked training form against the per-token recurrence."""
+
+    def test_chunked_equals_recurrent_f64(self):
+        gen = torch.Generator().manual_seed(test_seed())
+        for T in (1, 15, 16, 17, 100):
+            q, k, v, g, beta, S0 = kda_inputs(gen, 2, T, 3, 16)
+            for S in (None, S0):
+                o1, s1 = tb_model.kda_recurrent(q, k, v, g, beta, S)
+                for C in (16, 64, 5):
+                    o2, s2 = tb_model.kda_chunked(q, k, v, g, beta, S, chunk=C)
+                    self.assertLess((o1 - o2).abs().max().item(), 1e-11, (T, C))
+                    self.assertLess((s1 - s2).abs().max().item(), 1e-11, (T, C))
+
+    def test_chunked_f32_and_strong_decay(self):
+        """f32 chunked vs the f64 recurrence within 2e-5 of the output scale, with decays of
+        -80 per token on some channels, where e^-Gamma (the form the chunked code never uses)
+        is inf in f32 after a few tokens."""
+        gen = torch.Generator().manual_seed(test_seed())
+        q, k, v, g, beta, S0 = kda_inputs(gen, 2, 100, 4, 32)
+        g[..., 2] = -80.0
+        self.assertTrue(torch.isinf(torch.exp(-g.float().cumsum(1))).any())  # the naive form
+        ref, sref = tb_model.kda_recurrent(q, k, v, g, beta, S0)
+        args = [x.float() for x in (q, k, v, g, beta, S0)]
+        for C in (16, 64):
+            o, s = tb_model.kda_chunked(*args[:5], args[5], chunk=C)
+            self.assertTrue(torch.isfinite(o).all() and torch.isfinite(s).all())
+            scale = ref.abs().max().item()
+            self.assertLess((o.double() - ref).abs().max().item(), 2e-5 * scale, C)
+            self.assertLess((s.double() - sref).abs().max().item(),
+                            2e-5 * sref.abs().max().item(), C)
+
+    def test_gradients_match(self):
+        gen = torch.Generator().manual_seed(test_seed())
+        ins = [x.requires_grad_() for x in kda_inputs(gen, 1, 23, 2, 8)]
+        w = torch.randn(1, 23, 2, 8, generator=gen, dtype=torch.float64)
+        grads = []
+        for f in (lambda *a: tb_model.kda_recurrent(*a),
+                  lambda *a: tb_model.kda_chunked(*a, chunk=8)):
+            o, s = f(*ins)
+            gs = torch.autograd.grad((o * w).sum() + s.sum(), ins)
+            grads.append(gs)
+        for a, b in zip(*grads):
+            self.assertLess((a - b).abs().max().item(), 1e-9 * max(1.0, a.abs().max().item()))
+
+    def test_decay_is_along_the_key_axis(self):
+        """Spec check 7: beta = 0, g = 0 except -30 on key channel b: one step scales key row b
+        of a nonzero state to ~0 and leaves every other row, and every column, as they were."""
+        gen = torch.Generator().manual_seed(test_seed())
+        q, k, v, g, beta, S0 = kda_inputs(gen, 1, 1, 2, 8)
+        g.zero_()
+        g[..., 3] = -30.0
+        beta.zero_()
+        for f in (tb_model.kda_recurrent, tb_model.kda_chunked):
+            _, S = f(q, k, v, g, beta, S0)
+            expect = S0.clone()
+            expect[:, :, 3, :] *= math.exp(-30.0)
+            self.assertLess((S - expect).abs().max().item(), 1e-12)
+
+    def test_unit_lower_inverse(self):
+        gen = torch.Generator().manual_seed(test_seed())
+        for C in (1, 2, 5, 16, 64):
+            L = torch.randn(3, C, C, generator=gen, dtype=torch.float64).tril(-1) * 0.5
+            inv = tb_model.unit_lower_inverse(L)
+            eye = torch.eye(C, dtype=torch.float64)
+            self.assertLess(((eye + L) @ inv - eye).abs().max().item(), 1e-9, C)
+
+    def test_conv_orientation(self):
+        """Spec check 6: tap 3 is the current token (one-hot there: silu of the input), tap 0 the
+        token 3 back (the first 3 outputs see the zeros before the sequence)."""
+        conv = tb_model.ShortConv(5, 4)
+        x = torch.randn(2, 9, 5, dtype=torch.float64)
+        with torch.no_grad():
+            conv.weight.zero_()
+            conv.weight[:, 3] = 1.0
+        conv.double()
+        self.assertTrue(torch.allclose(conv(x), torch.nn.functional.silu(x)))
+        with torch.no_grad():
+            conv.weight.zero_()
+            conv.weight[:, 0] = 1.0
+        y = conv(x)
+        self.assertTrue(torch.equal(y[:, :3], torch.zeros_like(y[:, :3])))
+        self.assertTrue(torch.allclose(y[:, 3:], torch.nn.functional.silu(x[:, :-3])))
+
+    def test_output_gate_is_sigmoid_after_the_norm(self):
+        """Spec check 8: with the gate projection zeroed, y = 0.5 * RMSNorm_head(o) * w."""
+        torch.manual_seed(1)
+        c = tb_model.config_for("kimi")
+        att = tb_model.KdaAttention(c).double()
+        with torch.no_grad():
+            att.g_b_proj.weight.zero_()
+            att.o_norm.weight.uniform_(0.5, 1.5)
+            att.o_proj.weight.copy_(torch.eye(c.d_model, dtype=torch.float64))
+        x = torch.randn(1, 4, c.d_model, dtype=torch.float64)
+        o = torch.randn(1, 4, c.kda_heads, c.kda_head_dim, dtype=torch.float64)
+        rms = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + c.rms_eps)
+        expect = (0.5 * rms * att.o_norm.weight).reshape(1, 4, -1)
+        self.assertLess((att.output(x, o) - expect).abs().max().item(), 1e-12)
+
+
+def kimi_engine_like_logits(model_dir: str, ids: np.ndarray, kv_bf16: bool = True) -> np.ndarray:
+    """A float64 numpy forward of an exported KimiLinearForCausalLM directory, from the spec and
+    the tensor names alone: per-token KDA (conv over the pre-conv projections with a 3-tap
+    state, L2 norm, g = -exp(A_log) softplus(f_b f_a x + dt_bias), gated delta rule on a
+    key-by-value state, per-head RMSNorm, sigmoid gate) and absorbed NoPE MLA over [c_hat ; k_pe]
+    rows with attn_k_b / attn_v_b split from kv_b_proj and scale 1/sqrt(nope + rope)."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        cfg = json.load(f)
+    w = {k: v.astype(np.float64) for k, v in
+         tb_hf.read_safetensors(os.path.join(model_dir, tb_hf.SAFETENSORS_NAME)).items()}
+    eps = cfg["rms_norm_eps"]
+    lac = cfg["linear_attn_config"]
+    Hk, D, K = lac["num_heads"], lac["head_dim"], lac["short_conv_kernel_size"]
+    T = len(ids)
+
+    def rms(x, g):
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g
+
+    def bf16(x):
+        if not kv_bf16:
+            return x
+        return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16).double().numpy()
+
+    def silu(x):
+        return x / (1 + np.exp(-x))
+
+    x = w["model.embed_tokens.weight"][ids]
+    H = cfg["num_attention_heads"]
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        a = p + "self_attn."
+        h = rms(x, w[p + "input_layernorm.weight"])
+        if (l + 1) in lac["kda_layers"]:
+            conv_state = {n: np.zeros((K - 1, Hk * D)) for n in "qkv"}
+            S = np.zeros((Hk, D, D))
+            o = np.zeros((T, Hk, D))
+            for t in range(T):
+                xt = h[t]
+                cv = {}
+                for n in "qkv":
+                    pre = w[a + f"{n}_proj.weight"] @ xt
+                    window = np.concatenate([conv_state[n], pre[None]], 0)  # oldest first
+                    cv[n] = silu((w[a + f"{n}_conv1d.weight"] * window.T).sum(-1))
+                    conv_state[n] = window[1:]
+                qh, kh, vh = (cv[n].reshape(Hk, D) for n in "qkv")
+                qh = qh / np.sqrt((qh * qh).sum(-1, keepdims=True) + 1e-6) / math.sqrt(D)
+                kh = kh / np.sqrt((kh * kh).sum(-1, keepdims=True) + 1e-6)
+                z = w[a + "f_b_proj.weight"] @ (w[a + "f_a_proj.weight"] @ xt) + w[a + "dt_bias"]
+                sp = np.where(z > 20, z, np.log1p(np.exp(np.minimum(z, 20))))
+                g = -np.exp(w[a + "A_log"].reshape(Hk, 1)) * sp.reshape(Hk, D)
+                beta = 1 / (1 + np.exp(-(w[a + "b_proj.weight"] @ xt)))
+                for hh in range(Hk):
+                    S[hh] *= np.exp(g[hh])[:, None]
+                    delta = beta[hh] * (vh[hh] - S[hh].T @ kh[hh])
+                    S[hh] += np.outer(kh[hh], delta)
+                    o[t, hh] = S[hh].T @ qh[hh]
+            gate = (h @ w[a + "g_a_proj.weight"].T) @ w[a + "g_b_proj.weight"].T
+            y = rms(o, w[a + "o_norm.weight"]) / (1 + np.exp(-gate.reshape(T, Hk, D)))
+            x = x + y.reshape(T, Hk * D) @ w[a + "o_proj.weight"].T
+        else:
+            dc, dr = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+            nope, dv = cfg["qk_nope_head_dim"], cfg["v_head_dim"]
+            q = (h @ w[a + "q_proj.weight"].T).reshape(T, H, nope + dr)
+            kva = h @ w[a + "kv_a_proj_with_mqa.weight"].T
+            rows = bf16(np.concatenate([rms(kva[:, :dc], w[a + "kv_a_layernorm.weight"]),
+                                        kva[:, dc:]], -1))
+            kvb = w[a + "kv_b_proj.weight"].reshape(H, nope + dv, dc)
+            q_abs = np.concatenate([np.einsum("hnc,thn->thc", kvb[:, :nope], q[..., :nope]),
+                                    q[..., nope:]], -1)
+            s = np.einsum("thk,uk->htu", q_abs, rows) / math.sqrt(nope + dr)
+            s = s + np.triu(np.full((T, T), -np.inf), 1)[None]
+            s = np.exp(s - s.max(-1, keepdims=True))
+            s /= s.sum(-1, keepdims=True)
+            att = np.einsum("htu,uc->thc", s, rows[:, :dc])
+            o = np.einsum("hvc,thc->thv", kvb[:, nope:], att).reshape(T, H * dv)
+            x = x + o @ w[a + "o_proj.weight"].T
+        h = rms(x, w[p + "post_attention_layernorm.weight"])
+        gg = h @ w[p + "mlp.gate_proj.weight"].T
+        u = h @ w[p + "mlp.up_proj.weight"].T
+        x = x + (silu(gg) * u) @ w[p + "mlp.down_proj.weight"].T
+    return rms(x, w["model.norm.weight"]) @ w["lm_head.weight"].T
+
+
+def kimi_expected_shapes(cfg: dict) -> dict:
+    """HF tensor names and torch shapes of spec 2.1 / 3.1 / 4.2 for this config (all-dense)."""
+    d, V = cfg["hidden_size"], cfg["vocab_size"]
+    lac = cfg["linear_attn_config"]
+    Hk, D, K = lac["num_heads"], lac["head_dim"], lac["short_conv_kernel_size"]
+    H, dc, dr = cfg["num_attention_heads"], cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+    nope, dv, ff = cfg["qk_nope_head_dim"], cfg["v_head_dim"], cfg["intermediate_size"]
+    shapes = {"model.embed_tokens.weight": [V, d], "lm_head.weight": [V, d],
+              "model.norm.weight": [d]}
+    for l in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        a = p + "self_attn."
+        shapes[p + "input_layernorm.weight"] = [d]
+        shapes[p + "post_attention_layernorm.weight"] = [d]
+        shapes[p + "mlp.gate_proj.weight"] = [ff, d]
+        shapes[p + "mlp.up_proj.weight"] = [ff, d]
+        shapes[p + "mlp.down_proj.weight"] = [d, ff]
+        if (l + 1) in lac["kda_layers"]:
+            for n in "qkv":
+                shapes[a + f"{n}_proj.weight"] = [Hk * D, d]
+                shapes[a + f"{n}_conv1d.weight"] = [Hk * D, K]
+            shapes.update({a + "f_a_proj.weight": [D, d], a + "f_b_proj.weight": [Hk * D, D],
+                           a + "A_log": [1, 1, Hk, 1], a + "dt_bias": [Hk * D],
+                           a + "b_proj.weight": [Hk, d], a + "g_a_proj.weight": [D, d],
+                           a + "g_b_proj.weight": [Hk * D, D], a + "o_norm.weight": [D],
+                           a + "o_proj.weight": [d, Hk * D]})
+        else:
+            shapes.update({a + "q_proj.weight": [H * (nope + dr), d],
+                           a + "kv_a_proj_with_mqa.weight": [dc + dr, d],
+                           a + "kv_a_layernorm.weight": [dc],
+                           a + "kv_b_proj.weight": [H * (nope + dv), dc],
+                           a + "o_proj.weight": [d, H * dv]})
+    return shapes
+
+
+class KimiExportTest(Tmp):
+    def test_names_shapes_config(self):
+        d = os.path.join(self.tmp, "kimi")
+        m = tb_export.random_model("kimi", 3)
+        tb_hf.export(m, d)
+        with open(os.path.join(d, "config.json")) as f:
+            cfg = json.load(f)
+        self.assertEqual(cfg["architectures"], ["KimiLinearForCausalLM"])
+        self.assertEqual(cfg["model_type"], "kimi_linear")
+        self.assertEqual(cfg["linear_attn_config"], {
+            "kda_layers": [1, 2], "full_attn_layers": [3], "num_heads": 4, "head_dim": 32,
+            "short_conv_kernel_size": 4})
+        self.assertEqual((cfg["hidden_size"], cfg["num_hidden_layers"], cfg["kv_lora_rank"],
+                          cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"],
+                          cfg["num_attention_heads"], cfg["intermediate_size"]),
+                         (128, 3, 64, 32, 16, 32, 4, 256))
+        self.assertIsNone(cfg["q_lora_rank"])
+        self.assertTrue(cfg["mla_use_nope"])
+        self.assertEqual(cfg["first_k_dense_replace"], 3)  # every FFN dense: no expert tensors
+        self.assertEqual(cfg["moe_router_activation_func"], "sigmoid")
+        self.assertFalse(cfg["tie_word_embeddings"])
+        self.assertEqual(cfg["rms_norm_eps"], 1e-5)
+        for k in ("num_experts", "num_experts_per_token", "num_shared_experts",
+                  "moe_intermediate_size", "moe_renormalize", "routed_scaling_factor",
+                  "moe_layer_freq", "num_key_value_heads", "head_dim", "vocab_size",
+                  "max_position_embeddings", "bos_token_id"):
+            self.assertIn(k, cfg)
+        t = tb_hf.read_safetensors(os.path.join(d, tb_hf.SAFETENSORS_NAME))
+        self.assertEqual({k: list(v.shape) for k, v in t.items()}, kimi_expected_shapes(cfg))
+        self.assertEqual(len(t), 3 + 3 * 2 + 2 * 15 + 5 + 3 * 3)
+        # Round trip.
+        m2 = tb_hf.load(d)
+        self.assertEqual(m2.config, tb_hf.config_from_hf(cfg))
+        for k, v in m.state_dict().items():
+            self.assertTrue(torch.equal(v, m2.state_dict()[k]), k)
+
+    def test_bad_configs(self):
+        base = tb_hf.hf_config(tb_model.config_for("kimi"))
+        bad = json.loads(json.dumps(base))
+        bad["linear_attn_config"]["full_attn_layers"] = [2, 3]
+        with self.assertRaisesRegex(ValueError, "partition"):
+            tb_hf.config_from_hf(bad)
+        bad = json.loads(json.dumps(base))
+        bad["first_k_dense_replace"] = 1
+        with self.assertRaisesRegex(ValueError, "first_k_dense_replace"):
+            tb_hf.config_from_hf(bad)
+
+    def test_forward_vs_f64_per_token_reference(self):
+        """The PyTorch model (chunked KDA) against kimi_engine_like_logits on a needle example,
+        with and without the bf16 rounding of the MLA cache rows."""
+        d = os.path.join(self.tmp, "kimi")
+        tb_hf.export(tb_export.random_model("kimi", test_seed() % 1000, init_scale=4.0), d)
+        model = tb_hf.load(d)
+        ids, _, _ = tb_data.make_example(tb_data.Corpus.synthetic(5), 70,
+                                         np.random.default_rng(2))
+        x = torch.from_numpy(ids[None].astype(np.int64))
+        for kv_bf16 in (False, True):
+            with torch.no_grad():
+                ours = model(x, kv_bf16=kv_bf16)[0].double().numpy()
+            ref = kimi_engine_like_logits(d, ids, kv_bf16)
+            scale = np.abs(ref).max()
+            self.assertGreater(scale, 1.0)
+            self.assertLess(np.abs(ours - ref).max(), 1e-4 * scale, kv_bf16)
+
+    def test_engine_kv_rows_are_the_mla_layers(self):
+        """parity.py reads a kimi --dump-kv file as the MLA layers only (KDA layers have no KV
+        cache): a dump of the reference's own rows gives 0 mismatches and the same logits."""
+        d = os.path.join(self.tmp, "kimi")
+        tb_hf.export(tb_export.random_model("kimi", 11, init_scale=4.0), d)
+        model = tb_hf.load(d)
+        ids, _, _ = tb_data.make_example(tb_data.Corpus.synthetic(4), 40,
+                                         np.random.default_rng(3))
+        x = torch.from_numpy(ids[None].astype(np.int64))
+        rows = []
+        orig = tb_model.round_bf16
+
+        def record(t):
+            rows.append(parity.bf16_bits(t.detach().numpy()))
+            return orig(t)
+
+        tb_model.round_bf16 = record
+        try:
+            with torch.no_grad():
+                own = model(x, kv_bf16=True)[0].numpy()
+        finally:
+            tb_model.round_bf16 = orig
+        self.assertEqual(len(rows), 1)  # one MLA layer
+        path = os.path.join(self.tmp, "kimi.kv")
+        np.stack([r[0] for r in rows]).astype("<u2").tofile(path)
+        got, st = parity.reference_logits(d, ids, kv_bf16=True, engine_kv=path)
+        self.assertEqual(st["kv_mismatches"], 0)
+        self.assertEqual(st["kv_elements"], 40 * 80)
+        self.assertEqual([p["elements"] for p in st["kv_per_layer"]], [0, 0, 40 * 80])
+        np.testing.assert_array_equal(got, own)
+        np.fromfile(path, dtype="<u2")[:-80].tofile(path)  # one row short: an error
+        with self.assertRaisesRegex(RuntimeError, "1 cached layers"):
+            parity.reference_logits(d, ids, kv_bf16=True, engine_kv=path)
+
+
+class KimiTrainResumeTest(Tmp):
+    def test_checkpoint_resume_and_signal_stop(self):
+        try:
+            tb_data.load_kjv_text()
+        except RuntimeError as e:
+            self.skipTest(str(e))
+        out = os.path.join(self.tmp, "run")
+        common = [sys.executable, os.path.join(HERE, "train.py"), "--model", "kimi", "--out",
+                  out, "--tokens-per-step", "256", "--stages", "32,64", "--eval-every-s", "2",
+                  "--ckpt-every-s", "2", "--final-eval", "64:8", "--no-export"]
+        r = subprocess.run(common + ["--budget-min", str(4 / 60)], capture_output=True,
+                           text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(out, "summary.json")) as f:
+            s1 = json.load(f)
+        self.assertGreater(s1["steps"], 0)
+        # A resumed session stopped by SIGTERM: it checkpoints and exits 0 without a summary.
+        os.remove(os.path.join(out, "summary.json"))
+        proc = subprocess.Popen(common + ["--budget-min", "10"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        for line in proc.stdout:
+            if "resumed at step" in line:
+                self.assertIn(f"resumed at step {s1['steps']}", line)
+                break
+        import time
+        time.sleep(3)
+        proc.terminate()
+        rest, err = proc.communicate(timeout=120)
+        self.assertEqual(proc.returncode, 0, err)
+        self.assertIn("stopped by signal", rest)
+        self.assertFalse(os.path.exists(os.path.join(out, "summary.json")))
+        ck = torch.load(os.path.join(out, "ckpt.pt"), map_location="cpu")
+        stopped_at = ck["state"]["step"]
+        self.assertGreaterEqual(stopped_at, s1["steps"])
+        r = subprocess.run(common + ["--budget-min", str(ck["state"]["train_s"] / 60 + 3 / 60)],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(f"resumed at step {stopped_at}", r.stdout)
+        with open(os.path.join(out, "summary.json")) as f:
+            s2 = json.load(f)
+        self.assertGreater(s2["steps"], stopped_at)
+        steps = []
+        with open(os.path.join(out, "log.jsonl")) as f:
+            for line in f:
+                rec = json.loads(line)
+                if rec["t"] == "step":
+                    steps.append(rec["step"])
+        self.assertEqual(steps, list(range(1, s2["steps"] + 1)))  # no gaps, no repeats
+
+
+
 def strata_with_commands():
     strata = parity.find_strata(os.environ.get("STRATA_BIN"))
     if strata is None:
@@ -437,8 +826,10 @@ class EngineParityTest(Tmp):
             res = json.load(f)
         self.assertEqual(res["reference_cache"], "engine-kv", name)
         self.assertEqual(res["kv_mismatches"], 0, name)
-        per_token = 80 if "mla" in name or name in ("nope", "rope") else 128  # testbed dims
-        self.assertEqual(res["kv_elements"], 2 * res["n_tokens"] * per_token, name)
+        kimi = "kimi" in name
+        per_token = 80 if "mla" in name or kimi or name in ("nope", "rope") else 128
+        cached_layers = 1 if kimi else 2  # the kimi testbed: KDA, KDA, MLA
+        self.assertEqual(res["kv_elements"], cached_layers * res["n_tokens"] * per_token, name)
         self.assertLess(res["kv_ambiguous"], res["kv_elements"] // 20, name)  # a few %
         self.assertLessEqual(res["max_abs_diff"], res["tol"], name)
 
@@ -460,6 +851,28 @@ class EngineParityTest(Tmp):
             self.assertEqual(rc, 0, f"parity failed for {kind}")
             self.assert_engine_kv_path(out, kind)
 
+    def test_parity_random_kimi(self):
+        """A random Kimi-Linear-shaped testbed through `strata convert` (HF
+        KimiLinearForCausalLM) and `strata logits`: skipped while the engine's converter does not
+        know the architecture yet (the message must name it), a failure otherwise."""
+        strata, why = strata_with_commands()
+        if strata is None:
+            self.skipTest(why)
+        d = os.path.join(self.tmp, "kimi")
+        tb_hf.export(tb_export.random_model("kimi", 21, init_scale=4.0), d)
+        gguf = os.path.join(self.tmp, "kimi.gguf")
+        r = subprocess.run([strata, "convert", d, "-o", gguf, "--dtype", "f32"],
+                           capture_output=True, text=True)
+        if r.returncode != 0 and "KimiLinearForCausalLM" in r.stderr + r.stdout \
+                and not os.environ.get("STRATA_REQUIRE_KIMI"):
+            self.skipTest("strata convert does not support KimiLinearForCausalLM yet: "
+                          + (r.stderr.strip() or r.stdout.strip())[:200])
+        self.assertEqual(r.returncode, 0, f"convert kimi: {r.stderr}")
+        out = os.path.join(self.tmp, "kimi.json")
+        rc = parity.main(["--model-dir", d, "--gguf", gguf, "--strata", strata, "--json", out])
+        self.assertEqual(rc, 0, "parity failed for kimi")
+        self.assert_engine_kv_path(out, "kimi")
+
     def test_parity_shipped_models(self):
         """The models in models/: the GGUF is exactly what `strata convert --dtype f32` makes of
         the shipped HF export, and the engine's logits match PyTorch's on it (<= 1e-3)."""
@@ -469,7 +882,9 @@ class EngineParityTest(Tmp):
         models = os.path.join(REPO, "models")
         names = sorted(n for n in os.listdir(os.path.join(models, "hf"))
                        if os.path.isfile(os.path.join(models, "hf", n, "config.json")))
-        self.assertEqual(names, ["gqa", "nope-mla", "rope-mla"])
+        # kimi-linear (the hybrid testbed) joins once it is shipped with its GGUF.
+        self.assertEqual([n for n in names if n != "kimi-linear"],
+                         ["gqa", "nope-mla", "rope-mla"])
         for name in names:
             d = os.path.join(models, "hf", name)
             gguf = os.path.join(self.tmp, name + ".gguf")

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""Trains one Strata testbed model (NoPE-MLA, its RoPE twin, or a llama-shaped GQA model) on the
+"""Trains one Strata testbed model (NoPE-MLA, its RoPE twin, a llama-shaped GQA model or a
+Kimi-Linear-shaped KDA/MLA hybrid) on the
 KJV needle task, with a wall-time budget, atomic checkpoints and resume. See README.md.
 
   /usr/bin/python3 tools/testbed/train.py --model nope --out tools/testbed/runs/nope \
@@ -17,6 +18,7 @@ import math
 import os
 import platform
 import random
+import signal
 import socket
 import sys
 import time
@@ -44,8 +46,9 @@ FROZEN = ("model", "seed", "tokens_per_step", "stages", "answer_weight", "lr", "
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model", required=True, choices=["nope", "rope", "gqa"],
-                   help="nope: MLA without RoPE; rope: its RoPE twin; gqa: llama-shaped GQA")
+    p.add_argument("--model", required=True, choices=list(tb_model.KINDS),
+                   help="nope: MLA without RoPE; rope: its RoPE twin; gqa: llama-shaped GQA;\n"
+                        "kimi: Kimi-Linear-shaped hybrid (KDA, KDA, NoPE MLA)")
     p.add_argument("--out", required=True, help="run directory (checkpoint, log, export)")
     p.add_argument("--budget-min", type=float, default=46.0,
                    help="training-time budget in minutes, summed across resumes (default 46)")
@@ -203,8 +206,9 @@ def main(argv=None) -> int:
     cfg = tb_model.config_for(a.model)
     model = tb_model.CausalLM(cfg).to(device)
     decay, no_decay = [], []
-    for _, p in model.named_parameters():
-        (decay if p.dim() >= 2 else no_decay).append(p)
+    for name, p in model.named_parameters():
+        # Matrices decay; norms, KDA's A_log ([1, 1, H, 1]) and dt_bias do not.
+        (decay if p.dim() >= 2 and not name.endswith("A_log") else no_decay).append(p)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8)
@@ -267,9 +271,27 @@ def main(argv=None) -> int:
         save_checkpoint(a.out, state)
         last_ckpt = time.monotonic()
 
+    # SIGTERM / SIGINT: finish the current step, write a checkpoint and exit 0 without the final
+    # export (run the same command again to resume).
+    stop = {"sig": None}
+
+    def on_signal(signum, _frame):
+        stop["sig"] = signum
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
     model.train()
     aw = a.answer_weight
     while now_train_s() < budget_s:
+        if stop["sig"] is not None:
+            checkpoint("signal")
+            log.write(t="stop", step=st["step"], tokens=st["tokens"],
+                      train_s=round(st["train_s"], 3), signal=int(stop["sig"]))
+            log.sync()
+            print(f"[{a.model}] stopped by signal {stop['sig']} at step {st['step']} "
+                  f"({st['train_s']:.0f}s of training); checkpoint {ckpt_path}", flush=True)
+            return 0
         t0 = time.monotonic()
         step = st["step"]
         lr = lr_at(a, step, now_train_s(), budget_s)
