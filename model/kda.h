@@ -1,7 +1,7 @@
 // Kimi Delta Attention (KDA) kernels: the gated delta rule with a per-channel (key-axis) decay on
 // one head's f32 state, in the exact per-token form (decode) and the chunked WY form (prefill),
 // and the causal depthwise short convolution with its carried tail. Scalar code; the float64
-// references are in kda_test.cc. Spec: shared/specs/kimi-linear.md §2.
+// references are in kimi_linear_test.cc. Spec: docs/reference/kimi-linear.md §2.
 //
 // State layout (documented because llama.cpp's internal layout changed between versions): one
 // head's state S is [d_k, d_v] f32 row-major, S[i][j] at i * d_v + j, rows = key channels i,

@@ -3,7 +3,7 @@
 // model/kda.h) or a NoPE MLA layer (absorbed attention over 576-wide latent rows [c_hat ; k_pe],
 // exactly as deepseek2 with NoPE), then a dense SwiGLU FFN (leading layers) or a sigmoid-routed
 // MoE with a selection bias, renormalised weights, a routed scaling factor and a shared expert.
-// Spec: shared/specs/kimi-linear.md.
+// Spec: docs/reference/kimi-linear.md.
 //
 // The cache: only the MLA layers are cache layers (CacheLayers, in model order), so every policy
 // sees exactly what it sees on deepseek2 NoPE. The KDA layers' state (per head a [d_k, d_v] f32

@@ -349,7 +349,7 @@ Status SynthHf(const SynthOptions& o, const std::string& dir) {
   norm("model.norm.weight", d);
   if (!o.tied_embeddings) mat("lm_head.weight", {o.vocab, d}, s);
   if (o.arch == Arch::kKimiLinear) {
-    // The released config.json's keys (shared/specs/kimi-linear.md §1).
+    // The released config.json's keys (docs/reference/kimi-linear.md §1).
     cfg["architectures"] = {"KimiLinearForCausalLM"};
     cfg["model_type"] = "kimi_linear";
     cfg.erase("max_position_embeddings");

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Whole-model parity for the kimi-linear architecture: a PyTorch float64 reference written from
-shared/specs/kimi-linear.md (KDA per-token recurrence, naive un-absorbed NoPE MLA, sigmoid MoE
+docs/reference/kimi-linear.md (KDA per-token recurrence, naive un-absorbed NoPE MLA, sigmoid MoE
 with a selection bias, renormalised unbiased weights and a routed scaling factor, one shared
 expert) against `strata logits` on the same random model.
 
