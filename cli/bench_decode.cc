@@ -186,7 +186,8 @@ int RunBatchMode(const BenchDecodeOptions& o, Model& m, const std::string& path,
         const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
         int64_t read_after = 0;
         for (KvCache* c : caches) read_after += c->counters().bytes_read_total;
-        const double kv_per_step = static_cast<double>(read_after - read_before) / o.tokens;
+        double kv_per_step = static_cast<double>(read_after - read_before) / o.tokens;
+        for (KvCache* c : caches) kv_per_step += 2.0 * static_cast<double>(c->RecurrentBytes());
         const double steps_s = secs > 0 ? o.tokens / secs : 0;
         const double tok_s = steps_s * B;
         if (B == 1) single_tok_s = tok_s;
@@ -382,8 +383,10 @@ int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream&
         if (Status st = step(); !st.ok()) return fail("decode: " + st.ToString());
       }
       const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      // A recurrent (kimi-linear KDA) state is read and written once per token: in the floor.
       const double kv_per_token =
-          static_cast<double>(cache.counters().bytes_read_total - read_before) / o.tokens;
+          static_cast<double>(cache.counters().bytes_read_total - read_before) / o.tokens +
+          2.0 * static_cast<double>(cache.RecurrentBytes());
       const double tok_s = secs > 0 ? o.tokens / secs : 0;
       const double floor_tok_s = bw / (static_cast<double>(weight_bytes) + kv_per_token);
       const double fraction = floor_tok_s > 0 ? tok_s / floor_tok_s : 0;
@@ -423,7 +426,8 @@ int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream&
       {"floor tok/s", "read bandwidth / (weight MB + KV MB read/token): the memory-bound rate"},
       {"fraction", "tok/s / floor tok/s (1 = as fast as reading the bytes once from memory)"},
       {"weight MB", "weight bytes one decode step reads (MoE: the routed experts' share)"},
-      {"KV MB read/token", "KV cache bytes one decode step read (the full cache: every row)"},
+      {"KV MB read/token", "KV cache bytes one decode step read (the full cache: every row), "
+                           "plus a recurrent (KDA) state read and written once"},
       {"bandwidth GB/s",
        "read bandwidth measured in this process: the faster of a --bw-mib MiB buffer and a "
        "streaming read of the model file's own bytes"},

@@ -186,6 +186,14 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
     field("q_lora_rank", std::to_string(c.q_lora_rank));
     field("mla_nope", c.mla_nope ? "true" : "false");
   }
+  if (c.arch == Arch::kKimiLinear) {
+    std::string kinds;
+    for (int l = 0; l < c.n_layers; ++l) kinds += c.is_kda_layer(l) ? 'K' : 'M';
+    field("layer kinds (K = KDA, M = MLA)", kinds);
+    field("kda_heads x kda_head_dim", std::to_string(c.kda_heads) + " x " +
+                                          std::to_string(c.kda_head_dim));
+    field("ssm_conv_kernel", std::to_string(c.ssm_conv_kernel));
+  }
   if (c.n_experts > 0) {
     field("n_experts", std::to_string(c.n_experts));
     field("n_experts_used", std::to_string(c.n_experts_used));
@@ -379,6 +387,26 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
     ctx.AddRow({std::to_string(n), FormatBytes(static_cast<double>(total) * n)});
   }
   ctx.Print(out);
+  const RecurrentGeometry rec = m.RecurrentLayers();
+  if (rec.n_layers > 0) {
+    // The recurrent (KDA) layers: a fixed state per sequence, independent of the context.
+    out << "\nRecurrent state (KDA layers; per sequence, independent of the context; f32):\n";
+    Table rt({"KDA layers", "state floats/layer", "conv floats/layer", "bytes/sequence"});
+    rt.AddRow({std::to_string(rec.n_layers), std::to_string(rec.state_floats),
+               std::to_string(rec.conv_floats), std::to_string(rec.bytes_per_sequence()) + " (" +
+                                                     FormatBytes(rec.bytes_per_sequence()) + ")"});
+    rt.Print(out);
+    std::vector<int> kda_layers;
+    for (int l = 0; l < c.n_layers; ++l) {
+      if (c.is_kda_layer(l)) kda_layers.push_back(l);
+    }
+    j["recurrent"] = {{"kind", "kda"},
+                      {"layers", kda_layers},
+                      {"n_layers", rec.n_layers},
+                      {"state_floats_per_layer", rec.state_floats},
+                      {"conv_floats_per_layer", rec.conv_floats},
+                      {"bytes_per_sequence", rec.bytes_per_sequence()}};
+  }
   j["kv_layers"] = jl;
   j["kv_bytes_per_token"] = total;
 

@@ -27,15 +27,19 @@ void AddSynthCommand(CLI::App* app, SynthCliOptions* o) {
   CLI::App* cmd = app->add_subcommand("synth", "Write a random-weight test model");
   cmd->add_option(
       "--arch", o->arch,
-      "Architecture: llama, qwen2 or deepseek2 (default: the preset's, llama for tiny)");
+      "Architecture: llama, qwen2, deepseek2 or kimi-linear (default: the preset's, llama "
+      "for tiny)");
   cmd->add_flag("--nope", o->nope, "deepseek2: NoPE branch (cached and used unrotated)");
   cmd->add_option("--preset", o->preset,
-                  "Shape: tiny (tests), 125m (llama-shaped), 150m (deepseek2-shaped MLA + MoE)")
+                  "Shape: tiny (tests), 125m (llama-shaped), 150m (deepseek2-shaped MLA + MoE), "
+                  "48b-shape (kimi-linear: Kimi Linear 48B-A3B's layer geometry, 4 layers, 16 "
+                  "experts)")
       ->capture_default_str();
   cmd->add_option("--dims", o->dims,
                   "Overrides as key=value,...: d_model, layers, heads, kv_heads, head_dim, ff, "
                   "vocab, q_lora, kv_lora, nope_dim, rope_dim, v_dim, experts, experts_used, "
-                  "shared_experts, ff_expert, dense_layers, gating, tied, seed");
+                  "shared_experts, ff_expert, dense_layers, gating, kda_dim, conv, mla_every, tied, "
+                  "seed");
   cmd->add_option("--dtype", o->dtype,
                   "Matrix storage: f32, f16, bf16, or a llama.cpp file type (q8_0, q4_k_m, "
                   "q6_k, ...; see `strata quantize --help`; GGUF only)")
@@ -62,11 +66,12 @@ int RunSynth(const SynthCliOptions& o, std::ostream& out, std::ostream& err) {
   if (!o.arch.empty()) {
     auto a = ParseArch(o.arch);
     if (!a.ok()) return fail("--arch: " + a.status().message());
-    if (o.preset != "tiny" && (*a == Arch::kDeepseek2) != (preset_arch == Arch::kDeepseek2)) {
+    auto family = [](Arch x) { return x == Arch::kQwen2 ? Arch::kLlama : x; };
+    if (o.preset != "tiny" && family(*a) != family(preset_arch)) {
       return fail("--arch " + o.arch + " does not fit --preset " + o.preset + " (a " +
                   ArchName(preset_arch) + " shape)");
     }
-    s.arch = *a;
+    s.SetArch(*a, o.preset);
   }
   if (o.nope && s.arch != Arch::kDeepseek2) {
     return fail("--nope applies to deepseek2 only, not " + std::string(ArchName(s.arch)));

@@ -28,7 +28,12 @@ nlohmann::json MakeReport(const std::string& command, const std::string& model_p
                 {"cache_layers", static_cast<int64_t>(layers.size())},
                 {"mla_layers", n_mla},
                 {"full_cache_bytes_per_token", full_bpt},
-                {"values_per_token", full_bpt / 2}};
+                {"values_per_token", full_bpt / 2},
+                // Per layer kind: MLA/GQA rows grow with the context (full_cache_bytes_per_token);
+                // a recurrent (KDA) state is fixed per sequence.
+                {"recurrent_layers", model.RecurrentLayers().n_layers},
+                {"recurrent_state_bytes_per_sequence",
+                 model.RecurrentLayers().bytes_per_sequence()}};
   j["elapsed_s"] = elapsed_s;
   j["notes"] = notes;
   j["warnings"] = warnings;

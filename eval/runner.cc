@@ -217,7 +217,9 @@ int64_t ValuesPerToken(const KvCache& cache) { return cache.FullBytesPerToken() 
 double ResidentBitsPerValue(const KvCache& cache) {
   const int64_t n = cache.n_tokens();
   if (n == 0) return 0;
-  return static_cast<double>(cache.ResidentBytes()) * 8.0 /
+  // The cached values are the attention rows: a recurrent state (kimi-linear's KDA layers) is a
+  // fixed per-sequence cost reported apart (resident_parts "recurrent state"), not in bits/value.
+  return static_cast<double>(cache.ResidentBytes() - cache.RecurrentBytes()) * 8.0 /
          (static_cast<double>(n) * static_cast<double>(ValuesPerToken(cache)));
 }
 

@@ -532,6 +532,19 @@ class TensorSource {
 
   bool Has(const std::string& name) const { return where_.count(name) != 0; }
 
+  // The first dimension of a 2-D tensor (reads no data): NotFound / InvalidArgument otherwise.
+  StatusOr<int64_t> Rows(const std::string& name) const {
+    auto it = where_.find(name);
+    if (it == where_.end())
+      return NotFound("required tensor '" + name + "' is not in the checkpoint");
+    ASSIGN_OR_RETURN(TensorView v, it->second->Tensor(name));
+    if (v.n_dims != 2 || v.shape[0] < 1 || v.shape[0] > kMaxDim) {
+      return InvalidArgument(it->second->path() + ": tensor '" + name + "' must be 2-D, has " +
+                             std::to_string(v.n_dims) + " dims");
+    }
+    return v.shape[0];
+  }
+
   // OK when tensor `name` is present with exactly `shape`; reads nothing.
   Status CheckShape(const std::string& name, const std::vector<int64_t>& shape) const {
     auto it = where_.find(name);
@@ -580,7 +593,7 @@ class TensorSource {
   std::set<std::string> used_;
 };
 
-enum class Arch { kLlama, kQwen2, kDeepseek2 };
+enum class Arch { kLlama, kQwen2, kDeepseek2, kKimiLinear };
 
 // Collects the output; 2-D/3-D weights in out_dtype, others F32.
 class Emitter {
@@ -986,6 +999,276 @@ Status ConvertDeepseek2(const Config& cfg, const Common& c, TensorSource* src, E
   return OkStatus();
 }
 
+// Reads `name` with whichever of `shapes` the checkpoint holds (layouts that differ only by
+// size-1 axes); the error lists every accepted shape.
+StatusOr<std::vector<float>> ReadAnyShape(TensorSource* src, const std::string& name,
+                                          const std::vector<std::vector<int64_t>>& shapes) {
+  for (const auto& s : shapes) {
+    if (src->CheckShape(name, s).ok()) return src->Read(name, s);
+  }
+  std::string all;
+  for (const auto& s : shapes) all += (all.empty() ? "" : " or ") + ShapeStr(s);
+  RETURN_IF_ERROR(src->CheckShape(name, shapes.front()).WithContext("accepted shapes: " + all));
+  return src->Read(name, shapes.front());
+}
+
+// KimiLinearForCausalLM ("kimi-linear"), as llama.cpp's converter lays it out: KDA layers and
+// NoPE MLA layers marked by a per-layer attention.head_count_kv array (0 = KDA, 1 = MLA);
+// ssm_a = -exp(A_log); conv weights as ggml ne [W, 1, C, 1]; kv_b split as for deepseek2;
+// experts (w1 gate, w3 up, w2 down) stacked; the selection bias as exp_probs_b.bias.
+Status ConvertKimiLinear(const Config& cfg, const Common& c, TensorSource* src, Emitter* em,
+                         GgufWriter* w) {
+  const std::string& a = c.arch_name;
+  const std::string& file = cfg.file();
+  const int64_t d = c.n_embd, L = c.n_layer;
+  if (!cfg.Has("linear_attn_config") || !cfg.raw().at("linear_attn_config").is_object()) {
+    return NotFound(file + ": missing required object \"linear_attn_config\"");
+  }
+  const Config la(cfg.raw().at("linear_attn_config"), file + " linear_attn_config");
+  // kda_layers / full_attn_layers are 1-based layer numbers.
+  auto layer_list = [&](const std::string& key, std::vector<uint8_t>* mark) -> Status {
+    if (!la.Has(key)) return OkStatus();
+    const json& v = la.raw().at(key);
+    if (!v.is_array()) return InvalidArgument(la.file() + ": \"" + key + "\" must be an array");
+    for (const json& e : v) {
+      ASSIGN_OR_RETURN(int64_t n, la.IntOf(e, key));
+      if (n < 1 || n > L) {
+        return InvalidArgument(la.file() + ": \"" + key + "\" holds layer " + std::to_string(n) +
+                               ", outside 1.." + std::to_string(L) + " (num_hidden_layers)");
+      }
+      (*mark)[n - 1] = 1;
+    }
+    return OkStatus();
+  };
+  std::vector<uint8_t> is_kda(L, 0), is_full(L, 0);
+  RETURN_IF_ERROR(layer_list("kda_layers", &is_kda));
+  RETURN_IF_ERROR(layer_list("full_attn_layers", &is_full));
+  if (!la.Has("kda_layers")) {  // only the full-attention list: every other layer is KDA
+    for (int64_t l = 0; l < L; ++l) is_kda[l] = !is_full[l];
+  }
+  int64_t n_kda = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    if (is_kda[l] && is_full[l]) {
+      return InvalidArgument(la.file() + ": layer " + std::to_string(l + 1) +
+                             " is in both kda_layers and full_attn_layers");
+    }
+    if (la.Has("kda_layers") && la.Has("full_attn_layers") && !is_kda[l] && !is_full[l]) {
+      return InvalidArgument(la.file() + ": layer " + std::to_string(l + 1) +
+                             " is in neither kda_layers nor full_attn_layers");
+    }
+    n_kda += is_kda[l];
+  }
+  ASSIGN_OR_RETURN(const int64_t H, la.InRangeOr("num_heads", c.n_head, 1, kMaxDim));
+  if (H != c.n_head) {
+    return InvalidArgument(la.file() + ": \"num_heads\" = " + std::to_string(H) +
+                           " differs from num_attention_heads = " + std::to_string(c.n_head) +
+                           " (the GGUF layout has one head count for KDA and MLA)");
+  }
+  ASSIGN_OR_RETURN(const int64_t D, la.InRangeOr("head_dim", 128, 1, kMaxDim));
+  ASSIGN_OR_RETURN(const int64_t W, la.InRangeOr("short_conv_kernel_size", 4, 1, 64));
+  ASSIGN_OR_RETURN(const int64_t C, Dim(file, "linear_attn_config num_heads x head_dim", {H, D}));
+
+  // MLA geometry (no q LoRA, NoPE).
+  if (cfg.Has("q_lora_rank")) {
+    return Unimplemented(file + ": \"q_lora_rank\" is set; kimi-linear has a single q_proj");
+  }
+  ASSIGN_OR_RETURN(const int64_t kv_lora, cfg.Positive("kv_lora_rank"));
+  ASSIGN_OR_RETURN(const int64_t nope, cfg.Positive("qk_nope_head_dim"));
+  ASSIGN_OR_RETURN(const int64_t rope, cfg.Positive("qk_rope_head_dim"));
+  ASSIGN_OR_RETURN(const int64_t vdim, cfg.Positive("v_head_dim"));
+  ASSIGN_OR_RETURN(const bool use_nope, cfg.BoolOr("mla_use_nope", true));
+  if (!use_nope) {
+    return Unimplemented(file + ": \"mla_use_nope\" = false (kimi-linear MLA layers are NoPE)");
+  }
+  ASSIGN_OR_RETURN(const int64_t kv_row, Dim(file, "kv_lora_rank + qk_rope_head_dim",
+                                             {kv_lora + rope}));
+  ASSIGN_OR_RETURN(const int64_t qk_dim, Dim(file, "qk_nope_head_dim + qk_rope_head_dim",
+                                             {nope + rope}));
+  ASSIGN_OR_RETURN(const int64_t q_rows, Dim(file, "num_attention_heads x qk head dim",
+                                             {c.n_head, qk_dim}));
+  ASSIGN_OR_RETURN(const int64_t kvb_rows, Dim(file, "num_attention_heads x (nope + v)",
+                                               {c.n_head, nope + vdim}));
+  ASSIGN_OR_RETURN(const int64_t o_cols, Dim(file, "num_attention_heads x v_head_dim",
+                                             {c.n_head, vdim}));
+
+  // MoE (both spellings of the keys: Kimi's config and the DeepSeek-style aliases).
+  auto int_key = [&](const char* k1, const char* k2, int64_t def, int64_t lo,
+                     int64_t hi) -> StatusOr<int64_t> {
+    if (cfg.Has(k1)) return cfg.InRange(k1, lo, hi);
+    return cfg.InRangeOr(k2, def, lo, hi);
+  };
+  ASSIGN_OR_RETURN(const int64_t n_expert, int_key("num_experts", "n_routed_experts", 0, 0,
+                                                   kMaxDim));
+  ASSIGN_OR_RETURN(const int64_t n_dense, cfg.InRangeOr("first_k_dense_replace", 0, 0, L));
+  ASSIGN_OR_RETURN(const int64_t moe_freq, cfg.InRangeOr("moe_layer_freq", 1, 1, kMaxDim));
+  int64_t moe_ff = 0, n_shared = 0, n_used = 0;
+  double scale = 1.0;
+  uint32_t gating = 2;
+  if (n_expert > 0) {
+    ASSIGN_OR_RETURN(moe_ff, cfg.Positive("moe_intermediate_size"));
+    ASSIGN_OR_RETURN(n_used, int_key("num_experts_per_token", "num_experts_per_tok", -1, 1,
+                                     n_expert));
+    ASSIGN_OR_RETURN(n_shared, int_key("num_shared_experts", "n_shared_experts", 0, 0, kMaxDim));
+    ASSIGN_OR_RETURN(scale, cfg.FloatOr("routed_scaling_factor", 1.0));
+    std::string act;
+    ASSIGN_OR_RETURN(act, cfg.StringOr("moe_router_activation_func", ""));
+    if (act.empty()) {
+      ASSIGN_OR_RETURN(act, cfg.StringOr("scoring_func", "sigmoid"));
+    }
+    if (act == "sigmoid") {
+      gating = 2;
+    } else if (act == "softmax") {
+      gating = 1;
+    } else {
+      return Unimplemented(file + ": \"moe_router_activation_func\" '" + act +
+                           "' (sigmoid, softmax)");
+    }
+    bool renorm = true;
+    if (cfg.Has("moe_renormalize")) {
+      ASSIGN_OR_RETURN(renorm, cfg.BoolOr("moe_renormalize", true));
+    } else {
+      ASSIGN_OR_RETURN(renorm, cfg.BoolOr("norm_topk_prob", true));
+    }
+    if (!renorm) {
+      return Unimplemented(file + ": \"moe_renormalize\" = false (llama.cpp's kimi-linear "
+                           "graph always renormalises the routed weights)");
+    }
+  }
+
+  w->Set(a + ".context_length", GgufValue::U32(U32(c.n_ctx)));
+  {
+    std::vector<int32_t> kv(L);
+    for (int64_t l = 0; l < L; ++l) kv[l] = is_kda[l] ? 0 : 1;
+    w->Set(a + ".attention.head_count_kv", GgufValue::I32Array(kv));
+  }
+  w->Set(a + ".attention.key_length", GgufValue::U32(U32(kv_row)));
+  ASSIGN_OR_RETURN(const int64_t head_dim, cfg.InRangeOr("head_dim", c.n_embd / c.n_head, 1,
+                                                         kMaxDim));
+  w->Set(a + ".attention.value_length", GgufValue::U32(U32(head_dim)));  // unused (llama.cpp)
+  w->Set(a + ".attention.key_length_mla", GgufValue::U32(U32(qk_dim)));
+  w->Set(a + ".attention.value_length_mla", GgufValue::U32(U32(vdim)));
+  w->Set(a + ".attention.kv_lora_rank", GgufValue::U32(U32(kv_lora)));
+  w->Set(a + ".rope.dimension_count", GgufValue::U32(U32(rope)));
+  w->Set(a + ".ssm.conv_kernel", GgufValue::U32(U32(W)));
+  w->Set(a + ".kda.head_dim", GgufValue::U32(U32(D)));
+  w->Set(a + ".leading_dense_block_count", GgufValue::U32(U32(n_expert > 0 ? n_dense : L)));
+  if (n_expert > 0) {
+    w->Set(a + ".expert_count", GgufValue::U32(U32(n_expert)));
+    w->Set(a + ".expert_used_count", GgufValue::U32(U32(n_used)));
+    w->Set(a + ".expert_feed_forward_length", GgufValue::U32(U32(moe_ff)));
+    w->Set(a + ".expert_shared_count", GgufValue::U32(U32(n_shared)));
+    w->Set(a + ".expert_weights_scale", GgufValue::F32(static_cast<float>(scale)));
+    w->Set(a + ".expert_gating_func", GgufValue::U32(gating));
+  }
+
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string hf = Hf(l), gg = Blk(l), at = hf + "self_attn.";
+    RETURN_IF_ERROR(Copy(src, em, hf + "input_layernorm.weight", gg + "attn_norm.weight", {d}));
+    if (is_kda[l]) {
+      for (const char* x : {"q", "k", "v"}) {
+        RETURN_IF_ERROR(Copy(src, em, at + x + "_proj.weight", gg + "attn_" + x + ".weight",
+                             {C, d}));
+        const std::string cn = at + x + "_conv1d.weight";
+        ASSIGN_OR_RETURN(std::vector<float> cv, ReadAnyShape(src, cn, {{C, W}, {C, 1, W}}));
+        RETURN_IF_ERROR(em->F32(gg + "ssm_conv1d_" + x + ".weight", {1, C, 1, W}, cv));
+      }
+      // The gate ranks are read from the checkpoint (head_dim in the released model).
+      int64_t rf = 0, rg = 0;
+      for (auto [name, r] : {std::pair<const char*, int64_t*>{"f_a_proj.weight", &rf},
+                             std::pair<const char*, int64_t*>{"g_a_proj.weight", &rg}}) {
+        const std::string n = at + name;
+        if (!src->Has(n)) return NotFound("required tensor '" + n + "' is not in the checkpoint");
+        ASSIGN_OR_RETURN(*r, src->Rows(n));
+      }
+      RETURN_IF_ERROR(Copy(src, em, at + "f_a_proj.weight", gg + "ssm_f_a.weight", {rf, d}));
+      RETURN_IF_ERROR(Copy(src, em, at + "f_b_proj.weight", gg + "ssm_f_b.weight", {C, rf}));
+      ASSIGN_OR_RETURN(std::vector<float> alog,
+                       ReadAnyShape(src, at + "A_log", {{1, 1, H, 1}, {H, 1}, {H}}));
+      for (float& v : alog) v = -std::exp(v);
+      RETURN_IF_ERROR(em->F32(gg + "ssm_a", {1, 1, H, 1}, alog));
+      ASSIGN_OR_RETURN(std::vector<float> dt, ReadAnyShape(src, at + "dt_bias", {{C}, {H, D}}));
+      RETURN_IF_ERROR(em->F32(gg + "ssm_dt.bias", {C}, dt));
+      RETURN_IF_ERROR(Copy(src, em, at + "b_proj.weight", gg + "ssm_beta.weight", {H, d}));
+      RETURN_IF_ERROR(Copy(src, em, at + "g_a_proj.weight", gg + "ssm_g_a.weight", {rg, d}));
+      RETURN_IF_ERROR(Copy(src, em, at + "g_b_proj.weight", gg + "ssm_g_b.weight", {C, rg}));
+      RETURN_IF_ERROR(Copy(src, em, at + "o_norm.weight", gg + "ssm_norm.weight", {D}));
+      RETURN_IF_ERROR(Copy(src, em, at + "o_proj.weight", gg + "attn_output.weight", {d, C}));
+    } else {
+      RETURN_IF_ERROR(Copy(src, em, at + "q_proj.weight", gg + "attn_q.weight", {q_rows, d}));
+      RETURN_IF_ERROR(Copy(src, em, at + "kv_a_proj_with_mqa.weight",
+                           gg + "attn_kv_a_mqa.weight", {kv_row, d}));
+      RETURN_IF_ERROR(
+          Copy(src, em, at + "kv_a_layernorm.weight", gg + "attn_kv_a_norm.weight", {kv_lora}));
+      const int64_t per = nope + vdim;
+      ASSIGN_OR_RETURN(std::vector<float> kvb,
+                       src->Read(at + "kv_b_proj.weight", {kvb_rows, kv_lora}));
+      std::vector<float> kb(static_cast<size_t>(c.n_head * kv_lora * nope));
+      std::vector<float> vb(static_cast<size_t>(c.n_head * vdim * kv_lora));
+      for (int64_t h = 0; h < c.n_head; ++h) {
+        for (int64_t i = 0; i < nope; ++i) {
+          const float* row = &kvb[(h * per + i) * kv_lora];
+          for (int64_t j = 0; j < kv_lora; ++j) kb[(h * kv_lora + j) * nope + i] = row[j];
+        }
+        std::memcpy(&vb[h * vdim * kv_lora], &kvb[(h * per + nope) * kv_lora],
+                    static_cast<size_t>(vdim * kv_lora) * sizeof(float));
+      }
+      RETURN_IF_ERROR(em->Weight(gg + "attn_k_b.weight", {c.n_head, kv_lora, nope}, kb));
+      RETURN_IF_ERROR(em->Weight(gg + "attn_v_b.weight", {c.n_head, vdim, kv_lora}, vb));
+      RETURN_IF_ERROR(
+          Copy(src, em, at + "o_proj.weight", gg + "attn_output.weight", {d, o_cols}));
+    }
+    RETURN_IF_ERROR(
+        Copy(src, em, hf + "post_attention_layernorm.weight", gg + "ffn_norm.weight", {d}));
+    const bool moe = n_expert > 0 && l >= n_dense && l % moe_freq == 0;
+    if (!moe) {
+      RETURN_IF_ERROR(
+          Copy(src, em, hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", {c.n_ff, d}));
+      RETURN_IF_ERROR(Copy(src, em, hf + "mlp.up_proj.weight", gg + "ffn_up.weight", {c.n_ff, d}));
+      RETURN_IF_ERROR(
+          Copy(src, em, hf + "mlp.down_proj.weight", gg + "ffn_down.weight", {d, c.n_ff}));
+      continue;
+    }
+    const std::string mb = hf + "block_sparse_moe.";
+    RETURN_IF_ERROR(Copy(src, em, mb + "gate.weight", gg + "ffn_gate_inp.weight", {n_expert, d}));
+    RETURN_IF_ERROR(CopyIfPresent(src, em, mb + "gate.e_score_correction_bias",
+                                  gg + "exp_probs_b.bias", {n_expert}));
+    struct Part {
+      const char* hf;
+      const char* gg;
+      int64_t rows, cols;
+    };
+    const Part parts[] = {{"w1", "gate", moe_ff, d}, {"w3", "up", moe_ff, d},
+                          {"w2", "down", d, moe_ff}};
+    for (const Part& p : parts) {
+      auto expert = [&](int64_t e) {
+        return mb + "experts." + std::to_string(e) + "." + p.hf + ".weight";
+      };
+      for (int64_t e = 0; e < n_expert; ++e) {
+        RETURN_IF_ERROR(src->CheckShape(expert(e), {p.rows, p.cols}));
+      }
+      std::vector<float> stacked;
+      stacked.reserve(static_cast<size_t>(n_expert * p.rows * p.cols));
+      for (int64_t e = 0; e < n_expert; ++e) {
+        ASSIGN_OR_RETURN(std::vector<float> v, src->Read(expert(e), {p.rows, p.cols}));
+        stacked.insert(stacked.end(), v.begin(), v.end());
+      }
+      RETURN_IF_ERROR(
+          em->Weight(gg + "ffn_" + p.gg + "_exps.weight", {n_expert, p.rows, p.cols}, stacked));
+    }
+    if (n_shared > 0) {
+      ASSIGN_OR_RETURN(const int64_t sh_ff, Dim(file, "moe_intermediate_size x num_shared_experts",
+                                                {moe_ff, n_shared}));
+      const std::string sh = mb + "shared_experts.";
+      RETURN_IF_ERROR(
+          Copy(src, em, sh + "gate_proj.weight", gg + "ffn_gate_shexp.weight", {sh_ff, d}));
+      RETURN_IF_ERROR(Copy(src, em, sh + "up_proj.weight", gg + "ffn_up_shexp.weight", {sh_ff, d}));
+      RETURN_IF_ERROR(
+          Copy(src, em, sh + "down_proj.weight", gg + "ffn_down_shexp.weight", {d, sh_ff}));
+    }
+  }
+  return OkStatus();
+}
+
 // Tensors a checkpoint may carry that the engine does not need.
 bool Skippable(const std::string& name, int64_t n_layer) {
   if (name.find("rotary_emb.inv_freq") != std::string::npos) return true;
@@ -1050,9 +1333,13 @@ StatusOr<GgufWriter> ConvertHfDirectory(const std::string& dir, const HfConvertO
   } else if (hf_arch == "DeepseekV2ForCausalLM") {
     c.arch = Arch::kDeepseek2;
     c.arch_name = "deepseek2";
+  } else if (hf_arch == "KimiLinearForCausalLM") {
+    c.arch = Arch::kKimiLinear;
+    c.arch_name = "kimi-linear";
   } else {
     return Unimplemented(cfg_path + ": architecture '" + hf_arch + "' is not supported " +
-                         "(LlamaForCausalLM, Qwen2ForCausalLM, DeepseekV2ForCausalLM)");
+                         "(LlamaForCausalLM, Qwen2ForCausalLM, DeepseekV2ForCausalLM, "
+                         "KimiLinearForCausalLM)");
   }
   ASSIGN_OR_RETURN(c.n_layer, cfg.Positive("num_hidden_layers"));
   ASSIGN_OR_RETURN(c.n_embd, cfg.Positive("hidden_size"));
@@ -1060,7 +1347,11 @@ StatusOr<GgufWriter> ConvertHfDirectory(const std::string& dir, const HfConvertO
   ASSIGN_OR_RETURN(c.n_head, cfg.Positive("num_attention_heads"));
   ASSIGN_OR_RETURN(c.n_head_kv, cfg.InRangeOr("num_key_value_heads", c.n_head, 1, kMaxDim));
   ASSIGN_OR_RETURN(c.n_vocab, cfg.Positive("vocab_size"));
-  ASSIGN_OR_RETURN(c.n_ctx, cfg.Positive("max_position_embeddings"));
+  if (c.arch == Arch::kKimiLinear && !cfg.Has("max_position_embeddings")) {
+    ASSIGN_OR_RETURN(c.n_ctx, cfg.Positive("model_max_length"));  // Kimi's config.json
+  } else {
+    ASSIGN_OR_RETURN(c.n_ctx, cfg.Positive("max_position_embeddings"));
+  }
   ASSIGN_OR_RETURN(double eps, cfg.Float("rms_norm_eps"));
   ASSIGN_OR_RETURN(double theta, cfg.FloatOr("rope_theta", 10000.0));
   ASSIGN_OR_RETURN(c.tied, cfg.BoolOr("tie_word_embeddings", false));
@@ -1096,6 +1387,8 @@ StatusOr<GgufWriter> ConvertHfDirectory(const std::string& dir, const HfConvertO
       Copy(&src, &em, "model.embed_tokens.weight", "token_embd.weight", {c.n_vocab, c.n_embd}));
   if (c.arch == Arch::kDeepseek2) {
     RETURN_IF_ERROR(ConvertDeepseek2(cfg, c, &src, &em, &w));
+  } else if (c.arch == Arch::kKimiLinear) {
+    RETURN_IF_ERROR(ConvertKimiLinear(cfg, c, &src, &em, &w));
   } else {
     RETURN_IF_ERROR(ConvertLlamaLike(cfg, c, &src, &em, &w));
   }

@@ -10,8 +10,18 @@
 namespace strata {
 
 StatusOr<std::unique_ptr<KvCache>> KvCache::Create(std::vector<LayerGeometry> layers,
-                                                   std::unique_ptr<Policy> policy) {
+                                                   std::unique_ptr<Policy> policy,
+                                                   RecurrentGeometry recurrent) {
   if (!policy) return InvalidArgument("KvCache::Create: no policy");
+  if (recurrent.n_layers < 0 || recurrent.state_floats < 0 || recurrent.conv_floats < 0 ||
+      (recurrent.n_layers > 0 && recurrent.state_floats + recurrent.conv_floats <= 0) ||
+      (recurrent.n_layers > 0 &&
+       recurrent.state_floats + recurrent.conv_floats > (int64_t{1} << 40) / recurrent.n_layers)) {
+    return InvalidArgument("KvCache::Create: bad recurrent state geometry (" +
+                           std::to_string(recurrent.n_layers) + " layers x (" +
+                           std::to_string(recurrent.state_floats) + " + " +
+                           std::to_string(recurrent.conv_floats) + ") floats)");
+  }
   if (layers.empty()) return InvalidArgument("KvCache::Create: model has no attention layers");
   for (size_t l = 0; l < layers.size(); ++l) {
     const LayerGeometry& g = layers[l];
@@ -33,11 +43,17 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::Create(std::vector<LayerGeometry> la
     }
   }
   RETURN_IF_ERROR(policy->Bind(layers).WithContext("policy '" + policy->name() + "'"));
-  return std::unique_ptr<KvCache>(new KvCache(std::move(layers), std::move(policy)));
+  return std::unique_ptr<KvCache>(
+      new KvCache(std::move(layers), std::move(policy), recurrent));
 }
 
-KvCache::KvCache(std::vector<LayerGeometry> layers, std::unique_ptr<Policy> policy)
-    : policy_(std::move(policy)) {
+KvCache::KvCache(std::vector<LayerGeometry> layers, std::unique_ptr<Policy> policy,
+                 RecurrentGeometry recurrent)
+    : policy_(std::move(policy)),
+      recurrent_(recurrent),
+      recurrent_buf_(static_cast<size_t>(recurrent.n_layers) *
+                         static_cast<size_t>(recurrent.state_floats + recurrent.conv_floats),
+                     0.f) {
   int max_heads = 0, max_dv = 0;
   for (const auto& g : layers) {
     stores_.emplace_back(g);
@@ -259,12 +275,17 @@ Status KvCache::Compress() {
 int64_t KvCache::ResidentBytes() const {
   int64_t b = 0;
   for (int l = 0; l < n_layers(); ++l) b += policy_->ResidentBytes(l, stores_[l]);
-  return b;
+  return b + RecurrentBytes();
 }
 
 ResidentParts KvCache::ResidentBreakdown() const {
   ResidentParts sum;
   for (int l = 0; l < n_layers(); ++l) sum.Add(policy_->ResidentBreakdown(l, stores_[l]));
+  if (recurrent_.n_layers > 0) {
+    ResidentParts rec;
+    rec.parts.push_back({"recurrent state", RecurrentBytes()});
+    sum.Add(rec);
+  }
   return sum;
 }
 
@@ -277,7 +298,7 @@ int64_t KvCache::FullBytesPerToken() const {
 int64_t KvCache::FullResidentBytes() const {
   int64_t b = 0;
   for (const auto& s : stores_) b += s.full_resident_bytes();
-  return b;
+  return b + RecurrentBytes();
 }
 
 PolicySummary KvCache::Summary() const {

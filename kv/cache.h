@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/check.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
@@ -29,11 +30,27 @@ struct CacheCounters {
   ReadStats last_step;             // summed over layers for the most recent call
 };
 
+// The fixed-size per-sequence state of a model's recurrent layers (kimi-linear's KDA layers):
+// per layer an f32 recurrent state and an f32 short-conv tail. It has no rows, so no policy ever
+// sees it; it lives in the sequence's KvCache so that resident bytes, reports and a new sequence
+// (a new cache: zeroed) cover it.
+struct RecurrentGeometry {
+  int n_layers = 0;          // recurrent layers, in model order
+  int64_t state_floats = 0;  // per layer: e.g. KDA heads x d_k x d_v
+  int64_t conv_floats = 0;   // per layer: e.g. 3 (q, k, v) x channels x (kernel - 1)
+  int64_t bytes_per_sequence() const {
+    return int64_t{n_layers} * (state_floats + conv_floats) * static_cast<int64_t>(sizeof(float));
+  }
+  bool operator==(const RecurrentGeometry&) const = default;
+};
+
 class KvCache {
  public:
-  // Binds the policy to the layers; errors from Bind are returned as they are.
+  // Binds the policy to the layers; errors from Bind are returned as they are. `recurrent`: the
+  // model's recurrent layers (none by default), allocated zeroed.
   static StatusOr<std::unique_ptr<KvCache>> Create(std::vector<LayerGeometry> layers,
-                                                   std::unique_ptr<Policy> policy);
+                                                   std::unique_ptr<Policy> policy,
+                                                   RecurrentGeometry recurrent = {});
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
@@ -77,19 +94,39 @@ class KvCache {
   // The first error of an event (OK while none): the cache refuses every call after it.
   const Status& status() const { return status_; }
   const CacheCounters& counters() const { return counters_; }
-  // Resident bytes over all layers as the policy accounts them.
+  // The recurrent layers' state (RecurrentGeometry): recurrent_state(i) is layer i's
+  // [state_floats] f32, recurrent_conv(i) its [conv_floats] f32 (i counts recurrent layers only).
+  // Written by the model inside a call; zero in a new cache.
+  const RecurrentGeometry& recurrent() const { return recurrent_; }
+  float* recurrent_state(int i) { return &recurrent_buf_[Slot(i)]; }
+  float* recurrent_conv(int i) { return &recurrent_buf_[Slot(i) + recurrent_.state_floats]; }
+  const float* recurrent_state(int i) const { return &recurrent_buf_[Slot(i)]; }
+  const float* recurrent_conv(int i) const {
+    return &recurrent_buf_[Slot(i) + recurrent_.state_floats];
+  }
+  // Bytes of the recurrent state (fixed per sequence, independent of the context).
+  int64_t RecurrentBytes() const { return recurrent_.bytes_per_sequence(); }
+
+  // Resident bytes over all layers as the policy accounts them, plus the recurrent state.
   int64_t ResidentBytes() const;
-  // ResidentBytes by part, summed over the layers (Policy::ResidentBreakdown).
+  // ResidentBytes by part, summed over the layers (Policy::ResidentBreakdown), and the
+  // recurrent state as its own part ("recurrent state") when the model has one.
   ResidentParts ResidentBreakdown() const;
   // Bytes per token of the full (uncompressed) cache, summed over layers.
   int64_t FullBytesPerToken() const;
-  // Resident bytes the full cache would hold for the same rows (LayerStore::full_resident_bytes).
+  // Resident bytes the full cache would hold for the same rows (LayerStore::full_resident_bytes),
+  // plus the recurrent state (which every policy holds alike).
   int64_t FullResidentBytes() const;
   // The policy's summaries of every layer, summed (PolicySummary::Add).
   PolicySummary Summary() const;
 
  private:
-  KvCache(std::vector<LayerGeometry> layers, std::unique_ptr<Policy> policy);
+  KvCache(std::vector<LayerGeometry> layers, std::unique_ptr<Policy> policy,
+          RecurrentGeometry recurrent);
+  size_t Slot(int i) const {
+    STRATA_CHECK_MSG(i >= 0 && i < recurrent_.n_layers, "recurrent layer out of range");
+    return static_cast<size_t>(i) * (recurrent_.state_floats + recurrent_.conv_floats);
+  }
   // Applies a policy's plan to a layer; `floor` is the first row no released page may hold.
   Status Apply(int layer, const CachePlan& plan, int64_t floor, const char* event);
   // OnAppended for a layer whose rows of the call are all in, once per call (at its last row).
@@ -101,6 +138,8 @@ class KvCache {
 
   std::vector<LayerStore> stores_;
   std::unique_ptr<Policy> policy_;
+  RecurrentGeometry recurrent_;
+  std::vector<float> recurrent_buf_;  // [n_layers, state_floats + conv_floats] f32
   SoftmaxStateBuffer scratch_;
   CacheCounters counters_;
   Status status_;

@@ -14,6 +14,7 @@ const char* ArchName(Arch a) {
     case Arch::kLlama: return "llama";
     case Arch::kQwen2: return "qwen2";
     case Arch::kDeepseek2: return "deepseek2";
+    case Arch::kKimiLinear: return "kimi-linear";
   }
   return "?";
 }
@@ -22,8 +23,9 @@ StatusOr<Arch> ParseArch(const std::string& name) {
   if (name == "llama") return Arch::kLlama;
   if (name == "qwen2") return Arch::kQwen2;
   if (name == "deepseek2") return Arch::kDeepseek2;
+  if (name == "kimi-linear") return Arch::kKimiLinear;
   return Unimplemented("unsupported architecture '" + name +
-                       "' (supported: llama, qwen2, deepseek2)");
+                       "' (supported: llama, qwen2, deepseek2, kimi-linear)");
 }
 
 namespace {
@@ -66,12 +68,53 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   }
   RETURN_IF_ERROR(req("embedding_length", &c.d_model));
   RETURN_IF_ERROR(req("attention.head_count", &c.n_heads));
-  if (f.Has(a + "attention.head_count_kv") &&
-      f.Find(a + "attention.head_count_kv")->type == GgufType::kArray) {
-    return Unimplemented(a + "attention.head_count_kv is a per-layer array (hybrid models such as "
-                         "kimi-linear are not supported yet)");
+  const bool kv_array = f.Has(a + "attention.head_count_kv") &&
+                        f.Find(a + "attention.head_count_kv")->type == GgufType::kArray;
+  if (c.arch == Arch::kKimiLinear) {
+    // Per layer: 0 = KDA (recurrent), 1 = MLA (one latent row per token). A scalar applies to
+    // every layer (then all MLA, or all KDA, which is refused below).
+    std::vector<int64_t> per_layer;
+    if (kv_array) {
+      ASSIGN_OR_RETURN(per_layer, f.GetIntArray(a + "attention.head_count_kv"));
+      if (static_cast<int64_t>(per_layer.size()) != c.n_layers) {
+        return InvalidArgument("metadata " + a + "attention.head_count_kv has " +
+                               std::to_string(per_layer.size()) + " entries but " + a +
+                               "block_count = " + std::to_string(c.n_layers) +
+                               " (one per layer: 0 = KDA, 1 = MLA)");
+      }
+    } else {
+      ASSIGN_OR_RETURN(const int64_t v, f.GetIntIn(a + "attention.head_count_kv", 0, 1));
+      per_layer.assign(c.n_layers, v);
+    }
+    c.layer_kda.resize(c.n_layers);
+    int n_mla = 0;
+    for (int l = 0; l < c.n_layers; ++l) {
+      if (per_layer[l] != 0 && per_layer[l] != 1) {
+        return InvalidArgument("metadata " + a + "attention.head_count_kv[" + std::to_string(l) +
+                               "] = " + std::to_string(per_layer[l]) +
+                               " (kimi-linear: 0 = KDA layer, 1 = MLA layer)");
+      }
+      c.layer_kda[l] = per_layer[l] == 0;
+      n_mla += per_layer[l] == 1;
+    }
+    if (n_mla == 0) {
+      return Unimplemented("metadata " + a + "attention.head_count_kv marks no MLA layer; a "
+                           "kimi-linear model without an MLA layer is not supported (the cache "
+                           "counts positions by MLA rows)");
+    }
+    c.n_kv_heads = 1;
+    c.kda_heads = c.n_heads;
+    if (n_mla < c.n_layers) {
+      RETURN_IF_ERROR(req("kda.head_dim", &c.kda_head_dim));
+      RETURN_IF_ERROR(req("ssm.conv_kernel", &c.ssm_conv_kernel, 64));
+    }
+  } else {
+    if (kv_array) {
+      return Unimplemented(a + "attention.head_count_kv is a per-layer array, which only the "
+                           "kimi-linear architecture reads");
+    }
+    RETURN_IF_ERROR(opt("attention.head_count_kv", c.n_heads, 1, kMaxInt, &c.n_kv_heads));
   }
-  RETURN_IF_ERROR(opt("attention.head_count_kv", c.n_heads, 1, kMaxInt, &c.n_kv_heads));
   RETURN_IF_ERROR(opt("feed_forward_length", 0, 0, kMaxInt, &c.d_ff));
   ASSIGN_OR_RETURN(c.n_ctx_train, f.GetIntInOr(a + "context_length", 4096, 1, INT64_MAX));
   ASSIGN_OR_RETURN(const double eps, f.GetFloatOr(a + "attention.layer_norm_rms_epsilon", 1e-5));
@@ -101,12 +144,13 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   }
   c.has_rope_freqs = f.FindTensor("rope_freqs.weight") != nullptr;
 
-  if (c.arch == Arch::kDeepseek2) {
+  if (c.arch == Arch::kDeepseek2 || c.arch == Arch::kKimiLinear) {
+    const bool kimi = c.arch == Arch::kKimiLinear;
     RETURN_IF_ERROR(req("attention.kv_lora_rank", &c.kv_lora_rank));
     RETURN_IF_ERROR(opt("attention.q_lora_rank", 0, 0, kMaxInt, &c.q_lora_rank));
     RETURN_IF_ERROR(req("rope.dimension_count", &c.qk_rope_dim));
     int qk_dim = 0;
-    if (f.Has(a + "attention.key_length_mla")) {
+    if (kimi || f.Has(a + "attention.key_length_mla")) {  // kimi-linear: required (llama.cpp)
       RETURN_IF_ERROR(req("attention.key_length_mla", &qk_dim));
       RETURN_IF_ERROR(req("attention.value_length_mla", &c.v_head_dim));
     } else {
@@ -128,7 +172,12 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
                         " does not fit a cache row");
     }
     c.rope_dim = c.qk_rope_dim;
-    ASSIGN_OR_RETURN(c.mla_nope, f.GetBoolOr(a + "attention.mla_use_nope", false));
+    // kimi-linear MLA is always NoPE (llama.cpp builds no positions for it; no key is written).
+    ASSIGN_OR_RETURN(c.mla_nope, f.GetBoolOr(a + "attention.mla_use_nope", kimi));
+    if (kimi && !c.mla_nope) {
+      return InvalidArgument("metadata " + a + "attention.mla_use_nope = false: kimi-linear MLA "
+                             "layers are NoPE");
+    }
     RETURN_IF_ERROR(opt("leading_dense_block_count", 0, 0, c.n_layers, &c.n_leading_dense));
     RETURN_IF_ERROR(opt("expert_count", 0, 0, kMaxInt, &c.n_experts));
     if (c.n_experts > 0) {
@@ -141,7 +190,12 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
                           " is not finite");
       }
       c.expert_weights_scale = static_cast<float>(scale);
-      ASSIGN_OR_RETURN(c.expert_weights_norm, f.GetBoolOr(a + "expert_weights_norm", false));
+      // kimi-linear: llama.cpp's graph always renormalises (the key is not written) and requires
+      // the gating function key.
+      ASSIGN_OR_RETURN(c.expert_weights_norm, f.GetBoolOr(a + "expert_weights_norm", kimi));
+      if (kimi && !f.Has(a + "expert_gating_func")) {
+        return NotFound("missing metadata " + a + "expert_gating_func (1 softmax, 2 sigmoid)");
+      }
       ASSIGN_OR_RETURN(const int64_t gating, f.GetIntOr(a + "expert_gating_func", 1));
       if (gating != 1 && gating != 2) {
         return Unimplemented(a + "expert_gating_func = " + std::to_string(gating) +
@@ -184,6 +238,12 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
   return c;
 }
 
+int ModelConfig::n_kda_layers() const {
+  int n = 0;
+  for (uint8_t k : layer_kda) n += k != 0;
+  return n;
+}
+
 std::string ModelConfig::Summary() const {
   std::ostringstream s;
   s << ArchName(arch) << " '" << name << "': " << n_layers << " layers, d_model " << d_model
@@ -192,6 +252,11 @@ std::string ModelConfig::Summary() const {
     s << ", MLA d_c " << kv_lora_rank << " d_r " << qk_rope_dim << " (" << (mla_nope ? "NoPE" : "RoPE")
       << "), nope " << qk_nope_dim << ", v " << v_head_dim;
     if (q_lora_rank) s << ", q_lora " << q_lora_rank;
+    if (arch == Arch::kKimiLinear) {
+      s << ", " << n_kda_layers() << " KDA + " << (n_layers - n_kda_layers())
+        << " MLA layers (KDA " << kda_heads << " heads x " << kda_head_dim << ", conv "
+        << ssm_conv_kernel << ")";
+    }
     if (n_experts) {
       s << ", MoE " << n_experts << " experts top-" << n_experts_used << " + " << n_shared_experts
         << " shared (ff " << d_ff_expert << "), " << n_leading_dense << " dense layers";

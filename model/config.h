@@ -12,7 +12,7 @@ namespace strata {
 
 class GgufFile;
 
-enum class Arch { kLlama, kQwen2, kDeepseek2 };
+enum class Arch { kLlama, kQwen2, kDeepseek2, kKimiLinear };
 const char* ArchName(Arch a);
 StatusOr<Arch> ParseArch(const std::string& name);
 
@@ -54,7 +54,16 @@ struct ModelConfig {
   bool expert_weights_norm = false;
   int expert_gating = 1;  // 1 softmax, 2 sigmoid
 
-  bool is_mla() const { return arch == Arch::kDeepseek2; }
+  // kimi-linear (KDA + NoPE MLA hybrid). layer_kda[l] = 1 where the file's per-layer
+  // attention.head_count_kv is 0 (llama.cpp's marker of a recurrent layer), 0 at MLA layers.
+  std::vector<uint8_t> layer_kda;  // [n_layers]; empty for the other architectures
+  int kda_head_dim = 0;            // {arch}.kda.head_dim (d_k = d_v per KDA head)
+  int kda_heads = 0;               // = attention.head_count (llama.cpp's KDA head count)
+  int ssm_conv_kernel = 0;         // {arch}.ssm.conv_kernel (short causal conv taps)
+
+  bool is_mla() const { return arch == Arch::kDeepseek2 || arch == Arch::kKimiLinear; }
+  bool is_kda_layer(int l) const { return !layer_kda.empty() && layer_kda[l] != 0; }
+  int n_kda_layers() const;
   bool is_moe_layer(int l) const { return n_experts > 0 && l >= n_leading_dense; }
   // Reads and validates every field; errors name the key and the bad value.
   static StatusOr<ModelConfig> FromGguf(const GgufFile& f);

@@ -50,6 +50,9 @@ StatusOr<std::unique_ptr<Model>> Model::FromGguf(std::unique_ptr<GgufFile> file)
     case Arch::kDeepseek2:
       m = NewDeepseek2Model(std::move(file), cfg);
       break;
+    case Arch::kKimiLinear:
+      m = NewKimiLinearModel(std::move(file), cfg);
+      break;
   }
   RETURN_IF_ERROR(m->LoadCommon().WithContext(path));
   RETURN_IF_ERROR(m->LoadWeights().WithContext(path));
@@ -149,7 +152,7 @@ StatusOr<std::unique_ptr<KvCache>> Model::NewCache(std::unique_ptr<Policy> polic
     g.kv_type = kv_type;
     g.attn_math = attn_math;
   }
-  return KvCache::Create(std::move(layers), std::move(policy));
+  return KvCache::Create(std::move(layers), std::move(policy), RecurrentLayers());
 }
 
 void Model::Embed(const int32_t* tokens, int n, float* x) const {
@@ -265,7 +268,15 @@ Status Model::Decode(int32_t token, KvCache* cache, ThreadPool* pool, float* log
 namespace {
 // Where a cache's layers differ from the model's (kv_type aside: the cache chooses it); empty
 // when they match.
-std::string GeometryMismatch(const KvCache& cache, const std::vector<LayerGeometry>& want) {
+std::string GeometryMismatch(const KvCache& cache, const std::vector<LayerGeometry>& want,
+                             const RecurrentGeometry& want_rec) {
+  if (!(cache.recurrent() == want_rec)) {
+    return "holds " + std::to_string(cache.recurrent().n_layers) + " recurrent layers of " +
+           std::to_string(cache.recurrent().state_floats) + " + " +
+           std::to_string(cache.recurrent().conv_floats) + " floats, the model " +
+           std::to_string(want_rec.n_layers) + " of " + std::to_string(want_rec.state_floats) +
+           " + " + std::to_string(want_rec.conv_floats);
+  }
   if (cache.n_layers() != static_cast<int>(want.size())) {
     return "has " + std::to_string(cache.n_layers()) + " layers, the model " +
            std::to_string(want.size());
@@ -296,6 +307,7 @@ Status Model::DecodeBatch(const int32_t* tokens, int B, KvCache* const* caches, 
     return InvalidArgument("DecodeBatch: null tokens or caches array");
   }
   const std::vector<LayerGeometry> layers = CacheLayers();
+  const RecurrentGeometry rec = RecurrentLayers();
   std::vector<const KvCache*> seen(caches, caches + B);
   std::sort(seen.begin(), seen.end());
   for (int b = 0; b < B; ++b) {
@@ -307,7 +319,7 @@ Status Model::DecodeBatch(const int32_t* tokens, int B, KvCache* const* caches, 
                              " is outside the vocabulary [0, " +
                              std::to_string(config_.n_vocab) + ")");
     }
-    if (const std::string why = GeometryMismatch(*c, layers); !why.empty()) {
+    if (const std::string why = GeometryMismatch(*c, layers, rec); !why.empty()) {
       return InvalidArgument(seq + "the cache was not made for this model: it " + why);
     }
     if (options.ctx_limit > 0 && c->n_tokens() >= options.ctx_limit) {

@@ -39,8 +39,11 @@ class Model {
   int64_t decode_weight_bytes() const;
   int64_t total_weight_bytes() const;
 
-  // One LayerGeometry per attention layer, in layer order.
+  // One LayerGeometry per attention layer, in layer order (kimi-linear: its MLA layers only).
   virtual std::vector<LayerGeometry> CacheLayers() const = 0;
+  // The per-sequence state of the model's recurrent layers (kimi-linear's KDA layers), held by
+  // each KvCache that NewCache makes; none by default.
+  virtual RecurrentGeometry RecurrentLayers() const { return {}; }
   // kv_type: how the cache stores rows (--kv-type; bf16 unless asked): f32 and f16 are read by
   // the full policy only, and any other policy is refused with an error naming it.
   // attn_math: the attention dot-product arithmetic (--attn-math; the process default, f32 unless

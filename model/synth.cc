@@ -27,7 +27,8 @@ Status SynthOptions::ApplyDims(const std::string& spec) {
       {"nope_dim", &qk_nope_dim},   {"rope_dim", &qk_rope_dim},    {"v_dim", &v_head_dim},
       {"experts", &n_experts},      {"experts_used", &n_experts_used},
       {"shared_experts", &n_shared_experts}, {"ff_expert", &d_ff_expert},
-      {"dense_layers", &n_leading_dense},    {"gating", &gating}};
+      {"dense_layers", &n_leading_dense},    {"gating", &gating},
+      {"kda_dim", &kda_head_dim},   {"conv", &conv_kernel},        {"mla_every", &mla_every}};
   std::stringstream ss(spec);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -70,7 +71,27 @@ Status SynthOptions::ApplyPreset(const std::string& name) {
     n_leading_dense = 1;
     return OkStatus();
   }
-  return InvalidArgument("unknown preset '" + name + "' (tiny, 125m, 150m)");
+  if (name == "48b-shape") {  // Kimi Linear 48B-A3B per-layer geometry; 4 layers, 16 experts
+    arch = Arch::kKimiLinear;
+    d_model = 2304; n_layers = 4; n_heads = 32; d_ff = 9216;
+    // The real vocabulary is 163840; 32000 keeps the file and the synth time small (the output
+    // matrix is then ~5x smaller than the real one in the decode bandwidth floor).
+    vocab = 32000;
+    kda_head_dim = 128; conv_kernel = 4; mla_every = 4;
+    kv_lora_rank = 512; qk_rope_dim = 64; qk_nope_dim = 128; v_head_dim = 128;
+    n_experts = 16; n_experts_used = 8; n_shared_experts = 1; d_ff_expert = 1024;
+    n_leading_dense = 1; gating = 2; routed_scale = 2.446f;
+    return OkStatus();
+  }
+  return InvalidArgument("unknown preset '" + name + "' (tiny, 125m, 150m, 48b-shape)");
+}
+
+void SynthOptions::SetArch(Arch a, const std::string& preset) {
+  const bool changed = arch != a;
+  arch = a;
+  if (a == Arch::kKimiLinear && preset == "tiny" && changed) {
+    n_layers = 4; mla_every = 2; gating = 2; routed_scale = 1.5f;
+  }
 }
 
 Status SynthOptions::Validate() const {
@@ -86,7 +107,12 @@ Status SynthOptions::Validate() const {
   if (d_model % 32 && dtype == DType::kQ8_0) {
     return InvalidArgument("synth: Q8_0 needs d_model divisible by 32, got " + std::to_string(d_model));
   }
-  if (arch == Arch::kDeepseek2) {
+  if (arch == Arch::kKimiLinear) {
+    RETURN_IF_ERROR(pos("kda_dim", kda_head_dim));
+    RETURN_IF_ERROR(pos("conv", conv_kernel));
+    RETURN_IF_ERROR(pos("mla_every", mla_every));
+  }
+  if (arch == Arch::kDeepseek2 || arch == Arch::kKimiLinear) {
     RETURN_IF_ERROR(pos("kv_lora", kv_lora_rank));
     RETURN_IF_ERROR(pos("nope_dim", qk_nope_dim));
     RETURN_IF_ERROR(pos("v_dim", v_head_dim));
@@ -97,6 +123,9 @@ Status SynthOptions::Validate() const {
       RETURN_IF_ERROR(pos("experts_used", n_experts_used));
       RETURN_IF_ERROR(pos("ff_expert", d_ff_expert));
       if (n_experts_used > n_experts) return InvalidArgument("synth: experts_used > experts");
+    }
+    if (arch == Arch::kKimiLinear && q_lora_rank != 0) {
+      return InvalidArgument("synth: kimi-linear has no q LoRA (q_lora must be 0)");
     }
   } else {
     RETURN_IF_ERROR(pos("kv_heads", n_kv_heads));
@@ -205,7 +234,68 @@ Status SynthHf(const SynthOptions& o, const std::string& dir) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     norm(p + "input_layernorm.weight", d);
     norm(p + "post_attention_layernorm.weight", d);
-    if (o.arch == Arch::kDeepseek2) {
+    if (o.arch == Arch::kKimiLinear) {
+      const std::string at = p + "self_attn.";
+      if (!o.is_mla_layer(l)) {
+        const int64_t H = o.n_heads, D = o.kda_head_dim, C = H * D, W = o.conv_kernel;
+        mat(at + "q_proj.weight", {C, d}, sa);
+        mat(at + "k_proj.weight", {C, d}, sa);
+        mat(at + "v_proj.weight", {C, d}, sa);
+        // Depthwise conv taps around 0.5 so the conv mixes the last W tokens visibly.
+        for (const char* x : {"q", "k", "v"}) {
+          mat(at + x + "_conv1d.weight", {C, 1, W}, 0.5f);
+          ts.back().dtype = DType::kF32;
+        }
+        mat(at + "f_a_proj.weight", {D, d}, sa);
+        mat(at + "f_b_proj.weight", {C, D}, 1.f / std::sqrt(static_cast<float>(D)));
+        {  // A_log: log of decay rates in [1, 16] (the released model's init range), fp32
+          SafetensorsTensor t;
+          t.name = at + "A_log";
+          t.dtype = DType::kF32;
+          t.shape = {1, 1, H, 1};
+          for (int64_t h = 0; h < H; ++h) t.values.push_back(std::log(1.f + 15.f * rng.Uniform()));
+          ts.push_back(std::move(t));
+        }
+        mat(at + "dt_bias", {C}, 1.f);
+        ts.back().dtype = DType::kF32;
+        mat(at + "b_proj.weight", {H, d}, sa);
+        mat(at + "g_a_proj.weight", {D, d}, sa);
+        mat(at + "g_b_proj.weight", {C, D}, 1.f / std::sqrt(static_cast<float>(D)));
+        norm(at + "o_norm.weight", D);
+        mat(at + "o_proj.weight", {d, C}, s);
+      } else {
+        const int64_t qk = o.qk_nope_dim + o.qk_rope_dim;
+        mat(at + "q_proj.weight", {o.n_heads * qk, d}, sa);
+        mat(at + "kv_a_proj_with_mqa.weight", {o.kv_lora_rank + o.qk_rope_dim, d}, sa);
+        norm(at + "kv_a_layernorm.weight", o.kv_lora_rank);
+        mat(at + "kv_b_proj.weight",
+            {o.n_heads * (o.qk_nope_dim + o.v_head_dim), o.kv_lora_rank},
+            1.f / std::sqrt(static_cast<float>(o.kv_lora_rank)));
+        mat(at + "o_proj.weight", {d, o.n_heads * o.v_head_dim}, s);
+      }
+      if (o.n_experts > 0 && l >= o.n_leading_dense) {
+        const std::string mb = p + "block_sparse_moe.";
+        mat(mb + "gate.weight", {o.n_experts, d}, sa);
+        mat(mb + "gate.e_score_correction_bias", {o.n_experts}, 0.5f);
+        ts.back().dtype = DType::kF32;
+        for (int e = 0; e < o.n_experts; ++e) {
+          const std::string ep = mb + "experts." + std::to_string(e) + ".";
+          mat(ep + "w1.weight", {o.d_ff_expert, d}, s);
+          mat(ep + "w3.weight", {o.d_ff_expert, d}, s);
+          mat(ep + "w2.weight", {d, o.d_ff_expert}, s);
+        }
+        if (o.n_shared_experts > 0) {
+          const int64_t ffs = int64_t{o.d_ff_expert} * o.n_shared_experts;
+          mat(mb + "shared_experts.gate_proj.weight", {ffs, d}, s);
+          mat(mb + "shared_experts.up_proj.weight", {ffs, d}, s);
+          mat(mb + "shared_experts.down_proj.weight", {d, ffs}, s);
+        }
+      } else {
+        mat(p + "mlp.gate_proj.weight", {o.d_ff, d}, s);
+        mat(p + "mlp.up_proj.weight", {o.d_ff, d}, s);
+        mat(p + "mlp.down_proj.weight", {d, o.d_ff}, s);
+      }
+    } else if (o.arch == Arch::kDeepseek2) {
       const int64_t qk = o.qk_nope_dim + o.qk_rope_dim;
       if (o.q_lora_rank > 0) {
         mat(p + "self_attn.q_a_proj.weight", {o.q_lora_rank, d}, sa);
@@ -258,7 +348,41 @@ Status SynthHf(const SynthOptions& o, const std::string& dir) {
   }
   norm("model.norm.weight", d);
   if (!o.tied_embeddings) mat("lm_head.weight", {o.vocab, d}, s);
-  if (o.arch == Arch::kDeepseek2) {
+  if (o.arch == Arch::kKimiLinear) {
+    // The released config.json's keys (docs/reference/kimi-linear.md §1).
+    cfg["architectures"] = {"KimiLinearForCausalLM"};
+    cfg["model_type"] = "kimi_linear";
+    cfg.erase("max_position_embeddings");
+    cfg["model_max_length"] = 1048576;
+    cfg["num_key_value_heads"] = o.n_heads;
+    cfg["head_dim"] = o.d_model / o.n_heads;
+    cfg["kv_lora_rank"] = o.kv_lora_rank;
+    cfg["q_lora_rank"] = nullptr;
+    cfg["qk_nope_head_dim"] = o.qk_nope_dim;
+    cfg["qk_rope_head_dim"] = o.qk_rope_dim;
+    cfg["v_head_dim"] = o.v_head_dim;
+    cfg["mla_use_nope"] = true;
+    nlohmann::json kda = nlohmann::json::array(), full = nlohmann::json::array();
+    for (int l = 0; l < o.n_layers; ++l) (o.is_mla_layer(l) ? full : kda).push_back(l + 1);
+    cfg["linear_attn_config"] = {{"kda_layers", kda},
+                                 {"full_attn_layers", full},
+                                 {"num_heads", o.n_heads},
+                                 {"head_dim", o.kda_head_dim},
+                                 {"short_conv_kernel_size", o.conv_kernel}};
+    cfg["num_experts"] = o.n_experts;
+    cfg["num_experts_per_token"] = o.n_experts_used;
+    cfg["num_shared_experts"] = o.n_shared_experts;
+    cfg["moe_intermediate_size"] = o.d_ff_expert;
+    cfg["first_k_dense_replace"] = o.n_leading_dense;
+    cfg["moe_layer_freq"] = 1;
+    cfg["moe_router_activation_func"] = o.gating == 2 ? "sigmoid" : "softmax";
+    cfg["moe_renormalize"] = true;
+    cfg["routed_scaling_factor"] = o.routed_scale;
+    cfg["use_grouped_topk"] = true;
+    cfg["num_expert_group"] = 1;
+    cfg["topk_group"] = 1;
+    cfg["hidden_act"] = "silu";
+  } else if (o.arch == Arch::kDeepseek2) {
     cfg["architectures"] = {"DeepseekV2ForCausalLM"};
     cfg["num_key_value_heads"] = o.n_heads;
     cfg["kv_lora_rank"] = o.kv_lora_rank;

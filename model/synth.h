@@ -34,6 +34,13 @@ struct SynthOptions {
   int d_ff_expert = 32;
   int n_leading_dense = 1;
   int gating = 1;          // 1 softmax, 2 sigmoid
+  // kimi-linear: KDA heads = heads, head dim kda_head_dim, short conv kernel conv_kernel; layer l
+  // is MLA when (l + 1) % mla_every == 0 or it is the last layer (the released model's pattern
+  // with mla_every = 4), else KDA. MLA uses kv_lora / nope_dim / rope_dim / v_dim (NoPE).
+  int kda_head_dim = 16;
+  int conv_kernel = 4;
+  int mla_every = 2;
+  float routed_scale = 1.f;  // kimi-linear: routed_scaling_factor
   bool tied_embeddings = false;
   float rope_base = 10000.f;
   float init_std = 0.02f;
@@ -45,10 +52,18 @@ struct SynthOptions {
 
   // "key=value,key=value" over the field names above (d_model, layers, heads, kv_heads,
   // head_dim, ff, vocab, q_lora, kv_lora, nope_dim, rope_dim, v_dim, experts, experts_used,
-  // shared_experts, ff_expert, dense_layers, gating, tied, seed). Unknown keys are errors.
+  // shared_experts, ff_expert, dense_layers, gating, kda_dim, conv, mla_every, tied, seed).
+  // Unknown keys are errors.
   Status ApplyDims(const std::string& spec);
-  // Named shapes: "tiny" (tests), "125m" (llama-shaped ~125M), "150m" (deepseek2-shaped ~150M).
+  // Named shapes: "tiny" (tests), "125m" (llama-shaped ~125M), "150m" (deepseek2-shaped ~150M),
+  // "48b-shape" (kimi-linear with Kimi Linear 48B-A3B's layer geometry, few layers and experts).
   Status ApplyPreset(const std::string& name);
+  // Sets the architecture; kimi-linear with the tiny preset also takes its tiny hybrid shape
+  // (4 layers KDA, MLA, KDA, MLA; sigmoid routing with a selection bias).
+  void SetArch(Arch a, const std::string& preset);
+  bool is_mla_layer(int l) const {
+    return arch != Arch::kKimiLinear || (l + 1) % mla_every == 0 || l == n_layers - 1;
+  }
   Status Validate() const;
 };
 
