@@ -97,8 +97,7 @@ void AddBenchCapacityCommand(CLI::App* bench, BenchCapacityOptions* o) {
   cmd->add_option("--d-c", o->d_c, "Latent width d_c (mla)")->capture_default_str();
   cmd->add_option("--d-r", o->d_r, "Branch width d_r (mla)")->capture_default_str();
   cmd->add_option("--policy", o->policy,
-                  "NAME[@X][:key=value...]; gqa: geodesia or cquest (default geodesia@2; mass=compressed "
-                  "unless given); mla: "
+                  "NAME[@X][:key=value...]; gqa: geodesia or cquest (default geodesia@2); mla: "
                   "any MLA policy (default vestige, with archive=file:DIR unless given)");
   cmd->add_option("--every", o->every,
                   "gqa: tokens between allocator runs during the fill (default 1024); mla: "
@@ -138,9 +137,6 @@ int RunBenchCapacity(const BenchCapacityOptions& opts, std::ostream& out, std::o
   if (o.every < 64) return fail("--every must be >= 64, got " + std::to_string(o.every));
   auto spec = ParsePolicySpec(o.policy);
   if (!spec.ok()) return fail(spec.status().message());
-  // The fill never updates the attention mass (Maintain runs the allocator on the EMA), so the
-  // exact key copy of `mass exact` would only add 8 bits per value: compressed unless asked.
-  if (spec->settings.count("mass") == 0) spec->settings["mass"] = "compressed";
   auto policy = MakePolicy(*spec);
   if (!policy.ok()) return fail("--policy " + o.policy + ": " + policy.status().ToString());
   const LayerGeometry g = GqaGeometry(o.q_heads, o.kv_heads, o.head_dim);

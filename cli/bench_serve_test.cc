@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -209,9 +211,14 @@ TEST_F(BenchServeTest, FitSequencesReallyFitTheBudget) {
       EXPECT_EQ(total, (fit + 1) * per);  // the same bytes whatever the rows
       EXPECT_GT(total, budget);
     }
-    // The scheduler's reserve is the full rate of the prompt.
+    // The scheduler's reserve is the full rate of the prompt's pages times the policy's peak
+    // factor (2x for Geodesia, which holds the prompt twice until the compression point).
+    const int64_t page = LayerStore::kPageRows;
+    const int64_t rows = (ctx - 1 + page - 1) / page * page;
+    const double factor = first->cache->policy().peak_resident_factor();
+    EXPECT_EQ(factor, policy.rfind("geodesia", 0) == 0 ? 2.0 : 1.0);
     EXPECT_EQ(serve::Scheduler::PromptReserve(*first->cache, ctx - 1),
-              (ctx - 1) * first->cache->FullBytesPerToken());
+              static_cast<int64_t>(std::ceil(factor * rows * first->cache->FullBytesPerToken())));
   }
 }
 

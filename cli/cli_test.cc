@@ -387,7 +387,7 @@ TEST_F(CliTest, BenchAttentionRunsRegisteredPolicies) {
   Result g = Strata({"bench", "attention", "--kind", "gqa", "--ctx", "512", "--q-heads", "4",
                      "--kv-heads", "2", "--head-dim", "32", "--steps", "1", "--warmup", "0",
                      "--threads", "1", "--policy", "geodesia@5,cquest,streaming", "--ratio",
-                     "4"});
+                     "4", "--attn-math", "f32"});
   ASSERT_EQ(g.code, 0) << g.err;
   for (const char* p : {"full", "geodesia@5", "cquest", "streaming"}) {
     EXPECT_NE(g.out.find(p), std::string::npos) << p << "\n" << g.out;
@@ -397,7 +397,7 @@ TEST_F(CliTest, BenchAttentionRunsRegisteredPolicies) {
   Result m = Strata({"bench", "attention", "--kind", "mla", "--ctx", "256", "--heads", "2",
                      "--d-c", "64", "--d-r", "16", "--steps", "1", "--warmup", "0", "--threads",
                      "1", "--policy", "vestige:recall=off:block=64:kappa=2", "--ratio", "4",
-                     "--json", Path("bench_attention.json")});
+                     "--attn-math", "f32", "--json", Path("bench_attention.json")});
   ASSERT_EQ(m.code, 0) << m.err;
   EXPECT_NE(m.out.find("vestige: ratio 4, block 64, kappa 2"), std::string::npos) << m.out;
   std::ifstream f(Path("bench_attention.json"));
@@ -782,7 +782,7 @@ TEST_F(CliTest, GenerateSaysWhatThePolicyAchieved) {
 TEST_F(CliTest, BenchAttentionWarnsWhenNoBlockCloses) {
   const std::string json = Path("bench_attention.json");
   Result r = Strata({"bench", "attention", "--ctx", "2048,4160", "--policy", "full,vestige",
-                     "--steps", "1", "--threads", "1", "--json", json});
+                     "--steps", "1", "--threads", "1", "--attn-math", "f32", "--json", json});
   ASSERT_EQ(r.code, 0) << r.err;
   // 2048 rows + the 2 untimed and 1 timed decode steps: no 4096-row block closes.
   const std::string want =

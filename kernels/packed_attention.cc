@@ -1331,6 +1331,10 @@ HWY_EXPORT(PackedInt8ValueSumsImpl);
 
 const char* PackedMathName(PackedMath m) { return m == PackedMath::kInt8 ? "int8" : "f32"; }
 
+PackedMath PackedCodesMath(AttnMath m) {
+  return m == AttnMath::kInt8 ? PackedMath::kInt8 : PackedMath::kF32;
+}
+
 bool PackedInt8Applies(const PackedHeadView& view) {
   return packed_internal::Int8Applies(view.head_dim, view.group_size);
 }

@@ -21,6 +21,7 @@
 
 #include "core/thread_pool.h"
 #include "kernels/attention.h"
+#include "kernels/attn_math.h"
 #include "kernels/geodesia_format.h"
 
 namespace strata::geodesia {
@@ -51,6 +52,11 @@ namespace strata::geodesia {
 //          of 16; other shapes read in f32.
 enum class PackedMath : uint8_t { kF32, kInt8 };
 const char* PackedMathName(PackedMath m);  // "f32", "int8"
+// The packed read's arithmetic under a cache's --attn-math: int8 -> kInt8; f32, bf16 and auto ->
+// kF32. auto is f32 because the int8 form, which meets the accuracy contract only with two int8
+// pieces per input, measured slower than f32 on the AVX512-VNNI host it was built on (version log
+// v3 above: ctx 4096, 1 thread, geodesia@2.5 2.63x vs 2.86x of full, kivi2 1.02x vs 1.60x).
+PackedMath PackedCodesMath(AttnMath m);
 
 // Optional per-block inputs and outputs of PackedAttend: arrays over the listed blocks and the
 // query heads, [n_list * n_q] (listed block i, head r at i * n_q + r).

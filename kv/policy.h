@@ -174,6 +174,12 @@ class Policy {
   virtual int64_t ResidentBytes(int layer, const LayerStore& store) const {
     return store.resident_bytes();
   }
+  // The most ResidentBytes reaches at any point of a sequence (prefill chunks, block closes,
+  // compression points, decode), as a multiple of what `full` holds for the same rows
+  // (KvCache::FullResidentBytes). The server reserves a prompt at this rate before admitting it;
+  // the conformance suite (kv/conformance_test.cc) checks the bound for every policy. 1 for a
+  // policy that never holds a row in two places.
+  virtual double peak_resident_factor() const { return 1.0; }
   // ResidentBytes by part. The default: "cache pages" (the store's pages) and, when the policy
   // holds more, "policy state" (the rest).
   virtual ResidentParts ResidentBreakdown(int layer, const LayerStore& store) const;

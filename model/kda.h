@@ -23,7 +23,7 @@ void KdaStep(const float* q, const float* k, const float* v, const float* g, flo
              int dv, float* S, float* o);
 
 // T tokens of one head from state S (updated in place to the state after the last token), in
-// chunks of `chunk` tokens (the WY/UT form of spec §2.3). Token t's vectors are at q + t *
+// chunks of `chunk` tokens (the WY/UT form of spec §2). Token t's vectors are at q + t *
 // stride, k + t * stride, v + t * stride, g + t * stride, beta[t * beta_stride]; outputs at
 // o + t * stride. Equals T calls of KdaStep up to f32 rounding. scratch: KdaChunkScratchFloats.
 int64_t KdaChunkScratchFloats(int chunk, int dk, int dv);

@@ -3,6 +3,7 @@
 #include "serve/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -164,7 +165,10 @@ Scheduler::Scheduler(Model* model, ThreadPool* pool, SchedulerOptions o, Metrics
 Scheduler::~Scheduler() { Stop(); }
 
 int64_t Scheduler::PromptReserve(const KvCache& cache, int64_t n_prompt) {
-  return cache.FullBytesPerToken() * n_prompt;
+  const int64_t page = LayerStore::kPageRows;
+  const int64_t rows = (n_prompt + page - 1) / page * page;
+  const double full = static_cast<double>(cache.FullBytesPerToken() * rows);
+  return static_cast<int64_t>(std::ceil(full * cache.policy().peak_resident_factor()));
 }
 
 Scheduler::Admission Scheduler::Submit(std::shared_ptr<Sequence> seq) {

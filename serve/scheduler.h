@@ -132,8 +132,10 @@ class Scheduler {
 
   const SchedulerOptions& options() const { return o_; }
   // The KV bytes a prompt of `n_prompt` tokens is reserved at admission: the full cache's rate
-  // (the rows a prefill writes before any policy compresses them). A prompt whose reserve is
-  // over the whole budget can never be admitted (the server refuses it with a 400).
+  // (the rows a prefill writes before any policy compresses them, page-rounded) times the
+  // policy's peak_resident_factor (a policy that holds rows twice while it prefills, as Geodesia
+  // does until the compression point, reserves that). A prompt whose reserve is over the whole
+  // budget can never be admitted (the server refuses it with a 400).
   static int64_t PromptReserve(const KvCache& cache, int64_t n_prompt);
 
   enum class Admission { kQueued, kQueueFull, kStopping };

@@ -62,6 +62,7 @@ void KiviUnpack(const uint8_t* packed, int64_t n, int bits, uint8_t* codes) {
 }
 
 Status KiviPolicy::Bind(const std::vector<LayerGeometry>& layers) {
+  if (math_from_cache_ && !layers.empty()) math_ = geodesia::PackedCodesMath(layers[0].attn_math);
   layers_.clear();
   layers_.resize(layers.size());
   for (size_t l = 0; l < layers.size(); ++l) {
@@ -377,9 +378,10 @@ PolicySummary KiviPolicy::Summary(int layer, const LayerStore& store) const {
 PolicySettings KiviSettings(int bits) {
   PolicySettings p;
   p.policy = "kivi" + std::to_string(bits);
-  p.settings = {SettingDecl::Enum("attn-math", "f32", {"f32", "int8"},
-                                  "arithmetic of the packed read: f32 exact, int8 integer dot "
-                                  "products on the codes (kernels/packed_attention.h)")};
+  p.settings = {SettingDecl::Enum("attn-math", "cache", {"cache", "f32", "int8"},
+                                  "arithmetic of the packed read: cache = the cache's "
+                                  "--attn-math (int8 -> int8, else f32), f32 exact, int8 integer "
+                                  "dot products on the codes (kernels/packed_attention.h)")};
   return p;
 }
 
@@ -389,7 +391,8 @@ StatusOr<std::unique_ptr<Policy>> MakeKiviPolicy(const PolicySpec& spec, int bit
   ASSIGN_OR_RETURN(const ResolvedSettings s, ResolveSettings(KiviSettings(bits), spec.settings));
   const geodesia::PackedMath math = s.text("attn-math") == "int8" ? geodesia::PackedMath::kInt8
                                                                   : geodesia::PackedMath::kF32;
-  return std::unique_ptr<Policy>(new KiviPolicy(bits, math));
+  return std::unique_ptr<Policy>(
+      new KiviPolicy(bits, math, /*math_from_cache=*/s.text("attn-math") == "cache"));
 }
 
 }  // namespace strata::baselines

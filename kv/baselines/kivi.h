@@ -63,8 +63,11 @@ class KiviPolicy final : public Policy {
   static constexpr int kGroup = 32;     // tokens per key group, channels per value group
   static constexpr int kResidual = 32;  // exact recent tokens, at least
 
-  explicit KiviPolicy(int bits, geodesia::PackedMath math = geodesia::PackedMath::kF32)
-      : bits_(bits), math_(math) {}
+  // math_from_cache: the packed read's arithmetic comes from the bound layers' --attn-math at
+  // Bind (the setting's default, `cache`); else `math`.
+  explicit KiviPolicy(int bits, geodesia::PackedMath math = geodesia::PackedMath::kF32,
+                      bool math_from_cache = false)
+      : bits_(bits), math_(math), math_from_cache_(math_from_cache) {}
   std::string name() const override { return bits_ == 2 ? "kivi2" : "kivi4"; }
   Status Bind(const std::vector<LayerGeometry>& layers) override;
   Status OnAppend(int layer, const LayerStore& store) override;
@@ -121,6 +124,7 @@ class KiviPolicy final : public Policy {
 
   int bits_;
   geodesia::PackedMath math_;
+  bool math_from_cache_ = false;
   std::vector<Layer> layers_;
 };
 

@@ -244,5 +244,25 @@ TEST(KiviTest, ClosedFormRateAndMemoryShrinks) {
   EXPECT_NE(old.message().find("released"), std::string::npos) << old.ToString();
 }
 
+
+// The `attn-math` setting's default, `cache`, takes the packed read's arithmetic from the cache's
+// --attn-math (LayerGeometry::attn_math, set by Model::NewCache): int8 -> the integer path; f32,
+// bf16 and auto -> f32 (kernels/packed_attention.h, PackedCodesMath). An explicit setting wins.
+TEST(KiviTest, AttnMathFollowsTheCacheUnlessSet) {
+  for (AttnMath m : {AttnMath::kF32, AttnMath::kBF16, AttnMath::kInt8, AttnMath::kAuto}) {
+    LayerGeometry g = GqaGeometry(4, 2, 64);
+    g.attn_math = m;
+    for (const std::string& setting : {"cache", "f32", "int8"}) {
+      SCOPED_TRACE(std::string(AttnMathName(m)) + " / " + setting);
+      Made k = MakeKivi(g, 2, setting);
+      const geodesia::PackedMath want =
+          setting == "int8" || (setting == "cache" && m == AttnMath::kInt8)
+              ? geodesia::PackedMath::kInt8
+              : geodesia::PackedMath::kF32;
+      EXPECT_EQ(k.policy->math(), want);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata::baselines

@@ -155,9 +155,10 @@ PolicySettings GeodesiaSettings(bool cquest) {
       SettingDecl::Enum("budget", c.budget_all ? "all" : "levels", {"levels", "all"},
                         "levels: the budget covers the block levels; all: residual rows and "
                         "boxes too"),
-      SettingDecl::Enum("attn-math", "f32", {"f32", "int8"},
-                        "arithmetic of the packed read: f32 exact, int8 integer dot products on "
-                        "the codes (kernels/packed_attention.h)"),
+      SettingDecl::Enum("attn-math", "cache", {"cache", "f32", "int8"},
+                        "arithmetic of the packed read: cache = the cache's --attn-math (int8 -> "
+                        "int8, else f32), f32 exact, int8 integer dot products on the codes "
+                        "(kernels/packed_attention.h)"),
   };
   return p;
 }
@@ -209,6 +210,7 @@ StatusOr<GeodesiaConfig> GeodesiaConfig::FromSpec(const PolicySpec& spec, bool c
   c.rd_value_score = s.text("rd-score") == "value";
   c.value_weight = s.Real("value-weight");
   c.budget_all = s.text("budget") == "all";
+  c.math_from_cache = s.text("attn-math") == "cache";
   c.math = s.text("attn-math") == "int8" ? geodesia::PackedMath::kInt8 : geodesia::PackedMath::kF32;
   return c;
 }
@@ -262,6 +264,7 @@ Status GeodesiaPolicy::Bind(const std::vector<LayerGeometry>& layers) {
     }
     if (c_.auto_head_dim == 0) c_.auto_head_dim = layers[0].k_dim;
   }
+  if (c_.math_from_cache) c_.math = geodesia::PackedCodesMath(layers[0].attn_math);
   layers_.clear();
   for (size_t l = 0; l < layers.size(); ++l) {
     const LayerGeometry& g = layers[l];

@@ -65,13 +65,14 @@ struct GeodesiaConfig {
   double quest_keep = 1;       // compressed-Quest keep fraction (`quest-keep`); 1: gate off
   geodesia::Ratchet ratchet = geodesia::Ratchet::kReference;     // `ratchet reference|clean`
   geodesia::DemotionMode requant = geodesia::DemotionMode::kOnce;  // `requant once|cascade`
-  // `mass exact|compressed`: where a call's block attention mass comes from. exact (the
+  // `mass exact|compressed` (default compressed; exact costs +8 bits per value resident): where
+  // a call's block attention mass comes from. exact (the
   // reference, §2.1): the first query's softmax over the EXACT keys of every row (the policy then
   // keeps a bf16 copy of every key, charged in ResidentBytes as its own part but, like the
   // reference's dense simulation, not in the §1.5 figures); compressed: over the cache as it is
   // stored (dequantized blocks, centroids), no extra copy.
   enum class Mass { kExact, kCompressed };
-  Mass mass = Mass::kExact;
+  Mass mass = Mass::kCompressed;
   // `candidates reference|exact`: the allocator's multiplier list (allocator.h).
   geodesia::Candidates candidates = geodesia::Candidates::kReference;
   double mass_power = 1;       // p (`mass-power`)
@@ -95,8 +96,10 @@ struct GeodesiaConfig {
   // slot, as v1 did (the open block then resident twice: the LayerStore page and that slot).
   // Off, the LayerStore page is its one copy and the graded layer stores a block when it closes.
   bool graded_open_block = false;
-  // Arithmetic of the packed read's quantized blocks (setting attn-math; f32 | int8).
+  // Arithmetic of the packed read's quantized blocks (setting attn-math; cache | f32 | int8):
+  // math_from_cache (`cache`, the default) takes it from the bound layers' --attn-math at Bind.
   geodesia::PackedMath math = geodesia::PackedMath::kF32;
+  bool math_from_cache = false;
 
   bool quest() const { return quest_keep < 1; }
   bool allocate() const { return bits < 16; }
@@ -143,6 +146,16 @@ class GeodesiaPolicy final : public Policy {
   Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) override;
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
+  // Until the compression point a prompt is held twice: in the LayerStore pages and, block by
+  // block as they close, in the graded layer's exact slots (2x full); `mass exact` adds its bf16
+  // key copy (+0.5x) and the Quest gate its f16 key boxes (2 k_dim f16 per 64 rows and KV head:
+  // at most 1/32 of a full row pair), and rd-frac's exact residual rows with their overlay
+  // index up to 2 rd-frac (measured 1.56 rd-frac at D = 128). Tested in
+  // kv/geodesia/policy_test.cc (PeakResidentWithinDeclaredFactor).
+  double peak_resident_factor() const override {
+    return 2.0 + (c_.mass == GeodesiaConfig::Mass::kExact && c_.allocate() ? 0.5 : 0.0) +
+           (c_.quest() ? 1.0 / 32 : 0.0) + 2.0 * c_.rd_frac;
+  }
   // LayerStore pages still held + the graded layer's live bytes (payload, scales, boxes, residual
   // rows). The slabs' free capacity between compactions is GradedLayer::allocated_bytes().
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;

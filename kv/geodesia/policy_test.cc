@@ -575,7 +575,7 @@ TEST(GeodesiaPolicyTest, OpenBlockHeldOnceSameOutputsSpecResidentBits) {
 }
 
 // Finding 4 of issue 18: the mass source. Two caches get the same rows and queries, one with
-// `mass exact` (the default, the reference: the first query's softmax over the exact keys) and
+// `mass exact` (the reference: the first query's softmax over the exact keys) and
 // one with `mass compressed` (over the stored reconstruction). Over 200 Q = 1 calls (4 budgets/modes):
 // each cache's EMA follows its own definition, d * before + (1 - d) * m_now with m_now an f64
 // softmax of the call's first query over exact bf16 keys (exact) or over the blocks as stored
@@ -608,12 +608,12 @@ TEST(GeodesiaPolicyTest, MassSourceExactVsCompressedChangesDecisions) {
   const double decay = std::stod(set["decay"]);
   SCOPED_TRACE("bits " + set["bits"] + (set.count("requant") ? " cascade" : "") +
                (set.count("candidates") ? " exact candidates" : ""));
+  auto cc = NewCache({g}, Spec("geodesia", set));  // the default: compressed
+  set["mass"] = "exact";
   auto ce = NewCache({g}, Spec("geodesia", set));
-  set["mass"] = "compressed";
-  auto cc = NewCache({g}, Spec("geodesia", set));
   bool differ_here = false;
-  ASSERT_EQ(Geo(*ce).config().mass, GeodesiaConfig::Mass::kExact);  // the default
-  ASSERT_EQ(Geo(*cc).config().mass, GeodesiaConfig::Mass::kCompressed);
+  ASSERT_EQ(Geo(*ce).config().mass, GeodesiaConfig::Mass::kExact);
+  ASSERT_EQ(Geo(*cc).config().mass, GeodesiaConfig::Mass::kCompressed);  // the default
   Source se(seed + k, g), sc(seed + k, g);
   // The exact bf16 keys of every row, [pos][h * D + c], regenerated from a copy of the source.
   std::vector<std::vector<float>> keys;
@@ -1109,6 +1109,66 @@ TEST(GeodesiaPolicyTest, SettingErrors) {
   c = KvCache::Create({mla}, std::move(make({})).value());
   ASSERT_FALSE(c.ok());
   EXPECT_NE(c.status().message().find("MLA"), std::string::npos) << c.status().ToString();
+}
+
+
+// The peak the server reserves a prompt at (Policy::peak_resident_factor, serve/scheduler.cc):
+// a 2048-row prompt prefilled in 256-row calls, then 100 decode steps; resident bytes after every
+// append and call stay within the declared multiple of what `full` holds for the same rows, and
+// the prefill really does hold the prompt twice (the bound is not slack).
+TEST(GeodesiaPolicyTest, PeakResidentWithinDeclaredFactor) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ThreadPool pool(2);
+  const LayerGeometry g = Gqa(8, 2, 128);
+  const std::vector<std::pair<std::string, std::map<std::string, std::string>>> configs = {
+      {"geodesia", {{"bits", "2"}}},
+      {"geodesia", {{"bits", "2"}, {"mass", "exact"}}},
+      {"geodesia", {{"bits", "3"}, {"rd-frac", "0.02"}}},
+      {"cquest", {{"bits", "2"}, {"quest-keep", "0.25"}}}};
+  for (const auto& [name, set] : configs) {
+    std::string label = name;
+    for (const auto& [key, value] : set) label += ":" + key + "=" + value;
+    SCOPED_TRACE(label);
+    auto made = KvCache::Create({g}, MakePolicy(Spec(name, set)).value());
+    ASSERT_OK(made);
+    KvCache& cache = **made;
+    const double factor = cache.policy().peak_resident_factor();
+    double peak = 0;
+    auto track = [&] {
+      peak = std::max(peak, static_cast<double>(cache.ResidentBytes()) /
+                                static_cast<double>(cache.FullResidentBytes()));
+    };
+    Source src(seed, g);
+    std::vector<float> k, v, q;
+    std::vector<float> out(static_cast<size_t>(g.n_q_heads) * g.v_dim);
+    const int64_t n = 2048;
+    cache.BeginPrefill(0, n);
+    for (int64_t b = 0; b < n; b += 256) {
+      ASSERT_OK(cache.BeginCall(256, CallKind::kPrefill));
+      for (int64_t i = 0; i < 256; ++i) {
+        src.Row(b + i, &k, &v, 0.f);
+        ASSERT_OK(cache.Append(0, k.data(), v.data()));
+        track();
+      }
+      for (int64_t i = 0; i < 256; ++i) {
+        src.Query(&q);
+        ASSERT_OK(cache.ObserveQuery(0, b + i, q.data()));
+        ASSERT_OK(cache.Attend(0, q.data(), b + i, &pool, out.data()));
+      }
+      ASSERT_OK(cache.EndCall());
+      track();
+    }
+    ASSERT_OK(cache.EndPrefill(&pool));
+    track();
+    const double prefill_peak = peak;
+    for (int step = 0; step < 100; ++step) {
+      Call(cache, src, 1, &pool, false);
+      track();
+    }
+    EXPECT_LE(peak, factor) << "declared " << factor;
+    EXPECT_GE(prefill_peak, 1.9) << "the prompt is expected to be held twice until compression";
+  }
 }
 
 }  // namespace

@@ -60,7 +60,7 @@ def swiglu(x, gate, up, down):
 
 
 def kda_layer(x, W, p, cfg):
-    """x [T, d] (normed input). Per-token gated delta rule, spec §2.2."""
+    """x [T, d] (normed input). Per-token gated delta rule, spec §2."""
     la = cfg["linear_attn_config"]
     H, D, K = la["num_heads"], la["head_dim"], la["short_conv_kernel_size"]
     eps = cfg["rms_norm_eps"]
@@ -96,7 +96,7 @@ def kda_layer(x, W, p, cfg):
 
 
 def mla_layer(x, W, p, cfg):
-    """Naive NoPE MLA (kv_b decompressed per head), spec §3.1; scale 1/sqrt(nope + rope)."""
+    """Naive NoPE MLA (kv_b decompressed per head), spec §3; scale 1/sqrt(nope + rope)."""
     H = cfg["num_attention_heads"]
     dc, dr = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
     nope, vd = cfg["qk_nope_head_dim"], cfg["v_head_dim"]

@@ -6,7 +6,7 @@
   deepseek2 RopeStyle::kNorm).
 - GQA (LlamaForCausalLM layout): HF Llama RoPE = rotate_half (pairs (i, i + d/2)); the engine's
   converter permutes q/k rows so that its adjacent-pair RoPE matches.
-- Kimi Linear (KimiLinearForCausalLM layout, ../../shared/specs/kimi-linear.md): KDA (Kimi Delta
+- Kimi Linear (KimiLinearForCausalLM layout, docs/reference/kimi-linear.md): KDA (Kimi Delta
   Attention) layers and NoPE MLA layers, dense SwiGLU FFN on every layer (first_k_dense_replace =
   n_layers: no MoE layer). KDA trains with the chunked form (`kda_chunked`: pairwise exponents
   Gamma_r - Gamma_s, never e^Gamma * e^-Gamma) and is tested against the per-token recurrence
