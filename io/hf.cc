@@ -1046,7 +1046,6 @@ Status ConvertKimiLinear(const Config& cfg, const Common& c, TensorSource* src, 
   if (!la.Has("kda_layers")) {  // only the full-attention list: every other layer is KDA
     for (int64_t l = 0; l < L; ++l) is_kda[l] = !is_full[l];
   }
-  int64_t n_kda = 0;
   for (int64_t l = 0; l < L; ++l) {
     if (is_kda[l] && is_full[l]) {
       return InvalidArgument(la.file() + ": layer " + std::to_string(l + 1) +
@@ -1056,7 +1055,6 @@ Status ConvertKimiLinear(const Config& cfg, const Common& c, TensorSource* src, 
       return InvalidArgument(la.file() + ": layer " + std::to_string(l + 1) +
                              " is in neither kda_layers nor full_attn_layers");
     }
-    n_kda += is_kda[l];
   }
   ASSIGN_OR_RETURN(const int64_t H, la.InRangeOr("num_heads", c.n_head, 1, kMaxDim));
   if (H != c.n_head) {

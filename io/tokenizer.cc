@@ -30,12 +30,11 @@ namespace {
 constexpr const char kSpmSpace[] = "\xE2\x96\x81";  // U+2581, SentencePiece's word marker
 
 // One code point of the input with its byte span. Invalid UTF-8 yields one-byte units with
-// cp = kInvalidCp so the bytes survive pre-tokenization unchanged.
+// cp = kInvalidCodePoint so the bytes survive pre-tokenization unchanged.
 struct CodeUnit {
   uint32_t cp;
   size_t begin, len;
 };
-constexpr uint32_t kInvalidCp = kInvalidCodePoint;
 
 std::vector<CodeUnit> DecodeUtf8(const std::string& s) {
   std::vector<CodeUnit> out;
