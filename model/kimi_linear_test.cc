@@ -357,8 +357,15 @@ TEST(KimiLinearModelTest, LayoutAndRecurrentGeometry) {
 
 // Prefill chunking and the decode handover: one long prefill, prefills in chunks of 1 (every
 // token in the per-token form), 5 and 7 (conv and KDA state carried across chunks) followed by
-// decode steps all give the same logits within f32 tolerance (chunked vs per-token rounding:
-// 1e-4 of the logit scale); the same chunking twice is bit-identical.
+// decode steps all give the same logits within f32 tolerance; the same chunking twice is
+// bit-identical. Tolerance 2e-3 of the logit scale, from a sweep of 60 seeds x 5 chunkings: the
+// per-position error is ~1e-7 of the scale at most positions (median over the worst of each run
+// 7.5e-7, p90 2.1e-5) with a heavy tail to 1.5e-4 at single positions, from two sources that are
+// not bugs: near-ties in the top-k expert selection (2 of 8 experts; a flip moves that position's
+// output; with every expert used the seeds that showed it fall to ~1e-6) and the chunked delta
+// rule's triangular solve, which rounds differently from the per-token products when a chunk's
+// keys are nearly collinear. A lost conv or KDA state across a chunk boundary changes the logits
+// by more than 10x this bound (the negative controls below).
 TEST(KimiLinearModelTest, ChunkedPrefillAndDecodeEqualOneLongPrefill) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -380,7 +387,30 @@ TEST(KimiLinearModelTest, ChunkedPrefillAndDecodeEqualOneLongPrefill) {
     ASSERT_EQ(got.size(), ref.size());
     float worst = 0;
     for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - ref[i]));
-    EXPECT_LE(worst, 1e-4f * scale);
+    EXPECT_LE(worst, 2e-3f * scale);
+  }
+  // Negative controls: the bound discriminates. Prefill 40 tokens, then lose the conv tails (or
+  // the KDA states) before decoding the other 30, as a chunk-boundary bug would: the decoded
+  // logits move by far more than the bound (0.07-0.19 of the scale over 20 seeds).
+  for (bool conv : {true, false}) {
+    SCOPED_TRACE(conv ? "conv tails lost" : "KDA states lost");
+    auto c = Cache(*m, "full");
+    const int64_t V = m->config().n_vocab;
+    std::vector<float> got;
+    ASSERT_TRUE(m->Prefill(toks.data(), 40, 40, c.get(), &pool, nullptr, &got).ok());
+    const RecurrentGeometry& r = c->recurrent();
+    for (int i = 0; i < r.n_layers; ++i) {
+      if (conv) std::fill_n(c->recurrent_conv(i), r.conv_floats, 0.f);
+      else std::fill_n(c->recurrent_state(i), r.state_floats, 0.f);
+    }
+    std::vector<float> logits(V);
+    float worst = 0;
+    for (size_t i = 40; i < toks.size(); ++i) {
+      ASSERT_TRUE(m->Decode(toks[i], c.get(), &pool, logits.data()).ok());
+      for (int64_t j = 0; j < V; ++j)
+        worst = std::max(worst, std::abs(logits[j] - ref[i * V + j]));
+    }
+    EXPECT_GT(worst, 10 * 2e-3f * scale) << "ratio " << worst / scale;
   }
   auto a = Cache(*m, "full");
   auto b = Cache(*m, "full");
