@@ -261,6 +261,12 @@ TEST(GeodesiaAllocatorTest, HotBlocks) {
   EXPECT_EQ(hot, want);
   hot = HotBlocks(20, 1000, 70, 0);  // 70 sinks: 2 blocks
   EXPECT_TRUE(hot[0] && hot[1] && !hot[2] && hot[14] && hot[15] && !hot[13]);
+  // sinks = 0: no sink block; 1..64 sinks: one.
+  hot = HotBlocks(10, 577, 0, 0);
+  want = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+  EXPECT_EQ(hot, want);
+  EXPECT_EQ(HotBlocks(10, 577, 1, 0)[0], 1);
+  EXPECT_EQ(HotBlocks(10, 577, 64, 0)[1], 0);
 }
 
 // §2.3 proxies against a direct evaluation of the formulas.

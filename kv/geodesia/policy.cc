@@ -107,7 +107,8 @@ PolicySettings GeodesiaSettings(bool cquest) {
           .Max(1)
           .Shared(),
       SettingDecl::Int("window", c.window, "recent tokens kept exact").Min(0).Shared(),
-      SettingDecl::Int("sinks", c.sinks, "first tokens kept exact (whole 64-token blocks)")
+      SettingDecl::Int("sinks", c.sinks,
+                       "first tokens kept exact (whole 64-token blocks; 0: no sink block)")
           .Min(0)
           .Shared(),
       SettingDecl::Real("rd-frac", c.rd_frac,

@@ -60,7 +60,7 @@ struct GeodesiaConfig {
   int auto_head_dim = 0;
   double decay = 0.5;          // EMA decay d (`decay`)
   int64_t window = 128;        // exact recent window in tokens (`window`)
-  int64_t sinks = 4;           // sink tokens: ceil(sinks / 64) >= 1 blocks stay exact (`sinks`)
+  int64_t sinks = 4;           // sink tokens: ceil(sinks / 64) blocks stay exact (`sinks`; 0: none)
   double rd_frac = 0;          // f of the RD residual (`rd-frac`); 0: off
   double quest_keep = 1;       // compressed-Quest keep fraction (`quest-keep`); 1: gate off
   geodesia::Ratchet ratchet = geodesia::Ratchet::kReference;     // `ratchet reference|clean`

@@ -257,6 +257,63 @@ TEST(GeodesiaPolicyTest, HotExactMonotoneBudgetOver500Calls) {
   }
 }
 
+// Retrieval-safe settings (issue 18): `floor` keeps every closed non-hot block at or above
+// its level whatever the budget, and `sinks=0` drops the sink block from the hot set (block 0
+// is then graded like any other); the default keeps block 0 exact and lets blocks reach the
+// centroid. Budget 2 bits is below what floor 2 costs, so every non-hot block sits exactly at
+// the floor.
+TEST(GeodesiaPolicyTest, FloorAndNoSinkBlock) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  ThreadPool pool(2);
+  const LayerGeometry g = Gqa(8, 2, 64);
+  struct Case {
+    std::map<std::string, std::string> s;
+    int floor;
+    bool sink_hot;
+  };
+  const std::vector<Case> cases = {
+      {{{"bits", "2"}}, 1, true},
+      {{{"bits", "2"}, {"floor", "2"}, {"sinks", "0"}}, 2, false},
+      {{{"bits", "2"}, {"floor", "4"}}, 4, true},
+      {{{"bits", "2"}, {"floor", "2"}, {"sinks", "0"}, {"salience", "1"}}, 2, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE("floor " + std::to_string(c.floor) + (c.sink_hot ? "" : ", sinks 0"));
+    auto cache = NewCache({g}, Spec("geodesia", c.s));
+    Source src(seed, g);
+    Call(*cache, src, 700, &pool, true);
+    const GradedLayer& gl = Geo(*cache).graded(0);
+    int64_t below_floor = 0, centroids = 0;
+    for (int call = 0; call < 70; ++call) {
+      Call(*cache, src, 1, &pool, false);
+      const int64_t pos = cache->n_tokens() - 1;
+      const std::vector<char> hot =
+          geodesia::HotBlocks(gl.n_blocks(), pos, c.sink_hot ? 4 : 0, 128);
+      ASSERT_EQ(hot[0] != 0, c.sink_hot);
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        for (int64_t b = 0; b < gl.n_blocks(); ++b) {
+          const int lv = gl.level(h, b);
+          if (hot[b] || !gl.closed(b)) {
+            ASSERT_EQ(lv, 16) << "hot block " << b << " call " << call;
+            continue;
+          }
+          below_floor += lv < c.floor;
+          centroids += lv == 1;
+          // Blocks closed before this call were allocated at it: with the budget below the
+          // floor's cost, they sit at the floor.
+          if (c.floor > 1) {
+            ASSERT_EQ(lv, c.floor) << "block " << b << " call " << call;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(below_floor, 0);
+    if (c.floor == 1) EXPECT_GT(centroids, 0);  // the reference reaches the centroid at 2 bits
+    if (!c.sink_hot) EXPECT_EQ(gl.level(0, 0), c.floor);
+  }
+}
+
 // The read decomposition: a Q = 1 read equals an f64 softmax over the graded reconstruction of
 // the closed blocks (exact residual rows overriding theirs) plus the exact current rows, for a
 // cache mixing levels and residuals, with and without a partial current block. Tolerance 2e-4

@@ -25,6 +25,7 @@ FAST = {
     ("rope-mla", "full@8"), ("rope-mla", "vestige:recall=off@8"),
     ("gqa", "full@8"), ("gqa", "geodesia:bits=2:group=32"),
     ("gqa", "geodesia:bits=3.85:group=32:mass=compressed:salience=1"),
+    ("gqa", "geodesia:bits=3.8:floor=2:sinks=0"),
 }
 
 
