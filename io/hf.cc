@@ -812,6 +812,114 @@ Status ConvertLlamaLike(const Config& cfg, const Common& c, TensorSource* src, E
   return OkStatus();
 }
 
+// The dimensions of one MLA attention layer (deepseek2, kimi-linear), each checked by Dim().
+struct MlaDims {
+  int64_t d = 0, n_head = 0, q_lora = 0, q_rows = 0, kv_row = 0, kv_lora = 0, nope = 0, vdim = 0,
+          kvb_rows = 0, o_cols = 0;
+};
+
+// One layer's MLA attention tensors (at: "model.layers.L.self_attn.", gg: "blk.L."): q (a single
+// q_proj, or the LoRA q_a_proj / q_a_layernorm / q_b_proj when q_lora > 0), kv_a and its norm,
+// kv_b split into attn_k_b and attn_v_b, o_proj.
+Status ConvertMlaAttention(TensorSource* src, Emitter* em, const std::string& at,
+                           const std::string& gg, const MlaDims& m) {
+  if (m.q_lora > 0) {
+    RETURN_IF_ERROR(Copy(src, em, at + "q_a_proj.weight", gg + "attn_q_a.weight", {m.q_lora, m.d}));
+    RETURN_IF_ERROR(
+        Copy(src, em, at + "q_a_layernorm.weight", gg + "attn_q_a_norm.weight", {m.q_lora}));
+    RETURN_IF_ERROR(
+        Copy(src, em, at + "q_b_proj.weight", gg + "attn_q_b.weight", {m.q_rows, m.q_lora}));
+  } else {
+    RETURN_IF_ERROR(Copy(src, em, at + "q_proj.weight", gg + "attn_q.weight", {m.q_rows, m.d}));
+  }
+  RETURN_IF_ERROR(Copy(src, em, at + "kv_a_proj_with_mqa.weight", gg + "attn_kv_a_mqa.weight",
+                       {m.kv_row, m.d}));
+  RETURN_IF_ERROR(
+      Copy(src, em, at + "kv_a_layernorm.weight", gg + "attn_kv_a_norm.weight", {m.kv_lora}));
+  // kv_b_proj [n_head * (nope + v), kv_lora]: per head, rows [0, nope) are W_UK,h and rows
+  // [nope, nope + v) are W_UV,h.
+  const int64_t H = m.n_head, dc = m.kv_lora, nope = m.nope, vdim = m.vdim, per = nope + vdim;
+  // Read (shape checked) before kb and vb are sized: they hold exactly kvb's values.
+  ASSIGN_OR_RETURN(std::vector<float> kvb, src->Read(at + "kv_b_proj.weight", {m.kvb_rows, dc}));
+  std::vector<float> kb(static_cast<size_t>(H * dc * nope));
+  std::vector<float> vb(static_cast<size_t>(H * vdim * dc));
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t i = 0; i < nope; ++i) {
+      const float* row = &kvb[(h * per + i) * dc];
+      for (int64_t j = 0; j < dc; ++j) kb[(h * dc + j) * nope + i] = row[j];
+    }
+    std::memcpy(&vb[h * vdim * dc], &kvb[(h * per + nope) * dc],
+                static_cast<size_t>(vdim * dc) * sizeof(float));
+  }
+  RETURN_IF_ERROR(em->Weight(gg + "attn_k_b.weight", {H, dc, nope}, kb));
+  RETURN_IF_ERROR(em->Weight(gg + "attn_v_b.weight", {H, vdim, dc}, vb));
+  return Copy(src, em, at + "o_proj.weight", gg + "attn_output.weight", {m.d, m.o_cols});
+}
+
+// Where a checkpoint keeps one MoE layer's tensors, relative to "model.layers.L.".
+struct MoeNames {
+  std::string router;    // + ".weight", + ".e_score_correction_bias" (optional)
+  std::string experts;   // + "E." + part + ".weight"
+  const char* parts[3];  // the gate, up and down projections inside an expert
+  std::string shared;    // + "gate_proj.weight", "up_proj.weight", "down_proj.weight"
+};
+
+// The dimensions of one layer's FFN.
+struct FfnDims {
+  int64_t d = 0, n_ff = 0, n_expert = 0, moe_ff = 0;
+  int64_t sh_ff = 0;  // the shared experts' width; 0: none
+};
+
+// One layer's FFN (hf: "model.layers.L.", gg: "blk.L."): dense (mlp.{gate,up,down}_proj), or MoE
+// (router, its optional selection bias, the experts stacked per projection, shared experts).
+Status ConvertFfn(TensorSource* src, Emitter* em, const std::string& hf, const std::string& gg,
+                  bool moe, const FfnDims& f, const MoeNames& names) {
+  const int64_t d = f.d, n_expert = f.n_expert, moe_ff = f.moe_ff;
+  if (!moe) {
+    RETURN_IF_ERROR(
+        Copy(src, em, hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", {f.n_ff, d}));
+    RETURN_IF_ERROR(Copy(src, em, hf + "mlp.up_proj.weight", gg + "ffn_up.weight", {f.n_ff, d}));
+    return Copy(src, em, hf + "mlp.down_proj.weight", gg + "ffn_down.weight", {d, f.n_ff});
+  }
+  const std::string router = hf + names.router;
+  RETURN_IF_ERROR(Copy(src, em, router + ".weight", gg + "ffn_gate_inp.weight", {n_expert, d}));
+  RETURN_IF_ERROR(CopyIfPresent(src, em, router + ".e_score_correction_bias",
+                                gg + "exp_probs_b.bias", {n_expert}));
+  struct Part {
+    const char* gg;
+    int64_t rows, cols;
+  };
+  const Part parts[] = {{"gate", moe_ff, d}, {"up", moe_ff, d}, {"down", d, moe_ff}};
+  for (int k = 0; k < 3; ++k) {
+    const Part& p = parts[k];
+    auto expert = [&](int64_t e) {
+      return hf + names.experts + std::to_string(e) + "." + names.parts[k] + ".weight";
+    };
+    // Every expert's shape is checked before the stack is sized: then it holds no more values
+    // than the checkpoint does.
+    for (int64_t e = 0; e < n_expert; ++e) {
+      RETURN_IF_ERROR(src->CheckShape(expert(e), {p.rows, p.cols}));
+    }
+    std::vector<float> stacked;
+    stacked.reserve(static_cast<size_t>(n_expert * p.rows * p.cols));
+    for (int64_t e = 0; e < n_expert; ++e) {
+      ASSIGN_OR_RETURN(std::vector<float> v, src->Read(expert(e), {p.rows, p.cols}));
+      stacked.insert(stacked.end(), v.begin(), v.end());
+    }
+    RETURN_IF_ERROR(
+        em->Weight(gg + "ffn_" + p.gg + "_exps.weight", {n_expert, p.rows, p.cols}, stacked));
+  }
+  if (f.sh_ff > 0) {
+    const std::string sh = hf + names.shared;
+    RETURN_IF_ERROR(
+        Copy(src, em, sh + "gate_proj.weight", gg + "ffn_gate_shexp.weight", {f.sh_ff, d}));
+    RETURN_IF_ERROR(Copy(src, em, sh + "up_proj.weight", gg + "ffn_up_shexp.weight", {f.sh_ff, d}));
+    RETURN_IF_ERROR(
+        Copy(src, em, sh + "down_proj.weight", gg + "ffn_down_shexp.weight", {d, f.sh_ff}));
+  }
+  return OkStatus();
+}
+
 Status ConvertDeepseek2(const Config& cfg, const Common& c, TensorSource* src, Emitter* em,
                         GgufWriter* w) {
   const std::string& a = c.arch_name;
@@ -908,93 +1016,18 @@ Status ConvertDeepseek2(const Config& cfg, const Common& c, TensorSource* src, E
       src->CheckShape(Hf(0) + "self_attn.kv_a_proj_with_mqa.weight", {kv_row, d}));
   RETURN_IF_ERROR(SetRopeScaling(cfg, c, w, em, rope));
 
+  const MlaDims mla{d, c.n_head, q_lora, q_rows, kv_row, kv_lora, nope, vdim, kvb_rows, o_cols};
+  const FfnDims ffn{d, c.n_ff, n_expert, moe_ff, n_shared > 0 ? sh_ff : 0};
+  const MoeNames names{
+      "mlp.gate", "mlp.experts.", {"gate_proj", "up_proj", "down_proj"}, "mlp.shared_experts."};
   for (int64_t l = 0; l < c.n_layer; ++l) {
     const std::string hf = Hf(l), gg = Blk(l);
-    const std::string at = hf + "self_attn.";
     RETURN_IF_ERROR(Copy(src, em, hf + "input_layernorm.weight", gg + "attn_norm.weight", {d}));
-    if (q_lora > 0) {
-      RETURN_IF_ERROR(Copy(src, em, at + "q_a_proj.weight", gg + "attn_q_a.weight", {q_lora, d}));
-      RETURN_IF_ERROR(
-          Copy(src, em, at + "q_a_layernorm.weight", gg + "attn_q_a_norm.weight", {q_lora}));
-      RETURN_IF_ERROR(
-          Copy(src, em, at + "q_b_proj.weight", gg + "attn_q_b.weight", {q_rows, q_lora}));
-    } else {
-      RETURN_IF_ERROR(Copy(src, em, at + "q_proj.weight", gg + "attn_q.weight", {q_rows, d}));
-    }
-    RETURN_IF_ERROR(Copy(src, em, at + "kv_a_proj_with_mqa.weight", gg + "attn_kv_a_mqa.weight",
-                         {kv_row, d}));
-    RETURN_IF_ERROR(
-        Copy(src, em, at + "kv_a_layernorm.weight", gg + "attn_kv_a_norm.weight", {kv_lora}));
-    {
-      // kv_b_proj [n_head * (nope + v), kv_lora]: per head, rows [0, nope) are W_UK,h and rows
-      // [nope, nope + v) are W_UV,h.
-      const int64_t per = nope + vdim;
-      // Read (shape checked) before kb and vb are sized: they hold exactly kvb's values.
-      ASSIGN_OR_RETURN(std::vector<float> kvb,
-                       src->Read(at + "kv_b_proj.weight", {kvb_rows, kv_lora}));
-      std::vector<float> kb(static_cast<size_t>(c.n_head * kv_lora * nope));
-      std::vector<float> vb(static_cast<size_t>(c.n_head * vdim * kv_lora));
-      for (int64_t h = 0; h < c.n_head; ++h) {
-        for (int64_t i = 0; i < nope; ++i) {
-          const float* row = &kvb[(h * per + i) * kv_lora];
-          for (int64_t j = 0; j < kv_lora; ++j) kb[(h * kv_lora + j) * nope + i] = row[j];
-        }
-        std::memcpy(&vb[h * vdim * kv_lora], &kvb[(h * per + nope) * kv_lora],
-                    static_cast<size_t>(vdim * kv_lora) * sizeof(float));
-      }
-      RETURN_IF_ERROR(em->Weight(gg + "attn_k_b.weight", {c.n_head, kv_lora, nope}, kb));
-      RETURN_IF_ERROR(em->Weight(gg + "attn_v_b.weight", {c.n_head, vdim, kv_lora}, vb));
-    }
-    RETURN_IF_ERROR(
-        Copy(src, em, at + "o_proj.weight", gg + "attn_output.weight", {d, o_cols}));
+    RETURN_IF_ERROR(ConvertMlaAttention(src, em, hf + "self_attn.", gg, mla));
     RETURN_IF_ERROR(
         Copy(src, em, hf + "post_attention_layernorm.weight", gg + "ffn_norm.weight", {d}));
     const bool moe = n_expert > 0 && l >= n_dense && l % moe_freq == 0;
-    if (!moe) {
-      RETURN_IF_ERROR(
-          Copy(src, em, hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", {c.n_ff, d}));
-      RETURN_IF_ERROR(Copy(src, em, hf + "mlp.up_proj.weight", gg + "ffn_up.weight", {c.n_ff, d}));
-      RETURN_IF_ERROR(
-          Copy(src, em, hf + "mlp.down_proj.weight", gg + "ffn_down.weight", {d, c.n_ff}));
-      continue;
-    }
-    RETURN_IF_ERROR(
-        Copy(src, em, hf + "mlp.gate.weight", gg + "ffn_gate_inp.weight", {n_expert, d}));
-    RETURN_IF_ERROR(CopyIfPresent(src, em, hf + "mlp.gate.e_score_correction_bias",
-                                  gg + "exp_probs_b.bias", {n_expert}));
-    struct Part {
-      const char* hf;
-      const char* gg;
-      int64_t rows, cols;
-    };
-    const Part parts[] = {
-        {"gate", "gate", moe_ff, d}, {"up", "up", moe_ff, d}, {"down", "down", d, moe_ff}};
-    for (const Part& p : parts) {
-      auto expert = [&](int64_t e) {
-        return hf + "mlp.experts." + std::to_string(e) + "." + p.hf + "_proj.weight";
-      };
-      // Every expert's shape is checked before the stack is sized: then it holds no more values
-      // than the checkpoint does.
-      for (int64_t e = 0; e < n_expert; ++e) {
-        RETURN_IF_ERROR(src->CheckShape(expert(e), {p.rows, p.cols}));
-      }
-      std::vector<float> stacked;
-      stacked.reserve(static_cast<size_t>(n_expert * p.rows * p.cols));
-      for (int64_t e = 0; e < n_expert; ++e) {
-        ASSIGN_OR_RETURN(std::vector<float> v, src->Read(expert(e), {p.rows, p.cols}));
-        stacked.insert(stacked.end(), v.begin(), v.end());
-      }
-      RETURN_IF_ERROR(
-          em->Weight(gg + "ffn_" + p.gg + "_exps.weight", {n_expert, p.rows, p.cols}, stacked));
-    }
-    if (n_shared > 0) {
-      const std::string sh = hf + "mlp.shared_experts.";
-      RETURN_IF_ERROR(
-          Copy(src, em, sh + "gate_proj.weight", gg + "ffn_gate_shexp.weight", {sh_ff, d}));
-      RETURN_IF_ERROR(Copy(src, em, sh + "up_proj.weight", gg + "ffn_up_shexp.weight", {sh_ff, d}));
-      RETURN_IF_ERROR(
-          Copy(src, em, sh + "down_proj.weight", gg + "ffn_down_shexp.weight", {d, sh_ff}));
-    }
+    RETURN_IF_ERROR(ConvertFfn(src, em, hf, gg, moe, ffn, names));
   }
   return OkStatus();
 }
@@ -1159,6 +1192,11 @@ Status ConvertKimiLinear(const Config& cfg, const Common& c, TensorSource* src, 
     w->Set(a + ".expert_gating_func", GgufValue::U32(gating));
   }
 
+  const MlaDims mla{d, c.n_head, 0, q_rows, kv_row, kv_lora, nope, vdim, kvb_rows, o_cols};
+  const MoeNames names{"block_sparse_moe.gate",
+                       "block_sparse_moe.experts.",
+                       {"w1", "w3", "w2"},
+                       "block_sparse_moe.shared_experts."};
   for (int64_t l = 0; l < L; ++l) {
     const std::string hf = Hf(l), gg = Blk(l), at = hf + "self_attn.";
     RETURN_IF_ERROR(Copy(src, em, hf + "input_layernorm.weight", gg + "attn_norm.weight", {d}));
@@ -1192,77 +1230,17 @@ Status ConvertKimiLinear(const Config& cfg, const Common& c, TensorSource* src, 
       RETURN_IF_ERROR(Copy(src, em, at + "o_norm.weight", gg + "ssm_norm.weight", {D}));
       RETURN_IF_ERROR(Copy(src, em, at + "o_proj.weight", gg + "attn_output.weight", {d, C}));
     } else {
-      RETURN_IF_ERROR(Copy(src, em, at + "q_proj.weight", gg + "attn_q.weight", {q_rows, d}));
-      RETURN_IF_ERROR(Copy(src, em, at + "kv_a_proj_with_mqa.weight",
-                           gg + "attn_kv_a_mqa.weight", {kv_row, d}));
-      RETURN_IF_ERROR(
-          Copy(src, em, at + "kv_a_layernorm.weight", gg + "attn_kv_a_norm.weight", {kv_lora}));
-      const int64_t per = nope + vdim;
-      ASSIGN_OR_RETURN(std::vector<float> kvb,
-                       src->Read(at + "kv_b_proj.weight", {kvb_rows, kv_lora}));
-      std::vector<float> kb(static_cast<size_t>(c.n_head * kv_lora * nope));
-      std::vector<float> vb(static_cast<size_t>(c.n_head * vdim * kv_lora));
-      for (int64_t h = 0; h < c.n_head; ++h) {
-        for (int64_t i = 0; i < nope; ++i) {
-          const float* row = &kvb[(h * per + i) * kv_lora];
-          for (int64_t j = 0; j < kv_lora; ++j) kb[(h * kv_lora + j) * nope + i] = row[j];
-        }
-        std::memcpy(&vb[h * vdim * kv_lora], &kvb[(h * per + nope) * kv_lora],
-                    static_cast<size_t>(vdim * kv_lora) * sizeof(float));
-      }
-      RETURN_IF_ERROR(em->Weight(gg + "attn_k_b.weight", {c.n_head, kv_lora, nope}, kb));
-      RETURN_IF_ERROR(em->Weight(gg + "attn_v_b.weight", {c.n_head, vdim, kv_lora}, vb));
-      RETURN_IF_ERROR(
-          Copy(src, em, at + "o_proj.weight", gg + "attn_output.weight", {d, o_cols}));
+      RETURN_IF_ERROR(ConvertMlaAttention(src, em, at, gg, mla));
     }
     RETURN_IF_ERROR(
         Copy(src, em, hf + "post_attention_layernorm.weight", gg + "ffn_norm.weight", {d}));
     const bool moe = n_expert > 0 && l >= n_dense && l % moe_freq == 0;
-    if (!moe) {
-      RETURN_IF_ERROR(
-          Copy(src, em, hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", {c.n_ff, d}));
-      RETURN_IF_ERROR(Copy(src, em, hf + "mlp.up_proj.weight", gg + "ffn_up.weight", {c.n_ff, d}));
-      RETURN_IF_ERROR(
-          Copy(src, em, hf + "mlp.down_proj.weight", gg + "ffn_down.weight", {d, c.n_ff}));
-      continue;
+    FfnDims ffn{d, c.n_ff, n_expert, moe_ff, 0};
+    if (moe && n_shared > 0) {
+      ASSIGN_OR_RETURN(ffn.sh_ff,
+                       Dim(file, "moe_intermediate_size x num_shared_experts", {moe_ff, n_shared}));
     }
-    const std::string mb = hf + "block_sparse_moe.";
-    RETURN_IF_ERROR(Copy(src, em, mb + "gate.weight", gg + "ffn_gate_inp.weight", {n_expert, d}));
-    RETURN_IF_ERROR(CopyIfPresent(src, em, mb + "gate.e_score_correction_bias",
-                                  gg + "exp_probs_b.bias", {n_expert}));
-    struct Part {
-      const char* hf;
-      const char* gg;
-      int64_t rows, cols;
-    };
-    const Part parts[] = {{"w1", "gate", moe_ff, d}, {"w3", "up", moe_ff, d},
-                          {"w2", "down", d, moe_ff}};
-    for (const Part& p : parts) {
-      auto expert = [&](int64_t e) {
-        return mb + "experts." + std::to_string(e) + "." + p.hf + ".weight";
-      };
-      for (int64_t e = 0; e < n_expert; ++e) {
-        RETURN_IF_ERROR(src->CheckShape(expert(e), {p.rows, p.cols}));
-      }
-      std::vector<float> stacked;
-      stacked.reserve(static_cast<size_t>(n_expert * p.rows * p.cols));
-      for (int64_t e = 0; e < n_expert; ++e) {
-        ASSIGN_OR_RETURN(std::vector<float> v, src->Read(expert(e), {p.rows, p.cols}));
-        stacked.insert(stacked.end(), v.begin(), v.end());
-      }
-      RETURN_IF_ERROR(
-          em->Weight(gg + "ffn_" + p.gg + "_exps.weight", {n_expert, p.rows, p.cols}, stacked));
-    }
-    if (n_shared > 0) {
-      ASSIGN_OR_RETURN(const int64_t sh_ff, Dim(file, "moe_intermediate_size x num_shared_experts",
-                                                {moe_ff, n_shared}));
-      const std::string sh = mb + "shared_experts.";
-      RETURN_IF_ERROR(
-          Copy(src, em, sh + "gate_proj.weight", gg + "ffn_gate_shexp.weight", {sh_ff, d}));
-      RETURN_IF_ERROR(Copy(src, em, sh + "up_proj.weight", gg + "ffn_up_shexp.weight", {sh_ff, d}));
-      RETURN_IF_ERROR(
-          Copy(src, em, sh + "down_proj.weight", gg + "ffn_down_shexp.weight", {d, sh_ff}));
-    }
+    RETURN_IF_ERROR(ConvertFfn(src, em, hf, gg, moe, ffn, names));
   }
   return OkStatus();
 }

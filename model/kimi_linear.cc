@@ -1,8 +1,9 @@
 // kimi-linear forward pass (Kimi Linear 48B-A3B as llama.cpp converts it): per layer either a KDA
 // layer (Kimi Delta Attention: a gated delta-rule recurrence on a fixed-size per-head state,
 // model/kda.h) or a NoPE MLA layer (absorbed attention over 576-wide latent rows [c_hat ; k_pe],
-// exactly as deepseek2 with NoPE), then a dense SwiGLU FFN (leading layers) or a sigmoid-routed
-// MoE with a selection bias, renormalised weights, a routed scaling factor and a shared expert.
+// deepseek2's MLA with NoPE, model/mla.h), then a dense SwiGLU FFN (leading layers) or a
+// sigmoid-routed MoE with a selection bias, renormalised weights, a routed scaling factor and a
+// shared expert (model/moe.h).
 // Spec: docs/reference/kimi-linear.md.
 //
 // The cache: only the MLA layers are cache layers (CacheLayers, in model order), so every policy
@@ -20,13 +21,12 @@
 // chunked form (chunk 16, as llama.cpp for KDA).
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/arch.h"
 #include "model/kda.h"
-#include "model/moe.h"
+#include "model/mla.h"
 
 namespace strata {
 namespace {
@@ -37,12 +37,6 @@ std::string ShapeText(const std::vector<int64_t>& s) {
   std::string r = "[";
   for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
   return r + "]";
-}
-
-std::vector<float> ToF32Vec(const TensorView& t) {
-  std::vector<float> v(t.numel());
-  ToF32(t.dtype, t.data, v.data(), t.numel());
-  return v;
 }
 
 float Sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
@@ -62,23 +56,6 @@ struct KdaWeights {
   int64_t rf = 0, rg = 0;
 };
 
-struct MlaWeights {
-  TensorView wq, wkv_a, wo;
-  TensorView k_b;  // [H, d_c, nope]: per head W_UK,h^T
-  TensorView v_b;  // [H, v, d_c]: per head W_UV,h
-  std::vector<float> kv_a_norm;
-};
-
-struct FfnWeights {
-  bool moe = false;
-  TensorView gate, up, down;                 // dense [ff, d], [ff, d], [d, ff]
-  TensorView router;                         // [E, d]
-  std::vector<float> router_bias;            // [E] selection bias (optional)
-  TensorView gate_exps, up_exps, down_exps;  // [E, ffe, d], [E, ffe, d], [E, d, ffe]
-  TensorView gate_sh, up_sh, down_sh;        // [ffs, d], [ffs, d], [d, ffs]
-  bool has_shared = false;
-};
-
 struct Layer {
   bool kda = false;
   int slot = 0;  // KDA: recurrent layer index; MLA: cache layer index
@@ -88,22 +65,13 @@ struct Layer {
   FfnWeights f;
 };
 
-class KimiLinearModel final : public Model {
+class KimiLinearModel final : public MlaModel {
  public:
-  KimiLinearModel(std::unique_ptr<GgufFile> f, const ModelConfig& c) : Model(std::move(f), c) {}
+  KimiLinearModel(std::unique_ptr<GgufFile> f, const ModelConfig& c) : MlaModel(std::move(f), c) {}
 
   std::vector<LayerGeometry> CacheLayers() const override {
     const ModelConfig& c = config_;
-    LayerGeometry g;
-    g.kind = AttnKind::kMla;
-    g.n_q_heads = c.n_heads;
-    g.n_kv_heads = 1;
-    g.k_dim = c.kv_lora_rank + c.qk_rope_dim;
-    g.v_dim = c.kv_lora_rank;
-    g.rope_dim = c.qk_rope_dim;
-    g.rope = false;
-    g.scale = 1.f / std::sqrt(static_cast<float>(c.qk_nope_dim + c.qk_rope_dim));
-    return std::vector<LayerGeometry>(c.n_layers - c.n_kda_layers(), g);
+    return std::vector<LayerGeometry>(c.n_layers - c.n_kda_layers(), MlaGeometry());
   }
 
   RecurrentGeometry RecurrentLayers() const override {
@@ -120,8 +88,6 @@ class KimiLinearModel final : public Model {
  protected:
   Status LoadWeights() override {
     const ModelConfig& c = config_;
-    const int64_t d = c.d_model, H = c.n_heads, dc = c.kv_lora_rank, dr = c.qk_rope_dim,
-                  nope = c.qk_nope_dim, vd = c.v_head_dim, qk = nope + dr;
     if (c.q_lora_rank > 0) {
       return Unimplemented("kimi-linear with attention.q_lora_rank = " +
                            std::to_string(c.q_lora_rank) + " (the architecture has a single "
@@ -133,53 +99,17 @@ class KimiLinearModel final : public Model {
     for (int l = 0; l < c.n_layers; ++l) {
       const std::string p = "blk." + std::to_string(l) + ".";
       Layer& L = layers_.emplace_back();
-      ASSIGN_OR_RETURN(TensorView an, Weight(p + "attn_norm.weight", {d}));
-      ASSIGN_OR_RETURN(TensorView fn, Weight(p + "ffn_norm.weight", {d}));
-      L.attn_norm = ToF32Vec(an);
-      L.ffn_norm = ToF32Vec(fn);
+      RETURN_IF_ERROR(LoadNorm(p + "attn_norm.weight", &L.attn_norm));
+      RETURN_IF_ERROR(LoadNorm(p + "ffn_norm.weight", &L.ffn_norm));
       L.kda = c.is_kda_layer(l);
       if (L.kda) {
         L.slot = n_kda++;
         RETURN_IF_ERROR(LoadKda(p, &L.k));
       } else {
         L.slot = n_mla++;
-        MlaWeights& M = L.m;
-        ASSIGN_OR_RETURN(TensorView kvn, Weight(p + "attn_kv_a_norm.weight", {dc}));
-        M.kv_a_norm = ToF32Vec(kvn);
-        ASSIGN_OR_RETURN(M.wq, Weight(p + "attn_q.weight", {H * qk, d}));
-        ASSIGN_OR_RETURN(M.wkv_a, Weight(p + "attn_kv_a_mqa.weight", {dc + dr, d}));
-        ASSIGN_OR_RETURN(M.k_b, Weight(p + "attn_k_b.weight", {H, dc, nope}));
-        ASSIGN_OR_RETURN(M.v_b, Weight(p + "attn_v_b.weight", {H, vd, dc}));
-        ASSIGN_OR_RETURN(M.wo, Weight(p + "attn_output.weight", {d, H * vd}));
+        RETURN_IF_ERROR(LoadMla(p, &L.m));
       }
-      FfnWeights& F = L.f;
-      F.moe = c.is_moe_layer(l);
-      if (!F.moe) {
-        ASSIGN_OR_RETURN(F.gate, Weight(p + "ffn_gate.weight", {c.d_ff, d}));
-        ASSIGN_OR_RETURN(F.up, Weight(p + "ffn_up.weight", {c.d_ff, d}));
-        ASSIGN_OR_RETURN(F.down, Weight(p + "ffn_down.weight", {d, c.d_ff}));
-      } else {
-        const int64_t E = c.n_experts, ffe = c.d_ff_expert;
-        ASSIGN_OR_RETURN(F.router, Weight(p + "ffn_gate_inp.weight", {E, d}));
-        // llama.cpp's name is exp_probs_b.bias (gguf-py FFN_EXP_PROBS_B); some tools write
-        // ffn_exp_probs_b.bias, which is read too.
-        bool has_bias = false;
-        ASSIGN_OR_RETURN(TensorView rb, OptionalWeight(p + "exp_probs_b.bias", {E}, &has_bias));
-        if (!has_bias) {
-          ASSIGN_OR_RETURN(rb, OptionalWeight(p + "ffn_exp_probs_b.bias", {E}, &has_bias));
-        }
-        if (has_bias) F.router_bias = ToF32Vec(rb);
-        ASSIGN_OR_RETURN(F.gate_exps, Weight(p + "ffn_gate_exps.weight", {E, ffe, d}));
-        ASSIGN_OR_RETURN(F.up_exps, Weight(p + "ffn_up_exps.weight", {E, ffe, d}));
-        ASSIGN_OR_RETURN(F.down_exps, Weight(p + "ffn_down_exps.weight", {E, d, ffe}));
-        if (c.n_shared_experts > 0) {
-          const int64_t ffs = ffe * c.n_shared_experts;
-          F.has_shared = true;
-          ASSIGN_OR_RETURN(F.gate_sh, Weight(p + "ffn_gate_shexp.weight", {ffs, d}));
-          ASSIGN_OR_RETURN(F.up_sh, Weight(p + "ffn_up_shexp.weight", {ffs, d}));
-          ASSIGN_OR_RETURN(F.down_sh, Weight(p + "ffn_down_shexp.weight", {d, ffs}));
-        }
-      }
+      RETURN_IF_ERROR(LoadFfn(p, l, &L.f));
     }
     return OkStatus();
   }
@@ -204,22 +134,14 @@ class KimiLinearModel final : public Model {
     std::vector<float> xn(n * d), y(n * d);
     for (int l = 0; l < c.n_layers; ++l) {
       const Layer& L = layers_[l];
-      for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.attn_norm.data(), d, c.rms_eps, &xn[i * d]);
+      NormRows(x, L.attn_norm, n, xn.data());
       if (L.kda) {
         RETURN_IF_ERROR(KdaForward(rows, L, xn.data(), pool, y.data()));
       } else {
-        RETURN_IF_ERROR(MlaForward(rows, L, xn.data(), pool, y.data()));
+        RETURN_IF_ERROR(MlaForward(rows, L.m, L.slot, xn.data(), pool, y.data()));
       }
       for (int64_t j = 0; j < n * d; ++j) x[j] += y[j];
-      for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.ffn_norm.data(), d, c.rms_eps, &xn[i * d]);
-      if (!L.f.moe) {
-        Ffn(rows, L.f.gate, L.f.up, L.f.down, xn.data(), c.d_ff, pool, y.data());
-      } else if (rows.independent && n > 1) {
-        MoeBatch(L.f, xn.data(), rows, pool, y.data());
-      } else {
-        Moe(L.f, xn.data(), rows, pool, y.data());
-      }
-      for (int64_t j = 0; j < n * d; ++j) x[j] += y[j];
+      FeedForwardResidual(L.f, L.ffn_norm, rows, pool, x, xn.data(), y.data());
     }
     return OkStatus();
   }
@@ -266,7 +188,7 @@ class KimiLinearModel final : public Model {
       // llama.cpp writes torch shape (1, C, 1, W); its loader also accepts (C, 1, W).
       const std::vector<int64_t> s4 = {1, C, 1, W}, s3 = {C, 1, W};
       ASSIGN_OR_RETURN(TensorView cv, Weight(name, t->shape == s3 ? s3 : s4));
-      K->conv[j] = ToF32Vec(cv);
+      K->conv[j] = F32Values(cv);
     }
     {
       const std::string name = p + "ssm_f_a.weight";
@@ -293,7 +215,7 @@ class KimiLinearModel final : public Model {
                               std::to_string(H) + ", 1, 1])");
       const std::vector<int64_t> s4 = {1, 1, H, 1}, s2 = {H, 1};
       ASSIGN_OR_RETURN(TensorView av, Weight(name, t->shape == s2 ? s2 : s4));
-      K->a = ToF32Vec(av);
+      K->a = F32Values(av);
       for (int64_t h = 0; h < H; ++h) {
         if (!(K->a[h] < 0.f) || !std::isfinite(K->a[h])) {
           return InvalidArgument("tensor " + name + "[" + std::to_string(h) + "] = " +
@@ -303,9 +225,9 @@ class KimiLinearModel final : public Model {
       }
     }
     ASSIGN_OR_RETURN(TensorView dt, Weight(p + "ssm_dt.bias", {C}));
-    K->dt_bias = ToF32Vec(dt);
+    K->dt_bias = F32Values(dt);
     ASSIGN_OR_RETURN(TensorView on, Weight(p + "ssm_norm.weight", {D}));
-    K->onorm = ToF32Vec(on);
+    K->onorm = F32Values(on);
     return OkStatus();
   }
 
@@ -388,165 +310,6 @@ class KimiLinearModel final : public Model {
     }
     Project(rows, K.wo, o.data(), C, y, d, pool);
     return OkStatus();
-  }
-
-  // Absorbed NoPE MLA (as deepseek2 with mla_use_nope, no q LoRA).
-  Status MlaForward(const Rows& rows, const Layer& L, const float* xn, ThreadPool* pool,
-                    float* y) const {
-    const ModelConfig& c = config_;
-    const MlaWeights& M = L.m;
-    const int64_t d = c.d_model, H = c.n_heads, dc = c.kv_lora_rank, dr = c.qk_rope_dim,
-                  nope = c.qk_nope_dim, vd = c.v_head_dim, qk = nope + dr, row = dc + dr;
-    const int n = rows.n;
-    const int cl = L.slot;
-    std::vector<float> q(n * H * qk), kva(n * row), qabs(H * row), att(H * dc), o(n * H * vd);
-    const MatVecBatchJob jobs[] = {{M.wq, q.data(), H * qk}, {M.wkv_a, kva.data(), row}};
-    ProjectMany(rows, jobs, 2, xn, d, pool);
-    for (int i = 0; i < n; ++i) {
-      float* r = &kva[i * row];
-      RmsNorm(r, M.kv_a_norm.data(), dc, c.rms_eps, r);
-      if (!rows.live(i)) continue;
-      RETURN_IF_ERROR(rows.Event(i, rows.caches[i]->Append(cl, r, nullptr)));
-    }
-    for (int i = 0; i < n; ++i) {
-      if (!rows.live(i)) continue;
-      KvCache* cache = rows.caches[i];
-      const int64_t p = rows.pos[i];
-      auto absorb = [&](int64_t hb, int64_t he, int) {
-        for (int64_t h = hb; h < he; ++h) {
-          const float* qh = &q[(i * H + h) * qk];
-          float* out = &qabs[h * row];
-          MatVec(M.k_b.Rows(h * dc, dc), qh, out, nullptr);
-          std::memcpy(out + dc, qh + nope, sizeof(float) * dr);
-        }
-      };
-      ParallelForOrInline(pool, H, 1, absorb);
-      RETURN_IF_ERROR(rows.Event(i, cache->ObserveQuery(cl, p, qabs.data())));
-      if (!rows.live(i)) continue;
-      RETURN_IF_ERROR(rows.Event(i, cache->Attend(cl, qabs.data(), p, pool, att.data())));
-      if (!rows.live(i)) continue;
-      auto expand = [&](int64_t hb, int64_t he, int) {
-        for (int64_t h = hb; h < he; ++h) {
-          MatVec(M.v_b.Rows(h * vd, vd), &att[h * dc], &o[(i * H + h) * vd], nullptr);
-        }
-      };
-      ParallelForOrInline(pool, H, 1, expand);
-    }
-    Project(rows, M.wo, o.data(), H * vd, y, d, pool);
-    return OkStatus();
-  }
-
-  // y = down(silu(gate x) * up x) for the rows of a pass.
-  void Ffn(const Rows& rows, const TensorView& gate, const TensorView& up, const TensorView& down,
-           const float* x, int64_t ff, ThreadPool* pool, float* y) const {
-    const int64_t d = config_.d_model;
-    const int n = rows.n;
-    std::vector<float> g(n * ff), u(n * ff);
-    const MatVecBatchJob gate_up[] = {{gate, g.data(), ff}, {up, u.data(), ff}};
-    ProjectMany(rows, gate_up, 2, x, d, pool);
-    if (rows.independent) {
-      for (int i = 0; i < n; ++i) SwiGlu(&g[i * ff], &u[i * ff], ff);
-    } else {
-      SwiGlu(g.data(), u.data(), n * ff);
-    }
-    Project(rows, down, g.data(), ff, y, d, pool);
-  }
-
-  RouteParams Routing(const FfnWeights& F) const {
-    const ModelConfig& c = config_;
-    RouteParams rp;
-    rp.n_experts = c.n_experts;
-    rp.n_used = c.n_experts_used;
-    rp.gating = c.expert_gating;
-    rp.renormalize = c.expert_weights_norm;
-    rp.scale = c.expert_weights_scale;
-    rp.bias = F.router_bias.empty() ? nullptr : F.router_bias.data();
-    return rp;
-  }
-
-  // Per token: router, then its experts one by one (shared expert unweighted).
-  void Moe(const FfnWeights& F, const float* x, const Rows& rows, ThreadPool* pool,
-           float* y) const {
-    const ModelConfig& c = config_;
-    const int64_t d = c.d_model, E = c.n_experts, ffe = c.d_ff_expert;
-    const int n = rows.n, K = c.n_experts_used;
-    std::vector<float> logits(E), tmp(d), g(ffe), u(ffe), w(K);
-    std::vector<int> ids(K);
-    if (F.has_shared) {
-      Ffn(rows, F.gate_sh, F.up_sh, F.down_sh, x, ffe * c.n_shared_experts, pool, y);
-    } else {
-      std::fill(y, y + n * d, 0.f);
-    }
-    const RouteParams rp = Routing(F);
-    for (int i = 0; i < n; ++i) {
-      const float* xi = x + i * d;
-      MatVec(F.router, xi, logits.data(), pool);
-      RouteExperts(rp, logits.data(), ids.data(), w.data());
-      for (int kk = 0; kk < K; ++kk) {
-        const int e = ids[kk];
-        const MatVecJob gate_up[] = {{F.gate_exps.Rows(e * ffe, ffe), g.data()},
-                                     {F.up_exps.Rows(e * ffe, ffe), u.data()}};
-        MatVecMany(gate_up, 2, xi, pool);
-        SwiGlu(g.data(), u.data(), ffe);
-        MatVec(F.down_exps.Rows(e * d, d), g.data(), tmp.data(), pool);
-        Axpy(w[kk], tmp.data(), y + i * d, d);
-      }
-    }
-  }
-
-  // A decode batch: rows grouped by expert so each routed expert is read once per step; each
-  // row's expert outputs are added in its own routing order, so every row equals its solo Moe.
-  void MoeBatch(const FfnWeights& F, const float* x, const Rows& rows, ThreadPool* pool,
-                float* y) const {
-    const ModelConfig& c = config_;
-    const int64_t d = c.d_model, E = c.n_experts, ffe = c.d_ff_expert;
-    const int n = rows.n, K = c.n_experts_used;
-    if (F.has_shared) {
-      Ffn(rows, F.gate_sh, F.up_sh, F.down_sh, x, ffe * c.n_shared_experts, pool, y);
-    } else {
-      std::fill(y, y + n * d, 0.f);
-    }
-    std::vector<float> logits(n * E), w(n * K);
-    std::vector<int> ids(n * K);
-    MatVecBatch(F.router, x, n, d, logits.data(), E, pool);
-    const RouteParams rp = Routing(F);
-    for (int i = 0; i < n; ++i) {
-      if (rows.live(i)) {
-        RouteExperts(rp, &logits[i * E], &ids[i * K], &w[i * K]);
-      } else {
-        std::fill(&ids[i * K], &ids[i * K] + K, -1);
-        std::fill(&w[i * K], &w[i * K] + K, 0.f);
-      }
-    }
-    std::vector<std::vector<int>> slots(E);
-    for (int s = 0; s < n * K; ++s) {
-      if (ids[s] >= 0) slots[ids[s]].push_back(s);
-    }
-    std::vector<float> out(static_cast<size_t>(n) * K * d, 0.f), xg, g, u, dn;
-    for (int64_t e = 0; e < E; ++e) {
-      const int m = static_cast<int>(slots[e].size());
-      if (m == 0) continue;
-      xg.resize(m * d);
-      for (int j = 0; j < m; ++j) {
-        std::memcpy(&xg[j * d], x + (slots[e][j] / K) * d, sizeof(float) * d);
-      }
-      g.resize(m * ffe);
-      u.resize(m * ffe);
-      dn.resize(m * d);
-      const MatVecBatchJob gate_up[] = {{F.gate_exps.Rows(e * ffe, ffe), g.data(), ffe},
-                                        {F.up_exps.Rows(e * ffe, ffe), u.data(), ffe}};
-      MatVecBatchMany(gate_up, 2, xg.data(), m, d, pool);
-      for (int j = 0; j < m; ++j) SwiGlu(&g[j * ffe], &u[j * ffe], ffe);
-      MatVecBatch(F.down_exps.Rows(e * d, d), g.data(), m, ffe, dn.data(), d, pool);
-      for (int j = 0; j < m; ++j) {
-        std::memcpy(&out[static_cast<size_t>(slots[e][j]) * d], &dn[j * d], sizeof(float) * d);
-      }
-    }
-    for (int i = 0; i < n; ++i) {
-      for (int kk = 0; kk < K; ++kk) {
-        Axpy(w[i * K + kk], &out[(static_cast<size_t>(i) * K + kk) * d], y + i * d, d);
-      }
-    }
   }
 
   std::vector<Layer> layers_;
