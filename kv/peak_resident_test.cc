@@ -79,8 +79,8 @@ struct Measured {
 
 // A prefill of n rows in calls of `chunk` (every prompt query observed and read), the
 // compression point, then `decode` steps; the bound is checked after every append and call.
-StatusOr<Measured> Run(KvCache* c, int64_t n, int64_t chunk, int decode, uint64_t seed,
-                       ThreadPool* pool) {
+StatusOr<Measured> RunPeakSequence(KvCache* c, int64_t n, int64_t chunk, int decode, uint64_t seed,
+                                   ThreadPool* pool) {
   const LayerGeometry& g = c->geometry(0);
   Rng rng(seed);
   std::vector<float> k(static_cast<size_t>(g.n_kv_heads) * g.k_dim);
@@ -161,7 +161,7 @@ TEST_P(PeakResident, WithinDeclared) {
       auto c = KvCache::Create({z.g}, std::move(p).value());
       if (!c.ok()) continue;  // a policy for the other layer kind (the conformance suite checks it)
       ++bound;
-      auto m = Run(c->get(), z.n, z.chunk, 40, seed, &pool);
+      auto m = RunPeakSequence(c->get(), z.n, z.chunk, 40, seed, &pool);
       ASSERT_OK(m);
       EXPECT_LE(m->worst_over, 0) << "resident bytes exceeded the declared peak by "
                                   << m->worst_over << " bytes";

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <mutex>
+#include <thread>
 
 #include "core/status_testing.h"
 #include "kv/registry.h"
@@ -102,14 +103,20 @@ TEST_F(SchedulerTest, ALongPromptHoldsRunningStreamsBackByOneBudgetedChunkAtMost
   const Sequence::Result rc = c->Wait();
   EXPECT_TRUE(rc.error.ok()) << rc.error.ToString();
   EXPECT_EQ(rc.completion_tokens, 1);
-  {
-    std::lock_guard<std::mutex> l(mu);
-    recording = false;
+  // The long prompt's token was sampled in the step after its last chunk, before that step's
+  // decode: wait until an event follows the last chunk, so that the decode is recorded too.
+  for (int i = 0; i < 60000; ++i) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (!events.empty() && events.back().kind == StepEvent::Kind::kDecode) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   a->Cancel();
   b->Cancel();
   a->Wait();
   b->Wait();
+  std::lock_guard<std::mutex> l(mu);
 
   // The long prompt's chunks, and what ran between them.
   std::vector<size_t> chunk_at;
