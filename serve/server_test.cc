@@ -682,6 +682,8 @@ TEST_F(ServeTest, TheServeCommandRefusesBadFlagsByName) {
       {{"--kv-budget", "lots"}, "--kv-budget 'lots' is not a size"},
       {{"--parallel", "0"}, "--parallel must be >= 1, got 0"},
       {{"--queue", "-1"}, "--queue must be >= 0, got -1"},
+      {{"--prefill-chunk", "0"}, "--prefill-chunk must be >= 1, got 0"},
+      {{"--prefill-chunk", "2000000"}, "--prefill-chunk must be <= 1048576, got 2000000"},
       {{"--policy", "nosuch"}, "unknown policy 'nosuch'"},
       {{"--policy", "vestige"}, "none of the model's 2 attention layers is MLA"},
       {{"--chat-template", "jinja"}, "unknown chat template \"jinja\""},
