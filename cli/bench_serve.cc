@@ -175,23 +175,23 @@ int RunCapacity(const BenchServeOptions& o, std::ostream& out, std::ostream& err
                   full_resident > 0 ? ratio(full_resident, max_b) : "-", std::to_string(fit),
                   ratio(fit, full_fit), std::to_string(admitted), ratio(admitted, full_admitted),
                   FormatBytes(static_cast<double>(peak)), FormatFixed(fill_s / o.samples, 1)});
-        rows.push_back({{"geometry", gname},
-                        {"layers", static_cast<int64_t>(layers.size())},
-                        {"ctx", ctx},
-                        {"policy", p},
-                        {"resident_bytes_per_seq", max_b},
-                        {"resident_bytes_per_seq_min", min_b},
-                        {"samples", o.samples},
-                        {"full_bytes_per_token", full_per_token},
-                        {"bits_per_value", bits},
-                        {"prompt_reserve_bytes", reserve},
-                        {"fill_peak_bytes", peak},
-                        {"kv_budget_bytes", *budget},
-                        {"fit", fit},
-                        {"admitted", admitted},
-                        {"fit_ratio_to_full",
-                         full_fit > 0 ? static_cast<double>(fit) / full_fit : 0.0},
-                        {"fill_seconds", fill_s / o.samples}});
+        rows.push_back(
+            {{"geometry", gname},
+             {"layers", static_cast<int64_t>(layers.size())},
+             {"ctx", ctx},
+             {"policy", p},
+             {"resident_bytes_per_seq", max_b},
+             {"resident_bytes_per_seq_min", min_b},
+             {"samples", o.samples},
+             {"full_bytes_per_token", full_per_token},
+             {"bits_per_value", bits},
+             {"prompt_reserve_bytes", reserve},
+             {"fill_peak_bytes", peak},
+             {"kv_budget_bytes", *budget},
+             {"fit", fit},
+             {"admitted", admitted},
+             {"fit_ratio_to_full", full_fit > 0 ? static_cast<double>(fit) / full_fit : 0.0},
+             {"fill_seconds", fill_s / o.samples}});
       }
       for (const auto& [p, fit] : fits) {
         if (ParsePolicySpec(p)->name != "geodesia" || full_fit == 0) continue;
@@ -208,8 +208,8 @@ int RunCapacity(const BenchServeOptions& o, std::ostream& out, std::ostream& err
     }
   }
   out << "capacity: sequences of --ctx tokens in --kv-budget " << FormatBytes(*budget)
-      << ", measured by the policies' ResidentBytes after prefill + one decode step ("
-      << o.samples << " sample" << (o.samples > 1 ? "s" : "") << " each, the largest counted)\n";
+      << ", measured by the policies' ResidentBytes after prefill + one decode step (" << o.samples
+      << " sample" << (o.samples > 1 ? "s" : "") << " each, the largest counted)\n";
   t.Print(out);
   for (const auto& n : notes) out << n << "\n";
   if (!notes.empty()) {
@@ -238,18 +238,21 @@ int RunLoadMode(const BenchServeOptions& o, std::ostream& out, std::ostream& err
     return kExitUsage;
   };
   if (o.model.empty() == o.url.empty()) {
-    return fail("give either -m MODEL (an in-process server) or --url http://127.0.0.1:PORT (a "
-                "running one)");
+    return fail(
+        "give either -m MODEL (an in-process server) or --url http://127.0.0.1:PORT (a "
+        "running one)");
   }
   if (!o.geometry.empty()) return fail("--geometry is for --capacity");
   auto streams = ParseIntList("--streams", o.streams);
   if (!streams.ok()) return fail(streams.status().message());
   for (int64_t k : *streams) {
-    if (k < 1 || k > 1024) return fail("--streams values must be in [1, 1024], got " + std::to_string(k));
+    if (k < 1 || k > 1024)
+      return fail("--streams values must be in [1, 1024], got " + std::to_string(k));
   }
   auto ctxs = ParseIntList("--ctx", o.ctx.empty() ? "128" : o.ctx);
   if (!ctxs.ok()) return fail(ctxs.status().message());
-  if (o.max_tokens < 1) return fail("--max-tokens must be >= 1, got " + std::to_string(o.max_tokens));
+  if (o.max_tokens < 1)
+    return fail("--max-tokens must be >= 1, got " + std::to_string(o.max_tokens));
   for (int64_t c : *ctxs) {
     if (c <= o.max_tokens) {
       return fail("--ctx " + std::to_string(c) + " leaves no prompt: each request is ctx - " +
@@ -266,16 +269,38 @@ int RunLoadMode(const BenchServeOptions& o, std::ostream& out, std::ostream& err
   const int64_t max_k = *std::max_element(streams->begin(), streams->end());
   const int64_t max_ctx = *std::max_element(ctxs->begin(), ctxs->end());
 
+  // --prefill-chunk: one in-process server per value, every level run against each, so the
+  // rows compare step budgets in one run.
+  std::vector<int64_t> chunks;
+  if (!o.prefill_chunk.empty()) {
+    if (!o.url.empty()) {
+      return fail(
+          "--prefill-chunk configures the in-process server (-m); with --url the running "
+          "server's own setting applies");
+    }
+    auto c = ParseIntList("--prefill-chunk", o.prefill_chunk);
+    if (!c.ok()) return fail(c.status().message());
+    for (int64_t v : *c) {
+      if (v < 1 || v > (int64_t{1} << 20)) {
+        return fail("--prefill-chunk values must be in [1, 1048576], got " + std::to_string(v));
+      }
+    }
+    chunks = *c;
+  } else {
+    chunks = {o.url.empty() ? int64_t{serve::kDefaultPrefillChunk} : 0};  // 0: the server's own
+  }
+
   // The server: a running one, or one started here on a free loopback port.
   std::unique_ptr<Model> model;
-  std::unique_ptr<serve::Server> server;
   std::string host = "127.0.0.1";
   int port = 0;
   std::string where;
+  serve::ServerOptions so;
   if (!o.url.empty()) {
     if (o.parallel != 0 || !o.kv_budget.empty() || o.threads != 0) {
-      return fail("--parallel, --kv-budget and --threads configure the in-process server (-m); "
-                  "with --url the running server's own settings apply");
+      return fail(
+          "--parallel, --kv-budget and --threads configure the in-process server (-m); "
+          "with --url the running server's own settings apply");
     }
     auto u = serve::ParseLoopbackUrl(o.url);
     if (!u.ok()) return fail(u.status().message());
@@ -292,7 +317,6 @@ int RunLoadMode(const BenchServeOptions& o, std::ostream& out, std::ostream& err
     auto m = Model::Load(o.model);
     if (!m.ok()) return fail("cannot load model '" + o.model + "' (-m): " + m.status().ToString());
     model = std::move(m).value();
-    serve::ServerOptions so;
     so.host = "127.0.0.1";
     so.port = 0;
     so.model_name = std::filesystem::path(o.model).stem().string();
@@ -302,101 +326,114 @@ int RunLoadMode(const BenchServeOptions& o, std::ostream& out, std::ostream& err
     so.threads = o.threads > 0 ? CapThreads("--threads", o.threads, err) : HardwareThreads();
     so.ctx = max_ctx;
     if (!o.policy.empty()) so.policy = o.policy;
-    auto s = serve::Server::Create(model.get(), so);
-    if (!s.ok()) return fail(s.status().message());
-    server = std::move(s).value();
-    auto p = server->Start();
-    if (!p.ok()) return fail(p.status().message());
-    port = *p;
-    where = "http://127.0.0.1:" + std::to_string(port) + " (in process: " + o.model + ", " +
-            std::to_string(so.parallel) + " slots, " + std::to_string(so.threads) +
-            " threads, KV budget " + FormatBytes(static_cast<double>(so.kv_budget)) + ")";
+    where = "in process: " + o.model + ", " + std::to_string(so.parallel) + " slots, " +
+            std::to_string(so.threads) + " threads, KV budget " +
+            FormatBytes(static_cast<double>(so.kv_budget));
   }
   err << "bench serve: " << where << "\n" << std::flush;
 
-  Table t({"ctx", "streams", "ok / sent", "tokens", "aggregate tok/s", "decode tok/s",
-           "x 1 stream", "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms"});
+  Table t({"prefill chunk", "ctx", "streams", "ok / sent", "tokens", "aggregate tok/s",
+           "decode tok/s", "x 1 stream", "TTFT p50/p90/p99 ms", "ITL p50/p90/p99 ms"});
   nlohmann::json levels = nlohmann::json::array();
   std::vector<std::string> problems;
   std::string model_name;
-  for (int64_t ctx : *ctxs) {
-    double single = 0;
-    for (int64_t k : *streams) {
-      serve::LoadOptions lo;
-      lo.host = host;
-      lo.port = port;
-      lo.api_key = o.api_key;
-      lo.streams = static_cast<int>(k);
-      lo.requests_per_stream = static_cast<int>(o.requests_per_stream);
-      lo.prompt_tokens = ctx - o.max_tokens;
-      lo.max_tokens = o.max_tokens;
-      lo.policy = o.policy;
-      lo.duration_s = o.duration;
-      lo.seed = o.seed;
-      const std::string label = "[ctx " + std::to_string(ctx) + ", " + std::to_string(k) +
-                                " stream" + (k > 1 ? "s" : "") + "]";
-      lo.progress = [&](const std::string& line) { err << label << line << "\n" << std::flush; };
-      err << label << " " << k * o.requests_per_stream << " requests of " << lo.prompt_tokens
-          << " prompt + " << o.max_tokens << " tokens\n"
+  for (int64_t chunk : chunks) {
+    std::unique_ptr<serve::Server> server;
+    if (model) {
+      so.prefill_chunk = static_cast<int>(chunk);
+      auto s = serve::Server::Create(model.get(), so);
+      if (!s.ok()) return fail(s.status().message());
+      server = std::move(s).value();
+      auto p = server->Start();
+      if (!p.ok()) return fail(p.status().message());
+      port = *p;
+      err << "bench serve: prefill chunk " << chunk << ", http://127.0.0.1:" << port << "\n"
           << std::flush;
-      auto r = serve::RunLoad(lo);
-      if (!r.ok()) {
-        if (server) server->Stop();
-        return fail(r.status().message());
-      }
-      model_name = r->model;
-      if (k == 1) single = r->decode_tok_s;
-      const double ratio = single > 0 ? r->decode_tok_s / single : 0;
-      auto pct = [](const serve::Percentiles& p) {
-        return Ms(p.p50) + " / " + Ms(p.p90) + " / " + Ms(p.p99);
-      };
-      t.AddRow({std::to_string(ctx), std::to_string(k),
-                std::to_string(r->ok) + " / " + std::to_string(r->requests),
-                std::to_string(r->streamed_tokens), FormatFixed(r->aggregate_tok_s, 1),
-                r->decode_window_tokens > 0 ? FormatFixed(r->decode_tok_s, 1) : "-",
-                single > 0 && r->decode_window_tokens > 0 ? FormatFixed(ratio, 2) : "-",
-                pct(r->ttft_s), pct(r->itl_s)});
-      for (const auto& e : r->errors) problems.push_back(label + " " + e);
-      if (r->cut > 0) {
-        problems.push_back(label + " " + std::to_string(r->cut) + " requests hung up at --duration");
-      }
-      if (r->decode_window_tokens <= 0) {
-        problems.push_back(label + " no moment with all streams generating (raise --max-tokens)");
-      }
-      auto pj = [](const serve::Percentiles& p) {
-        return nlohmann::json{{"n", p.n},     {"mean", p.mean}, {"p50", p.p50},
-                              {"p90", p.p90}, {"p99", p.p99},   {"max", p.max}};
-      };
-      levels.push_back({{"ctx", ctx},
-                        {"streams", k},
-                        {"prompt_tokens_per_request", lo.prompt_tokens},
-                        {"max_tokens", o.max_tokens},
-                        {"requests", r->requests},
-                        {"ok", r->ok},
-                        {"failed", r->failed},
-                        {"cut", r->cut},
-                        {"errors", r->errors},
-                        {"prompt_tokens", r->prompt_tokens},
-                        {"completion_tokens", r->completion_tokens},
-                        {"streamed_tokens", r->streamed_tokens},
-                        {"wall_seconds", r->wall_s},
-                        {"aggregate_tok_s", r->aggregate_tok_s},
-                        {"decode_tok_s", r->decode_tok_s},
-                        {"decode_window_seconds", r->decode_window_s},
-                        {"decode_window_tokens", r->decode_window_tokens},
-                        {"decode_ratio_to_1_stream", ratio},
-                        {"ttft_seconds", pj(r->ttft_s)},
-                        {"itl_seconds", pj(r->itl_s)}});
     }
+    const std::string chunk_label = chunk > 0 ? std::to_string(chunk) : "(server's)";
+    for (int64_t ctx : *ctxs) {
+      double single = 0;
+      for (int64_t k : *streams) {
+        serve::LoadOptions lo;
+        lo.host = host;
+        lo.port = port;
+        lo.api_key = o.api_key;
+        lo.streams = static_cast<int>(k);
+        lo.requests_per_stream = static_cast<int>(o.requests_per_stream);
+        lo.prompt_tokens = ctx - o.max_tokens;
+        lo.max_tokens = o.max_tokens;
+        lo.policy = o.policy;
+        lo.duration_s = o.duration;
+        lo.seed = o.seed;
+        const std::string label = "[prefill chunk " + chunk_label + ", ctx " + std::to_string(ctx) +
+                                  ", " + std::to_string(k) + " stream" + (k > 1 ? "s" : "") + "]";
+        lo.progress = [&](const std::string& line) { err << label << line << "\n" << std::flush; };
+        err << label << " " << k * o.requests_per_stream << " requests of " << lo.prompt_tokens
+            << " prompt + " << o.max_tokens << " tokens\n"
+            << std::flush;
+        auto r = serve::RunLoad(lo);
+        if (!r.ok()) {
+          if (server) server->Stop();
+          return fail(r.status().message());
+        }
+        model_name = r->model;
+        if (k == 1) single = r->decode_tok_s;
+        const double ratio = single > 0 ? r->decode_tok_s / single : 0;
+        auto pct = [](const serve::Percentiles& p) {
+          return Ms(p.p50) + " / " + Ms(p.p90) + " / " + Ms(p.p99);
+        };
+        t.AddRow({chunk_label, std::to_string(ctx), std::to_string(k),
+                  std::to_string(r->ok) + " / " + std::to_string(r->requests),
+                  std::to_string(r->streamed_tokens), FormatFixed(r->aggregate_tok_s, 1),
+                  r->decode_window_tokens > 0 ? FormatFixed(r->decode_tok_s, 1) : "-",
+                  single > 0 && r->decode_window_tokens > 0 ? FormatFixed(ratio, 2) : "-",
+                  pct(r->ttft_s), pct(r->itl_s)});
+        for (const auto& e : r->errors) problems.push_back(label + " " + e);
+        if (r->cut > 0) {
+          problems.push_back(label + " " + std::to_string(r->cut) +
+                             " requests hung up at --duration");
+        }
+        if (r->decode_window_tokens <= 0) {
+          problems.push_back(label + " no moment with all streams generating (raise --max-tokens)");
+        }
+        auto pj = [](const serve::Percentiles& p) {
+          return nlohmann::json{{"n", p.n},     {"mean", p.mean}, {"p50", p.p50},
+                                {"p90", p.p90}, {"p99", p.p99},   {"max", p.max}};
+        };
+        levels.push_back({{"prefill_chunk", chunk},
+                          {"ctx", ctx},
+                          {"streams", k},
+                          {"prompt_tokens_per_request", lo.prompt_tokens},
+                          {"max_tokens", o.max_tokens},
+                          {"requests", r->requests},
+                          {"ok", r->ok},
+                          {"failed", r->failed},
+                          {"cut", r->cut},
+                          {"errors", r->errors},
+                          {"prompt_tokens", r->prompt_tokens},
+                          {"completion_tokens", r->completion_tokens},
+                          {"streamed_tokens", r->streamed_tokens},
+                          {"wall_seconds", r->wall_s},
+                          {"aggregate_tok_s", r->aggregate_tok_s},
+                          {"decode_tok_s", r->decode_tok_s},
+                          {"decode_window_seconds", r->decode_window_s},
+                          {"decode_window_tokens", r->decode_window_tokens},
+                          {"decode_ratio_to_1_stream", ratio},
+                          {"ttft_seconds", pj(r->ttft_s)},
+                          {"itl_seconds", pj(r->itl_s)}});
+      }
+    }
+    if (server) server->Stop();
   }
-  if (server) server->Stop();
   out << "bench serve: " << where << ", model '" << model_name << "', policy "
       << (o.policy.empty() ? "(the server's default)" : o.policy) << ", " << o.max_tokens
       << " tokens per request (ignore_eos), " << o.requests_per_stream
       << " request(s) per stream\n";
   t.Print(out);
   for (const auto& p : problems) out << "note: " << p << "\n";
-  out << "Legend: ctx = prompt + generated tokens of each request; aggregate tok/s = streamed "
+  out << "Legend: prefill chunk = the in-process server's --prefill-chunk (new-prompt tokens "
+         "prefilled per step between decode steps); ctx = prompt + generated tokens of each "
+         "request; aggregate tok/s = streamed "
          "tokens / the level's wall time (prefills and queueing included); decode tok/s = tokens "
          "that arrived while every stream was generating / that time (no prefill runs then); "
          "x 1 stream = decode tok/s / the 1-stream row's at the same ctx; TTFT = send to first "
@@ -544,7 +581,8 @@ void AddBenchServeCommand(CLI::App* bench, BenchServeOptions* o) {
       ->capture_default_str();
   cmd->add_option("--policy", o->policy,
                   "Cache policy of every request (default: the server's); --capacity: a list "
-                  "(default " + std::string(kDefaultCapacityPolicies) + ")");
+                  "(default " +
+                      std::string(kDefaultCapacityPolicies) + ")");
   cmd->add_option("--parallel", o->parallel,
                   "In-process server: decode slots (default: the largest --streams)");
   cmd->add_option("--kv-budget", o->kv_budget,
@@ -552,6 +590,10 @@ void AddBenchServeCommand(CLI::App* bench, BenchServeOptions* o) {
                   "4GiB)");
   cmd->add_option("--queue", o->queue, "In-process server: requests that may wait for a slot")
       ->capture_default_str();
+  cmd->add_option("--prefill-chunk", o->prefill_chunk,
+                  "In-process server: prefill step budget(s) in tokens, comma-separated; every "
+                  "level runs once per value (default " +
+                      std::to_string(serve::kDefaultPrefillChunk) + ")");
   cmd->add_option("--threads", o->threads,
                   "In-process server / --capacity fill: worker threads (default: all cores)");
   cmd->add_option("--api-key", o->api_key, "Sent as Authorization: Bearer KEY (--url)");

@@ -36,13 +36,19 @@ TEST_F(BenchServeTest, LoadLevelsAgainstAnInProcessServer) {
   const std::string json = Path("load.json");
   const CliResult r = Strata({"bench", "serve", "-m", Path("tiny.gguf"), "--streams", "1,3",
                               "--ctx", "24,40", "--max-tokens", "16", "--threads", "1",
-                              "--requests-per-stream", "2", "--json", json});
+                              "--requests-per-stream", "2", "--prefill-chunk", "8,128",
+                              "--json", json});
   ASSERT_EQ(r.code, 0) << r.err << r.out;
   EXPECT_TRUE(Has(r.out, "TTFT p50/p90/p99 ms")) << r.out;
-  EXPECT_TRUE(Has(r.err, "[ctx 40, 3 streams] 6 requests of 24 prompt + 16 tokens")) << r.err;
+  EXPECT_TRUE(Has(r.err, "[prefill chunk 8, ctx 40, 3 streams] 6 requests of 24 prompt + 16 "
+                         "tokens"))
+      << r.err;
   const nlohmann::json j = ReadJson(json);
   ASSERT_EQ(j["mode"], "load");
-  ASSERT_EQ(j["levels"].size(), 4u);
+  ASSERT_EQ(j["levels"].size(), 8u);  // every level once per --prefill-chunk value
+  for (size_t i = 0; i < j["levels"].size(); ++i) {
+    EXPECT_EQ(j["levels"][i]["prefill_chunk"].get<int64_t>(), i < 4 ? 8 : 128);
+  }
   for (const auto& l : j["levels"]) {
     const int64_t k = l["streams"], ctx = l["ctx"];
     EXPECT_EQ(l["requests"].get<int64_t>(), 2 * k);
@@ -67,6 +73,10 @@ TEST_F(BenchServeTest, BadFlagsAreClearErrors) {
       {{"bench", "serve", "--url", "http://192.168.1.5:8080"},
        "host '192.168.1.5' is not a loopback address"},
       {{"bench", "serve", "--url", "http://127.0.0.1:8080/v1"}, "a path is not allowed"},
+      {{"bench", "serve", "--url", "http://127.0.0.1:8080", "--prefill-chunk", "64"},
+       "--prefill-chunk configures the in-process server"},
+      {{"bench", "serve", "-m", m, "--prefill-chunk", "0"},
+       "--prefill-chunk values must be in [1, 1048576], got 0"},
       {{"bench", "serve", "--url", "http://127.0.0.1:8080", "--parallel", "4"},
        "configure the in-process server"},
       {{"bench", "serve", "-m", m, "--streams", "0"}, "--streams values must be in [1, 1024]"},
@@ -211,14 +221,16 @@ TEST_F(BenchServeTest, FitSequencesReallyFitTheBudget) {
       EXPECT_EQ(total, (fit + 1) * per);  // the same bytes whatever the rows
       EXPECT_GT(total, budget);
     }
-    // The scheduler's reserve is the full rate of the prompt's pages times the policy's peak
-    // factor (2x for Geodesia, which holds the prompt twice until the compression point).
+    // The scheduler's reserve is the policy's declared peak for the prompt's rows: at least the
+    // full rate of the prompt's pages, 2x that for Geodesia (it holds the prompt twice until the
+    // compression point), and at least the peak the fill measured.
     const int64_t page = LayerStore::kPageRows;
     const int64_t rows = (ctx - 1 + page - 1) / page * page;
-    const double factor = first->cache->policy().peak_resident_factor();
-    EXPECT_EQ(factor, policy.rfind("geodesia", 0) == 0 ? 2.0 : 1.0);
-    EXPECT_EQ(serve::Scheduler::PromptReserve(*first->cache, ctx - 1),
-              static_cast<int64_t>(std::ceil(factor * rows * first->cache->FullBytesPerToken())));
+    const int64_t full_pages = rows * first->cache->FullBytesPerToken();
+    const int64_t reserve = serve::Scheduler::PromptReserve(*first->cache, ctx - 1);
+    EXPECT_EQ(reserve, first->cache->PeakResidentBytes(ctx - 1));
+    EXPECT_GE(reserve, policy.rfind("geodesia", 0) == 0 ? 2 * full_pages : full_pages);
+    EXPECT_GE(reserve, first->peak_bytes);
   }
 }
 

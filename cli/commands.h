@@ -242,6 +242,7 @@ struct ServeOptions {
   int64_t parallel = 4;
   std::string kv_budget = "8GiB";
   int64_t queue = 64;
+  int64_t prefill_chunk = 0;  // set to serve::kDefaultPrefillChunk by AddServeCommand
   std::string policy = "full";
   std::string chat_template;  // empty: detected from the model
   std::string api_key;
@@ -264,6 +265,7 @@ struct BenchServeOptions {
   int64_t parallel = 0;   // 0: the largest --streams
   std::string kv_budget;  // empty: 8GiB (load), 4GiB (--capacity)
   int64_t queue = 64;
+  std::string prefill_chunk;  // in-process server: a list, one run per value (empty: the default)
   int threads = 0;  // 0: all cores
   std::string api_key;
   uint64_t seed = 1;

@@ -27,6 +27,7 @@ void OnStopSignal(int sig) {
 
 void AddServeCommand(CLI::App* app, ServeOptions* o) {
   o->threads = HardwareThreads();
+  o->prefill_chunk = serve::kDefaultPrefillChunk;
   CLI::App* cmd = app->add_subcommand(
       "serve", "Serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming)");
   cmd->add_option("-m,--model", o->model, "Model (.gguf or HF directory)")->required();
@@ -44,6 +45,11 @@ void AddServeCommand(CLI::App* app, ServeOptions* o) {
       ->capture_default_str();
   cmd->add_option("--queue", o->queue,
                   "Requests that may wait for a slot; more are refused with 429")
+      ->capture_default_str();
+  cmd->add_option("--prefill-chunk", o->prefill_chunk,
+                  "Prefill step budget: a new prompt is prefilled this many tokens at a time, "
+                  "with a decode step of every running sequence between chunks (smaller: "
+                  "running streams wait less for a long prompt, the prompt takes longer)")
       ->capture_default_str();
   std::string names;
   for (const auto& n : PolicyNames()) names += (names.empty() ? "" : ", ") + n;
@@ -78,6 +84,7 @@ int RunServe(const ServeOptions& o, std::ostream& out, std::ostream& err) {
   };
   for (const Status& st :
        {CheckAtLeast("--parallel", o.parallel, 1), CheckAtLeast("--queue", o.queue, 0),
+        CheckAtLeast("--prefill-chunk", o.prefill_chunk, 1),
         CheckAtLeast("--threads", o.threads, 1), CheckAtLeast("--port", o.port, 0),
         CheckAtLeast("-c", o.ctx_size, 0)}) {
     if (!st.ok()) return fail(st.message());
@@ -103,6 +110,10 @@ int RunServe(const ServeOptions& o, std::ostream& out, std::ostream& err) {
   so.parallel = static_cast<int>(o.parallel);
   so.kv_budget = *budget;
   so.queue = static_cast<int>(o.queue);
+  if (o.prefill_chunk > (int64_t{1} << 20)) {
+    return fail("--prefill-chunk must be <= 1048576, got " + std::to_string(o.prefill_chunk));
+  }
+  so.prefill_chunk = static_cast<int>(o.prefill_chunk);
   so.policy = o.policy;
   so.chat_template = o.chat_template;
   so.api_key = o.api_key;

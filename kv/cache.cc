@@ -289,6 +289,14 @@ ResidentParts KvCache::ResidentBreakdown() const {
   return sum;
 }
 
+int64_t KvCache::PeakResidentBytes(int64_t n_rows) const {
+  int64_t b = 0;
+  for (int l = 0; l < n_layers(); ++l) {
+    b += policy_->PeakResidentBytes(l, stores_[l].geometry(), n_rows);
+  }
+  return b + RecurrentBytes();
+}
+
 int64_t KvCache::FullBytesPerToken() const {
   int64_t b = 0;
   for (const auto& s : stores_) b += s.geometry().bytes_per_token();

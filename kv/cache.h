@@ -112,6 +112,9 @@ class KvCache {
   // ResidentBytes by part, summed over the layers (Policy::ResidentBreakdown), and the
   // recurrent state as its own part ("recurrent state") when the model has one.
   ResidentParts ResidentBreakdown() const;
+  // The policy's bound of ResidentBytes while the cache holds at most n_rows rows
+  // (Policy::PeakResidentBytes summed over the layers), plus the recurrent state.
+  int64_t PeakResidentBytes(int64_t n_rows) const;
   // Bytes per token of the full (uncompressed) cache, summed over layers.
   int64_t FullBytesPerToken() const;
   // Resident bytes the full cache would hold for the same rows (LayerStore::full_resident_bytes),

@@ -174,12 +174,23 @@ class Policy {
   virtual int64_t ResidentBytes(int layer, const LayerStore& store) const {
     return store.resident_bytes();
   }
-  // The most ResidentBytes reaches at any point of a sequence (prefill chunks, block closes,
-  // compression points, decode), as a multiple of what `full` holds for the same rows
-  // (KvCache::FullResidentBytes). The server reserves a prompt at this rate before admitting it;
-  // the conformance suite (kv/conformance_test.cc) checks the bound for every policy. 1 for a
-  // policy that never holds a row in two places.
-  virtual double peak_resident_factor() const { return 1.0; }
+  // An upper bound of ResidentBytes(layer) at any point of a sequence while the layer holds at
+  // most `n_rows` rows (prefill calls of any size, block closes, compression points, decode
+  // steps), for the bound layer `layer` of geometry `g`. The server reserves a prompt of n tokens
+  // at the sum over layers (KvCache::PeakResidentBytes) before admitting it; the conformance
+  // suite (kv/conformance_test.cc, PeakResidentWithinDeclared) checks the bound for every
+  // registered policy at a tiny and a realistic size. A policy whose structures beside the store
+  // have a fixed size (a basis, buffers) declares them here, so the bound holds at every size.
+  // The default: the store's pages as `full` holds them (FullPageBytes), right for a policy that
+  // holds nothing else.
+  virtual int64_t PeakResidentBytes(int layer, const LayerGeometry& g, int64_t n_rows) const {
+    return FullPageBytes(g, n_rows);
+  }
+  // The pages `full` holds for n_rows rows of a layer: whole LayerStore::kPageRows-row pages.
+  static int64_t FullPageBytes(const LayerGeometry& g, int64_t n_rows) {
+    const int64_t page = LayerStore::kPageRows;
+    return (n_rows + page - 1) / page * page * g.bytes_per_token();
+  }
   // ResidentBytes by part. The default: "cache pages" (the store's pages) and, when the policy
   // holds more, "policy state" (the rest).
   virtual ResidentParts ResidentBreakdown(int layer, const LayerStore& store) const;

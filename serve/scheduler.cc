@@ -165,10 +165,7 @@ Scheduler::Scheduler(Model* model, ThreadPool* pool, SchedulerOptions o, Metrics
 Scheduler::~Scheduler() { Stop(); }
 
 int64_t Scheduler::PromptReserve(const KvCache& cache, int64_t n_prompt) {
-  const int64_t page = LayerStore::kPageRows;
-  const int64_t rows = (n_prompt + page - 1) / page * page;
-  const double full = static_cast<double>(cache.FullBytesPerToken() * rows);
-  return static_cast<int64_t>(std::ceil(full * cache.policy().peak_resident_factor()));
+  return cache.PeakResidentBytes(n_prompt);
 }
 
 Scheduler::Admission Scheduler::Submit(std::shared_ptr<Sequence> seq) {
@@ -310,6 +307,9 @@ void Scheduler::Step() {
     batch_logits_.resize(static_cast<size_t>(b) * n_vocab_);
     Status st =
         DecodeBatch(model_, ids.data(), b, batch_caches_.data(), pool_, batch_logits_.data());
+    if (o_.on_event) {
+      o_.on_event({StepEvent::Kind::kDecode, b, static_cast<int64_t>(running_.size())});
+    }
     // A failed cache names itself (KvCache::status); an error no cache of the batch records is
     // the whole batch's.
     bool any_cache_failed = false;
@@ -381,16 +381,24 @@ void Scheduler::Loop() {
       s->text_ = std::make_unique<StopText>(s->stop);
       s->logits_.assign(n_vocab_, 0.f);
       const int64_t n = static_cast<int64_t>(s->prompt.size());
-      // Between prefill chunks the running sequences take a step: a long prompt does not stall
-      // the streams (the prefill stays one Model::Prefill call, so its result is the same as
-      // `strata generate`'s).
+      // The step budget: the prompt goes in chunks of at most prefill_chunk tokens, and after
+      // every chunk but the last the running sequences take a decode step (after the last one
+      // the loop's own step follows), so between two tokens of a running stream at most one
+      // chunk is prefilled. The prefill stays one Model::Prefill call (one compression point),
+      // so its result is `strata generate --chunk N`'s.
+      int64_t fed = 0;
       auto between_chunks = [&](int64_t done, int64_t total) {
+        if (o_.on_event) {
+          o_.on_event(
+              {StepEvent::Kind::kPrefillChunk, done - fed, static_cast<int64_t>(running_.size())});
+        }
+        fed = done;
         if (done < total && !running_.empty()) {
           metrics_->CountInterleavedStep();
           Step();
         }
       };
-      Status st = model_->Prefill(s->prompt.data(), n, o_.chunk, s->cache.get(), pool_,
+      Status st = model_->Prefill(s->prompt.data(), n, o_.prefill_chunk, s->cache.get(), pool_,
                                   s->logits_.data(), nullptr, between_chunks);
       metrics_->AddTokens(n, 0);
       std::shared_ptr<Sequence> done = std::move(prefilling_);

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -108,12 +109,34 @@ class Sequence {
   Clock::time_point last_token_;
 };
 
+// What one scheduler step did (SchedulerOptions::on_event): a decode step of the running
+// sequences, or one prefill chunk of the prompt being admitted.
+struct StepEvent {
+  enum class Kind { kDecode, kPrefillChunk };
+  Kind kind = Kind::kDecode;
+  int64_t tokens = 0;   // kDecode: sequences decoded (one token each); kPrefillChunk: its tokens
+  int64_t running = 0;  // sequences decoding at that moment (the one being prefilled excluded)
+};
+
+// The default prefill step budget (tokens). On a CPU a 128-token chunk of a 125M model costs
+// about as much as a few decode steps of a small batch, so a long prompt delays the running
+// streams' next token by that much at most (docs/serve.md has the measurement).
+inline constexpr int kDefaultPrefillChunk = 128;
+
 struct SchedulerOptions {
   int parallel = 4;                      // decode slots
   int64_t kv_budget = int64_t{8} << 30;  // bytes, over every active sequence's ResidentBytes
   int queue = 64;                        // requests waiting for a slot; more are refused
-  int chunk = 512;                       // prefill chunk (tokens), as `strata generate`'s
-  int64_t ctx = 0;                       // context size (0: no limit)
+  // The step budget of prefill: a new prompt is fed to the model in chunks of at most this many
+  // tokens (one Model::Prefill call whose chunks these are), and between two chunks every running
+  // sequence decodes one token, so a prompt being admitted holds a running stream's next token
+  // back by one chunk, never by the whole prompt. Chunking changes no result beyond the f32
+  // rounding of the prefill (model/model_test.cc DecodeEqualsFullRecomputeAndChunkingIsInvariant).
+  int prefill_chunk = kDefaultPrefillChunk;
+  int64_t ctx = 0;  // context size (0: no limit)
+  // Tests and benchmarks (may be empty): called on the scheduler thread after every decode step
+  // and every prefill chunk, in the order they ran.
+  std::function<void(const StepEvent&)> on_event;
 };
 
 // The one call through which a step runs the model for every sequence in it: B tokens, B
@@ -131,11 +154,11 @@ class Scheduler {
   Scheduler& operator=(const Scheduler&) = delete;
 
   const SchedulerOptions& options() const { return o_; }
-  // The KV bytes a prompt of `n_prompt` tokens is reserved at admission: the full cache's rate
-  // (the rows a prefill writes before any policy compresses them, page-rounded) times the
-  // policy's peak_resident_factor (a policy that holds rows twice while it prefills, as Geodesia
-  // does until the compression point, reserves that). A prompt whose reserve is over the whole
-  // budget can never be admitted (the server refuses it with a 400).
+  // The KV bytes a prompt of `n_prompt` tokens is reserved at admission: the most its cache can
+  // hold while it has n_prompt rows, as its policy declares it (KvCache::PeakResidentBytes: the
+  // page-rounded full rows, plus what the policy holds beside them while it prefills, e.g.
+  // Geodesia's second copy until the compression point). A prompt whose reserve is over the
+  // whole budget can never be admitted (the server refuses it with a 400).
   static int64_t PromptReserve(const KvCache& cache, int64_t n_prompt);
 
   enum class Admission { kQueued, kQueueFull, kStopping };

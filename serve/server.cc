@@ -63,6 +63,9 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Model* model, ServerOptions o) 
   if (o.parallel < 1)
     return InvalidArgument("--parallel must be >= 1, got " + std::to_string(o.parallel));
   if (o.queue < 0) return InvalidArgument("--queue must be >= 0, got " + std::to_string(o.queue));
+  if (o.prefill_chunk < 1) {
+    return InvalidArgument("--prefill-chunk must be >= 1, got " + std::to_string(o.prefill_chunk));
+  }
   if (o.threads < 1)
     return InvalidArgument("--threads must be >= 1, got " + std::to_string(o.threads));
   if (o.kv_budget < 1) return InvalidArgument("--kv-budget must be at least 1 byte");
@@ -106,6 +109,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Model* model, ServerOptions o) 
   so.parallel = o.parallel;
   so.kv_budget = o.kv_budget;
   so.queue = o.queue;
+  so.prefill_chunk = o.prefill_chunk;
   so.ctx = s->o_.ctx;
   s->scheduler_ = std::make_unique<Scheduler>(model, s->pool_.get(), so, &s->metrics_);
   s->http_ = std::make_unique<httplib::Server>();

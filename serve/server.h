@@ -31,6 +31,7 @@ struct ServerOptions {
   int parallel = 4;
   int64_t kv_budget = int64_t{8} << 30;
   int queue = 64;
+  int prefill_chunk = kDefaultPrefillChunk;  // SchedulerOptions::prefill_chunk (tokens per step)
   std::string policy = "full";  // the default cache policy (NAME[:key=value...])
   std::string chat_template;    // "" : detected from the model's tokenizer.chat_template
   std::string api_key;          // "" : no authentication

@@ -512,10 +512,13 @@ TEST_F(ServeTest, ALongPrefillIsInterleavedWithTheRunningStreams) {
   release = true;
   running.join();
   ASSERT_EQ(r.status, 200) << r.body;
-  // 512-token chunks: the running stream took a step at every chunk boundary.
+  // Chunks of --prefill-chunk tokens: the running stream took a step at every chunk boundary
+  // (counted exactly in serve/scheduler_test.cc).
   const int64_t n_prompt = r.j["usage"]["prompt_tokens"];
-  ASSERT_GT(n_prompt, 3 * 512);
-  EXPECT_GE(server->metrics().interleaved_steps(), (n_prompt - 1) / 512);
+  const int chunk = server->options().prefill_chunk;
+  ASSERT_EQ(chunk, kDefaultPrefillChunk);
+  ASSERT_GT(n_prompt, 3 * chunk);
+  EXPECT_GE(server->metrics().interleaved_steps(), (n_prompt - 1) / chunk);
 }
 
 TEST_F(ServeTest, ASequenceOverTheKvBudgetStopsWithLength) {
@@ -679,6 +682,8 @@ TEST_F(ServeTest, TheServeCommandRefusesBadFlagsByName) {
       {{"--kv-budget", "lots"}, "--kv-budget 'lots' is not a size"},
       {{"--parallel", "0"}, "--parallel must be >= 1, got 0"},
       {{"--queue", "-1"}, "--queue must be >= 0, got -1"},
+      {{"--prefill-chunk", "0"}, "--prefill-chunk must be >= 1, got 0"},
+      {{"--prefill-chunk", "2000000"}, "--prefill-chunk must be <= 1048576, got 2000000"},
       {{"--policy", "nosuch"}, "unknown policy 'nosuch'"},
       {{"--policy", "vestige"}, "none of the model's 2 attention layers is MLA"},
       {{"--chat-template", "jinja"}, "unknown chat template \"jinja\""},

@@ -266,6 +266,16 @@ Status EvictionPolicy::Read(int layer, const LayerStore& store, const float* q, 
   return OkStatus();
 }
 
+int64_t EvictionPolicy::PeakResidentBytes(int layer, const LayerGeometry& g,
+                                          int64_t n_rows) const {
+  // Kept rows per set: m = BudgetRows(rows) (snapkv: + its observation window).
+  const int64_t sets = static_cast<int64_t>(layers_[layer].kept.size());
+  const int64_t heads = static_cast<int64_t>(layers_[layer].score.size());
+  const int64_t kept = std::min(n_rows, BudgetRows(n_rows, cfg_.ratio) + cfg_.snap_window);
+  return FullPageBytes(g, n_rows) + static_cast<int64_t>(sizeof(double)) * n_rows * heads +
+         static_cast<int64_t>(sizeof(int64_t)) * kept * sets;
+}
+
 int64_t EvictionPolicy::ResidentBytes(int layer, const LayerStore& store) const {
   const Layer& L = layers_[layer];
   int64_t b = store.resident_bytes();

@@ -67,6 +67,9 @@ class EvictionPolicy final : public Policy {
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
+  // The store's pages (evicted rows stay there), the score columns (one double per row and KV
+  // head, kept from the first observation on) and the kept-row lists (at most m rows per set).
+  int64_t PeakResidentBytes(int layer, const LayerGeometry& g, int64_t n_rows) const override;
   // Rows kept = the rows a query at the end reads (kept rows + rows since the compression point;
   // streaming: sinks + window), per KV head; compressed = some visible row is not read.
   PolicySummary Summary(int layer, const LayerStore& store) const override;

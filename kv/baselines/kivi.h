@@ -76,6 +76,12 @@ class KiviPolicy final : public Policy {
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
+  // The store's pages for n_rows (a call's own pages stay until the next call, so a prompt
+  // prefilled in one call is held exact whole) plus every group quantized by then
+  // (GroupsAfter(n_rows) x GroupBytes): 1.19x full at 2 bits, 1.31x at 4 (head dim 64).
+  int64_t PeakResidentBytes(int layer, const LayerGeometry& g, int64_t n_rows) const override {
+    return FullPageBytes(g, n_rows) + GroupsAfter(n_rows) * GroupBytes(layer);
+  }
   // No row selection; blocks = quantized groups (per layer), compressed = at least one.
   PolicySummary Summary(int layer, const LayerStore& store) const override;
 

@@ -58,6 +58,11 @@ class QuestPolicy final : public Policy {
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
+  // The store's pages plus a box (2 k_dim f16) per closed page and KV head.
+  int64_t PeakResidentBytes(int layer, const LayerGeometry& g, int64_t n_rows) const override {
+    return FullPageBytes(g, n_rows) +
+           n_rows / LayerStore::kPageRows * g.n_kv_heads * 2 * g.k_dim * 2;
+  }
   // Pages are chosen per query (no kept row set): compressed = a query at the end of the cache
   // would read fewer candidate pages than there are (KeepPages, the plan Read follows).
   PolicySummary Summary(int layer, const LayerStore& store) const override;

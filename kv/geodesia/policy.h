@@ -36,6 +36,7 @@
 // so that permuting the query heads of a group changes no bit of the state (§12.13).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -151,10 +152,15 @@ class GeodesiaPolicy final : public Policy {
   // key copy (+0.5x) and the Quest gate its f16 key boxes (2 k_dim f16 per 64 rows and KV head:
   // at most 1/32 of a full row pair), and rd-frac's exact residual rows with their overlay
   // index up to 2 rd-frac (measured 1.56 rd-frac at D = 128). Tested in
-  // kv/geodesia/policy_test.cc (PeakResidentWithinDeclaredFactor).
-  double peak_resident_factor() const override {
+  // kv/geodesia/policy_test.cc (PeakResidentWithinDeclaredFactor) and kv/conformance_test.cc.
+  double peak_resident_factor() const {
     return 2.0 + (c_.mass == GeodesiaConfig::Mass::kExact && c_.allocate() ? 0.5 : 0.0) +
            (c_.quest() ? 1.0 / 32 : 0.0) + 2.0 * c_.rd_frac;
+  }
+  // peak_resident_factor() times the full pages of n_rows.
+  int64_t PeakResidentBytes(int layer, const LayerGeometry& g, int64_t n_rows) const override {
+    return static_cast<int64_t>(
+        std::ceil(peak_resident_factor() * static_cast<double>(FullPageBytes(g, n_rows))));
   }
   // LayerStore pages still held + the graded layer's live bytes (payload, scales, boxes, residual
   // rows). The slabs' free capacity between compactions is GradedLayer::allocated_bytes().

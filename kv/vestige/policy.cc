@@ -789,6 +789,42 @@ ResidentParts VestigePolicy::ResidentBreakdown(int layer, const LayerStore& stor
   return p;
 }
 
+int64_t VestigePolicy::PeakResidentBytes(int layer, const LayerGeometry& g,
+                                         int64_t n_rows) const {
+  int64_t b = FullPageBytes(g, n_rows);
+  const Layer& L = layers_[layer];
+  if (!L.mla || n_rows <= 0) return b;
+  const int64_t n = n_rows;  // closed rows <= n
+  const int64_t pages = n / LayerStore::kPageRows + 1;
+  const int64_t kept = std::min(n, VestigeBudget(n, cfg_.selector.ratio) + cfg_.selector.sinks);
+  auto slack = [](int64_t bytes) { return bytes + bytes / 16 + 64; };  // GrowTo's 1/16
+  // Selection metadata: sigma, the kept mask, the kept and archived lists (each at most the rows
+  // it ever held), the released-page flags.
+  b += slack(4 * n) + n + 8 * (kept + n) + 2 * pages;
+  // The attended tier (file placement): RowChunks holds at most twice its rows while small and
+  // one 256-row chunk of slack after, plus the chunk list and the positions.
+  if (cfg_.archive == VestigeArchivePlacement::kFile) {
+    const int64_t chunk = static_cast<int64_t>(RowChunks::kChunkRows);
+    const int64_t rows = kept + std::min(kept, chunk);
+    b += rows * g.k_dim * 2 + 16 * (kept / chunk + 2) + 16 * kept;
+  }
+  if (cfg_.recall) {
+    const RecallOptions& r = cfg_.recall_options;
+    const int64_t d_c = g.k_dim - g.rope_dim, tiles = (n + 15) / 16;
+    b += slack(tiles * 16 * (2 * int64_t{r.rank} + 4));   // csk and eta, whole 16-row tiles
+    if (r.branch_sidecar) b += slack(n * 2 * g.rope_dim);
+    b += slack(2 * tiles) + 2 * tiles + 8 * n;           // archive mask, tile fires, fetch list
+    b += 4 * int64_t{r.rank} * d_c;                      // the basis
+    const int64_t queries =
+        r.calibration == RecallCalibration::kPrefix
+            ? (r.prefix_max_queries > 0 ? std::min<int64_t>(n / 2 + 1, 2 * r.prefix_max_queries + 1)
+                                        : n / 2 + 1)
+            : int64_t{r.decode_max} + 1;
+    b += queries * (4 * int64_t{g.n_q_heads} * g.k_dim + 8);  // recorded calibration queries
+  }
+  return b;
+}
+
 int64_t VestigePolicy::ResidentBytes(int layer, const LayerStore& store) const {
   const VestigeResidency r = Residency(layer, store);
   return r.store_bytes + r.restored_bytes + r.staged_bytes + r.metadata_bytes + r.index_bytes;

@@ -157,6 +157,16 @@ class VestigePolicy final : public Policy {
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
+  // The store's pages as `full` holds them (with the file archive, the released pages staged back
+  // for a dense read stand in for pages the store no longer holds), the selection metadata and,
+  // on MLA layers, the attended tier (kept rows of released pages), the recall index (per closed
+  // row 2 rank + 4 bytes, the branch sidecar, masks, the fetch list) and its fixed-size parts:
+  // the basis (rank x d_c f32) and, until calibration, the recorded queries (at most
+  // 2 calib-queries + 1 of n_q_heads x k_dim f32 each), which dominate a short prompt's cache
+  // (measured up to 5.8x full at 300-1,100 rows, at k_dim 72 and at the 150m preset's shape;
+  // about +25% at 16,384 rows there: kv/peak_resident_test.cc, docs/serve.md).
+  // Vectors are bounded by their capacity growth (1/16 for the index, 2x for position lists).
+  int64_t PeakResidentBytes(int layer, const LayerGeometry& g, int64_t n_rows) const override;
   // tail and pages (the store), attended tier, recall index, selection metadata, buffers; the
   // archive file's bytes.
   ResidentParts ResidentBreakdown(int layer, const LayerStore& store) const override;
