@@ -1099,5 +1099,88 @@ TEST_F(CliTest, ConvertWithHfTokenizerJson) {
   EXPECT_NE(u.err.find("model type \"Unigram\""), std::string::npos) << u.err;
 }
 
+// kimi-linear (issue 15): eval needle / ppl and demo split the resident bytes by layer kind, the
+// KDA recurrent state (fixed per sequence, the same under every policy) beside the MLA layer's
+// rows; in text (a table) and JSON ("achieved"."resident_by_layer_kind", adding up to
+// resident_bytes). A one-kind model prints no such table.
+TEST_F(CliTest, EvalAndDemoSplitResidentBytesByLayerKind) {
+  const std::string kimi = std::string(STRATA_SOURCE_DIR) + "/models/kimi-linear.gguf";
+  const std::string nope = std::string(STRATA_SOURCE_DIR) + "/models/nope-mla.gguf";
+  ASSERT_TRUE(fs::exists(kimi)) << kimi;
+  // Every "achieved" block: the kinds add up to the resident bytes, the KDA state is `runs`
+  // times the model's bytes per sequence, and the MLA part is there.
+  auto check = [](const nlohmann::json& a, int64_t kda_per_seq, int64_t runs,
+                  const std::string& what) {
+    const nlohmann::json& k = a.at("resident_by_layer_kind");
+    int64_t sum = 0;
+    for (const auto& [name, bytes] : k.items()) sum += bytes.get<int64_t>();
+    EXPECT_EQ(sum, a.at("resident_bytes").get<int64_t>()) << what << " " << a;
+    ASSERT_TRUE(k.contains("kda")) << what << " " << a;
+    ASSERT_TRUE(k.contains("mla")) << what << " " << a;
+    EXPECT_EQ(k.at("kda").get<int64_t>(), runs * kda_per_seq) << what;
+    EXPECT_GT(k.at("mla").get<int64_t>(), 0) << what;
+    EXPECT_EQ(a.at("resident_parts").at("recurrent state").get<int64_t>(), runs * kda_per_seq)
+        << what;
+  };
+  {
+    const std::string json = Path("needle-kimi.json");
+    Result r = Strata({"eval", "needle", "-m", kimi, "--needle-format", "kv-tokens", "--len", "256",
+                       "--trials", "2", "--policy", "full,streaming", "--ratio", "8", "--threads",
+                       "1", "--json", json});
+    ASSERT_EQ(r.code, 0) << r.err;
+    for (const char* s : {"resident by layer kind", "MLA layers KiB", "KDA state KiB"}) {
+      EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+    }
+    std::ifstream f(json);
+    const nlohmann::json j = nlohmann::json::parse(f);
+    const int64_t per_seq = j["model"]["recurrent_state_bytes_per_sequence"].get<int64_t>();
+    // 2 KDA layers x 4 heads x (32 x 32 state + 3 x 32 x 3 conv tail) f32.
+    EXPECT_EQ(per_seq, 2 * 4 * (32 * 32 + 3 * 32 * 3) * 4);
+    ASSERT_EQ(j["needle"]["cells"].size(), 2u);
+    for (const auto& c : j["needle"]["cells"]) check(c["achieved"], per_seq, 2, "needle");
+  }
+  {
+    const std::string json = Path("ppl-kimi.json");
+    Result r = Strata({"eval", "ppl", "-m", kimi, "--len", "128", "--windows", "2", "--policy",
+                       "full,streaming", "--ratio", "4", "--threads", "1", "--json", json});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("resident by layer kind (mean per window"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("KDA state KiB"), std::string::npos) << r.out;
+    std::ifstream f(json);
+    const nlohmann::json j = nlohmann::json::parse(f);
+    const int64_t per_seq = j["model"]["recurrent_state_bytes_per_sequence"].get<int64_t>();
+    ASSERT_EQ(j["ppl"]["configs"].size(), 2u);
+    for (const auto& c : j["ppl"]["configs"]) check(c["achieved"], per_seq, 2, "ppl");
+  }
+  {
+    const std::string json = Path("demo-kimi.json");
+    Result r = Strata({"demo", "-m", kimi, "--len", "512", "--policy", "full,streaming", "--gen",
+                       "0", "--json", json});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.out.find("resident by layer kind (after the answer"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("KDA state KiB"), std::string::npos) << r.out;
+    std::ifstream f(json);
+    const nlohmann::json j = nlohmann::json::parse(f);
+    ASSERT_EQ(j["results"].size(), 2u);
+    for (const auto& row : j["results"]) {
+      check(row["achieved"], 2 * 4 * (32 * 32 + 3 * 32 * 3) * 4, 1, "demo");
+    }
+  }
+  // One kind (MLA only): no table; the JSON holds the one kind.
+  if (fs::exists(nope)) {
+    const std::string json = Path("needle-nope.json");
+    Result r = Strata({"eval", "needle", "-m", nope, "--needle-format", "kv-tokens", "--len", "256",
+                       "--trials", "1", "--policy", "full", "--ratio", "none", "--threads", "1",
+                       "--json", json});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out.find("resident by layer kind"), std::string::npos) << r.out;
+    std::ifstream f(json);
+    const nlohmann::json j = nlohmann::json::parse(f);
+    const nlohmann::json& a = j["needle"]["cells"][0]["achieved"];
+    EXPECT_EQ(a["resident_by_layer_kind"].size(), 1u) << a;
+    EXPECT_EQ(a["resident_by_layer_kind"]["mla"], a["resident_bytes"]) << a;
+  }
+}
+
 }  // namespace
 }  // namespace strata::cli

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "eval/runner.h"
 #include "kv/registry.h"
 #include "model/synth.h"
 
@@ -131,6 +132,41 @@ int64_t PeakRssBytes() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+namespace {
+std::string LayerKindHeader(const std::string& kind) {
+  if (kind == "kda") return "KDA state KiB";
+  std::string up = kind;
+  for (char& c : up) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return up + " layers KiB";
+}
+}  // namespace
+
+void PrintLayerKindTable(const std::string& caption, const std::vector<std::string>& key_header,
+                         const std::vector<LayerKindRow>& rows, std::ostream& out) {
+  std::vector<std::string> kinds;
+  bool split = false;
+  for (const LayerKindRow& r : rows) {
+    const auto& parts = r.achieved->resident_by_kind.parts;
+    split = split || parts.size() > 1;
+    for (const auto& [name, bytes] : parts) {
+      if (std::find(kinds.begin(), kinds.end(), name) == kinds.end()) kinds.push_back(name);
+    }
+  }
+  if (!split) return;
+  std::vector<std::string> header = key_header;
+  for (const std::string& k : kinds) header.push_back(LayerKindHeader(k));
+  Table t(header);
+  for (const LayerKindRow& r : rows) {
+    std::vector<std::string> row = r.key;
+    for (const std::string& k : kinds) {
+      row.push_back(FormatFixed(eval::MeanLayerKindBytes(*r.achieved, k) / 1024.0, 1));
+    }
+    t.AddRow(std::move(row));
+  }
+  out << caption << "\n";
+  t.Print(out);
 }
 
 void AddBlockLevelRows(const LevelHistograms& h, Table* t) {

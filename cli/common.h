@@ -59,6 +59,16 @@ std::string FormatBytes(double bytes);
 // Rows "block levels, layer L (16/8/4/2/1 bits)" = "3 / 0 / 2 / 10 / 17" (blocks over the layer's
 // KV heads at each level) for a graded policy (Geodesia-KV); nothing for other policies.
 void AddBlockLevelRows(const LevelHistograms& h, Table* t);
+// On a model whose layers are of more than one kind (kimi-linear: KDA + MLA), a table of the
+// mean resident KiB per run by layer kind (AchievedCompression::resident_by_kind), one row per
+// entry: its key cells (under key_header), then "MLA layers KiB" (the rows and the policy's
+// tables), "KDA state KiB" (the kinds present, in order). Nothing on a model of one kind.
+struct LayerKindRow {
+  std::vector<std::string> key;
+  const AchievedCompression* achieved = nullptr;
+};
+void PrintLayerKindTable(const std::string& caption, const std::vector<std::string>& key_header,
+                         const std::vector<LayerKindRow>& rows, std::ostream& out);
 // The process's peak resident set size so far (getrusage ru_maxrss), in bytes.
 int64_t PeakRssBytes();
 // printf("%.*f").

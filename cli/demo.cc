@@ -422,6 +422,16 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
   }
   out << "  process peak RSS: " << FormatBytes(static_cast<double>(PeakRssBytes()))
       << " (the model, every policy's cache in turn, the code)\n";
+  {
+    std::vector<LayerKindRow> kind_rows;
+    for (const DemoRow& r : rows) kind_rows.push_back({{r.config.Label()}, &r.achieved});
+    std::ostringstream kinds;
+    PrintLayerKindTable(
+        "resident by layer kind (after the answer; KDA state: fixed per "
+        "sequence, no policy sees it):",
+        {"policy"}, kind_rows, kinds);
+    if (!kinds.str().empty()) out << "\n" << kinds.str();
+  }
   if (!derived.empty()) {
     std::string list;
     for (const auto& d : derived) list += (list.empty() ? "" : ", ") + d;

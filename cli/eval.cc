@@ -486,6 +486,18 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
   }
   t.Print(out);
   PrintWarnings(r.warnings, out, err);
+  {
+    std::vector<LayerKindRow> kind_rows;
+    for (const auto& c : r.cells) {
+      if (c.n == 0) continue;
+      const auto& pc = r.configs[c.config];
+      kind_rows.push_back({{pc.Name(), pc.RatioText(), std::to_string(c.length)}, &c.achieved});
+    }
+    PrintLayerKindTable(
+        "resident by layer kind (mean per trial, after the question; KDA state: "
+        "fixed per sequence, no policy sees it):",
+        {"policy", "ratio", "T"}, kind_rows, out);
+  }
   for (const auto& l : r.lengths) {
     out << "T=" << l.length << ": " << l.dropped << " of " << l.trials
         << " trials dropped (uncompressed answer NLL >= " << n.baseline_gate_nats << " nat)\n";
@@ -627,6 +639,16 @@ int RunPplCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
                 std::to_string(cmp.boot.n_clusters)});
     }
     c.Print(out);
+  }
+  {
+    std::vector<LayerKindRow> kind_rows;
+    for (const auto& c : r.configs) {
+      kind_rows.push_back({{c.config.Name(), c.config.RatioText()}, &c.achieved});
+    }
+    PrintLayerKindTable(
+        "resident by layer kind (mean per window, at its end; KDA state: fixed "
+        "per sequence, no policy sees it):",
+        {"policy", "ratio"}, kind_rows, out);
   }
   for (const auto& s : r.skipped) out << "skipped " << s.config.Label() << ": " << s.reason << "\n";
   const nlohmann::json report =

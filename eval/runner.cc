@@ -229,8 +229,11 @@ nlohmann::json AchievedJson(const AchievedCompression& a) {
   const double kept = a.kept_fraction();
   nlohmann::json parts = nlohmann::json::object();
   for (const auto& [name, bytes] : a.resident_parts.parts) parts[name] = bytes;
+  nlohmann::json kinds = nlohmann::json::object();
+  for (const auto& [name, bytes] : a.resident_by_kind.parts) kinds[name] = bytes;
   return {{"resident_bytes", a.resident_bytes},
           {"resident_parts", parts},
+          {"resident_by_layer_kind", kinds},
           {"archive_file_bytes", a.resident_parts.file_bytes},
           {"full_resident_bytes", a.full_resident_bytes},
           {"resident_vs_full", a.resident_vs_full()},
@@ -275,6 +278,14 @@ std::string KeptText(const AchievedCompression& a) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), f < 0.1 ? "%.1f%%" : "%.0f%%", 100 * f);
   return buf;
+}
+
+double MeanLayerKindBytes(const AchievedCompression& a, const std::string& kind) {
+  if (a.runs <= 0) return 0;
+  for (const auto& [name, bytes] : a.resident_by_kind.parts) {
+    if (name == kind) return static_cast<double>(bytes) / static_cast<double>(a.runs);
+  }
+  return 0;
 }
 
 std::string VsFullText(double ratio) {

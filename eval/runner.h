@@ -120,6 +120,9 @@ void AddAchievedFields(const AchievedCompression& a, const CompressionCheck& che
 // "NO" with a warning, "-" for the reference).
 std::string KeptText(const AchievedCompression& a);
 std::string VsFullText(double ratio);
+// The mean resident bytes per run of one layer kind (AchievedCompression::resident_by_kind:
+// "mla", "gqa", "kda"); 0 when the run has none of that kind.
+double MeanLayerKindBytes(const AchievedCompression& a, const std::string& kind);
 std::string CompressedText(const AchievedCompression& a, const CompressionCheck& check);
 
 // Writes "label: i/n ..." progress lines to a stream (may be null: silent).

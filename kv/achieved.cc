@@ -18,6 +18,8 @@ void AchievedCompression::Add(const AchievedCompression& o) {
   fallbacks += o.fallbacks;
   policy.Add(o.policy);
   resident_parts.Add(o.resident_parts);
+  resident_by_kind.Add(o.resident_by_kind);
+  runs += o.runs;
   if (recovered.empty()) recovered = o.recovered;
   levels.Add(o.levels);
 }
@@ -106,6 +108,22 @@ double AchievedCompression::kept_fraction() const {
   return static_cast<double>(policy.rows_kept) / static_cast<double>(policy.rows_visible);
 }
 
+ResidentParts ResidentByLayerKind(const KvCache& cache) {
+  ResidentParts by;
+  for (int l = 0; l < cache.n_layers(); ++l) {
+    ResidentParts one;
+    one.parts.push_back({cache.geometry(l).kind == AttnKind::kMla ? "mla" : "gqa",
+                         cache.policy().ResidentBytes(l, cache.store(l))});
+    by.Add(one);
+  }
+  if (cache.recurrent().n_layers > 0) {
+    ResidentParts rec;
+    rec.parts.push_back({"kda", cache.RecurrentBytes()});
+    by.Add(rec);
+  }
+  return by;
+}
+
 AchievedCompression MeasureAchieved(const KvCache& cache, const CacheCounters& since) {
   const CacheCounters& c = cache.counters();
   AchievedCompression a;
@@ -119,6 +137,8 @@ AchievedCompression MeasureAchieved(const KvCache& cache, const CacheCounters& s
   a.fallbacks = c.fallbacks_total - since.fallbacks_total;
   a.policy = cache.Summary();
   a.resident_parts = cache.ResidentBreakdown();
+  a.resident_by_kind = ResidentByLayerKind(cache);
+  a.runs = 1;
   const Status rec = cache.policy().recovered_error();
   if (!rec.ok()) a.recovered = rec.message();
   a.levels = CacheLevelHistograms(cache);

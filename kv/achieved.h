@@ -44,6 +44,12 @@ struct AchievedCompression {
   PolicySummary policy = PolicySummary::Identity();  // KvCache::Summary() at the end
   // Where the resident bytes are at the end (KvCache::ResidentBreakdown), and archive file bytes.
   ResidentParts resident_parts;
+  // The same resident bytes by layer kind: "mla" / "gqa" (the attention layers: their rows and
+  // whatever the policy keeps for them) and "kda" (kimi-linear's recurrent state, fixed per
+  // sequence; the only recurrent kind), in that order, present only where the model has them.
+  // The parts add up to resident_bytes.
+  ResidentParts resident_by_kind;
+  int64_t runs = 0;  // how many runs this sums (MeasureAchieved: 1); means = figure / runs
   // Policy::recovered_error() at the end ("" when none; a sum keeps the first): an error the
   // policy recovered from exactly, e.g. a failed archive write that left the rows in RAM.
   std::string recovered;
@@ -57,6 +63,9 @@ struct AchievedCompression {
   // rows_kept / rows_visible of the policy's state, or -1 when it does not select rows.
   double kept_fraction() const;
 };
+
+// KvCache::ResidentBytes by layer kind (AchievedCompression::resident_by_kind).
+ResidentParts ResidentByLayerKind(const KvCache& cache);
 
 // The cache's figures now, with the reads counted since `since` (the counters at the start of
 // the measured queries; a default CacheCounters: every read of the run).

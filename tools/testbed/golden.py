@@ -2,10 +2,12 @@
 """Turns the quality runs of tools/testbed/quality.sh into models/golden.json (the fixture of
 eval/testbed_test.cc) and prints the markdown tables of models/README.md.
 
-  /usr/bin/python3 tools/testbed/golden.py OUT_DIR [--golden models/golden.json]
+  /usr/bin/python3 tools/testbed/golden.py OUT_DIR [--golden models/golden.json] [--merge]
 
-OUT_DIR holds the reports `strata eval needle --json` wrote (nope-mla.json, rope-mla.json, and
-gqa.json + gqa-geodesia.json + gqa-geodesia-v2.json when the GQA model exists). Every cell goes into the fixture with its
+OUT_DIR holds the reports `strata eval needle --json` wrote (nope-mla.json, rope-mla.json,
+gqa.json + gqa-geodesia.json + gqa-geodesia-v2.json when the GQA model exists, kimi-linear.json
+when the hybrid exists). --merge keeps the existing fixture's cells of every model that has no
+report in OUT_DIR (the protocol must match), so one model can be re-measured alone. Every cell goes into the fixture with its
 trial count, answered count and Wilson interval; cells marked "fast" run in CI (T = 1024), the
 rest only with STRATA_GOLDEN=full. Standard library only.
 """
@@ -26,6 +28,7 @@ FAST = {
     ("gqa", "full@8"), ("gqa", "geodesia:bits=2:group=32"),
     ("gqa", "geodesia:bits=3.85:group=32:mass=compressed:salience=1"),
     ("gqa", "geodesia:bits=3.8:floor=2:sinks=0"),
+    ("kimi-linear", "vestige:recall=off@32"), ("kimi-linear", "streaming@32"),
 }
 
 
@@ -39,12 +42,21 @@ def main() -> int:
     ap.add_argument("out_dir")
     ap.add_argument("--golden", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "..", "models", "golden.json"))
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the fixture's cells of the models without a report here")
     a = ap.parse_args()
     cells = []
     protocol = None
     reports = [("nope-mla", "nope-mla.json"), ("rope-mla", "rope-mla.json"),
                ("gqa", "gqa.json"), ("gqa", "gqa-geodesia.json"),
-               ("gqa", "gqa-geodesia-v2.json")]
+               ("gqa", "gqa-geodesia-v2.json"), ("kimi-linear", "kimi-linear.json")]
+    measured = {m for m, name in reports if os.path.exists(os.path.join(a.out_dir, name))}
+    if a.merge and os.path.exists(a.golden):
+        old = json.load(open(a.golden))
+        protocol = old["protocol"]
+        cells = [c for c in old["cells"] if c["model"] not in measured]
+        print(f"kept {len(cells)} cells of {sorted({c['model'] for c in cells})} from {a.golden}",
+              file=sys.stderr)
     for model, name in reports:
         path = os.path.join(a.out_dir, name)
         if not os.path.exists(path):
@@ -86,7 +98,7 @@ def main() -> int:
         f.write("\n")
     print(f"wrote {a.golden}: {len(cells)} cells", file=sys.stderr)
     # Markdown: one table per model, rows = configs, columns = lengths.
-    for model in ["nope-mla", "rope-mla", "gqa"]:
+    for model in ["nope-mla", "rope-mla", "gqa", "kimi-linear"]:
         mc = [c for c in cells if c["model"] == model]
         if not mc:
             continue

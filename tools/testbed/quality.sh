@@ -46,4 +46,10 @@ if [ -f "$here/models/gqa.gguf" ]; then
     --ratio none \
     --json "$out/gqa-geodesia-v2.json" > "$out/gqa-geodesia-v2.txt"
 fi
+if [ -f "$here/models/kimi-linear.gguf" ]; then
+  # The hybrid (issue 15): the same rows on its one MLA layer; its KDA layers keep their state.
+  echo "== kimi-linear" >&2
+  "$bin" eval needle -m "$here/models/kimi-linear.gguf" "${common[@]}" --policy "$rows" \
+    --ratio 8,32 --block 1024 --kappa 4 --json "$out/kimi-linear.json" > "$out/kimi-linear.txt"
+fi
 echo "tables: $out" >&2
