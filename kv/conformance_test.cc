@@ -25,6 +25,7 @@
 #include "core/status_testing.h"
 #include "kv/cache.h"
 #include "kv/registry.h"
+#include "kv/registry_testing.h"
 
 namespace strata {
 namespace {
@@ -251,18 +252,9 @@ TEST_P(Conformance, ContractHolds) {
   EXPECT_GT(bound, 0) << name << " binds to neither a GQA nor an MLA layer";
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryPolicy, Conformance, ::testing::ValuesIn([] {
-                           std::vector<std::string> names;
-                           for (const PolicyInfo& p : Policies()) names.push_back(p.name);
-                           return names;
-                         }()),
-                         [](const ::testing::TestParamInfo<std::string>& i) {
-                           std::string s = i.param;
-                           for (char& c : s) {
-                             if (c == '-') c = '_';
-                           }
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(EveryPolicy, Conformance,
+                         ::testing::ValuesIn(strata::policy_testing::RegisteredPolicyNames()),
+                         strata::policy_testing::PolicyParamName);
 
 }  // namespace
 }  // namespace strata

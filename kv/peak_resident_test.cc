@@ -22,6 +22,7 @@
 #include "core/status_testing.h"
 #include "kv/cache.h"
 #include "kv/registry.h"
+#include "kv/registry_testing.h"
 
 namespace strata {
 namespace {
@@ -174,18 +175,9 @@ TEST_P(PeakResident, WithinDeclared) {
   std::filesystem::remove_all(dir, ec);
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryPolicy, PeakResident, ::testing::ValuesIn([] {
-                           std::vector<std::string> names;
-                           for (const PolicyInfo& p : Policies()) names.push_back(p.name);
-                           return names;
-                         }()),
-                         [](const ::testing::TestParamInfo<std::string>& i) {
-                           std::string s = i.param;
-                           for (char& c : s) {
-                             if (c == '-') c = '_';
-                           }
-                           return s;
-                         });
+INSTANTIATE_TEST_SUITE_P(EveryPolicy, PeakResident,
+                         ::testing::ValuesIn(strata::policy_testing::RegisteredPolicyNames()),
+                         strata::policy_testing::PolicyParamName);
 
 }  // namespace
 }  // namespace strata
