@@ -185,8 +185,8 @@ CompressionCheck CheckAchieved(const std::string& label, const AchievedCompressi
       std::snprintf(buf, sizeof(buf),
                     "its budget was %g bits per value, it achieved %.2f (more than %g off%s)",
                     p.budget_bits, got, kBudgetMarginBits,
-                    got > p.budget_bits ? "; the exact sink and recent blocks do not fit the "
-                                          "budget at this length"
+                    got > p.budget_bits ? "; its exact blocks (sink, recent) and its level "
+                                          "floor do not fit the budget at this length"
                                         : "");
       parts.push_back(buf);
     }

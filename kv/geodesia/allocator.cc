@@ -133,12 +133,14 @@ AllocResult Allocate(const std::vector<AllocBlock>& blocks,
   return r;
 }
 
-std::vector<char> HotBlocks(int64_t nb, int64_t q_offset, int64_t sinks, int64_t window) {
+std::vector<char> HotBlocks(int64_t nb, int64_t q_offset, int64_t sinks, int64_t window,
+                            bool predecessor) {
   std::vector<char> hot(nb, 0);
   // sinks = 0: no sink block (beyond the reference, whose sinks = 4 always holds block 0).
   const int64_t n_sink = (sinks + kBlockTokens - 1) / kBlockTokens;
   for (int64_t b = 0; b < std::min(nb, n_sink); ++b) hot[b] = 1;
-  for (int64_t b = std::max<int64_t>(0, q_offset / kBlockTokens - 1); b < nb; ++b) hot[b] = 1;
+  const int64_t first_recent = q_offset / kBlockTokens - (predecessor ? 1 : 0);
+  for (int64_t b = std::max<int64_t>(0, first_recent); b < nb; ++b) hot[b] = 1;
   const int64_t n_win = (window + kBlockTokens - 1) / kBlockTokens;
   for (int64_t b = std::max<int64_t>(0, nb - n_win); b < nb; ++b) hot[b] = 1;
   return hot;

@@ -85,9 +85,11 @@ std::vector<int> ApplyLambda(const std::vector<AllocBlock>& blocks,
                              const AllocatorOptions& o);
 
 // Hot blocks at a call whose first query sits at q_offset, with nb blocks in the cache: block
-// [0, ceil(sinks / 64)) (none for sinks = 0), blocks >= floor(q_offset / 64) - 1, the last
-// ceil(window / 64) blocks.
-std::vector<char> HotBlocks(int64_t nb, int64_t q_offset, int64_t sinks, int64_t window);
+// [0, ceil(sinks / 64)) (none for sinks = 0), blocks >= floor(q_offset / 64) - 1 (the query's
+// block and its predecessor, the reference; predecessor = false: from the query's block on),
+// the last ceil(window / 64) blocks.
+std::vector<char> HotBlocks(int64_t nb, int64_t q_offset, int64_t sinks, int64_t window,
+                            bool predecessor = true);
 
 // Error proxies of one block (§2.3) from its current rows. k, v: [64, D] f64, the first
 // n_valid rows valid. ek[i], ev[i] for every ladder index (index 0 = 0). Keys: time groups of

@@ -267,6 +267,19 @@ TEST(GeodesiaAllocatorTest, HotBlocks) {
   EXPECT_EQ(hot, want);
   EXPECT_EQ(HotBlocks(10, 577, 1, 0)[0], 1);
   EXPECT_EQ(HotBlocks(10, 577, 64, 0)[1], 0);
+  // predecessor = false: block 8 (before the query's block 9) is no longer hot unless the
+  // window covers it; a chunked call from 200 (block 3) keeps 3..9.
+  hot = HotBlocks(10, 577, 0, 0, false);
+  want = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  EXPECT_EQ(hot, want);
+  hot = HotBlocks(10, 577, 0, 64, false);
+  EXPECT_EQ(hot, want);
+  hot = HotBlocks(10, 577, 0, 65, false);
+  want = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1};
+  EXPECT_EQ(hot, want);
+  hot = HotBlocks(10, 200, 4, 0, false);
+  want = {1, 0, 0, 1, 1, 1, 1, 1, 1, 1};
+  EXPECT_EQ(hot, want);
 }
 
 // §2.3 proxies against a direct evaluation of the formulas.

@@ -75,6 +75,7 @@ std::string GeodesiaConfig::ToString() const {
     << ", budget " << (budget_all ? "all" : "levels");
   if (mass_power != 1) s << ", mass-power " << mass_power;
   if (floor != 1) s << ", floor " << floor;
+  if (!predecessor_exact) s << ", predecessor coded";
   if (salience != 0) s << ", salience " << salience;
   if (rd_value_score) s << ", rd-score value";
   if (math != geodesia::PackedMath::kF32) s << ", attn-math " << geodesia::PackedMathName(math);
@@ -144,6 +145,11 @@ PolicySettings GeodesiaSettings(bool cquest) {
           .Min(1)
           .Max(16)
           .Constraint("a ladder level: 1, 2, 4, 8 or 16"),
+      SettingDecl::Enum("predecessor", c.predecessor_exact ? "exact" : "coded",
+                        {"exact", "coded"},
+                        "the closed block before the query's block: exact = hot (the reference); "
+                        "coded = graded like any closed block (with window <= 64 only the "
+                        "query's block stays exact)"),
       SettingDecl::Real("salience", c.salience,
                         "query-independent mass share mixed into every block: damage = (mass + "
                         "salience / blocks) x error (0: the reference)")
@@ -207,6 +213,7 @@ StatusOr<GeodesiaConfig> GeodesiaConfig::FromSpec(const PolicySpec& spec, bool c
                            " is not a ladder level (1, 2, 4, 8 or 16 bits)");
   }
   c.floor = static_cast<int>(fl);
+  c.predecessor_exact = s.text("predecessor") == "exact";
   c.salience = s.Real("salience");
   c.rd_value_score = s.text("rd-score") == "value";
   c.value_weight = s.Real("value-weight");
@@ -436,7 +443,8 @@ Status GeodesiaPolicy::RunAllocator(int layer, int64_t q_offset, std::vector<cha
   if (changed) changed->assign(static_cast<size_t>(L.n_kv) * nb, 0);
   if (!c_.allocate() || nb == 0) return OkStatus();
   stats_.calls++;
-  std::vector<char> hot = geodesia::HotBlocks(nb, q_offset, c_.sinks, c_.window);
+  std::vector<char> hot = geodesia::HotBlocks(nb, q_offset, c_.sinks, c_.window,
+                                                   c_.predecessor_exact);
   for (int64_t b = 0; b < nb; ++b) {
     if (!gl.closed(b)) hot[b] = 1;
   }

@@ -81,6 +81,10 @@ struct GeodesiaConfig {
   // `floor`: the lowest level a block may take (1: the centroid, the reference; 2: every block
   // keeps per-token codes, so every token stays recoverable).
   int floor = 1;
+  // `predecessor exact|coded`: the closed block before the query's block is hot (exact; the
+  // reference) or graded like any other closed block (with window <= 64, only the query's own
+  // block stays exact, as KIVI keeps only its recent rows).
+  bool predecessor_exact = true;
   // `salience`: a query-independent share of attention mass mixed into every block's mass,
   // damage = (m_b + salience / nb)^p e_b(L): blocks the prefix queries do not attend still
   // weigh by their own error (key range, centroid radius), so outlier blocks keep codes.

@@ -261,7 +261,8 @@ TEST(GeodesiaPolicyTest, HotExactMonotoneBudgetOver500Calls) {
 // its level whatever the budget, and `sinks=0` drops the sink block from the hot set (block 0
 // is then graded like any other); the default keeps block 0 exact and lets blocks reach the
 // centroid. Budget 2 bits is below what floor 2 costs, so every non-hot block sits exactly at
-// the floor.
+// the floor. `predecessor=coded` with `window=0` leaves only the query's block exact: the block
+// before it is graded at the floor too (in the reference it stays exact).
 TEST(GeodesiaPolicyTest, FloorAndNoSinkBlock) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -271,26 +272,34 @@ TEST(GeodesiaPolicyTest, FloorAndNoSinkBlock) {
     std::map<std::string, std::string> s;
     int floor;
     bool sink_hot;
+    int64_t window = 128;
+    bool predecessor = true;
   };
   const std::vector<Case> cases = {
       {{{"bits", "2"}}, 1, true},
       {{{"bits", "2"}, {"floor", "2"}, {"sinks", "0"}}, 2, false},
       {{{"bits", "2"}, {"floor", "4"}}, 4, true},
       {{{"bits", "2"}, {"floor", "2"}, {"sinks", "0"}, {"salience", "1"}}, 2, false},
+      {{{"bits", "2"}, {"floor", "2"}, {"sinks", "0"}, {"window", "0"}, {"predecessor", "coded"}},
+       2, false, 0, false},
   };
   for (const Case& c : cases) {
-    SCOPED_TRACE("floor " + std::to_string(c.floor) + (c.sink_hot ? "" : ", sinks 0"));
+    SCOPED_TRACE("floor " + std::to_string(c.floor) + (c.sink_hot ? "" : ", sinks 0") +
+                 (c.predecessor ? "" : ", predecessor coded"));
     auto cache = NewCache({g}, Spec("geodesia", c.s));
     Source src(seed, g);
     Call(*cache, src, 700, &pool, true);
     const GradedLayer& gl = Geo(*cache).graded(0);
-    int64_t below_floor = 0, centroids = 0;
+    int64_t below_floor = 0, centroids = 0, coded_predecessors = 0;
     for (int call = 0; call < 70; ++call) {
       Call(*cache, src, 1, &pool, false);
       const int64_t pos = cache->n_tokens() - 1;
       const std::vector<char> hot =
-          geodesia::HotBlocks(gl.n_blocks(), pos, c.sink_hot ? 4 : 0, 128);
+          geodesia::HotBlocks(gl.n_blocks(), pos, c.sink_hot ? 4 : 0, c.window, c.predecessor);
       ASSERT_EQ(hot[0] != 0, c.sink_hot);
+      const int64_t pred = pos / 64 - 1;
+      ASSERT_EQ(hot[pred] != 0, c.predecessor);
+      if (!c.predecessor && gl.closed(pred)) coded_predecessors += gl.level(0, pred) == c.floor;
       for (int h = 0; h < g.n_kv_heads; ++h) {
         for (int64_t b = 0; b < gl.n_blocks(); ++b) {
           const int lv = gl.level(h, b);
@@ -311,6 +320,8 @@ TEST(GeodesiaPolicyTest, FloorAndNoSinkBlock) {
     EXPECT_EQ(below_floor, 0);
     if (c.floor == 1) EXPECT_GT(centroids, 0);  // the reference reaches the centroid at 2 bits
     if (!c.sink_hot) EXPECT_EQ(gl.level(0, 0), c.floor);
+    // Each of the 70 decode calls saw its predecessor block at the floor.
+    if (!c.predecessor) EXPECT_EQ(coded_predecessors, 70);
   }
 }
 

@@ -28,6 +28,7 @@ FAST = {
     ("gqa", "full@8"), ("gqa", "geodesia:bits=2:group=32"),
     ("gqa", "geodesia:bits=3.85:group=32:mass=compressed:salience=1"),
     ("gqa", "geodesia:bits=3.8:floor=2:sinks=0"),
+    ("gqa", "geodesia:bits=3.4:floor=2:sinks=0:window=0:predecessor=coded"),
     ("kimi-linear", "vestige:recall=off@32"), ("kimi-linear", "streaming@32"),
 }
 

@@ -40,9 +40,11 @@ if [ -f "$here/models/gqa.gguf" ]; then
   # Issue 18's retrieval-safe setting beside KIVI-2 at matched resident bits (<= KIVI-2's 3.95 at
   # T = 2048): a query-independent salience share in the allocator's damage, the mass from the
   # stored cache (no exact key copy); and session 10's floor=2 + no sink block, which meets KIVI-2
-  # at fewer resident bits at both lengths. docs/geodesia.md, "Retrieval-safe settings".
+  # at fewer resident bits at both lengths; and session 11's floor=2 + no sink block + only the
+  # query's block exact, which meets KIVI-2's perplexity at its resident bits too.
+  # docs/geodesia.md, "Retrieval-safe settings".
   "$bin" eval needle -m "$here/models/gqa.gguf" "${common[@]}" \
-    --policy kivi2,geodesia:bits=3.85:group=32:mass=compressed:salience=1,geodesia:bits=3.8:floor=2:sinks=0 \
+    --policy kivi2,geodesia:bits=3.85:group=32:mass=compressed:salience=1,geodesia:bits=3.8:floor=2:sinks=0,geodesia:bits=3.4:floor=2:sinks=0:window=0:predecessor=coded \
     --ratio none \
     --json "$out/gqa-geodesia-v2.json" > "$out/gqa-geodesia-v2.txt"
 fi
