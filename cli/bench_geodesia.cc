@@ -97,7 +97,8 @@ void AddBenchCapacityCommand(CLI::App* bench, BenchCapacityOptions* o) {
   cmd->add_option("--d-c", o->d_c, "Latent width d_c (mla)")->capture_default_str();
   cmd->add_option("--d-r", o->d_r, "Branch width d_r (mla)")->capture_default_str();
   cmd->add_option("--policy", o->policy,
-                  "NAME[@X][:key=value...]; gqa: geodesia or cquest (default geodesia@2); mla: "
+                  "NAME[@X][:key=value...]; gqa: geodesia or cquest (default geodesia@2:profile=reference, "
+                  "the paper's method); mla: "
                   "any MLA policy (default vestige, with archive=file:DIR unless given)");
   cmd->add_option("--every", o->every,
                   "gqa: tokens between allocator runs during the fill (default 1024); mla: "
@@ -128,7 +129,7 @@ int RunBenchCapacity(const BenchCapacityOptions& opts, std::ostream& out, std::o
   if (o.layers == 0) o.layers = 28;
   if (o.q_heads == 0) o.q_heads = 28;
   if (o.every == 0) o.every = 1024;
-  if (o.policy.empty()) o.policy = "geodesia@2";
+  if (o.policy.empty()) o.policy = "geodesia@2:profile=reference";
   if (o.layers < 1) return fail("--layers must be >= 1");
   if (o.kv_heads < 1 || o.q_heads % o.kv_heads != 0) {
     return fail("--q-heads " + std::to_string(o.q_heads) + " must be a multiple of --kv-heads " +

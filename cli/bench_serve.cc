@@ -65,7 +65,8 @@ struct TempDir {
 };
 
 constexpr const char* kDefaultCapacityPolicies =
-    "full,kivi2,kivi4,geodesia:bits=2,geodesia:bits=5,vestige";
+    "full,kivi2,kivi4,geodesia:profile=reference:bits=2,geodesia:profile=reference:bits=5,"
+    "geodesia,vestige";
 constexpr const char* kDefaultGeometries = "125m,qwen2.5-7b,150m,kimi-linear";
 
 int RunCapacity(const BenchServeOptions& o, std::ostream& out, std::ostream& err) {

@@ -289,7 +289,7 @@ TEST_F(CliTest, PoliciesListsEveryPolicyWithItsSettings) {
   Result h = Strata({"generate", "--help"});
   ASSERT_EQ(h.code, 0);
   EXPECT_NE(h.out.find(SharedSettingHelp("bits").substr(0, 40)), std::string::npos) << h.out;
-  EXPECT_NE(SharedSettingHelp("bits").find("default 5 (geodesia); 16 (cquest)"),
+  EXPECT_NE(SharedSettingHelp("bits").find("default 3.4 (geodesia); 16 (cquest)"),
             std::string::npos)
       << SharedSettingHelp("bits");
 }

@@ -127,7 +127,7 @@ std::vector<std::string> PolicyNames();
 // from the declarations (which policies take it, their defaults and ranges).
 std::vector<std::string> SharedSettingNames();
 std::string SharedSettingHelp(const std::string& key);
-// The defaults of a shared setting for its help's "=DEFAULT": "32", or "5 (geodesia); 16 (cquest)"
+// The defaults of a shared setting for its help's "=DEFAULT": "32", or "3.4 (geodesia); 16 (cquest)"
 // when the declaring policies differ.
 std::string SharedSettingDefault(const std::string& key);
 // The spec of `--policy NAME[:key=value...]` (kv/registry.h ParsePolicySpec), with the

@@ -411,7 +411,7 @@ TEST(Docs, HelpIsTruthful) {
   // Shared setting shorthands show their defaults like every other flag.
   const std::string gen = Strata({"generate", "--help"}).out;
   EXPECT_TRUE(Has(gen, "--ratio TEXT=32 ")) << gen;
-  EXPECT_TRUE(Has(gen, "--bits TEXT=5 (geodesia); 16 (cquest)")) << gen;
+  EXPECT_TRUE(Has(gen, "--bits TEXT=3.4 (geodesia); 16 (cquest)")) << gen;
   // No help points into the source tree or at a folder that does not exist.
   for (const auto& cmd : Commands()) {
     std::vector<std::string> args = cmd;

@@ -42,7 +42,8 @@ const std::vector<Entry>& Entries() {
        [](const PolicySpec& s) { return MakeVestigePolicy(s, /*full_row=*/true); }},
       {{"geodesia",
         "Geodesia-KV: 64-token blocks graded 16/8/4/2/1 bits by observed attention mass under a "
-        "per-layer budget, hot sink/recent blocks exact",
+        "per-layer budget; default profile=retrieval (no block below 2 bits, only the query's "
+        "block exact), profile=reference the paper's (centroids, hot sink/recent blocks)",
         GeodesiaSettings(/*cquest=*/false)},
        [](const PolicySpec& s) { return MakeGeodesiaPolicy(s, /*cquest=*/false); }},
       {{"cquest",

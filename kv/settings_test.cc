@@ -206,11 +206,24 @@ TEST(RegistryTest, DefaultsAreTheConfigsInitialValues) {
   EXPECT_TRUE(r->rank_explicit);
   EXPECT_EQ(r->recall_options.rank, 16);
 
-  const GeodesiaConfig gd;
+  // geodesia's default profile is retrieval, cquest's the reference (the struct's values).
+  const GeodesiaConfig ref;
+  const GeodesiaConfig ret = GeodesiaConfig::RetrievalProfile(ref);
+  EXPECT_EQ(ret.bits, 3.4);
+  EXPECT_EQ(ret.floor, 2);
+  EXPECT_EQ(ret.sinks, 0);
+  EXPECT_EQ(ret.window, 0);
+  EXPECT_FALSE(ret.predecessor_exact);
+  EXPECT_EQ(ref.floor, 1);
+  EXPECT_TRUE(ref.predecessor_exact);
   for (bool cquest : {false, true}) {
+    const GeodesiaConfig& gd = cquest ? ref : ret;
     auto g = GeodesiaConfig::FromSpec({cquest ? "cquest" : "geodesia", {}}, cquest);
     ASSERT_TRUE(g.ok());
+    EXPECT_EQ(g->profile, gd.profile);
     EXPECT_EQ(g->bits, cquest ? 16.0 : gd.bits);
+    EXPECT_EQ(g->floor, gd.floor);
+    EXPECT_EQ(g->predecessor_exact, gd.predecessor_exact);
     EXPECT_EQ(g->quest_keep, cquest ? 0.125 : gd.quest_keep);
     EXPECT_TRUE(g->group_auto);
     EXPECT_EQ(g->decay, gd.decay);
@@ -242,6 +255,72 @@ TEST(RegistryTest, DefaultsAreTheConfigsInitialValues) {
   EXPECT_EQ(q->pages, qd.pages);
   EXPECT_EQ(q->keep, qd.keep);
   EXPECT_EQ(q->each, qd.each);
+}
+
+// geodesia's profile sets five defaults; a setting given explicitly wins over its profile.
+TEST(RegistryTest, GeodesiaProfileSetsDefaultsAndGivenSettingsOverrideIt) {
+  const GeodesiaConfig ref;
+  auto r = GeodesiaConfig::FromSpec({"geodesia", {{"profile", "reference"}}}, false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->profile, GeodesiaConfig::Profile::kReference);
+  EXPECT_EQ(r->bits, ref.bits);
+  EXPECT_EQ(r->floor, ref.floor);
+  EXPECT_EQ(r->sinks, ref.sinks);
+  EXPECT_EQ(r->window, ref.window);
+  EXPECT_EQ(r->predecessor_exact, ref.predecessor_exact);
+  GeodesiaConfig ref_auto = ref;  // the struct's defaults, with the group left to Bind as parsed
+  ref_auto.group_auto = true;
+  EXPECT_EQ(r->ToString(), ref_auto.ToString());  // the reference profile IS the struct's defaults
+
+  auto mixed = GeodesiaConfig::FromSpec(
+      {"geodesia", {{"profile", "reference"}, {"floor", "2"}, {"bits", "4"}}}, false);
+  ASSERT_TRUE(mixed.ok());
+  EXPECT_EQ(mixed->floor, 2);
+  EXPECT_EQ(mixed->bits, 4.0);
+  EXPECT_EQ(mixed->sinks, ref.sinks);
+  EXPECT_EQ(mixed->window, ref.window);
+  EXPECT_TRUE(mixed->predecessor_exact);
+
+  auto ret = GeodesiaConfig::FromSpec({"geodesia", {{"sinks", "4"}, {"window", "128"}}}, false);
+  ASSERT_TRUE(ret.ok());
+  EXPECT_EQ(ret->profile, GeodesiaConfig::Profile::kRetrieval);
+  EXPECT_EQ(ret->sinks, 4);
+  EXPECT_EQ(ret->window, 128);
+  EXPECT_EQ(ret->floor, 2);
+  EXPECT_EQ(ret->bits, 3.4);
+  EXPECT_FALSE(ret->predecessor_exact);
+
+  // cquest: the profile moves the hot blocks and the floor, never its exact-cache bits.
+  auto cq = GeodesiaConfig::FromSpec({"cquest", {{"profile", "retrieval"}}}, true);
+  ASSERT_TRUE(cq.ok());
+  EXPECT_EQ(cq->bits, 16.0);
+  EXPECT_EQ(cq->floor, 2);
+  EXPECT_EQ(cq->sinks, 0);
+
+  // The default is the setting measured against KIVI-2 (docs/geodesia.md, the golden cells of
+  // geodesia:bits=3.4:floor=2:sinks=0:window=0:predecessor=coded).
+  auto dflt = GeodesiaConfig::FromSpec({"geodesia", {}}, false);
+  auto measured = GeodesiaConfig::FromSpec({"geodesia",
+                                            {{"bits", "3.4"},
+                                             {"floor", "2"},
+                                             {"sinks", "0"},
+                                             {"window", "0"},
+                                             {"predecessor", "coded"}}},
+                                           false);
+  ASSERT_TRUE(dflt.ok() && measured.ok());
+  EXPECT_EQ(dflt->ToString(), measured->ToString());
+
+  auto bad = GeodesiaConfig::FromSpec({"geodesia", {{"profile", "paper"}}}, false);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("profile"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("reference"), std::string::npos) << bad.status().message();
+
+  // The help of a moved setting names the other profile's value.
+  const SettingDecl* floor = FindPolicy("geodesia")->settings.Find("floor");
+  ASSERT_NE(floor, nullptr);
+  EXPECT_EQ(floor->def, "2");
+  EXPECT_NE(floor->help.find("profile=reference: 1"), std::string::npos) << floor->help;
+  EXPECT_EQ(FindPolicy("cquest")->settings.Find("floor")->def, "1");
 }
 
 TEST(RegistryTest, ParsePolicySpecIsTheOneSyntax) {

@@ -57,7 +57,8 @@ struct StateArray {
 
 std::string GeodesiaConfig::ToString() const {
   std::ostringstream s;
-  s << "bits " << bits << ", group ";
+  s << "profile " << (profile == Profile::kRetrieval ? "retrieval" : "reference") << ", bits "
+    << bits << ", group ";
   if (!group_auto) {
     s << group;
   } else if (auto_head_dim > 0) {
@@ -83,17 +84,58 @@ std::string GeodesiaConfig::ToString() const {
   return s.str();
 }
 
+GeodesiaConfig GeodesiaConfig::RetrievalProfile(GeodesiaConfig c) {
+  c.profile = Profile::kRetrieval;
+  c.bits = 3.4;
+  c.floor = 2;
+  c.sinks = 0;
+  c.window = 0;
+  c.predecessor_exact = false;
+  return c;
+}
+
+namespace {
+// Each policy's default profile: geodesia's is retrieval (issue 18), Compressed-Quest's the
+// reference (its own tables; over an exact cache the profile only moves which pages are hot).
+GeodesiaConfig::Profile DefaultProfile(bool cquest) {
+  return cquest ? GeodesiaConfig::Profile::kReference : GeodesiaConfig::Profile::kRetrieval;
+}
+const char* ProfileName(GeodesiaConfig::Profile p) {
+  return p == GeodesiaConfig::Profile::kRetrieval ? "retrieval" : "reference";
+}
+}  // namespace
+
 PolicySettings GeodesiaSettings(bool cquest) {
-  const GeodesiaConfig c;
+  // The declared defaults are those of the policy's default profile; the help of each setting a
+  // profile moves names the other profile's value.
+  const GeodesiaConfig ref;
+  const GeodesiaConfig ret = GeodesiaConfig::RetrievalProfile(ref);
+  const bool retrieval = DefaultProfile(cquest) == GeodesiaConfig::Profile::kRetrieval;
+  const GeodesiaConfig& c = retrieval ? ret : ref;
+  const GeodesiaConfig& other = retrieval ? ref : ret;
+  auto num = [](double v) { std::ostringstream s; s << v; return s.str(); };
+  const std::string other_name = std::string("profile=") + (retrieval ? "reference" : "retrieval");
+  auto alt = [&](const std::string& value) { return " (" + other_name + ": " + value + ")"; };
   using geodesia::DemotionMode;
   using geodesia::Ratchet;
   PolicySettings p;
   p.policy = cquest ? "cquest" : "geodesia";
   p.budget = "bits";
   p.settings = {
+      SettingDecl::Enum("profile", ProfileName(DefaultProfile(cquest)), {"retrieval", "reference"},
+                        cquest ? "defaults of floor, sinks, window and predecessor: retrieval = "
+                                 "floor 2, sinks 0, window 0, predecessor coded; reference = "
+                                 "floor 1, sinks 4, window 128, predecessor exact (bits stays "
+                                 "16 unless given)"
+                               : "defaults of bits, floor, sinks, window and predecessor: "
+                                 "retrieval = bits 3.4, floor 2, sinks 0, window 0, predecessor "
+                                 "coded (every token keeps codes; docs/geodesia.md); reference = "
+                                 "the paper's method (bits 5, floor 1, sinks 4, window 128, "
+                                 "predecessor exact)"),
       // Compressed-Quest's own defaults: an exact cache (16 bits) read through the Quest gate.
       SettingDecl::Real("bits", cquest ? 16.0 : c.bits,
-                        "budget in bits per value per layer (16: every block exact)")
+                        "budget in bits per value per layer (16: every block exact)" +
+                            (cquest ? std::string() : alt(num(other.bits))))
           .Min(0.25)
           .Max(16)
           .Shared(),
@@ -107,9 +149,13 @@ PolicySettings GeodesiaSettings(bool cquest) {
           .Min(0)
           .Max(1)
           .Shared(),
-      SettingDecl::Int("window", c.window, "recent tokens kept exact").Min(0).Shared(),
+      SettingDecl::Int("window", c.window,
+                       "recent tokens kept exact" + alt(std::to_string(other.window)))
+          .Min(0)
+          .Shared(),
       SettingDecl::Int("sinks", c.sinks,
-                       "first tokens kept exact (whole 64-token blocks; 0: no sink block)")
+                       "first tokens kept exact (whole 64-token blocks; 0: no sink block)" +
+                           alt(std::to_string(other.sinks)))
           .Min(0)
           .Shared(),
       SettingDecl::Real("rd-frac", c.rd_frac,
@@ -141,7 +187,7 @@ PolicySettings GeodesiaSettings(bool cquest) {
                         "(quantized blocks' too, which cannot move); exact = still-movable blocks'"),
       SettingDecl::Int("floor", c.floor,
                        "lowest block level in bits (1: centroids allowed, the reference; 2, 4 "
-                       "or 8: no block below it)")
+                       "or 8: no block below it)" + alt(std::to_string(other.floor)))
           .Min(1)
           .Max(16)
           .Constraint("a ladder level: 1, 2, 4, 8 or 16"),
@@ -149,7 +195,8 @@ PolicySettings GeodesiaSettings(bool cquest) {
                         {"exact", "coded"},
                         "the closed block before the query's block: exact = hot (the reference); "
                         "coded = graded like any closed block (with window <= 64 only the "
-                        "query's block stays exact)"),
+                        "query's block stays exact)" +
+                            alt(other.predecessor_exact ? "exact" : "coded")),
       SettingDecl::Real("salience", c.salience,
                         "query-independent mass share mixed into every block: damage = (mass + "
                         "salience / blocks) x error (0: the reference)")
@@ -173,9 +220,13 @@ PolicySettings GeodesiaSettings(bool cquest) {
 StatusOr<GeodesiaConfig> GeodesiaConfig::FromSpec(const PolicySpec& spec, bool cquest) {
   const PolicySettings decl = GeodesiaSettings(cquest);
   ASSIGN_OR_RETURN(const ResolvedSettings s, ResolveSettings(decl, spec.settings));
-  GeodesiaConfig c;
+  // The profile's values first; the settings given explicitly override them below (a setting not
+  // given reads its declared default, which is the DEFAULT profile's, hence the `given` checks).
+  const bool retrieval = s.text("profile") == "retrieval";
+  GeodesiaConfig c = retrieval ? RetrievalProfile(GeodesiaConfig{}) : GeodesiaConfig{};
+  const GeodesiaConfig profile = c;
   auto num = [](double v) { std::ostringstream s; s << v; return s.str(); };
-  c.bits = s.Real("bits");
+  c.bits = s.given("bits") || cquest ? s.Real("bits") : profile.bits;
   // The cheapest representation is every block a centroid: 2 D 16 bits per 2 * 64 * D values.
   const double centroid_bpv = 0.25;
   if (!std::isfinite(c.bits) || c.bits < centroid_bpv) {
@@ -195,8 +246,8 @@ StatusOr<GeodesiaConfig> GeodesiaConfig::FromSpec(const PolicySpec& spec, bool c
     c.group_auto = true;  // Bind picks it from the head dim
   }
   c.decay = s.Real("decay");
-  c.window = s.Int("window");
-  c.sinks = s.Int("sinks");
+  c.window = s.given("window") ? s.Int("window") : profile.window;
+  c.sinks = s.given("sinks") ? s.Int("sinks") : profile.sinks;
   c.rd_frac = s.Real("rd-frac");
   c.quest_keep = s.Real("quest-keep");
   c.ratchet = s.text("ratchet") == "clean" ? geodesia::Ratchet::kClean
@@ -207,13 +258,14 @@ StatusOr<GeodesiaConfig> GeodesiaConfig::FromSpec(const PolicySpec& spec, bool c
   c.candidates = s.text("candidates") == "exact" ? geodesia::Candidates::kExact
                                                  : geodesia::Candidates::kReference;
   c.mass_power = s.Real("mass-power");
-  const int64_t fl = s.Int("floor");
+  const int64_t fl = s.given("floor") ? s.Int("floor") : profile.floor;
   if (geodesia::LevelIndex(static_cast<int>(fl)) < 0) {
     return InvalidArgument("--floor = " + std::to_string(fl) +
                            " is not a ladder level (1, 2, 4, 8 or 16 bits)");
   }
   c.floor = static_cast<int>(fl);
-  c.predecessor_exact = s.text("predecessor") == "exact";
+  c.predecessor_exact =
+      s.given("predecessor") ? s.text("predecessor") == "exact" : profile.predecessor_exact;
   c.salience = s.Real("salience");
   c.rd_value_score = s.text("rd-score") == "value";
   c.value_weight = s.Real("value-weight");

@@ -77,7 +77,8 @@ struct GeodesiaConfig {
   // `candidates reference|exact`: the allocator's multiplier list (allocator.h).
   geodesia::Candidates candidates = geodesia::Candidates::kReference;
   double mass_power = 1;       // p (`mass-power`)
-  // Retrieval-safe settings (beyond the reference; their defaults are the reference):
+  // Retrieval-safe settings (beyond the reference; the struct's defaults are the reference, the
+  // `retrieval` profile, geodesia's default, sets them as RetrievalProfile() says):
   // `floor`: the lowest level a block may take (1: the centroid, the reference; 2: every block
   // keeps per-token codes, so every token stays recoverable).
   int floor = 1;
@@ -113,6 +114,16 @@ struct GeodesiaConfig {
   std::string ToString() const;
   // cquest: Compressed-Quest defaults (bits 16 = an exact cache, quest-keep 0.125).
   static StatusOr<GeodesiaConfig> FromSpec(const PolicySpec& spec, bool cquest);
+  // `profile retrieval|reference`: the defaults of bits, floor, sinks, window and predecessor.
+  // reference = this struct's initial values (the paper's method: centroids allowed, a sink block,
+  // a 128-token exact window and the predecessor block hot, 5 bits); retrieval = RetrievalProfile()
+  // (geodesia's default since issue 18: every closed block keeps per-token codes, only the
+  // query's own block exact, 3.4 bits; docs/geodesia.md has the tables that chose it). A setting
+  // given explicitly overrides its profile's value.
+  enum class Profile { kRetrieval, kReference };
+  Profile profile = Profile::kReference;
+  // The retrieval profile applied to `c` (the five settings above; nothing else changes).
+  static GeodesiaConfig RetrievalProfile(GeodesiaConfig c);
 };
 
 // Counters of the reference rate accounting (§1.5), summed over reads (queries), layers and
