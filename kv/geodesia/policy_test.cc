@@ -324,10 +324,16 @@ TEST(GeodesiaPolicyTest, FloorAndNoSinkBlock) {
       }
     }
     EXPECT_EQ(below_floor, 0);
-    if (c.floor == 1) EXPECT_GT(centroids, 0);  // the reference reaches the centroid at 2 bits
-    if (!c.sink_hot) EXPECT_EQ(gl.level(0, 0), c.floor);
+    if (c.floor == 1) {
+      EXPECT_GT(centroids, 0);  // the reference reaches the centroid at 2 bits
+    }
+    if (!c.sink_hot) {
+      EXPECT_EQ(gl.level(0, 0), c.floor);
+    }
     // Each of the 70 decode calls saw its predecessor block at the floor.
-    if (!c.predecessor) EXPECT_EQ(coded_predecessors, 70);
+    if (!c.predecessor) {
+      EXPECT_EQ(coded_predecessors, 70);
+    }
   }
 }
 
