@@ -49,6 +49,12 @@
 //       KIVI (kv/baselines/kivi.cc) now stores its GQA groups as packed slots (level = bits,
 //       group 32) and reads them through this kernel: kivi2 at 16k went from 0.04x of full
 //       (1136 ms/step, dequantize-then-attend) to 2.35-2.52x (f32).
+//   (session 12, no code change) On a QUIET host the v3 ratios do not hold: bench attention --kind
+//       gqa --ctx 16384 --q-heads 32 --kv-heads 8, 1 thread, vs full f32 in the same run:
+//       geodesia@5:profile=reference 1.31x, @2.5 1.80x, kivi2 1.14x, kivi4 1.08x (2 threads 1.26x,
+//       1.59x, 1.08x, 0.99x); full streams 64 MiB in 3.98 ms, while @2.5 spends ~4.2 ns per
+//       (token, query head) on 0.15 of the bytes, this kernel's cache-resident rate: it is bound by
+//       its instructions. The loaded-host figures above flattered it (full suffers more from load).
 // This file compiles one more Highway target than the rest of the project, AVX3_DL (AVX-512 VNNI,
 // for vpdpbusd in the kInt8 path), as kernels/quant_dot.cc does.
 #undef HWY_DISABLED_TARGETS
