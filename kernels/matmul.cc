@@ -67,6 +67,7 @@
 #include "core/check.h"
 #include "core/dtype.h"
 #include "core/quant.h"
+#include "core/scratch.h"
 #include "kernels/quant_dot.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -489,8 +490,8 @@ void MatMulRows(const TensorView& w, const float* xc, int64_t n_tok, float* y, i
 void MatMulImpl(const TensorView& w, const float* x, int64_t n_tok, int64_t x_stride, float* y,
                 int64_t y_stride, int64_t grain, ThreadPool* pool) {
   const int64_t k = w.cols();
-  AlignedBuffer<float> xc;
-  xc.Resize(n_tok * k);
+  ScratchScope ws;
+  std::span<float> xc = ws.Floats(n_tok * k);
   for (int64_t t = 0; t < n_tok; ++t) {
     ToClassMajorT<LoadF32>(reinterpret_cast<const uint8_t*>(x + t * x_stride), k,
                            xc.data() + t * k);
@@ -777,7 +778,8 @@ void MatMulInt8(const TensorView& w, const float* x, int64_t n, int64_t x_stride
   // MatVec integer dot, with each row reused from L1 across a tile of tokens.
   const int64_t k = w.cols();
   const int64_t ab = ActivationBytes(w.dtype, k);
-  AlignedBuffer<uint8_t> acts(static_cast<size_t>(n * ab));
+  ScratchScope ws;
+  std::span<uint8_t> acts = ws.U8(static_cast<size_t>(n * ab));
   auto quantize = [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       QuantizeActivations(w.dtype, x + t * x_stride, k, acts.data() + t * ab);

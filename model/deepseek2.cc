@@ -3,6 +3,7 @@
 // or sigmoid routing, top-k, shared experts, leading dense layers; model/moe.h).
 #include <cmath>
 
+#include "core/scratch.h"
 #include "kernels/ops.h"
 #include "model/arch.h"
 #include "model/mla.h"
@@ -47,7 +48,8 @@ class Deepseek2Model final : public MlaModel {
     const int64_t d = c.d_model;
     const int n = rows.n;
     Embed(rows.tokens, n, x);
-    std::vector<float> xn(n * d), y(n * d);
+    ScratchScope ws;
+    std::span<float> xn = ws.Floats(n * d), y = ws.Floats(n * d);
     for (int l = 0; l < c.n_layers; ++l) {
       const MlaLayer& L = layers_[l];
       NormRows(x, L.attn_norm, n, xn.data());

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/scratch.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/arch.h"
@@ -131,7 +132,8 @@ class KimiLinearModel final : public MlaModel {
       }
     }
     Embed(rows.tokens, n, x);
-    std::vector<float> xn(n * d), y(n * d);
+    ScratchScope ws;
+    std::span<float> xn = ws.Floats(n * d), y = ws.Floats(n * d);
     for (int l = 0; l < c.n_layers; ++l) {
       const Layer& L = layers_[l];
       NormRows(x, L.attn_norm, n, xn.data());
@@ -238,8 +240,11 @@ class KimiLinearModel final : public MlaModel {
     const int n = rows.n;
     const int64_t d = c.d_model, H = c.kda_heads, D = c.kda_head_dim, C = H * D;
     const int W = c.ssm_conv_kernel;
-    std::vector<float> q(n * C), k(n * C), v(n * C), fa(n * K.rf), ga(n * K.rg), b(n * H),
-        g(n * C), gate(n * C), o(n * C), tmp(C);
+    ScratchScope ws;
+    std::span<float> q = ws.Floats(n * C), k = ws.Floats(n * C), v = ws.Floats(n * C),
+                     fa = ws.Floats(n * K.rf), ga = ws.Floats(n * K.rg), b = ws.Floats(n * H),
+                     g = ws.Floats(n * C), gate = ws.Floats(n * C), o = ws.Floats(n * C),
+                     tmp = ws.Floats(C);
     const MatVecBatchJob jobs[] = {{K.wq, q.data(), C},         {K.wk, k.data(), C},
                                    {K.wv, v.data(), C},         {K.f_a, fa.data(), K.rf},
                                    {K.g_a, ga.data(), K.rg},    {K.beta, b.data(), H}};

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/scratch.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/arch.h"
@@ -90,9 +91,11 @@ class LlamaModel final : public Model {
                   ff = c.d_ff;
     const int n = rows.n;
     Embed(rows.tokens, n, x);
-    std::vector<float> xn(n * d), q(n * qd), k(n * kvd), v(n * kvd), att(n * qd), o(n * d),
-        g(n * ff), u(n * ff);
-    auto add_bias = [&](std::vector<float>& y, const std::vector<float>& b, int64_t dim) {
+    ScratchScope ws;
+    std::span<float> xn = ws.Floats(n * d), q = ws.Floats(n * qd), k = ws.Floats(n * kvd),
+                     v = ws.Floats(n * kvd), att = ws.Floats(n * qd), o = ws.Floats(n * d),
+                     g = ws.Floats(n * ff), u = ws.Floats(n * ff);
+    auto add_bias = [&](std::span<float> y, const std::vector<float>& b, int64_t dim) {
       if (b.empty()) return;
       for (int i = 0; i < n; ++i) {
         for (int64_t j = 0; j < dim; ++j) y[i * dim + j] += b[j];

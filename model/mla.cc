@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/scratch.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 
@@ -85,9 +86,11 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
   RopeParams rope;
   rope.freq_base = c.rope_base;
   rope.freq_scale = c.rope_freq_scale;
-  std::vector<float> q(n * H * qk), kva(n * row), qabs(group * H * row), att(group * H * dc),
-      o(n * H * vd);
-  std::vector<float> qa(c.q_lora_rank > 0 ? n * c.q_lora_rank : 0);
+  ScratchScope ws;
+  std::span<float> q = ws.Floats(n * H * qk), kva = ws.Floats(n * row),
+                   qabs = ws.Floats(group * H * row), att = ws.Floats(group * H * dc),
+                   o = ws.Floats(n * H * vd);
+  std::span<float> qa = ws.Floats(c.q_lora_rank > 0 ? n * c.q_lora_rank : 0);
   // The projections of xn: q (or its LoRA down-projection) and kv_a; in decode as one pool
   // dispatch.
   const TensorView& wq_x = c.q_lora_rank > 0 ? M.wq_a : M.wq;

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <vector>
 
+#include "core/scratch.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 
@@ -111,7 +112,8 @@ void MoeModel::SwiGluFfn(const Rows& rows, const TensorView& gate, const TensorV
                          float* y) const {
   const int64_t d = config_.d_model;
   const int n = rows.n;
-  std::vector<float> g(n * ff), u(n * ff);
+  ScratchScope ws;
+  std::span<float> g = ws.Floats(n * ff), u = ws.Floats(n * ff);
   const MatVecBatchJob gate_up[] = {{gate, g.data(), ff}, {up, u.data(), ff}};
   ProjectMany(rows, gate_up, 2, x, d, pool);
   if (rows.independent) {
@@ -190,17 +192,19 @@ void MoeModel::MoeBatch(const FfnWeights& F, const float* x, const Rows& rows, T
   for (int s = 0; s < n * K; ++s) {
     if (ids[s] >= 0) slots[ids[s]].push_back(s);
   }
-  std::vector<float> out(static_cast<size_t>(n) * K * d, 0.f), xg, g, u, dn;
+  // Work arrays sized for the largest expert group (at most n rows: one slot per row and expert).
+  int max_m = 0;
+  for (int64_t e = 0; e < E; ++e) max_m = std::max(max_m, static_cast<int>(slots[e].size()));
+  ScratchScope ws;
+  std::span<float> out = ws.Floats(static_cast<size_t>(n) * K * d), xg = ws.Floats(max_m * d),
+                   g = ws.Floats(max_m * ffe), u = ws.Floats(max_m * ffe),
+                   dn = ws.Floats(max_m * d);
   for (int64_t e = 0; e < E; ++e) {
     const int m = static_cast<int>(slots[e].size());
     if (m == 0) continue;
-    xg.resize(m * d);
     for (int j = 0; j < m; ++j) {
       std::memcpy(&xg[j * d], x + (slots[e][j] / K) * d, sizeof(float) * d);
     }
-    g.resize(m * ffe);
-    u.resize(m * ffe);
-    dn.resize(m * d);
     const MatVecBatchJob gate_up[] = {{F.gate_exps.Rows(e * ffe, ffe), g.data(), ffe},
                                       {F.up_exps.Rows(e * ffe, ffe), u.data(), ffe}};
     MatVecBatchMany(gate_up, 2, xg.data(), m, d, pool);
