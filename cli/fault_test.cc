@@ -122,10 +122,10 @@ void DamageArchives(Policy& p) {
 TEST(CliFaultTest, UnreadableArchiveStopsGenerateWithTheCause) {
   const std::string dir = fs::temp_directory_path() / ("strata_fault_" + std::to_string(getpid()));
   fs::create_directories(dir);
-  // Damaged just before the compression point: the recall tier's calibration cannot read its
-  // labels (it falls back to dense steps, exactly), and the dense decode step cannot read the
-  // archived rows either: the run must stop, not answer from the rows it could read.
-  ScopedWrapper wrap(DamageArchives, nullptr);
+  // Damaged at the first decode step (a prompt's pages are written at its compression point):
+  // the step cannot read the archived rows it needs, and the run must stop, not answer from the
+  // rows it could read.
+  ScopedWrapper wrap(nullptr, DamageArchives);
   const CliResult r = Strata({"generate", "-m", Model("nope-mla.gguf"), "--policy",
                            "vestige@256:block=256:kappa=4:archive=file:" + dir, "-p", Prompt(700),
                            "-n", "4", "--threads", "1"});

@@ -138,8 +138,10 @@ TEST_F(LoadgenTest, EveryRequestStreamsTheTokensItAskedFor) {
   // carries several tokens: their gaps are unknown).
   EXPECT_EQ(r->ttft_s.n, 8);
   EXPECT_LE(r->itl_s.n, 8 * 39);
-  EXPECT_GE(r->itl_s.n, 1);  // the tiny model outruns the handler: chunks carry many tokens
+  // No lower bound on the ITL samples: the tiny model outruns the handler, so chunks carry many
+  // tokens, and on a busy host every request's 40 tokens once came in its first chunk (0 samples).
   for (const Percentiles& p : {r->ttft_s, r->itl_s}) {
+    if (p.n == 0) continue;
     EXPECT_GE(p.p50, 0);
     EXPECT_LE(p.p50, p.p90);
     EXPECT_LE(p.p90, p.p99);

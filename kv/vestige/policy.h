@@ -12,14 +12,21 @@
 // archived the read is ReadPrefix, the full policy's own call, so the policy with everything kept
 // (ratio 1, or n < block) is bit-identical to `full`.
 //
+// Prompt queries before the layer's first compression point (prefill calls before OnCompress)
+// read every row, as `full` does: prefill attention is dense and compression changes only what
+// later queries read (the reference's serving form, docs/reference/vestigekv.md §4). Decode
+// steps, and prompt queries after a compression point (a second turn, an eval's question), read
+// as follows.
+//
 // Calls (kv/policy.h): blocks close at OnAppended, when the call's rows are in and before its
 // queries read. The selection ranks all closed rows against each other (one global top-m), so a
 // query may read with it only if it sees every closed row: a query of the call that closed
 // blocks and sits before their end reads with the selection from before the close (kept rows of
 // the earlier closed prefix, then every row from its end); later queries, and every decode step,
 // read with the new one (a decode step that closes a block sees all of its rows). With the file
-// archive, every page of closed blocks is written and released at EndCall (or at the compression
-// point), after every query of the call has read: during a call, every row a query reads as its
+// archive, every page of closed blocks is written and released at the EndCall of a decode call,
+// and a prefill's at its compression point (OnCompress; a prompt's pages stay in RAM between its
+// chunks), after every query of the call has read: during a call, every row a query reads as its
 // tail is still in the store. The kept rows of a released page are copied once, exactly, into a
 // dense attended tier (the restored buffer); a rebalance drops rows that leave the kept set (they
 // are in the file) and reads rows that enter it back once. What stays in RAM is the tail, the
@@ -219,6 +226,8 @@ class VestigePolicy final : public Policy {
       std::vector<int64_t> kept;  // ascending, all < n_closed
     } before;
     VestigeReadInfo last;
+    bool prompt_call = false;  // the running call is a prefill chunk (its queries are prompt's)
+    bool compressed = false;   // the layer has passed a compression point (OnCompress)
     // File placement.
     std::unique_ptr<VestigeArchiveFile> file;
     std::vector<uint8_t> released;      // [n_pages] 1 when the page went to the file

@@ -725,9 +725,8 @@ TEST(VestigePolicyTest, FileArchiveChunkedPrefillMatchesRamBitExact) {
     const auto pa = ChunkedPrefill(ram.get(), sa, 1100, 96, &pool);
     const auto pb = ChunkedPrefill(file.get(), sb, 1100, 96, &pool, &in_block);
     ExpectSameTrace(pa, pb, "prefill");
-    // The crash path cannot arise: pages leave the store only when their call ends, so no query
-    // of block 0 (nothing archived below its tail: the kill switch) reads its own block from the
-    // file; pages of earlier calls were released all the same.
+    // The crash path cannot arise: a prefill's pages leave the store at its compression point,
+    // so no prompt query reads its own block from the file; they were released all the same.
     EXPECT_EQ(in_block.kill_switch, 0);
     EXPECT_GT(Vp(*file).Residency(0, file->store(0)).released_bytes, 0);
     EXPECT_EQ(Vp(*file).Residency(0, file->store(0)).staged_bytes, 0);
@@ -737,6 +736,56 @@ TEST(VestigePolicyTest, FileArchiveChunkedPrefillMatchesRamBitExact) {
     if (std::string(recall) == "on") {
       EXPECT_TRUE(Vp(*file).recall_hook()->status().ok())
           << Vp(*file).recall_hook()->status().ToString();
+    }
+  }
+}
+
+// Prompt queries before the first compression point read every row (prefill attention is dense,
+// docs/reference/vestigekv.md §4): a chunked prefill whose chunks close blocks equals the kill
+// switch (ratio 1, == full) bit for bit, with recall on and off and with the file archive, whose
+// pages stay in the store until the compression point. After it, a second prompt (a chat turn,
+// an eval's question) reads the selection: it no longer equals the kill switch.
+TEST(VestigePolicyTest, PromptReadsAreDenseUntilTheCompressionPoint) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const std::vector<LayerGeometry> layers = {Mla(), Mla(8)};
+  for (const char* recall : {"off", "on"}) {
+    for (const char* archive : {"ram", "file"}) {
+      SCOPED_TRACE(std::string("recall ") + recall + ", archive " + archive);
+      std::map<std::string, std::string> base = {
+          {"block", "256"}, {"kappa", "4"}, {"ratio", "8"}, {"recall", recall}};
+      base["archive"] = std::string(archive) == "ram" ? "ram" : "file:" + TempDir();
+      std::map<std::string, std::string> all = base;
+      all["ratio"] = "1";
+      all["archive"] = "ram";
+      auto v = MakeCache(layers, {"vestige", base});
+      auto k = MakeCache(layers, {"vestige", all});
+      ASSERT_TRUE(v && k);
+      ThreadPool pool(2);
+      Stream sv(seed), sk(seed);
+      // 1100 rows in chunks of 96: blocks close at 256, 512, 768 and 1024, inside chunks.
+      ExpectSameTrace(ChunkedPrefill(k.get(), sk, 1100, 96, &pool),
+                      ChunkedPrefill(v.get(), sv, 1100, 96, &pool), "first prompt");
+      EXPECT_EQ(Vp(*v).n_closed(0), 1024);
+      EXPECT_FALSE(Vp(*v).selector(0).archived().empty());
+      if (std::string(archive) == "file") {
+        // Released at the compression point, never staged back for a prompt query.
+        EXPECT_GT(Vp(*v).Residency(0, v->store(0)).released_bytes, 0);
+        EXPECT_EQ(Vp(*v).Residency(0, v->store(0)).staged_bytes, 0);
+      }
+      const auto tk = ChunkedPrefill(k.get(), sk, 200, 100, &pool);
+      const auto tv = ChunkedPrefill(v.get(), sv, 200, 100, &pool);
+      ASSERT_EQ(tk.size(), tv.size());
+      int differ = 0;
+      for (size_t r = 0; r < tk.size(); ++r) {
+        differ += std::memcmp(tk[r].out.data(), tv[r].out.data(),
+                              tk[r].out.size() * sizeof(float)) != 0;
+      }
+      EXPECT_GT(differ, 0) << "the second prompt read every row";
+      const VestigeReadInfo& last = Vp(*v).last_read(0);
+      EXPECT_GT(last.rows_archived, 0);
+      EXPECT_LT(last.rows_attended, 1300);
+      EXPECT_TRUE(Vp(*v).archive_status().ok()) << Vp(*v).archive_status().ToString();
     }
   }
 }
