@@ -348,8 +348,8 @@ Status VestigePolicy::recovered_error() const {
 Status VestigePolicy::OnAppended(int layer, const LayerStore& store, const CacheCall& call,
                                  CachePlan* plan) {
   // The call's rows are in and its queries are still to read: blocks close here; their archived
-  // pages leave RAM only at the end of the call (EndCall), after every query of the call that
-  // reads its own block in full has read it from the store.
+  // pages leave RAM only at the end of a decode call (EndCall) or at a prefill's compression
+  // point (OnCompress), after every query that reads its own block in full has read it.
   layers_[layer].prompt_call = call.kind == CallKind::kPrefill;
   return CloseReady(layer, store);
 }
