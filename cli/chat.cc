@@ -70,7 +70,10 @@ void AddChatCommand(CLI::App* app, ChatOptions* o) {
   cmd->add_option("--threads", o->threads,
                   "Worker threads (default: the hardware threads; more are capped to them)")
       ->capture_default_str();
-  cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->capture_default_str();
+  cmd->add_option("--chunk", o->chunk,
+                  "Prefill chunk size in tokens (MLA models decompress the cached rows once per "
+                  "chunk: longer chunks prefill long prompts faster)")
+      ->capture_default_str();
   cmd->add_option("-c,--ctx-size", o->ctx_size,
                   "Context size in tokens for the whole conversation (0: the model's trained "
                   "context length)")

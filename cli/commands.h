@@ -39,6 +39,11 @@ struct SamplerFlags {
 };
 void AddSamplerFlags(CLI::App* cmd, SamplerFlags* f);
 
+// The default prefill chunk of generate and chat: MLA prefill decompresses the cached rows once
+// per chunk (model/mla.h, expanded form), so longer chunks amortise it. 16,608-token prompt,
+// synth --preset 150m f16, 2 threads: 158.6 prefill tokens/s at 512, 222.3 at 2048.
+inline constexpr int kPromptChunk = 2048;
+
 struct InspectOptions {
   std::string path;       // .gguf file or HF directory
   std::string json_path;  // optional JSON report
@@ -57,7 +62,7 @@ struct GenerateOptions {
   std::vector<std::string> stop;  // --stop: end the text where any of these appears
   bool special = false;           // --special: control tokens written in the prompt are parsed
   int threads = 0;  // 0 means "not given": hardware concurrency
-  int chunk = 512;
+  int chunk = kPromptChunk;
   int64_t ctx_size = 0;  // -c: 0 = the model's trained context length
   bool no_mmap = false;  // read the model into huge-page memory instead of mapping it
   std::string policy = "full";
@@ -98,7 +103,7 @@ struct ChatOptions {
   int64_t n_predict = -1;     // per reply; -1: until end of generation or the context size
   SamplerFlags sampling;
   int threads = 0;
-  int chunk = 512;
+  int chunk = kPromptChunk;
   int64_t ctx_size = 0;
   bool no_mmap = false;
   std::string policy = "full";

@@ -43,7 +43,10 @@ void AddGenerateCommand(CLI::App* app, GenerateOptions* o) {
   cmd->add_option("--threads", o->threads,
                   "Worker threads (default: the hardware threads; more are capped to them)")
       ->capture_default_str();
-  cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->capture_default_str();
+  cmd->add_option("--chunk", o->chunk,
+                  "Prefill chunk size in tokens (MLA models decompress the cached rows once per "
+                  "chunk: longer chunks prefill long prompts faster)")
+      ->capture_default_str();
   cmd->add_option("-c,--ctx-size", o->ctx_size,
                   "Context size in tokens, prompt included; generation stops there (0: the "
                   "model's trained context length; more than that warns)")

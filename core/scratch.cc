@@ -86,10 +86,10 @@ ScratchScope::~ScratchScope() {
   if (--a.depth == 0 && a.blocks.size() > 1) a.Consolidate();
 }
 
-void* ScratchScope::Bytes(size_t bytes) {
+void* ScratchScope::Bytes(size_t bytes, bool zero) {
   if (bytes == 0) return nullptr;
   void* p = ThreadArena().Take(bytes);
-  std::memset(p, 0, bytes);
+  if (zero) std::memset(p, 0, bytes);
   return p;
 }
 

@@ -30,13 +30,18 @@ class ScratchScope {
 
   // n zeroed elements (an empty span for n = 0).
   std::span<float> Floats(size_t n) { return {static_cast<float*>(Bytes(n * sizeof(float))), n}; }
+  // n elements left as they are (the caller writes every one before reading it): for arrays
+  // of megabytes that are filled anyway, where zeroing would cost as much as filling.
+  std::span<float> FloatsUnset(size_t n) {
+    return {static_cast<float*>(Bytes(n * sizeof(float), false)), n};
+  }
   std::span<uint8_t> U8(size_t n) { return {static_cast<uint8_t*>(Bytes(n)), n}; }
   std::span<int32_t> Ints(size_t n) {
     return {static_cast<int32_t*>(Bytes(n * sizeof(int32_t))), n};
   }
 
  private:
-  void* Bytes(size_t bytes);
+  void* Bytes(size_t bytes, bool zero = true);
   size_t block_;  // the arena's position when the scope began
   size_t used_;
 };

@@ -174,6 +174,32 @@ Status KvCache::Attend(int layer, const float* q, int64_t pos, ThreadPool* pool,
   return OkStatus();
 }
 
+bool KvCache::ClaimDenseReads(int layer, int64_t first_pos, int m) {
+  if (!status_.ok() || m <= 0) return false;
+  STRATA_CHECK_MSG(in_call_, "ClaimDenseReads outside a call (BeginCall first)");
+  LayerStore& store = stores_[layer];
+  STRATA_CHECK_MSG(first_pos >= 0 && first_pos + m <= store.n_rows(),
+                   "queries at [%lld, %lld) but %lld rows", static_cast<long long>(first_pos),
+                   static_cast<long long>(first_pos + m), static_cast<long long>(store.n_rows()));
+  CheckSealed(layer, "query");
+  ReadStats stats;
+  if (!policy_->ClaimDenseReads(layer, store, first_pos + 1, m, &stats)) return false;
+  const LayerGeometry& g = store.geometry();
+  const int64_t rows = int64_t{m} * (first_pos + 1) + int64_t{m} * (m - 1) / 2;  // sum of limits
+  counters_.reads += m;
+  counters_.bytes_read_total += stats.bytes_read;
+  counters_.rows_attended_total += stats.rows_attended;
+  counters_.rows_fetched_total += stats.rows_fetched;
+  counters_.fallbacks_total += stats.fallbacks;
+  counters_.rows_visible_total += rows * g.n_kv_heads;
+  counters_.full_bytes_read_total += rows * g.bytes_per_token();
+  counters_.last_step.bytes_read += stats.bytes_read;
+  counters_.last_step.rows_attended += stats.rows_attended;
+  counters_.last_step.rows_fetched += stats.rows_fetched;
+  counters_.last_step.fallbacks += stats.fallbacks;
+  return true;
+}
+
 Status KvCache::EndCall() {
   if (!status_.ok()) {  // a failed call may end without its rows: the cache is done
     in_call_ = false;

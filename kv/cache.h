@@ -75,6 +75,11 @@ class KvCache {
   // Attention of one query at position `pos` (it sees rows [0, pos]) through the policy.
   // q: [n_q_heads, k_dim]; out: [n_q_heads, v_dim]. The token at pos must already be appended.
   Status Attend(int layer, const float* q, int64_t pos, ThreadPool* pool, float* out);
+  // Dense reads in bulk (Policy::ClaimDenseReads): whether the policy lets the caller compute
+  // the attention of the call's m queries at positions first_pos .. first_pos + m - 1 (each
+  // reading rows [0, pos]) from store(layer)'s rows itself; true counts them as m Attend calls.
+  // False: read each with Attend. Their tokens must already be appended.
+  bool ClaimDenseReads(int layer, int64_t first_pos, int m);
   Status EndCall();
   bool in_call() const { return in_call_; }
   const CacheCall& call() const { return call_; }
@@ -87,6 +92,8 @@ class KvCache {
   // compression point: it calls OnCompress on every layer.
   void BeginPrefill(int64_t first, int64_t end);
   Status ObserveQuery(int layer, int64_t pos, const float* q);
+  // Whether ObserveQuery delivers a query at pos (its position is in the observed window).
+  bool observes(int64_t pos) const { return pos >= obs_first_ && pos < obs_end_; }
   Status EndPrefill(ThreadPool* pool);
   // An explicit compression point without observations (outside a call).
   Status Compress();

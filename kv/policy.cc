@@ -96,10 +96,14 @@ void ReadPrefix(const LayerStore& store, const float* q, int64_t limit, ThreadPo
     }
   }
   RunTasks(store, q, tasks, pool, st);
-  if (stats) {
-    stats->rows_attended += limit * g.n_kv_heads;
-    stats->bytes_read += limit * g.bytes_per_token();
-  }
+  if (stats) CountDenseReads(g, limit, 1, stats);
+}
+
+void CountDenseReads(const LayerGeometry& g, int64_t first_limit, int m, ReadStats* stats) {
+  // sum of the m limits
+  const int64_t rows = int64_t{m} * first_limit + int64_t{m} * (m - 1) / 2;
+  stats->rows_attended += rows * g.n_kv_heads;
+  stats->bytes_read += rows * g.bytes_per_token();
 }
 
 void ReadRows(const LayerStore& store, const float* q, const int64_t* rows, int64_t n_rows,
@@ -248,6 +252,12 @@ Status FullPolicy::Read(int layer, const LayerStore& store, const float* q, int6
                         ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
   ReadPrefix(store, q, limit, pool, st, stats);
   return OkStatus();
+}
+
+bool FullPolicy::ClaimDenseReads(int layer, const LayerStore& store, int64_t first_limit, int m,
+                                 ReadStats* stats) {
+  CountDenseReads(store.geometry(), first_limit, m, stats);
+  return true;
 }
 
 }  // namespace strata

@@ -170,6 +170,17 @@ class Policy {
   // n_q_heads heads (st->Reset() already done by the caller).
   virtual Status Read(int layer, const LayerStore& store, const float* q, int64_t limit,
                       ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) = 0;
+  // Dense reads claimed in bulk (MLA prefill, model/mla.cc): whether the running call's m
+  // queries of `layer` at limits first_limit, first_limit + 1, ..., first_limit + m - 1 would
+  // each read exactly rows [0, limit) of the store through Read, as ReadPrefix reads them, with
+  // no effect but the counting. True: the policy counts the m reads as Read would have (its own
+  // counters and ReadStats into `stats`), and the caller computes their attention from the
+  // store's rows by another method, exact up to f32 rounding. False (the default): nothing
+  // happens and the caller reads each query through Read.
+  virtual bool ClaimDenseReads(int layer, const LayerStore& store, int64_t first_limit, int m,
+                               ReadStats* stats) {
+    return false;
+  }
   // Bytes this policy keeps resident for the layer (rows it still holds + its own structures).
   virtual int64_t ResidentBytes(int layer, const LayerStore& store) const {
     return store.resident_bytes();
@@ -220,8 +231,14 @@ class FullPolicy final : public Policy {
   bool SupportsKvType(DType t) const override { return true; }
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
+  bool ClaimDenseReads(int layer, const LayerStore& store, int64_t first_limit, int m,
+                       ReadStats* stats) override;
   PolicySummary Summary(int layer, const LayerStore& store) const override;
 };
+
+// The ReadStats of m dense reads at limits first_limit .. first_limit + m - 1 (what ReadPrefix
+// counts for each), for ClaimDenseReads.
+void CountDenseReads(const LayerGeometry& g, int64_t first_limit, int m, ReadStats* stats);
 
 // Exact reads shared by all row-selecting policies.
 //

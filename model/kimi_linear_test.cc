@@ -16,6 +16,7 @@
 #include "io/gguf.h"
 #include "kv/registry.h"
 #include "model/kda.h"
+#include "model/mla.h"
 #include "model/model.h"
 #include "model/moe.h"
 #include "model/synth.h"
@@ -314,6 +315,63 @@ float MaxAbsF(const std::vector<float>& x) {
   float m = 0;
   for (float v : x) m = std::max(m, std::abs(v));
   return m;
+}
+
+// With every prefill chunk in MLA's expanded form (model/mla.h), each policy whose kill switch
+// is bit for bit `full` still is: it claims the same dense reads (Policy::ClaimDenseReads) in
+// the first prompt, in decode steps' absence, and in a second prompt after the compression
+// point (a chat's next turn: vestige's kill switch claims it because nothing is archived). And
+// an active vestige prefills exactly like `full` (dense prompt reads until the compression point).
+TEST(KimiLinearModelTest, KillSwitchesClaimTheExpandedPrefill) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  auto m = Tiny(seed);
+  ASSERT_TRUE(m);
+  ThreadPool pool(2);
+  const std::vector<int32_t> toks = Tokens(*m, seed, 300);
+  const int64_t V = m->config().n_vocab;
+  const int64_t prev = mla_internal::SetExpandedMinRowsForTest(2);
+  // Prefill 200 (chunks of 64), decode 30, prefill 70 more in one call: every logit row.
+  auto run = [&](KvCache* c) {
+    std::vector<float> all, part;
+    EXPECT_TRUE(m->Prefill(toks.data(), 200, 64, c, &pool, nullptr, &all).ok());
+    std::vector<float> logits(V);
+    for (int i = 200; i < 230; ++i) {
+      EXPECT_TRUE(m->Decode(toks[i], c, &pool, logits.data()).ok());
+      all.insert(all.end(), logits.begin(), logits.end());
+    }
+    EXPECT_TRUE(m->Prefill(toks.data() + 230, 70, 70, c, &pool, nullptr, &part).ok());
+    all.insert(all.end(), part.begin(), part.end());
+    return all;
+  };
+  auto fc = Cache(*m, "full");
+  const std::vector<float> ref = run(fc.get());
+  const std::vector<std::pair<std::string, std::map<std::string, std::string>>> offs = {
+      {"vestige", {{"ratio", "1"}, {"block", "64"}, {"kappa", "2"}}},
+      {"fullrow", {{"ratio", "1"}, {"block", "64"}, {"kappa", "2"}}},
+      {"h2o", {{"ratio", "1"}}},
+      {"h2o-recent", {{"ratio", "1"}}},
+      {"snapkv", {{"ratio", "1"}}},
+      {"quest", {{"ratio", "1"}}},
+      {"random", {{"ratio", "1"}}},
+  };
+  for (const auto& [name, settings] : offs) {
+    SCOPED_TRACE(name);
+    auto c = Cache(*m, name, settings);
+    ASSERT_TRUE(c);
+    const std::vector<float> got = run(c.get());
+    ASSERT_EQ(got.size(), ref.size());
+    EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), 4 * ref.size())) << name << " off != full";
+    EXPECT_EQ(c->counters().reads, fc->counters().reads);
+    EXPECT_EQ(c->counters().bytes_read_total, fc->counters().bytes_read_total);
+  }
+  auto v = Cache(*m, "vestige", {{"ratio", "4"}, {"block", "64"}, {"kappa", "2"}});
+  ASSERT_TRUE(v);
+  std::vector<float> prompt;
+  ASSERT_TRUE(m->Prefill(toks.data(), 200, 64, v.get(), &pool, nullptr, &prompt).ok());
+  EXPECT_EQ(0, std::memcmp(prompt.data(), ref.data(), 4 * prompt.size()))
+      << "vestige's prompt != full's";
+  mla_internal::SetExpandedMinRowsForTest(prev);
 }
 
 TEST(KimiLinearModelTest, LayoutAndRecurrentGeometry) {

@@ -1,24 +1,39 @@
 #include "model/mla.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <span>
+#include <vector>
 
 #include "core/scratch.h"
+#include "kernels/attention_many.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 
 namespace strata {
 namespace {
 
-TensorView OwnedF32(const std::vector<float>& buf, std::vector<int64_t> shape) {
+TensorView F32View(const float* data, std::vector<int64_t> shape) {
   TensorView t;
-  t.data = buf.data();
+  t.data = data;
   t.dtype = DType::kF32;
   t.n_dims = static_cast<int>(shape.size());
   for (size_t i = 0; i < shape.size(); ++i) t.shape[i] = shape[i];
   return t;
 }
+TensorView OwnedF32(const std::vector<float>& buf, std::vector<int64_t> shape) {
+  return F32View(buf.data(), std::move(shape));
+}
+
+// Rows decompressed at once by ExpandedAttention: bounds its scratch at
+// kExpandSegmentRows x (d_c + d_r + nope + v) x 4 bytes (DeepSeek-V2 shapes: 7 MiB) whatever the
+// context.
+constexpr int64_t kExpandSegmentRows = 2048;
+
+std::atomic<int64_t> g_expanded_min_rows{0};
 
 }  // namespace
 
@@ -110,8 +125,24 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
     if (!rows.live(i)) continue;
     RETURN_IF_ERROR(rows.Event(i, rows.caches[i]->Append(l, r, nullptr)));
   }
+  // A long prefill chunk whose reads the policy grants in bulk reads in the expanded form: its
+  // absorbed queries are then formed only for the rows the cache observes.
+  bool expanded = false;
+  if (!rows.independent && n >= 2 && ExpandedPays(n)) {
+    bool one_sequence = true;
+    for (int i = 0; i < n; ++i) {
+      one_sequence = one_sequence && rows.caches[i] == rows.caches[0] && rows.live(i) &&
+                     rows.pos[i] == rows.pos[0] + i;
+    }
+    expanded = one_sequence && rows.caches[0]->ClaimDenseReads(l, rows.pos[0], n);
+  }
   for (int i0 = 0; i0 < n; i0 += kAbsorbRows) {
     const int m = std::min(n - i0, kAbsorbRows);
+    if (expanded) {
+      bool observed = false;
+      for (int j = 0; j < m; ++j) observed = observed || rows.caches[i0 + j]->observes(rows.pos[i0 + j]);
+      if (!observed) continue;
+    }
     // Absorbed queries for every row of the group and every head, in parallel over heads.
     auto absorb = [&](int64_t hb, int64_t he, int) {
       for (int64_t h = hb; h < he; ++h) {
@@ -134,9 +165,10 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
       const int64_t p = rows.pos[i];
       const float* qa_i = &qabs[j * H * row];
       RETURN_IF_ERROR(rows.Event(i, cache->ObserveQuery(l, p, qa_i)));
-      if (!rows.live(i)) continue;
+      if (!rows.live(i) || expanded) continue;
       RETURN_IF_ERROR(rows.Event(i, cache->Attend(l, qa_i, p, pool, &att[j * H * dc])));
     }
+    if (expanded) continue;
     // Rows that failed expand whatever their att holds: meaningless, not read back.
     auto expand = [&](int64_t hb, int64_t he, int) {
       for (int64_t h = hb; h < he; ++h) {
@@ -146,8 +178,125 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
     };
     ParallelForOrInline(pool, H, 1, expand);
   }
+  if (expanded) RETURN_IF_ERROR(ExpandedAttention(rows, M, l, q.data(), pool, o.data()));
   Project(rows, M.wo, o.data(), H * vd, y, d, pool);
   return OkStatus();
 }
+
+bool MlaModel::ExpandedPays(int64_t n) const {
+  const int64_t min_rows = g_expanded_min_rows.load(std::memory_order_relaxed);
+  if (min_rows < 0) return false;
+  if (min_rows > 0) return n >= min_rows;
+  const ModelConfig& c = config_;
+  const int64_t dc = c.kv_lora_rank, dr = c.qk_rope_dim, nope = c.qk_nope_dim, vd = c.v_head_dim;
+  // Per (row, head): the absorbed form costs n (d_c + d_r + d_c) multiply-adds, the expanded one
+  // d_c (nope + v) to decompress plus n (nope + d_r + v). The decompression is a GEMM and runs
+  // at about the kernels' rate; 1.5x margin for its staging.
+  const int64_t saved = n * ((dc + dr + dc) - (nope + dr + vd));
+  return 2 * saved >= 3 * dc * (nope + vd);
+}
+
+Status MlaModel::ExpandedAttention(const Rows& rows, const MlaWeights& M, int cache_layer,
+                                   const float* q, ThreadPool* pool, float* o) const {
+  const ModelConfig& c = config_;
+  const int64_t H = c.n_heads, dc = c.kv_lora_rank, dr = c.qk_rope_dim, nope = c.qk_nope_dim,
+                vd = c.v_head_dim, qk = nope + dr;
+  const int n = rows.n;
+  const LayerStore& store = rows.caches[0]->store(cache_layer);
+  const LayerGeometry& g = store.geometry();
+  const int64_t p0 = rows.pos[0], n_rows = p0 + n;
+  const int64_t align = StagedValueAlign();
+  const int64_t vdp = (vd + align - 1) / align * align;
+  const int64_t S = std::min(n_rows, kExpandSegmentRows);
+  const int64_t Sp = (S + 63) / 64 * 64;
+  RopeParams rope;
+  rope.freq_base = c.rope_base;
+  rope.freq_scale = c.rope_freq_scale;
+  ScratchScope ws;
+  // Queries [n, H, qk]: q_pe rotated at the row's position (as the absorbed query's), then
+  // scaled (as AttendStream scales).
+  std::span<float> qx = ws.FloatsUnset(n * H * qk);
+  for (int i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < H; ++h) {
+      float* dst = &qx[(i * H + h) * qk];
+      std::memcpy(dst, &q[(i * H + h) * qk], sizeof(float) * qk);
+      if (!c.mla_nope) Rope(dst + nope, static_cast<int>(dr), rows.pos[i], RopeStyle::kNorm, rope);
+      for (int64_t k = 0; k < qk; ++k) dst[k] *= g.scale;
+    }
+  }
+  std::span<float> ms = ws.FloatsUnset(n * H), ds = ws.Floats(n * H), os = ws.Floats(n * H * vdp);
+  std::fill(ms.begin(), ms.end(), -std::numeric_limits<float>::infinity());
+  // W_UK,h as [nope, d_c] and W_UV,h transposed, [d_c, vdp] (zero past v), f32, for all heads
+  // (k_b holds W_UK,h transposed, [d_c, nope] per head; v_b W_UV,h, [v, d_c]; of any type).
+  std::span<float> wuk = ws.FloatsUnset(H * nope * dc), wuv = ws.Floats(H * dc * vdp),
+                   tmp = ws.FloatsUnset(dc * std::max(nope, vd));
+  for (int64_t h = 0; h < H; ++h) {
+    const TensorView kb = M.k_b.Rows(h * dc, dc);
+    ToF32(kb.dtype, kb.data, tmp.data(), dc * nope);
+    float* w = &wuk[h * nope * dc];
+    for (int64_t j = 0; j < dc; ++j) {
+      for (int64_t i = 0; i < nope; ++i) w[i * dc + j] = tmp[j * nope + i];
+    }
+    const TensorView vb = M.v_b.Rows(h * vd, vd);
+    ToF32(vb.dtype, vb.data, tmp.data(), vd * dc);
+    float* wv = &wuv[h * dc * vdp];
+    for (int64_t i = 0; i < vd; ++i) {
+      for (int64_t j = 0; j < dc; ++j) wv[j * vdp + i] = tmp[i * dc + j];
+    }
+  }
+  // A segment's rows: c_hat [S, d_c] and transposed [d_c, Sp], r transposed [d_r, Sp]; one
+  // head's decompressed keys transposed [nope, Sp] and values [S, vdp].
+  std::span<float> cs = ws.FloatsUnset(S * dc), ct = ws.FloatsUnset(dc * Sp),
+                   rt = ws.FloatsUnset(dr * Sp), kt = ws.FloatsUnset(nope * Sp),
+                   vs = ws.FloatsUnset(S * vdp);
+  std::vector<StagedQuery> qs(n);
+  const int64_t P = LayerStore::kPageRows;
+  for (int64_t s0 = 0; s0 < n_rows; s0 += S) {
+    const int64_t sn = std::min(S, n_rows - s0);
+    ParallelForOrInline(pool, (sn + P - 1) / P, 1, [&](int64_t b, int64_t e, int) {
+      std::vector<float> row(dc + dr);
+      for (int64_t t = b; t < e; ++t) {
+        const int64_t u0 = s0 + t * P;  // s0 is a multiple of the page size
+        const KvStreamView page = store.PageView(0, u0 / P);
+        for (int64_t k = 0; k < P && t * P + k < sn; ++k) {
+          const int64_t i = t * P + k;
+          ToF32(page.dtype, page.keys + k * page.k_stride, row.data(), dc + dr);
+          std::memcpy(&cs[i * dc], row.data(), sizeof(float) * dc);
+          for (int64_t j = 0; j < dc; ++j) ct[j * Sp + i] = row[j];
+          for (int64_t j = 0; j < dr; ++j) rt[j * Sp + i] = row[dc + j];
+        }
+      }
+    });
+    for (int64_t h = 0; h < H; ++h) {
+      // kt = W_UK,h c^T (the kernel's key columns), vs = c W_UV,h^T.
+      StageProduct(&wuk[h * nope * dc], dc, ct.data(), Sp, kt.data(), Sp, nope, Sp, dc, pool);
+      StageProduct(cs.data(), dc, &wuv[h * dc * vdp], vdp, vs.data(), vdp, sn, vdp, dc, pool);
+      StagedRows sr;
+      sr.r0 = s0;
+      sr.n = sn;
+      sr.kt[0] = kt.data();
+      sr.kt[1] = rt.data();
+      sr.kd[0] = nope;
+      sr.kd[1] = dr;
+      sr.k_stride = Sp;
+      sr.v = vs.data();
+      sr.v_stride = vdp;
+      for (int j = 0; j < n; ++j) {
+        const int64_t k = j * H + h;
+        qs[j] = StagedQuery{&qx[k * qk], p0 + j + 1, &ms[k], &ds[k], &os[k * vdp]};
+      }
+      AttendStaged(sr, vdp, qs.data(), n, pool);
+    }
+  }
+  for (int64_t k = 0; k < n * H; ++k) {
+    const float inv = 1.f / ds[k];  // every query reads at least its own row
+    for (int64_t j = 0; j < vd; ++j) o[k * vd + j] = os[k * vdp + j] * inv;
+  }
+  return OkStatus();
+}
+
+namespace mla_internal {
+int64_t SetExpandedMinRowsForTest(int64_t rows) { return g_expanded_min_rows.exchange(rows); }
+}  // namespace mla_internal
 
 }  // namespace strata

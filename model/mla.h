@@ -5,6 +5,14 @@
 // Absorbed form, per head h:  q_abs_h = [W_UK,h^T q_nope_h ; q_pe_h]  (d_c + d_r),
 //   s_h(u) = q_abs_h . row_u / sqrt(nope + rope),  o_hat_h = sum softmax * c_hat_u  (d_c),
 //   o_h = W_UV,h o_hat_h  (v),  out = W_o concat_h o_h.
+// Every decode step reads that way: d_c + d_r + d_c multiply-adds per (row, head).
+//
+// Expanded form (long prefill chunks whose reads are dense): the rows decompressed per head,
+//   k_h(u) = [W_UK,h c_hat_u ; r_u]  (nope + d_r),  v_h(u) = W_UV,h c_hat_u  (v),
+//   s_h(u) = [q_nope_h ; q_pe_h] . k_h(u) / sqrt(nope + rope),  o_h = sum softmax * v_h(u),
+// the same attention up to f32 rounding: nope + d_r + v multiply-adds per (query, row, head)
+// (320 against 1088 at DeepSeek-V2's shapes) plus d_c (nope + v) per (row, head) to decompress,
+// paid once per chunk, so it pays for chunks of a few hundred rows (ExpandedPays).
 #pragma once
 
 #include <string>
@@ -44,6 +52,21 @@ class MlaModel : public MoeModel {
 
  private:
   static constexpr int kAbsorbRows = 64;
+  // Whether a chunk of n prefill rows at positions p0.. reads cheaper in the expanded form.
+  bool ExpandedPays(int64_t n) const;
+  // The expanded (non-absorbed) attention of a prefill chunk whose dense reads the cache granted
+  // (KvCache::ClaimDenseReads): per head, keys [W_UK,h c_u ; r_u] and values W_UV,h c_u
+  // decompressed from the cache's rows segment by segment, then AttendStaged on the chunk's
+  // queries q [n, H, nope + dr] (q_pe not yet rotated). o: [n, H, v].
+  Status ExpandedAttention(const Rows& rows, const MlaWeights& M, int cache_layer, const float* q,
+                           ThreadPool* pool, float* o) const;
 };
+
+namespace mla_internal {
+// Tests: the smallest prefill chunk read in the expanded form; 0 (the default) lets the cost
+// model decide (MlaModel::ExpandedPays), a negative value turns the expanded form off. Returns
+// the previous value.
+int64_t SetExpandedMinRowsForTest(int64_t rows);
+}  // namespace mla_internal
 
 }  // namespace strata

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <numeric>
 
 #include "core/rng.h"
 #include "kernels/ops.h"
+#include "model/mla.h"
 #include "model/synth.h"
 
 namespace strata {
@@ -101,6 +103,51 @@ TEST(ModelTest, DecodeEqualsFullRecomputeAndChunkingIsInvariant) {
       std::vector<float> all;
       ASSERT_TRUE(m->Prefill(toks.data(), n, chunk, cache.get(), &pool, nullptr, &all).ok());
       for (size_t j = 0; j < all.size(); ++j) ASSERT_NEAR(all[j], ref[j], 2e-4) << "chunk " << chunk;
+    }
+  }
+}
+
+// MLA prefill in the expanded form (model/mla.h: per-head keys and values decompressed from the
+// cache rows) is the absorbed attention up to f32 rounding: every position's logits within the
+// decode tolerance above, counted as the same reads, and the cache holds the same rows (decode
+// after either prefill continues alike). The two are not bit-identical, which shows the expanded
+// form ran. Chunks of 7 and 70 rows (one segment; 70 > a page, so several tiles).
+TEST(ModelTest, MlaExpandedPrefillMatchesAbsorbed) {
+  const uint64_t seed = TestSeed();
+  Rng rng(seed);
+  for (const Variant& v : Variants()) {
+    if (v.arch != Arch::kDeepseek2) continue;
+    SCOPED_TRACE(v.label + " seed " + std::to_string(seed));
+    auto m = MakeModel(v, seed);
+    ASSERT_TRUE(m);
+    const int64_t V = m->config().n_vocab;
+    const int n = 70;
+    std::vector<int32_t> toks = RandomTokens(rng, n + 1, V);
+    for (int chunk : {7, 70}) {
+      ThreadPool pool(2);
+      std::vector<float> ref, got, ref_next(V), got_next(V);
+      const int64_t prev = mla_internal::SetExpandedMinRowsForTest(-1);
+      auto a = FullCache(*m);
+      ASSERT_TRUE(m->Prefill(toks.data(), n, chunk, a.get(), &pool, nullptr, &ref).ok());
+      ASSERT_TRUE(m->Decode(toks[n], a.get(), &pool, ref_next.data()).ok());
+      mla_internal::SetExpandedMinRowsForTest(2);
+      auto b = FullCache(*m);
+      ASSERT_TRUE(m->Prefill(toks.data(), n, chunk, b.get(), &pool, nullptr, &got).ok());
+      ASSERT_TRUE(m->Decode(toks[n], b.get(), &pool, got_next.data()).ok());
+      mla_internal::SetExpandedMinRowsForTest(prev);
+      for (size_t j = 0; j < ref.size(); ++j) {
+        ASSERT_NEAR(got[j], ref[j], 2e-4) << "chunk " << chunk << " position " << j / V;
+      }
+      for (int64_t j = 0; j < V; ++j) ASSERT_NEAR(got_next[j], ref_next[j], 2e-4) << j;
+      EXPECT_NE(0, std::memcmp(got.data(), ref.data(), 4 * ref.size()))
+          << "chunk " << chunk << ": the expanded form did not run";
+      const CacheCounters& ca = a->counters();
+      const CacheCounters& cb = b->counters();
+      EXPECT_EQ(ca.reads, cb.reads);
+      EXPECT_EQ(ca.bytes_read_total, cb.bytes_read_total);
+      EXPECT_EQ(ca.rows_attended_total, cb.rows_attended_total);
+      EXPECT_EQ(ca.rows_visible_total, cb.rows_visible_total);
+      EXPECT_EQ(ca.full_bytes_read_total, cb.full_bytes_read_total);
     }
   }
 }

@@ -233,6 +233,18 @@ Status EvictionPolicy::OnCompress(int layer, const LayerStore& store, CachePlan*
   return OkStatus();
 }
 
+bool EvictionPolicy::ClaimDenseReads(int layer, const LayerStore& store, int64_t first_limit,
+                                     int m, ReadStats* stats) {
+  const Layer& L = layers_[layer];
+  for (int64_t limit = first_limit; limit < first_limit + m; ++limit) {  // Read's dense branches
+    const bool dense = !L.compressed || (L.all_kept && limit >= L.boundary) ||
+                       (cfg_.kind == EvictionKind::kStreaming && limit <= cfg_.sinks + L.window);
+    if (!dense) return false;
+  }
+  CountDenseReads(store.geometry(), first_limit, m, stats);
+  return true;
+}
+
 Status EvictionPolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
                           ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
   Layer& L = layers_[layer];

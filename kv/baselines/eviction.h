@@ -66,6 +66,8 @@ class EvictionPolicy final : public Policy {
   Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) override;
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
+  bool ClaimDenseReads(int layer, const LayerStore& store, int64_t first_limit, int m,
+                       ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
   // The store's pages (evicted rows stay there), the score columns (one double per row and KV
   // head, kept from the first observation on) and the kept-row lists (at most m rows per set).

@@ -122,6 +122,17 @@ float QuestPolicy::Bound(int layer, int h, int64_t p, const float* qh) const {
   return static_cast<float>(s * L.g.scale);
 }
 
+bool QuestPolicy::ClaimDenseReads(int layer, const LayerStore& store, int64_t first_limit, int m,
+                                  ReadStats* stats) {
+  const Layer& L = layers_[layer];
+  for (int64_t limit = first_limit; limit < first_limit + m; ++limit) {  // Read's dense branch
+    const int64_t n_cand = (limit - 1) / LayerStore::kPageRows;
+    if (L.active && cfg_.KeepPages(n_cand) < n_cand) return false;
+  }
+  CountDenseReads(store.geometry(), first_limit, m, stats);
+  return true;
+}
+
 Status QuestPolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
                        ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
   Layer& L = layers_[layer];

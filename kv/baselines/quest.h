@@ -57,6 +57,8 @@ class QuestPolicy final : public Policy {
   }
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
+  bool ClaimDenseReads(int layer, const LayerStore& store, int64_t first_limit, int m,
+                       ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
   // The store's pages plus a box (2 k_dim f16) per closed page and KV head.
   int64_t PeakResidentBytes(int layer, const LayerGeometry& g, int64_t n_rows) const override {

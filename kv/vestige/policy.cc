@@ -554,6 +554,54 @@ Status VestigePolicy::ReadRow(int layer, const LayerStore& store, int64_t row,
   return L.file->ReadRow(row, out);
 }
 
+VestigePolicy::ReadShape VestigePolicy::Shape(const Layer& L, int64_t limit) const {
+  ReadShape r;
+  // Causality: the selection over closed rows [0, n_closed) ranks them against each other (one
+  // global top-m), so a query may use it only if it sees every one of those rows. A query of the
+  // call that closed blocks and sits before their end reads with the selection from before the
+  // close (its tail then starts at that selection's end, and the pages of the call's blocks are
+  // still in the store until EndCall).
+  r.before = L.before.valid && limit < L.sel.n_closed();
+  const int64_t n_closed = r.before ? L.before.n_closed : L.sel.n_closed();
+  // The tail: rows from the selection's end, or the query's own block when that block is closed
+  // (a decode step that closes it: the block's kept rows alone might not include the query).
+  const int64_t block = cfg_.selector.block;
+  r.tail_begin = std::min(n_closed, (limit - 1) / block * block);
+  const std::vector<int64_t>& kept = r.before ? L.before.kept : L.sel.kept();
+  r.n_kept = std::lower_bound(kept.begin(), kept.end(), r.tail_begin) - kept.begin();
+  return r;
+}
+
+bool VestigePolicy::ClaimDenseReads(int layer, const LayerStore& store, int64_t first_limit,
+                                    int m, ReadStats* stats) {
+  Layer& L = layers_[layer];
+  const int64_t last = first_limit + m - 1;
+  if (L.mla) {
+    // Read's dense branch (a prompt query before the compression point, or nothing archived
+    // below the query's tail: the kill switch), with every page in the store (ReadDense then
+    // reads it as ReadPrefix does).
+    if (AnyReleasedBelow(L, last)) return false;
+    if (!(L.prompt_call && !L.compressed)) {
+      for (int64_t limit = first_limit; limit <= last; ++limit) {
+        const ReadShape shape = Shape(L, limit);
+        if (shape.tail_begin != shape.n_kept) return false;  // archived rows below its tail
+      }
+    }
+    reads_ += m;
+    const ReadShape shape = Shape(L, last);
+    VestigeReadInfo info;  // the last query's, as Read leaves it
+    info.rows_kept = shape.n_kept;
+    info.rows_tail = last - shape.tail_begin;
+    info.rows_archived = shape.tail_begin - shape.n_kept;
+    info.rows_attended = last;
+    info.bytes_read = last * store.geometry().bytes_per_token();
+    L.last = info;
+    ClearStaged(L);
+  }
+  CountDenseReads(store.geometry(), first_limit, m, stats);
+  return true;
+}
+
 Status VestigePolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
                            ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
   Layer& L = layers_[layer];
@@ -562,19 +610,10 @@ Status VestigePolicy::Read(int layer, const LayerStore& store, const float* q, i
     return OkStatus();
   }
   STRATA_CHECK(limit >= 1 && limit <= store.n_rows());
-  // Causality: the selection over closed rows [0, n_closed) ranks them against each other (one
-  // global top-m), so a query may use it only if it sees every one of those rows. A query of the
-  // call that closed blocks and sits before their end reads with the selection from before the
-  // close (its tail then starts at that selection's end, and the pages of the call's blocks are
-  // still in the store until EndCall).
-  const bool before = L.before.valid && limit < L.sel.n_closed();
-  const int64_t n_closed = before ? L.before.n_closed : L.sel.n_closed();
-  // The tail: rows from the selection's end, or the query's own block when that block is closed
-  // (a decode step that closes it: the block's kept rows alone might not include the query).
-  const int64_t block = cfg_.selector.block;
-  const int64_t tail_begin = std::min(n_closed, (limit - 1) / block * block);
+  const ReadShape shape = Shape(L, limit);
+  const bool before = shape.before;
+  const int64_t tail_begin = shape.tail_begin, n_kept = shape.n_kept;
   const std::vector<int64_t>& kept = before ? L.before.kept : L.sel.kept();
-  const int64_t n_kept = std::lower_bound(kept.begin(), kept.end(), tail_begin) - kept.begin();
   const int64_t n_arch = tail_begin - n_kept;
   VestigeReadInfo info;
   info.rows_kept = n_kept;

@@ -163,6 +163,10 @@ class VestigePolicy final : public Policy {
   Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) override;
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
+  // Prompt queries before the layer's compression point (and every query of a GQA layer), as
+  // Read's dense branch reads them.
+  bool ClaimDenseReads(int layer, const LayerStore& store, int64_t first_limit, int m,
+                       ReadStats* stats) override;
   int64_t ResidentBytes(int layer, const LayerStore& store) const override;
   // The store's pages as `full` holds them (with the file archive, the released pages staged back
   // for a dense read stand in for pages the store no longer holds), the selection metadata and,
@@ -273,6 +277,13 @@ class VestigePolicy final : public Policy {
   // The staged copy of released page p (staged now if needed).
   StatusOr<const Layer::Staged*> StagePage(Layer& L, int64_t p);
   void ClearStaged(Layer& L);
+  // Where a query at `limit` reads: with the selection from before its call's closes (`before`),
+  // its tail from tail_begin, and the n_kept kept rows below it.
+  struct ReadShape {
+    bool before = false;
+    int64_t tail_begin = 0, n_kept = 0;
+  };
+  ReadShape Shape(const Layer& L, int64_t limit) const;
   bool AnyReleasedBelow(const Layer& L, int64_t limit) const;
   void NoteRecovered(const Status& s);
 

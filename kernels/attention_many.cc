@@ -1,0 +1,286 @@
+// Dense causal attention of many query heads over staged rows (kernels/attention_many.h).
+//
+// Measured (one quiet AMD EPYC Zen5 core, AVX-512): the score and value blocks run at ~80 GFMA/s,
+// the rate AttendStream reaches on MLA's absorbed rows (G = 16 heads share each row) -- about the
+// core's FMA peak. The kernel's gain is where the caller can stage cheaper rows than the absorbed
+// ones (MLA prefill: 192 + 128 multiply-adds per (query, row, head) instead of 576 + 512, see
+// model/mla.cc), not the arithmetic rate.
+#include "kernels/attention_many.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/check.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/attention_many.cc"
+// clang-format off
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
+// clang-format on
+
+HWY_BEFORE_NAMESPACE();
+namespace strata {
+namespace HWY_NAMESPACE {
+namespace many {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+constexpr int64_t kT = 64;  // rows per tile: a multiple of 4 vectors on every target
+constexpr int kR = 4;       // query heads per register block
+// Query heads per task: a task walks the tiles outermost, so its heads' states (64 x dvp floats)
+// and one tile stay in L2 together.
+constexpr int64_t kTaskHeads = 64;
+
+// s[r][i] (rows kT apart) = q_r . key_i for R query heads (q_r = qs[r]->q) and the 64 keys of
+// the tile starting at column `col0` of the staged key columns.
+template <int R>
+HWY_INLINE void Scores(const StagedRows& rows, const StagedQuery* qs, int64_t col0,
+                       float* HWY_RESTRICT s) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t k0 = 0; k0 < kT; k0 += 4 * N) {
+    VF a[R][4];
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < 4; ++c) a[r][c] = hn::Zero(df);
+    }
+    int64_t dq = 0;  // the query entry of the part's first column
+    for (int p = 0; p < 2; ++p) {
+      const float* col = rows.kt[p] + col0 + k0;
+      for (int64_t c = 0; c < rows.kd[p]; ++c, col += rows.k_stride) {
+        const VF k0v = hn::LoadU(df, col), k1v = hn::LoadU(df, col + N),
+                 k2v = hn::LoadU(df, col + 2 * N), k3v = hn::LoadU(df, col + 3 * N);
+        for (int r = 0; r < R; ++r) {
+          const VF qv = hn::Set(df, qs[r].q[dq + c]);
+          a[r][0] = hn::MulAdd(qv, k0v, a[r][0]);
+          a[r][1] = hn::MulAdd(qv, k1v, a[r][1]);
+          a[r][2] = hn::MulAdd(qv, k2v, a[r][2]);
+          a[r][3] = hn::MulAdd(qv, k3v, a[r][3]);
+        }
+      }
+      dq += rows.kd[p];
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < 4; ++c) hn::Store(a[r][c], df, s + r * kT + k0 + c * N);
+    }
+  }
+}
+
+// The online-softmax step of one query head over a tile's first `valid` rows: scores s[0..64)
+// become weights p = exp(s - m_new) (zero past `valid`); returns alpha = exp(m_old - m_new), the
+// factor its output so far is scaled by, and updates *m and *d.
+HWY_INLINE float Softmax(float* HWY_RESTRICT s, int64_t valid, float* m, float* d) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  float mt = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < valid; ++i) mt = std::max(mt, s[i]);
+  const float m_new = std::max(*m, mt);
+  const float alpha = std::exp(*m - m_new);  // m_old = -inf: 0
+  const VF vm = hn::Set(df, m_new);
+  const auto lim = hn::Set(di, static_cast<int32_t>(valid));
+  VF sum = hn::Zero(df);
+  for (int64_t i = 0; i < kT; i += N) {
+    const auto live =
+        hn::RebindMask(df, hn::Lt(hn::Add(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(i))), lim));
+    const VF x = hn::IfThenElseZero(live, hn::Sub(hn::Load(df, s + i), vm));
+    const VF p = hn::IfThenElseZero(live, hn::Exp(df, x));
+    hn::Store(p, df, s + i);
+    sum = hn::Add(sum, p);
+  }
+  *d = *d * alpha + hn::GetLane(hn::SumOfLanes(df, sum));
+  *m = m_new;
+  return alpha;
+}
+
+// o_r = alpha_r o_r + sum_{i < valid} p_r[i] v_i for R query heads over a tile's values (rows
+// past a head's own valid count carry weight 0).
+template <int R>
+HWY_INLINE void Values(const float* HWY_RESTRICT p, const float* alpha, int64_t valid,
+                       const float* HWY_RESTRICT v, int64_t v_stride, int64_t dvp,
+                       const StagedQuery* qs) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  int64_t c0 = 0;
+  for (; c0 + 4 * N <= dvp; c0 += 4 * N) {
+    VF a[R][4];
+    for (int r = 0; r < R; ++r) {
+      const VF al = hn::Set(df, alpha[r]);
+      for (int c = 0; c < 4; ++c) a[r][c] = hn::Mul(hn::LoadU(df, qs[r].o + c0 + c * N), al);
+    }
+    const float* vrow = v + c0;
+    for (int64_t i = 0; i < valid; ++i, vrow += v_stride) {
+      const VF v0 = hn::LoadU(df, vrow), v1 = hn::LoadU(df, vrow + N),
+               v2 = hn::LoadU(df, vrow + 2 * N), v3 = hn::LoadU(df, vrow + 3 * N);
+      for (int r = 0; r < R; ++r) {
+        const VF pv = hn::Set(df, p[r * kT + i]);
+        a[r][0] = hn::MulAdd(pv, v0, a[r][0]);
+        a[r][1] = hn::MulAdd(pv, v1, a[r][1]);
+        a[r][2] = hn::MulAdd(pv, v2, a[r][2]);
+        a[r][3] = hn::MulAdd(pv, v3, a[r][3]);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int c = 0; c < 4; ++c) hn::StoreU(a[r][c], df, qs[r].o + c0 + c * N);
+    }
+  }
+  for (; c0 < dvp; c0 += N) {  // the last 1-3 vectors one at a time (the same chain per column)
+    VF a[R];
+    for (int r = 0; r < R; ++r) a[r] = hn::Mul(hn::LoadU(df, qs[r].o + c0), hn::Set(df, alpha[r]));
+    const float* vrow = v + c0;
+    for (int64_t i = 0; i < valid; ++i, vrow += v_stride) {
+      const VF vv = hn::LoadU(df, vrow);
+      for (int r = 0; r < R; ++r) a[r] = hn::MulAdd(hn::Set(df, p[r * kT + i]), vv, a[r]);
+    }
+    for (int r = 0; r < R; ++r) hn::StoreU(a[r], df, qs[r].o + c0);
+  }
+}
+
+// R query heads over the tile starting at row r0 + col0; valid[r] of its rows are theirs.
+template <int R>
+HWY_INLINE void Block(const StagedRows& rows, int64_t dvp, const StagedQuery* qs, int64_t col0,
+                      const int64_t* valid) {
+  alignas(64) float s[kR * kT];
+  float alpha[kR];
+  Scores<R>(rows, qs, col0, s);
+  int64_t most = 0;
+  for (int r = 0; r < R; ++r) {
+    alpha[r] = Softmax(s + r * kT, valid[r], qs[r].m, qs[r].d);
+    most = std::max(most, valid[r]);
+  }
+  Values<R>(s, alpha, most, rows.v + col0 * rows.v_stride, rows.v_stride, dvp, qs);
+}
+
+void AttendStagedImpl(const StagedRows& rows, int64_t dvp, const StagedQuery* qs, int64_t nq,
+                      ThreadPool* pool) {
+  const int64_t n_tiles = (rows.n + kT - 1) / kT;
+  const int64_t n_tasks = (nq + kTaskHeads - 1) / kTaskHeads;
+  ParallelForOrInline(pool, n_tasks, 1, [&](int64_t tb, int64_t te, int) {
+    for (int64_t task = tb; task < te; ++task) {
+      const int64_t qb = task * kTaskHeads, qe = std::min(nq, qb + kTaskHeads);
+      for (int64_t t = 0; t < n_tiles; ++t) {
+        const int64_t u0 = rows.r0 + t * kT;  // the tile's first row
+        const int64_t in_tile = std::min(kT, rows.n - t * kT);
+        for (int64_t b = qb; b < qe; b += kR) {
+          const int R = static_cast<int>(std::min<int64_t>(kR, qe - b));
+          int64_t valid[kR] = {0, 0, 0, 0};
+          bool any = false;
+          for (int r = 0; r < R; ++r) {
+            valid[r] = std::clamp<int64_t>(qs[b + r].limit - u0, 0, in_tile);
+            any = any || valid[r] > 0;
+          }
+          if (!any) continue;
+          // Heads without a row here keep their state: their block is run without them.
+          int live[kR], n_live = 0;
+          for (int r = 0; r < R; ++r) {
+            if (valid[r] > 0) live[n_live++] = r;
+          }
+          StagedQuery sub[kR];
+          int64_t sub_valid[kR];
+          for (int k = 0; k < n_live; ++k) {
+            sub[k] = qs[b + live[k]];
+            sub_valid[k] = valid[live[k]];
+          }
+          switch (n_live) {
+            case 4: Block<4>(rows, dvp, sub, t * kT, sub_valid); break;
+            case 3: Block<3>(rows, dvp, sub, t * kT, sub_valid); break;
+            case 2: Block<2>(rows, dvp, sub, t * kT, sub_valid); break;
+            default: Block<1>(rows, dvp, sub, t * kT, sub_valid); break;
+          }
+        }
+      }
+    }
+  });
+}
+
+// Y rows [r, r + R), columns [c0, c0 + C vectors) of A B.
+template <int R, int C>
+HWY_INLINE void ProductBlock(const float* HWY_RESTRICT a, int64_t lda, const float* HWY_RESTRICT b,
+                             int64_t ldb, float* HWY_RESTRICT y, int64_t ldy, int64_t K) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  VF acc[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) acc[r][c] = hn::Zero(df);
+  }
+  for (int64_t k = 0; k < K; ++k) {
+    VF bv[C];
+    for (int c = 0; c < C; ++c) bv[c] = hn::LoadU(df, b + k * ldb + c * N);
+    for (int r = 0; r < R; ++r) {
+      const VF av = hn::Set(df, a[r * lda + k]);
+      for (int c = 0; c < C; ++c) acc[r][c] = hn::MulAdd(av, bv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) hn::StoreU(acc[r][c], df, y + r * ldy + c * N);
+  }
+}
+
+template <int R>
+HWY_INLINE void ProductRows(const float* a, int64_t lda, const float* b, int64_t ldb, float* y,
+                            int64_t ldy, int64_t N, int64_t K) {
+  const DF df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  int64_t c0 = 0;
+  for (; c0 + 4 * L <= N; c0 += 4 * L) ProductBlock<R, 4>(a, lda, b + c0, ldb, y + c0, ldy, K);
+  for (; c0 < N; c0 += L) ProductBlock<R, 1>(a, lda, b + c0, ldb, y + c0, ldy, K);
+}
+
+void StageProductImpl(const float* a, int64_t lda, const float* b, int64_t ldb, float* y,
+                      int64_t ldy, int64_t M, int64_t N, int64_t K, ThreadPool* pool) {
+  constexpr int64_t kRowsPerTask = 32;
+  ParallelForOrInline(pool, (M + kRowsPerTask - 1) / kRowsPerTask, 1,
+                      [&](int64_t tb, int64_t te, int) {
+    for (int64_t r = tb * kRowsPerTask; r < std::min(M, te * kRowsPerTask); r += kR) {
+      const float* ar = a + r * lda;
+      float* yr = y + r * ldy;
+      switch (std::min<int64_t>(kR, M - r)) {
+        case 4: ProductRows<4>(ar, lda, b, ldb, yr, ldy, N, K); break;
+        case 3: ProductRows<3>(ar, lda, b, ldb, yr, ldy, N, K); break;
+        case 2: ProductRows<2>(ar, lda, b, ldb, yr, ldy, N, K); break;
+        default: ProductRows<1>(ar, lda, b, ldb, yr, ldy, N, K); break;
+      }
+    }
+  });
+}
+
+}  // namespace many
+
+using many::AttendStagedImpl;
+using many::StageProductImpl;
+
+}  // namespace HWY_NAMESPACE
+}  // namespace strata
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace strata {
+
+HWY_EXPORT(AttendStagedImpl);
+HWY_EXPORT(StageProductImpl);
+
+void StageProduct(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy,
+                  int64_t M, int64_t N, int64_t K, ThreadPool* pool) {
+  if (M <= 0 || N <= 0) return;
+  STRATA_CHECK_MSG(N % StagedValueAlign() == 0, "StageProduct: %lld columns",
+                   static_cast<long long>(N));
+  HWY_DYNAMIC_DISPATCH(StageProductImpl)(a, lda, b, ldb, y, ldy, M, N, K, pool);
+}
+
+int64_t StagedValueAlign() { return 16; }
+
+void AttendStaged(const StagedRows& rows, int64_t dvp, const StagedQuery* qs, int64_t nq,
+                  ThreadPool* pool) {
+  if (nq <= 0 || rows.n <= 0) return;
+  STRATA_CHECK_MSG(dvp % StagedValueAlign() == 0, "value width %lld is not a multiple of %lld",
+                   static_cast<long long>(dvp), static_cast<long long>(StagedValueAlign()));
+  STRATA_CHECK(rows.k_stride >= (rows.n + 63) / 64 * 64 && rows.v_stride >= dvp);
+  HWY_DYNAMIC_DISPATCH(AttendStagedImpl)(rows, dvp, qs, nq, pool);
+}
+
+}  // namespace strata
+#endif  // HWY_ONCE
