@@ -197,6 +197,77 @@ void AttendStagedImpl(const StagedRows& rows, int64_t dvp, const StagedQuery* qs
   });
 }
 
+// Column sums of the final weights over the tile starting at column col0: part[i] += sum_r
+// exp(s_r[i] - m_r) / d_r over the R query heads (valid[r] of the tile's rows are theirs).
+template <int R>
+HWY_INLINE void ColumnBlock(const StagedRows& rows, const StagedQuery* qs, int64_t col0,
+                            const int64_t* valid, float* HWY_RESTRICT part) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  alignas(64) float s[kR * kT];
+  Scores<R>(rows, qs, col0, s);
+  for (int r = 0; r < R; ++r) {
+    const VF vm = hn::Set(df, *qs[r].m);
+    const VF inv = hn::Set(df, 1.f / *qs[r].d);
+    const auto lim = hn::Set(di, static_cast<int32_t>(valid[r]));
+    for (int64_t i = 0; i < valid[r]; i += N) {
+      const auto live = hn::RebindMask(
+          df, hn::Lt(hn::Add(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(i))), lim));
+      const VF x = hn::IfThenElseZero(live, hn::Sub(hn::Load(df, s + r * kT + i), vm));
+      const VF p = hn::IfThenElseZero(live, hn::Mul(hn::Exp(df, x), inv));
+      hn::Store(hn::Add(hn::Load(df, part + i), p), df, part + i);
+    }
+  }
+}
+
+void StagedColumnSumsImpl(const StagedRows& rows, const StagedQuery* qs, int64_t nq, double* col,
+                          ThreadPool* pool) {
+  const int64_t n_tiles = (rows.n + kT - 1) / kT;
+  // Tiles in the order first, last, second, second last, ...: the pool's contiguous chunks then
+  // share the causal triangle's long and short columns evenly.
+  ParallelForOrInline(pool, n_tiles, 1, [&](int64_t tb, int64_t te, int) {
+    for (int64_t k = tb; k < te; ++k) {
+      const int64_t t = k % 2 == 0 ? k / 2 : n_tiles - 1 - k / 2;
+      const int64_t u0 = rows.r0 + t * kT;
+      const int64_t in_tile = std::min(kT, rows.n - t * kT);
+      alignas(64) float part[kT];
+      double acc[kT];
+      std::fill(part, part + kT, 0.f);
+      std::fill(acc, acc + kT, 0.0);
+      int64_t in_part = 0;  // query heads summed in f32 since the last flush into acc
+      auto flush = [&] {
+        for (int64_t i = 0; i < in_tile; ++i) acc[i] += part[i];
+        std::fill(part, part + kT, 0.f);
+        in_part = 0;
+      };
+      for (int64_t b = 0; b < nq; b += kR) {
+        const int R = static_cast<int>(std::min<int64_t>(kR, nq - b));
+        StagedQuery sub[kR];
+        int64_t sub_valid[kR];
+        int n_live = 0;
+        for (int r = 0; r < R; ++r) {
+          const int64_t v = std::clamp<int64_t>(qs[b + r].limit - u0, 0, in_tile);
+          if (v == 0) continue;
+          sub[n_live] = qs[b + r];
+          sub_valid[n_live++] = v;
+        }
+        switch (n_live) {
+          case 0: continue;
+          case 4: ColumnBlock<4>(rows, sub, t * kT, sub_valid, part); break;
+          case 3: ColumnBlock<3>(rows, sub, t * kT, sub_valid, part); break;
+          case 2: ColumnBlock<2>(rows, sub, t * kT, sub_valid, part); break;
+          default: ColumnBlock<1>(rows, sub, t * kT, sub_valid, part); break;
+        }
+        in_part += n_live;
+        if (in_part >= kTaskHeads) flush();
+      }
+      flush();
+      for (int64_t i = 0; i < in_tile; ++i) col[t * kT + i] += acc[i];
+    }
+  });
+}
+
 // Y rows [r, r + R), columns [c0, c0 + C vectors) of A B.
 template <int R, int C>
 HWY_INLINE void ProductBlock(const float* HWY_RESTRICT a, int64_t lda, const float* HWY_RESTRICT b,
@@ -252,6 +323,7 @@ void StageProductImpl(const float* a, int64_t lda, const float* b, int64_t ldb, 
 
 using many::AttendStagedImpl;
 using many::StageProductImpl;
+using many::StagedColumnSumsImpl;
 
 }  // namespace HWY_NAMESPACE
 }  // namespace strata
@@ -262,6 +334,7 @@ namespace strata {
 
 HWY_EXPORT(AttendStagedImpl);
 HWY_EXPORT(StageProductImpl);
+HWY_EXPORT(StagedColumnSumsImpl);
 
 void StageProduct(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy,
                   int64_t M, int64_t N, int64_t K, ThreadPool* pool) {
@@ -280,6 +353,13 @@ void AttendStaged(const StagedRows& rows, int64_t dvp, const StagedQuery* qs, in
                    static_cast<long long>(dvp), static_cast<long long>(StagedValueAlign()));
   STRATA_CHECK(rows.k_stride >= (rows.n + 63) / 64 * 64 && rows.v_stride >= dvp);
   HWY_DYNAMIC_DISPATCH(AttendStagedImpl)(rows, dvp, qs, nq, pool);
+}
+
+void StagedColumnSums(const StagedRows& rows, const StagedQuery* qs, int64_t nq, double* col,
+                      ThreadPool* pool) {
+  if (nq <= 0 || rows.n <= 0) return;
+  STRATA_CHECK(rows.k_stride >= (rows.n + 63) / 64 * 64);
+  HWY_DYNAMIC_DISPATCH(StagedColumnSumsImpl)(rows, qs, nq, col, pool);
 }
 
 }  // namespace strata

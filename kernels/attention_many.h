@@ -55,6 +55,17 @@ struct StagedQuery {
 void AttendStaged(const StagedRows& rows, int64_t dvp, const StagedQuery* qs, int64_t nq,
                   ThreadPool* pool);
 
+// Column sums of the final softmax weights (the H2O observation of MLA's expanded prefill):
+// after AttendStaged has merged every row [0, limit) of each query head into its state, for each
+// staged row r0 + i below a head's limit, col[i] += exp(q . k_{r0+i} - m) / d summed over the nq
+// heads (m, d: the head's final state; o is not read; rows.v is not read). The scores are
+// AttendStaged's own (the same blocks, so every weight is <= 1). Each 64-row tile is one task:
+// its heads are summed in f32 in runs of 64 heads, and the runs in float64, so col does not
+// depend on the pool or its size, bit for bit; the error vs float64 is f32 rounding of the
+// scores and of <= 64-term sums (kernels/attention_many_test.cc).
+void StagedColumnSums(const StagedRows& rows, const StagedQuery* qs, int64_t nq, double* col,
+                      ThreadPool* pool);
+
 // The value widths AttendStaged takes are multiples of this (the widest SIMD vector's floats).
 int64_t StagedValueAlign();
 

@@ -42,18 +42,11 @@ Problem MakeProblem(Rng& rng, int64_t n, int64_t kd0, int64_t kd1, int64_t dv,
   return p;
 }
 
-// The outputs [m, dv] of AttendStaged over segments starting at the given rows (the last ends at
-// n), each staged afresh with padding that holds garbage (NaN), on `pool`.
-std::vector<float> RunStaged(const Problem& p, const std::vector<int64_t>& seg_starts, ThreadPool* pool) {
-  const int64_t m = static_cast<int64_t>(p.limit.size());
+// Stages each segment of p's rows (starting at the given rows; the last ends at n) afresh, with
+// padding that holds garbage (NaN), and calls fn(rows) on it.
+template <typename F>
+void ForEachSegment(const Problem& p, const std::vector<int64_t>& seg_starts, F&& fn) {
   const int64_t dk = p.kd0 + p.kd1;
-  std::vector<float> ms(m, -std::numeric_limits<float>::infinity());
-  std::vector<float> ds(m, 0.f);
-  std::vector<float> os(m * p.dvp, 0.f);
-  std::vector<StagedQuery> qs(m);
-  for (int64_t j = 0; j < m; ++j) {
-    qs[j] = {p.q.data() + j * dk, p.limit[j], &ms[j], &ds[j], &os[j * p.dvp]};
-  }
   const float nan = std::numeric_limits<float>::quiet_NaN();
   for (size_t s = 0; s < seg_starts.size(); ++s) {
     const int64_t r0 = seg_starts[s];
@@ -79,7 +72,30 @@ std::vector<float> RunStaged(const Problem& p, const std::vector<int64_t>& seg_s
     rows.k_stride = ks;
     rows.v = v.data();
     rows.v_stride = vs;
-    AttendStaged(rows, p.dvp, qs.data(), m, pool);
+    fn(rows);
+  }
+}
+
+// The outputs [m, dv] of AttendStaged over the segments, on `pool`. With col: then a second pass
+// over the same segments adds the final weights' column sums into col ([n], StagedColumnSums).
+std::vector<float> RunStaged(const Problem& p, const std::vector<int64_t>& seg_starts, ThreadPool* pool,
+                             std::vector<double>* col = nullptr) {
+  const int64_t m = static_cast<int64_t>(p.limit.size());
+  const int64_t dk = p.kd0 + p.kd1;
+  std::vector<float> ms(m, -std::numeric_limits<float>::infinity());
+  std::vector<float> ds(m, 0.f);
+  std::vector<float> os(m * p.dvp, 0.f);
+  std::vector<StagedQuery> qs(m);
+  for (int64_t j = 0; j < m; ++j) {
+    qs[j] = {p.q.data() + j * dk, p.limit[j], &ms[j], &ds[j], &os[j * p.dvp]};
+  }
+  ForEachSegment(p, seg_starts,
+                 [&](const StagedRows& rows) { AttendStaged(rows, p.dvp, qs.data(), m, pool); });
+  if (col != nullptr) {
+    col->assign(p.n, 0.0);
+    ForEachSegment(p, seg_starts, [&](const StagedRows& rows) {
+      StagedColumnSums(rows, qs.data(), m, col->data() + rows.r0, pool);
+    });
   }
   std::vector<float> out(m * p.dv);
   for (int64_t j = 0; j < m; ++j) {
@@ -180,6 +196,62 @@ TEST(AttendStagedTest, QueryResultDoesNotDependOnTheOthersOrThePool) {
     const std::vector<float> got = RunStaged(one, seg, nullptr);
     EXPECT_EQ(0, std::memcmp(got.data(), &all[j * p.dv], 4 * p.dv)) << "query head " << j;
   }
+}
+
+// StagedColumnSums against float64 weights. Weight w_ju = exp(s_ju - m_j) / d_j of query head j
+// carries the f32 errors of its score (|ds| <= E_j = dk u max_u sum_c |q_c k_uc|, u = 2^-24), of
+// m_j (the f32 max of the same scores: <= E_j), of d_j (relative <= E_j + (limit_j + 8) u: an
+// online sum of <= limit_j f32 exponentials) and of exp and the product (8 u), so
+// |w - w_ref| <= w_ref (3 E_j + (limit_j + 16) u) to first order; the f32 runs of <= 64 heads
+// add 64 u per column sum. A missing or extra query head or row moves a sum by a whole weight
+// (~1 / limit >= 1e-3 here).
+TEST(StagedColumnSumsTest, MatchesFloat64WeightsAndIgnoresThePool) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  const double u = std::ldexp(1.0, -24);
+  ForEachSimdTarget([&] {
+    for (int64_t p0 : {0, 9, 130}) {
+      const int64_t m = 1 + static_cast<int64_t>(rng.Below(150));
+      // Heads of a query share its limit (MLA: 16 heads per query); 4 heads per query here.
+      std::vector<int64_t> lim(4 * m);
+      for (int64_t j = 0; j < 4 * m; ++j) lim[j] = p0 + j / 4 + 1;
+      Problem p = MakeProblem(rng, p0 + m, 40, 8, 16, lim);
+      const int64_t dk = p.kd0 + p.kd1, nq = 4 * m;
+      const std::vector<int64_t> seg = {0, (p0 + m) / 2 + 1};
+      std::vector<double> col;
+      ThreadPool pool(2);
+      RunStaged(p, seg, &pool, &col);
+      std::vector<double> ref(p.n, 0.0), tol(p.n, 64 * u);
+      for (int64_t j = 0; j < nq; ++j) {
+        std::vector<double> sc(lim[j]);
+        double mx = -1e300, e = 0, d = 0;
+        for (int64_t r = 0; r < lim[j]; ++r) {
+          double acc = 0, mag = 0;
+          for (int64_t c = 0; c < dk; ++c) {
+            acc += double{p.q[j * dk + c]} * p.keys[r * dk + c];
+            mag += std::fabs(double{p.q[j * dk + c]} * p.keys[r * dk + c]);
+          }
+          sc[r] = acc;
+          mx = std::max(mx, acc);
+          e = std::max(e, dk * u * mag);
+        }
+        for (int64_t r = 0; r < lim[j]; ++r) d += std::exp(sc[r] - mx);
+        for (int64_t r = 0; r < lim[j]; ++r) {
+          const double w = std::exp(sc[r] - mx) / d;
+          ref[r] += w;
+          tol[r] += w * (3 * e + (lim[j] + 16) * u);
+        }
+      }
+      for (int64_t r = 0; r < p.n; ++r) {
+        ASSERT_NEAR(col[r], ref[r], tol[r]) << "p0 " << p0 << " m " << m << " row " << r;
+      }
+      std::vector<double> col2;
+      ThreadPool pool3(3);
+      RunStaged(p, seg, &pool3, &col2);
+      ASSERT_EQ(0, std::memcmp(col.data(), col2.data(), 8 * col.size())) << "pool changed bits";
+    }
+  });
 }
 
 // StageProduct: every entry within f32 rounding of the float64 product (|error| <= K u sum_k

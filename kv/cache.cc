@@ -284,6 +284,27 @@ Status KvCache::ObserveQuery(int layer, int64_t pos, const float* q) {
   return OkStatus();
 }
 
+bool KvCache::takes_column_sums() const {
+  return policy_->observation_needs_weights() && policy_->observation_takes_column_sums();
+}
+
+Status KvCache::ObserveColumnSums(int layer, int64_t first_query, int64_t end_query,
+                                  const double* sums) {
+  RETURN_IF_ERROR(status_);
+  STRATA_CHECK_MSG(in_call_, "ObserveColumnSums outside a call");
+  CheckSealed(layer, "observed column sums");
+  STRATA_CHECK_MSG(takes_column_sums(), "ObserveColumnSums: %s does not take them",
+                   policy_->name().c_str());
+  STRATA_CHECK_MSG(first_query < end_query && first_query >= obs_first_ && end_query <= obs_end_ &&
+                       first_query >= call_.first && end_query <= call_.end,
+                   "ObserveColumnSums: queries [%lld, %lld) outside the observed window of the call",
+                   static_cast<long long>(first_query), static_cast<long long>(end_query));
+  const PrefillColumnSums cs{first_query, end_query, end_query, sums};
+  Status s = policy_->OnPrefillColumnSums(layer, stores_[layer], cs);
+  if (!s.ok()) return Fail(s, layer, "prefill statistics");
+  return OkStatus();
+}
+
 Status KvCache::EndPrefill(ThreadPool* pool) { return Compress(); }
 
 Status KvCache::Compress() {

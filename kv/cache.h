@@ -94,6 +94,13 @@ class KvCache {
   Status ObserveQuery(int layer, int64_t pos, const float* q);
   // Whether ObserveQuery delivers a query at pos (its position is in the observed window).
   bool observes(int64_t pos) const { return pos >= obs_first_ && pos < obs_end_; }
+  // Whether the policy takes observed weights as column sums (Policy::
+  // observation_takes_column_sums): then a model may deliver the observed queries of a run
+  // through ObserveColumnSums (sums as PrefillColumnSums lays them out) instead of ObserveQuery.
+  // Every position in [first_query, end_query) must be observed, and none of them offered
+  // through ObserveQuery as well.
+  bool takes_column_sums() const;
+  Status ObserveColumnSums(int layer, int64_t first_query, int64_t end_query, const double* sums);
   Status EndPrefill(ThreadPool* pool);
   // An explicit compression point without observations (outside a call).
   Status Compress();

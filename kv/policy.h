@@ -11,6 +11,8 @@
 //                 own queries stay readable: see Read);
 //   OnPrefillStats observed prompt queries (exact weights when asked for), at most
 //                 observation_queries() of them, delivered as they are read;
+//   OnPrefillColumnSums  instead, where the policy takes them and the model computes them in
+//                 bulk: the weights of a run of observed queries summed per row and KV head;
 //   Read          one query that may see rows [0, limit): the policy picks what to read (recall
 //                 scan, page selection, EMA update) and returns online-softmax states;
 //   EndCall       after the call's last read;
@@ -56,6 +58,17 @@ struct PrefillObservation {
   const float* q = nullptr;  // [n_q_heads, k_dim] the query as the cache saw it (MLA: absorbed)
   int64_t n_keys = 0;        // = query_pos + 1
   const float* weights = nullptr;  // [n_q_heads, n_keys] softmax probabilities, or null
+};
+
+// A run of observed prompt queries of one call, delivered through their weights' column sums:
+// the queries at positions [first_query, end_query) (each sees rows [0, pos]); for KV head h and
+// row u < n_keys = end_query, sums[h * n_keys + u] is the sum over those queries and the G query
+// heads of h of their exact softmax weight on row u (0 where u > pos).
+struct PrefillColumnSums {
+  int64_t first_query = 0;
+  int64_t end_query = 0;
+  int64_t n_keys = 0;
+  const double* sums = nullptr;  // [n_kv_heads, n_keys]
 };
 
 // Where a forward call sits in the sequence.
@@ -161,6 +174,16 @@ class Policy {
   virtual Status OnPrefillStats(int layer, const LayerStore& store,
                                 const PrefillObservation& obs) {
     return OkStatus();
+  }
+  // Whether the policy reads observed queries' weights only through their column sums per KV
+  // head, in any grouping of the queries (then a model may deliver a run of them at once through
+  // OnPrefillColumnSums instead of one OnPrefillStats per query; the sums are those of the same
+  // weights up to f32 rounding of the scores, not bit for bit). Only asked when
+  // observation_needs_weights().
+  virtual bool observation_takes_column_sums() const { return false; }
+  virtual Status OnPrefillColumnSums(int layer, const LayerStore& store,
+                                     const PrefillColumnSums& sums) {
+    return Internal(name() + " does not take observation column sums");
   }
   // The compression point.
   virtual Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) {

@@ -7,7 +7,9 @@
 #include <filesystem>
 
 #include "core/rng.h"
+#include "kv/baselines/eviction.h"
 #include "kv/baselines/test_util.h"
+#include "model/mla.h"
 #include "model/model.h"
 #include "model/synth.h"
 
@@ -66,6 +68,54 @@ TEST(BaselineModelTest, EveryPolicyRunsAndReadsLessThanFull) {
         EXPECT_LT(bytes, full_bytes);
       }
     }
+  }
+}
+
+// MLA prefill in the expanded form delivers H2O's and SnapKV's observations as column sums
+// (StagedColumnSums over the re-decompressed keys): the accumulated scores equal the per-query
+// absorbed weights' up to f32 rounding of the scores (relative ~1e-6 here; a missing query or
+// row moves a score by a whole weight, >= 1e-3), the same queries are counted, and the same
+// rows are kept.
+TEST(BaselineModelTest, ExpandedPrefillObservesAsColumnSums) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  ThreadPool pool(2);
+  auto model = SynthModel(Arch::kDeepseek2, seed);
+  ASSERT_TRUE(model);
+  Rng rng(seed);
+  std::vector<int32_t> toks(290);
+  for (auto& t : toks) t = static_cast<int32_t>(rng.Below(model->config().n_vocab));
+  for (const std::string name : {"h2o", "h2o-recent", "snapkv"}) {
+    SCOPED_TRACE(name);
+    std::unique_ptr<KvCache> caches[2];
+    for (int expanded : {0, 1}) {
+      const int64_t prev = mla_internal::SetExpandedMinRowsForTest(expanded ? 2 : -1);
+      auto policy = MakePolicy(PolicySpec{name, SettingsFor(name, {{"ratio", "4"}})});
+      ASSERT_TRUE(policy.ok()) << policy.status().ToString();
+      auto cache = model->NewCache(std::move(policy).value());
+      ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+      // Chunks of 100: later chunks' column sums cover the earlier chunks' rows too.
+      Status st = model->Prefill(toks.data(), static_cast<int64_t>(toks.size()), 100, cache->get(),
+                                 &pool, nullptr);
+      mla_internal::SetExpandedMinRowsForTest(prev);
+      ASSERT_TRUE(st.ok()) << st.ToString();
+      caches[expanded] = std::move(cache).value();
+    }
+    const auto& a = dynamic_cast<const EvictionPolicy&>(caches[0]->policy());
+    const auto& b = dynamic_cast<const EvictionPolicy&>(caches[1]->policy());
+    bool differs = false;
+    for (int l = 0; l < caches[0]->n_layers(); ++l) {
+      EXPECT_EQ(a.observed(l), b.observed(l)) << "layer " << l;
+      const std::vector<double>& sa = a.scores(l, 0);
+      const std::vector<double>& sb = b.scores(l, 0);
+      ASSERT_EQ(sa.size(), sb.size()) << "layer " << l;
+      for (size_t u = 0; u < sa.size(); ++u) {
+        ASSERT_NEAR(sb[u], sa[u], 1e-4 * sa[u] + 1e-6) << "layer " << l << " row " << u;
+        differs = differs || sa[u] != sb[u];
+      }
+      EXPECT_EQ(a.kept(l, 0), b.kept(l, 0)) << "layer " << l;
+    }
+    EXPECT_TRUE(differs) << "the column sums did not run";
   }
 }
 

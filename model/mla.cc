@@ -136,9 +136,22 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
     }
     expanded = one_sequence && rows.caches[0]->ClaimDenseReads(l, rows.pos[0], n);
   }
+  // The chunk's observed queries [obs_a, obs_b) (a run: the observed window is a range of
+  // positions), delivered as column sums by the expanded pass where the policy takes them.
+  int obs_a = n, obs_b = n;
+  bool col_sums = false;
+  if (expanded) {
+    for (int i = 0; i < n; ++i) {
+      if (!rows.caches[0]->observes(rows.pos[i])) continue;
+      obs_a = std::min(obs_a, i);
+      obs_b = i + 1;
+    }
+    col_sums = obs_b > obs_a && rows.caches[0]->takes_column_sums() && ColumnSumsPay(obs_b - obs_a);
+  }
   for (int i0 = 0; i0 < n; i0 += kAbsorbRows) {
     const int m = std::min(n - i0, kAbsorbRows);
     if (expanded) {
+      if (col_sums) continue;
       bool observed = false;
       for (int j = 0; j < m; ++j) observed = observed || rows.caches[i0 + j]->observes(rows.pos[i0 + j]);
       if (!observed) continue;
@@ -178,7 +191,15 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
     };
     ParallelForOrInline(pool, H, 1, expand);
   }
-  if (expanded) RETURN_IF_ERROR(ExpandedAttention(rows, M, l, q.data(), pool, o.data()));
+  if (expanded && col_sums) {
+    std::vector<double> col(rows.pos[0] + obs_b, 0.0);
+    RETURN_IF_ERROR(
+        ExpandedAttention(rows, M, l, q.data(), pool, o.data(), obs_a, obs_b, col.data()));
+    RETURN_IF_ERROR(rows.Event(obs_a, rows.caches[0]->ObserveColumnSums(
+                                          l, rows.pos[obs_a], rows.pos[0] + obs_b, col.data())));
+  } else if (expanded) {
+    RETURN_IF_ERROR(ExpandedAttention(rows, M, l, q.data(), pool, o.data()));
+  }
   Project(rows, M.wo, o.data(), H * vd, y, d, pool);
   return OkStatus();
 }
@@ -196,8 +217,18 @@ bool MlaModel::ExpandedPays(int64_t n) const {
   return 2 * saved >= 3 * dc * (nope + vd);
 }
 
+bool MlaModel::ColumnSumsPay(int64_t k) const {
+  if (g_expanded_min_rows.load(std::memory_order_relaxed) < 0) return false;
+  const ModelConfig& c = config_;
+  const int64_t dc = c.kv_lora_rank, dr = c.qk_rope_dim, nope = c.qk_nope_dim;
+  // Per (row, head): k absorbed weight passes cost k (d_c + d_r) multiply-adds (on one thread),
+  // the column-sum pass d_c nope to decompress the keys again plus k (nope + d_r).
+  return k * (dc + dr) >= dc * nope + k * (nope + dr);
+}
+
 Status MlaModel::ExpandedAttention(const Rows& rows, const MlaWeights& M, int cache_layer,
-                                   const float* q, ThreadPool* pool, float* o) const {
+                                   const float* q, ThreadPool* pool, float* o, int64_t obs_a,
+                                   int64_t obs_b, double* col) const {
   const ModelConfig& c = config_;
   const int64_t H = c.n_heads, dc = c.kv_lora_rank, dr = c.qk_rope_dim, nope = c.qk_nope_dim,
                 vd = c.v_head_dim, qk = nope + dr;
@@ -251,8 +282,8 @@ Status MlaModel::ExpandedAttention(const Rows& rows, const MlaWeights& M, int ca
                    vs = ws.FloatsUnset(S * vdp);
   std::vector<StagedQuery> qs(n);
   const int64_t P = LayerStore::kPageRows;
-  for (int64_t s0 = 0; s0 < n_rows; s0 += S) {
-    const int64_t sn = std::min(S, n_rows - s0);
+  // Stages rows [s0, s0 + sn) of the cache into cs, ct and rt.
+  auto stage = [&](int64_t s0, int64_t sn) {
     ParallelForOrInline(pool, (sn + P - 1) / P, 1, [&](int64_t b, int64_t e, int) {
       std::vector<float> row(dc + dr);
       for (int64_t t = b; t < e; ++t) {
@@ -267,25 +298,46 @@ Status MlaModel::ExpandedAttention(const Rows& rows, const MlaWeights& M, int ca
         }
       }
     });
+  };
+  auto staged = [&](int64_t s0, int64_t sn) {
+    StagedRows sr;
+    sr.r0 = s0;
+    sr.n = sn;
+    sr.kt[0] = kt.data();
+    sr.kt[1] = rt.data();
+    sr.kd[0] = nope;
+    sr.kd[1] = dr;
+    sr.k_stride = Sp;
+    sr.v = vs.data();
+    sr.v_stride = vdp;
+    return sr;
+  };
+  for (int64_t s0 = 0; s0 < n_rows; s0 += S) {
+    const int64_t sn = std::min(S, n_rows - s0);
+    stage(s0, sn);
     for (int64_t h = 0; h < H; ++h) {
       // kt = W_UK,h c^T (the kernel's key columns), vs = c W_UV,h^T.
       StageProduct(&wuk[h * nope * dc], dc, ct.data(), Sp, kt.data(), Sp, nope, Sp, dc, pool);
       StageProduct(cs.data(), dc, &wuv[h * dc * vdp], vdp, vs.data(), vdp, sn, vdp, dc, pool);
-      StagedRows sr;
-      sr.r0 = s0;
-      sr.n = sn;
-      sr.kt[0] = kt.data();
-      sr.kt[1] = rt.data();
-      sr.kd[0] = nope;
-      sr.kd[1] = dr;
-      sr.k_stride = Sp;
-      sr.v = vs.data();
-      sr.v_stride = vdp;
       for (int j = 0; j < n; ++j) {
         const int64_t k = j * H + h;
         qs[j] = StagedQuery{&qx[k * qk], p0 + j + 1, &ms[k], &ds[k], &os[k * vdp]};
       }
-      AttendStaged(sr, vdp, qs.data(), n, pool);
+      AttendStaged(staged(s0, sn), vdp, qs.data(), n, pool);
+    }
+  }
+  // The observed queries' column sums with their heads' final states: the keys again, segment
+  // by segment (heads in order, so each row's sum does not depend on the pool).
+  for (int64_t s0 = 0; col != nullptr && s0 < p0 + obs_b; s0 += S) {
+    const int64_t sn = std::min(S, p0 + obs_b - s0);
+    stage(s0, sn);
+    for (int64_t h = 0; h < H; ++h) {
+      StageProduct(&wuk[h * nope * dc], dc, ct.data(), Sp, kt.data(), Sp, nope, Sp, dc, pool);
+      for (int64_t j = obs_a; j < obs_b; ++j) {
+        const int64_t k = j * H + h;
+        qs[j - obs_a] = StagedQuery{&qx[k * qk], p0 + j + 1, &ms[k], &ds[k], nullptr};
+      }
+      StagedColumnSums(staged(s0, sn), qs.data(), obs_b - obs_a, col + s0, pool);
     }
   }
   for (int64_t k = 0; k < n * H; ++k) {

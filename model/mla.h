@@ -13,6 +13,12 @@
 // the same attention up to f32 rounding: nope + d_r + v multiply-adds per (query, row, head)
 // (320 against 1088 at DeepSeek-V2's shapes) plus d_c (nope + v) per (row, head) to decompress,
 // paid once per chunk, so it pays for chunks of a few hundred rows (ExpandedPays).
+//
+// Observed queries of an expanded chunk (H2O, SnapKV: Policy::observation_takes_column_sums)
+// are delivered as column sums of their weights, computed by a second pass over the decompressed
+// keys with each head's final softmax state (StagedColumnSums) instead of one absorbed weight
+// pass per query: d_c nope per (row, head) to decompress the keys again plus nope + d_r per
+// (observed query, row, head), in parallel (ColumnSumsPay).
 #pragma once
 
 #include <string>
@@ -54,12 +60,18 @@ class MlaModel : public MoeModel {
   static constexpr int kAbsorbRows = 64;
   // Whether a chunk of n prefill rows at positions p0.. reads cheaper in the expanded form.
   bool ExpandedPays(int64_t n) const;
+  // Whether k observed queries of an expanded chunk are cheaper as column sums (a second pass
+  // over the re-decompressed keys) than as k absorbed weight passes.
+  bool ColumnSumsPay(int64_t k) const;
   // The expanded (non-absorbed) attention of a prefill chunk whose dense reads the cache granted
   // (KvCache::ClaimDenseReads): per head, keys [W_UK,h c_u ; r_u] and values W_UV,h c_u
   // decompressed from the cache's rows segment by segment, then AttendStaged on the chunk's
   // queries q [n, H, nope + dr] (q_pe not yet rotated). o: [n, H, v].
+  // With obs_b > obs_a: then col[u] (zeroed by the caller, [p0 + obs_b]) gets the sum over the
+  // chunk's queries [obs_a, obs_b) and their heads of the final softmax weight on row u.
   Status ExpandedAttention(const Rows& rows, const MlaWeights& M, int cache_layer, const float* q,
-                           ThreadPool* pool, float* o) const;
+                           ThreadPool* pool, float* o, int64_t obs_a = 0, int64_t obs_b = 0,
+                           double* col = nullptr) const;
 };
 
 namespace mla_internal {

@@ -133,6 +133,19 @@ Status EvictionPolicy::OnPrefillStats(int layer, const LayerStore& store,
   return OkStatus();
 }
 
+Status EvictionPolicy::OnPrefillColumnSums(int layer, const LayerStore& store,
+                                           const PrefillColumnSums& sums) {
+  Layer& L = layers_[layer];
+  for (int h = 0; h < L.g.n_kv_heads; ++h) {
+    std::vector<double>& s = L.score[h];
+    if (static_cast<int64_t>(s.size()) < sums.n_keys) s.resize(sums.n_keys, 0.0);
+    const double* c = sums.sums + static_cast<int64_t>(h) * sums.n_keys;
+    for (int64_t u = 0; u < sums.n_keys; ++u) s[u] += c[u];
+  }
+  L.n_obs += sums.end_query - sums.first_query;
+  return OkStatus();
+}
+
 std::vector<int64_t> EvictionPolicy::Select(Layer& L, int layer, int s,
                                             const std::vector<int64_t>& cand, int64_t n,
                                             int64_t m) {

@@ -63,6 +63,9 @@ class EvictionPolicy final : public Policy {
   int64_t observation_queries(int64_t prompt_len) const override;
   bool observation_needs_weights() const override { return true; }
   Status OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& obs) override;
+  bool observation_takes_column_sums() const override { return true; }
+  Status OnPrefillColumnSums(int layer, const LayerStore& store,
+                             const PrefillColumnSums& sums) override;
   Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) override;
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
