@@ -35,6 +35,9 @@ class ScratchScope {
   std::span<float> FloatsUnset(size_t n) {
     return {static_cast<float*>(Bytes(n * sizeof(float), false)), n};
   }
+  std::span<double> DoublesUnset(size_t n) {
+    return {static_cast<double*>(Bytes(n * sizeof(double), false)), n};
+  }
   std::span<uint8_t> U8(size_t n) { return {static_cast<uint8_t*>(Bytes(n)), n}; }
   std::span<int32_t> Ints(size_t n) {
     return {static_cast<int32_t*>(Bytes(n * sizeof(int32_t))), n};

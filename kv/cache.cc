@@ -5,6 +5,7 @@
 
 #include "core/check.h"
 #include "core/dtype.h"
+#include "core/scratch.h"
 #include "kernels/ops.h"
 
 namespace strata {
@@ -230,41 +231,55 @@ namespace {
 // Exact causal softmax weights of one observed query over rows [0, n) for every query head:
 // w [n_q_heads, n]. Scores are f32 SIMD dot products of the f32 query with the bf16 keys, each
 // key page converted to f32 once and shared by the G heads of its KV head; the max and the
-// normalising sum are float64. Memory: the caller's w plus one page of f32 keys.
-void ObservationWeights(const LayerStore& store, const float* q, int64_t n,
-                        std::vector<float>* kbuf, float* w) {
+// normalising sum are float64 (each exponential computed once, kept in float64 until the
+// division). Tasks: (KV head, page) for the scores, query heads for the softmax, over the pool;
+// every weight is computed by one task in a fixed order, so w does not depend on the pool.
+// Memory: the caller's w plus, per task, one page of f32 keys or n doubles (scratch arenas).
+void ObservationWeights(const LayerStore& store, const float* q, int64_t n, ThreadPool* pool,
+                        float* w) {
   const LayerGeometry& g = store.geometry();
   const int G = g.group_size();
   const int64_t P = LayerStore::kPageRows;
-  kbuf->resize(static_cast<size_t>(P) * g.k_dim);
-  for (int h = 0; h < g.n_kv_heads; ++h) {
-    for (int64_t p0 = 0; p0 < n; p0 += P) {
+  const int64_t n_pages = (n + P - 1) / P;
+  ParallelForOrInline(pool, g.n_kv_heads * n_pages, 1, [&](int64_t tb, int64_t te, int) {
+    ScratchScope ws;
+    std::span<float> kbuf = ws.FloatsUnset(static_cast<size_t>(P) * g.k_dim);
+    for (int64_t t = tb; t < te; ++t) {
+      const int h = static_cast<int>(t / n_pages);
+      const int64_t p0 = (t % n_pages) * P;
       const int64_t rows = std::min(P, n - p0);
-      for (int64_t i = 0; i < rows; ++i) store.KeyRowF32(h, p0 + i, kbuf->data() + i * g.k_dim);
+      for (int64_t i = 0; i < rows; ++i) store.KeyRowF32(h, p0 + i, kbuf.data() + i * g.k_dim);
       for (int r = 0; r < G; ++r) {
         const int64_t hq = static_cast<int64_t>(h) * G + r;
         const float* qh = q + hq * g.k_dim;
         float* wh = w + hq * n + p0;
         for (int64_t i = 0; i < rows; ++i) {
-          wh[i] = g.scale * Dot(qh, kbuf->data() + i * g.k_dim, g.k_dim);
+          wh[i] = g.scale * Dot(qh, kbuf.data() + i * g.k_dim, g.k_dim);
         }
       }
     }
-  }
-  for (int hq = 0; hq < g.n_q_heads; ++hq) {
-    float* wh = w + static_cast<int64_t>(hq) * n;
-    double mx = -INFINITY;
-    for (int64_t u = 0; u < n; ++u) mx = std::max(mx, static_cast<double>(wh[u]));
-    double sum = 0;
-    for (int64_t u = 0; u < n; ++u) sum += std::exp(wh[u] - mx);
-    const double inv = 1.0 / sum;
-    for (int64_t u = 0; u < n; ++u) wh[u] = static_cast<float>(std::exp(wh[u] - mx) * inv);
-  }
+  });
+  ParallelForOrInline(pool, g.n_q_heads, 1, [&](int64_t hb, int64_t he, int) {
+    ScratchScope ws;
+    std::span<double> ex = ws.DoublesUnset(n);
+    for (int64_t hq = hb; hq < he; ++hq) {
+      float* wh = w + hq * n;
+      double mx = -INFINITY;
+      for (int64_t u = 0; u < n; ++u) mx = std::max(mx, static_cast<double>(wh[u]));
+      double sum = 0;
+      for (int64_t u = 0; u < n; ++u) {
+        ex[u] = std::exp(wh[u] - mx);
+        sum += ex[u];
+      }
+      const double inv = 1.0 / sum;
+      for (int64_t u = 0; u < n; ++u) wh[u] = static_cast<float>(ex[u] * inv);
+    }
+  });
 }
 
 }  // namespace
 
-Status KvCache::ObserveQuery(int layer, int64_t pos, const float* q) {
+Status KvCache::ObserveQuery(int layer, int64_t pos, const float* q, ThreadPool* pool) {
   RETURN_IF_ERROR(status_);
   STRATA_CHECK_MSG(in_call_, "ObserveQuery outside a call");
   CheckSealed(layer, "observed query");
@@ -276,7 +291,7 @@ Status KvCache::ObserveQuery(int layer, int64_t pos, const float* q) {
   PrefillObservation obs{pos, g.n_q_heads, g.k_dim, q, pos + 1, nullptr};
   if (policy_->observation_needs_weights()) {
     obs_w_.resize(static_cast<size_t>(g.n_q_heads) * (pos + 1));
-    ObservationWeights(store, q, pos + 1, &obs_kbuf_, obs_w_.data());
+    ObservationWeights(store, q, pos + 1, pool, obs_w_.data());
     obs.weights = obs_w_.data();
   }
   Status s = policy_->OnPrefillStats(layer, store, obs);

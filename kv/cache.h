@@ -91,7 +91,8 @@ class KvCache {
   // [n_q_heads, pos + 1] buffer, never n_obs x T. EndPrefill, after the last call, is the
   // compression point: it calls OnCompress on every layer.
   void BeginPrefill(int64_t first, int64_t end);
-  Status ObserveQuery(int layer, int64_t pos, const float* q);
+  // The weights are computed on `pool` (none: this thread); the result does not depend on it.
+  Status ObserveQuery(int layer, int64_t pos, const float* q, ThreadPool* pool = nullptr);
   // Whether ObserveQuery delivers a query at pos (its position is in the observed window).
   bool observes(int64_t pos) const { return pos >= obs_first_ && pos < obs_end_; }
   // Whether the policy takes observed weights as column sums (Policy::
@@ -167,7 +168,7 @@ class KvCache {
   std::vector<uint8_t> sealed_;    // [n_layers] OnAppended done for the call
   // Observation window: queries at positions [obs_first_, obs_end_) are delivered.
   int64_t obs_first_ = 0, obs_end_ = 0;
-  std::vector<float> obs_w_, obs_kbuf_;
+  std::vector<float> obs_w_;
 };
 
 }  // namespace strata

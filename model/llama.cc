@@ -121,7 +121,7 @@ class LlamaModel final : public Model {
       for (int i = 0; i < n; ++i) {
         KvCache* cache = rows.caches[i];
         const int64_t p = rows.pos[i];
-        if (rows.live(i)) RETURN_IF_ERROR(rows.Event(i, cache->ObserveQuery(l, p, &q[i * qd])));
+        if (rows.live(i)) RETURN_IF_ERROR(rows.Event(i, cache->ObserveQuery(l, p, &q[i * qd], pool)));
         if (rows.live(i)) {
           RETURN_IF_ERROR(rows.Event(i, cache->Attend(l, &q[i * qd], p, pool, &att[i * qd])));
         }

@@ -177,7 +177,7 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
       KvCache* cache = rows.caches[i];
       const int64_t p = rows.pos[i];
       const float* qa_i = &qabs[j * H * row];
-      RETURN_IF_ERROR(rows.Event(i, cache->ObserveQuery(l, p, qa_i)));
+      RETURN_IF_ERROR(rows.Event(i, cache->ObserveQuery(l, p, qa_i, pool)));
       if (!rows.live(i) || expanded) continue;
       RETURN_IF_ERROR(rows.Event(i, cache->Attend(l, qa_i, p, pool, &att[j * H * dc])));
     }

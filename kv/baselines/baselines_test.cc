@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <memory>
 
 #include "core/status_testing.h"
 #include "core/thread_pool.h"
@@ -270,6 +272,35 @@ TEST(H2oTest, ColumnSumsEqualHeadsTimesQueries) {
           for (int64_t u = T - r; u < T; ++u) want.push_back(u);
         }
         EXPECT_EQ(pol->kept(0, s), want);
+      }
+    }
+  }
+}
+
+// The observed weights are computed over the pool (tasks per KV head and page, then per query
+// head): the scores do not depend on it, bit for bit.
+TEST(H2oTest, ObservationOnAPoolIsBitIdentical) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  for (const LayerGeometry& g : {GqaGeometry(), MlaGeometry()}) {
+    std::vector<std::vector<double>> ref;
+    for (int threads : {0, 2, 3}) {
+      auto owned = MakeEvictionPolicy(Spec("h2o", {{"ratio", "8"}}), EvictionKind::kH2o);
+      ASSERT_TRUE(owned.ok());
+      auto* pol = static_cast<EvictionPolicy*>(owned->get());
+      auto c = KvCache::Create({g}, std::move(owned).value());
+      ASSERT_TRUE(c.ok());
+      std::unique_ptr<ThreadPool> pool;
+      if (threads > 0) pool = std::make_unique<ThreadPool>(threads);
+      Build(c->get(), seed, 300, 300, -1, pool.get());  // 5 pages
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        if (threads == 0) {
+          ref.push_back(pol->scores(0, h));
+          continue;
+        }
+        ASSERT_EQ(pol->scores(0, h).size(), ref[h].size());
+        EXPECT_EQ(0, std::memcmp(pol->scores(0, h).data(), ref[h].data(), 8 * ref[h].size()))
+            << threads << " threads, KV head " << h;
       }
     }
   }

@@ -84,7 +84,7 @@ inline void Build(KvCache* c, uint64_t seed, int64_t n0, int64_t n, int64_t pert
   }
   for (int64_t u = 0; u < n0; ++u) {
     const std::vector<float> q = RandomQuery(g, qrng);
-    ASSERT_OK(c->ObserveQuery(0, u, q.data()));
+    ASSERT_OK(c->ObserveQuery(0, u, q.data(), pool));
   }
   ASSERT_OK(c->EndCall());
   ASSERT_OK(c->EndPrefill(pool));
