@@ -73,9 +73,8 @@ TEST(BaselineModelTest, EveryPolicyRunsAndReadsLessThanFull) {
 
 // MLA prefill in the expanded form delivers H2O's and SnapKV's observations as column sums
 // (StagedColumnSums over the re-decompressed keys): the accumulated scores equal the per-query
-// absorbed weights' up to f32 rounding of the scores (relative ~1e-6 here; a missing query or
-// row moves a score by a whole weight, >= 1e-3), the same queries are counted, and the same
-// rows are kept.
+// absorbed weights' up to f32 rounding (a missing query or row moves a score by a whole
+// weight, ~10 % here), the same queries are counted, and layer 0 keeps the same rows.
 TEST(BaselineModelTest, ExpandedPrefillObservesAsColumnSums) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -109,11 +108,21 @@ TEST(BaselineModelTest, ExpandedPrefillObservesAsColumnSums) {
       const std::vector<double>& sa = a.scores(l, 0);
       const std::vector<double>& sb = b.scores(l, 0);
       ASSERT_EQ(sa.size(), sb.size()) << "layer " << l;
+      // Layer 0 sees the same queries and rows both ways: only the scores' f32 rounding
+      // differs. Later layers also see inputs that differ by the previous layers' f32 rounding
+      // of the two attention forms, which this random model amplifies (seen up to 5e-3
+      // relative on small scores): there each sum is checked to 3e-2 relative and the total
+      // (n_q_heads per observed query) to 1e-6 relative.
+      const double rel = l == 0 ? 1e-4 : 3e-2;
+      double ta = 0, tb = 0;
       for (size_t u = 0; u < sa.size(); ++u) {
-        ASSERT_NEAR(sb[u], sa[u], 1e-4 * sa[u] + 1e-6) << "layer " << l << " row " << u;
+        ASSERT_NEAR(sb[u], sa[u], rel * sa[u] + 1e-6) << "layer " << l << " row " << u;
         differs = differs || sa[u] != sb[u];
+        ta += sa[u];
+        tb += sb[u];
       }
-      EXPECT_EQ(a.kept(l, 0), b.kept(l, 0)) << "layer " << l;
+      EXPECT_NEAR(tb, ta, 1e-6 * ta) << "layer " << l;
+      if (l == 0) EXPECT_EQ(a.kept(l, 0), b.kept(l, 0)) << "layer " << l;
     }
     EXPECT_TRUE(differs) << "the column sums did not run";
   }
