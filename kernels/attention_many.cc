@@ -10,8 +10,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
+#include <vector>
 
 #include "core/check.h"
+#include "core/scratch.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/attention_many.cc"
@@ -77,12 +80,18 @@ HWY_INLINE float Softmax(float* HWY_RESTRICT s, int64_t valid, float* m, float* 
   const DF df;
   const hn::RebindToSigned<DF> di;
   const int64_t N = static_cast<int64_t>(hn::Lanes(df));
-  float mt = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < valid; ++i) mt = std::max(mt, s[i]);
-  const float m_new = std::max(*m, mt);
-  const float alpha = std::exp(*m - m_new);  // m_old = -inf: 0
-  const VF vm = hn::Set(df, m_new);
   const auto lim = hn::Set(di, static_cast<int32_t>(valid));
+  VF vmax = hn::Set(df, -std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < valid; i += N) {
+    const auto live =
+        hn::RebindMask(df, hn::Lt(hn::Add(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(i))), lim));
+    vmax = hn::Max(vmax, hn::IfThenElse(live, hn::Load(df, s + i), vmax));
+  }
+  const float mt = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  const float m_new = std::max(*m, mt);
+  // m_old = -inf: 0; an unchanged maximum: exactly 1 (exp(0)), without the call.
+  const float alpha = m_new == *m ? 1.f : std::exp(*m - m_new);
+  const VF vm = hn::Set(df, m_new);
   VF sum = hn::Zero(df);
   for (int64_t i = 0; i < kT; i += N) {
     const auto live =
@@ -140,10 +149,18 @@ HWY_INLINE void Values(const float* HWY_RESTRICT p, const float* alpha, int64_t 
   }
 }
 
-// R query heads over the tile starting at row r0 + col0; valid[r] of its rows are theirs.
+// Where an observed query head keeps a tile's weights (AttendStagedObserved): the tile's 64
+// weights exp(s - m) (zero past its valid rows) and the running maximum m they were taken at.
+struct Kept {
+  float* p = nullptr;
+  float* m = nullptr;
+};
+
+// R query heads over the tile starting at row r0 + col0; valid[r] of its rows are theirs. keep
+// (optional): where head r keeps the tile's weights (null p: not kept).
 template <int R>
 HWY_INLINE void Block(const StagedRows& rows, int64_t dvp, const StagedQuery* qs, int64_t col0,
-                      const int64_t* valid) {
+                      const int64_t* valid, const Kept* keep) {
   alignas(64) float s[kR * kT];
   float alpha[kR];
   Scores<R>(rows, qs, col0, s);
@@ -151,17 +168,59 @@ HWY_INLINE void Block(const StagedRows& rows, int64_t dvp, const StagedQuery* qs
   for (int r = 0; r < R; ++r) {
     alpha[r] = Softmax(s + r * kT, valid[r], qs[r].m, qs[r].d);
     most = std::max(most, valid[r]);
+    if (keep != nullptr && keep[r].p != nullptr) {
+      std::copy(s + r * kT, s + (r + 1) * kT, keep[r].p);
+      *keep[r].m = *qs[r].m;
+    }
   }
   Values<R>(s, alpha, most, rows.v + col0 * rows.v_stride, rows.v_stride, dvp, qs);
 }
 
-void AttendStagedImpl(const StagedRows& rows, int64_t dvp, const StagedQuery* qs, int64_t nq,
-                      ThreadPool* pool) {
+// Observed query heads [obs_b, obs_e) of AttendStagedObserved: each task's kept weights
+// (kTaskHeads x n_tiles x 64 floats and kTaskHeads x n_tiles maxima, per pool chunk) and its
+// column sums (f32, per task from the first observed one, n_tiles x 64 floats each).
+struct Observed {
+  int64_t obs_b = 0, obs_e = 0;
+  float* const* kept_p = nullptr;  // [pool chunks]
+  float* const* kept_m = nullptr;  // [pool chunks]
+  float* part = nullptr;           // [tasks from obs_b / kTaskHeads][n_tiles * 64]
+};
+
+// part[u] += w_h(u) over the task's observed heads in order, once their states are final: the
+// kept weight of row u (tile t) times exp(m_t - m) / d, m_t its maximum then, m and d final.
+void SumKept(const StagedQuery* qs, int64_t qb, int64_t qe, const Observed& obs, int64_t n_tiles,
+             const float* kept_p, const float* kept_m, float* HWY_RESTRICT part) {
+  const DF df;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  for (int64_t q = std::max(qb, obs.obs_b); q < std::min(qe, obs.obs_e); ++q) {
+    const int64_t hl = q - qb;
+    const int64_t tiles = std::min(n_tiles, (qs[q].limit + kT - 1) / kT);
+    const float m = *qs[q].m, inv_d = 1.f / *qs[q].d;
+    for (int64_t t = 0; t < tiles; ++t) {
+      const VF c = hn::Set(df, std::exp(kept_m[hl * n_tiles + t] - m) * inv_d);
+      const float* w = kept_p + (hl * n_tiles + t) * kT;
+      float* dst = part + t * kT;
+      for (int64_t i = 0; i < kT; i += N) {
+        hn::Store(hn::MulAdd(hn::Load(df, w + i), c, hn::Load(df, dst + i)), df, dst + i);
+      }
+    }
+  }
+}
+
+void AttendStagedRun(const StagedRows& rows, int64_t dvp, const StagedQuery* qs, int64_t nq,
+                     ThreadPool* pool, const Observed* obs) {
   const int64_t n_tiles = (rows.n + kT - 1) / kT;
   const int64_t n_tasks = (nq + kTaskHeads - 1) / kTaskHeads;
-  ParallelForOrInline(pool, n_tasks, 1, [&](int64_t tb, int64_t te, int) {
-    for (int64_t task = tb; task < te; ++task) {
+  // Tasks in the order first, last, second, second last, ...: a causal chunk's queries read more
+  // rows the later they are, and the pool's contiguous chunks then share long and short ones
+  // evenly.
+  ParallelForOrInline(pool, n_tasks, 1, [&](int64_t tb, int64_t te, int chunk) {
+    for (int64_t k = tb; k < te; ++k) {
+      const int64_t task = k % 2 == 0 ? k / 2 : n_tasks - 1 - k / 2;
       const int64_t qb = task * kTaskHeads, qe = std::min(nq, qb + kTaskHeads);
+      const bool observed = obs != nullptr && qb < obs->obs_e && qe > obs->obs_b;
+      float* kept_p = observed ? obs->kept_p[chunk] : nullptr;
+      float* kept_m = observed ? obs->kept_m[chunk] : nullptr;
       for (int64_t t = 0; t < n_tiles; ++t) {
         const int64_t u0 = rows.r0 + t * kT;  // the tile's first row
         const int64_t in_tile = std::min(kT, rows.n - t * kT);
@@ -181,18 +240,59 @@ void AttendStagedImpl(const StagedRows& rows, int64_t dvp, const StagedQuery* qs
           }
           StagedQuery sub[kR];
           int64_t sub_valid[kR];
+          Kept keep[kR];
           for (int k = 0; k < n_live; ++k) {
-            sub[k] = qs[b + live[k]];
+            const int64_t q = b + live[k];
+            sub[k] = qs[q];
             sub_valid[k] = valid[live[k]];
+            if (observed && q >= obs->obs_b && q < obs->obs_e) {
+              keep[k] = {kept_p + ((q - qb) * n_tiles + t) * kT, kept_m + (q - qb) * n_tiles + t};
+            }
           }
+          const Kept* kp = observed ? keep : nullptr;
           switch (n_live) {
-            case 4: Block<4>(rows, dvp, sub, t * kT, sub_valid); break;
-            case 3: Block<3>(rows, dvp, sub, t * kT, sub_valid); break;
-            case 2: Block<2>(rows, dvp, sub, t * kT, sub_valid); break;
-            default: Block<1>(rows, dvp, sub, t * kT, sub_valid); break;
+            case 4: Block<4>(rows, dvp, sub, t * kT, sub_valid, kp); break;
+            case 3: Block<3>(rows, dvp, sub, t * kT, sub_valid, kp); break;
+            case 2: Block<2>(rows, dvp, sub, t * kT, sub_valid, kp); break;
+            default: Block<1>(rows, dvp, sub, t * kT, sub_valid, kp); break;
           }
         }
       }
+      if (observed) {
+        float* part = obs->part + (task - obs->obs_b / kTaskHeads) * n_tiles * kT;
+        SumKept(qs, qb, qe, *obs, n_tiles, kept_p, kept_m, part);
+      }
+    }
+  });
+}
+
+void AttendStagedImpl(const StagedRows& rows, int64_t dvp, const StagedQuery* qs, int64_t nq,
+                      ThreadPool* pool) {
+  AttendStagedRun(rows, dvp, qs, nq, pool, nullptr);
+}
+
+void AttendStagedObservedImpl(const StagedRows& rows, int64_t dvp, const StagedQuery* qs,
+                              int64_t nq, int64_t obs_b, int64_t obs_e, double* col,
+                              ThreadPool* pool) {
+  const int64_t n_tiles = (rows.n + kT - 1) / kT;
+  const int T = pool != nullptr ? pool->size() : 1;
+  const int64_t first = obs_b / kTaskHeads, last = (obs_e - 1) / kTaskHeads;
+  ScratchScope ws;
+  std::vector<float*> kept_p(T), kept_m(T);
+  for (int i = 0; i < T; ++i) {
+    kept_p[i] = ws.FloatsUnset(kTaskHeads * n_tiles * kT).data();
+    kept_m[i] = ws.FloatsUnset(kTaskHeads * n_tiles).data();
+  }
+  std::span<float> part = ws.Floats((last - first + 1) * n_tiles * kT);
+  const Observed obs{obs_b, obs_e, kept_p.data(), kept_m.data(), part.data()};
+  AttendStagedRun(rows, dvp, qs, nq, pool, &obs);
+  // The tasks' sums in task order (float64), rows split over the pool.
+  int64_t n_cols = 0;
+  for (int64_t q = obs_b; q < obs_e; ++q) n_cols = std::max(n_cols, qs[q].limit);
+  ParallelForOrInline(pool, n_cols, kT, [&](int64_t ub, int64_t ue, int) {
+    for (int64_t task = first; task <= last; ++task) {
+      const float* p = &part[(task - first) * n_tiles * kT];
+      for (int64_t u = ub; u < ue; ++u) col[u] += p[u];
     }
   });
 }
@@ -322,6 +422,7 @@ void StageProductImpl(const float* a, int64_t lda, const float* b, int64_t ldb, 
 }  // namespace many
 
 using many::AttendStagedImpl;
+using many::AttendStagedObservedImpl;
 using many::StageProductImpl;
 using many::StagedColumnSumsImpl;
 
@@ -333,6 +434,7 @@ HWY_AFTER_NAMESPACE();
 namespace strata {
 
 HWY_EXPORT(AttendStagedImpl);
+HWY_EXPORT(AttendStagedObservedImpl);
 HWY_EXPORT(StageProductImpl);
 HWY_EXPORT(StagedColumnSumsImpl);
 
@@ -353,6 +455,24 @@ void AttendStaged(const StagedRows& rows, int64_t dvp, const StagedQuery* qs, in
                    static_cast<long long>(dvp), static_cast<long long>(StagedValueAlign()));
   STRATA_CHECK(rows.k_stride >= (rows.n + 63) / 64 * 64 && rows.v_stride >= dvp);
   HWY_DYNAMIC_DISPATCH(AttendStagedImpl)(rows, dvp, qs, nq, pool);
+}
+
+void AttendStagedObserved(const StagedRows& rows, int64_t dvp, const StagedQuery* qs, int64_t nq,
+                          int64_t obs_b, int64_t obs_e, double* col, ThreadPool* pool) {
+  if (nq <= 0 || rows.n <= 0) return;
+  STRATA_CHECK_MSG(dvp % StagedValueAlign() == 0, "value width %lld is not a multiple of %lld",
+                   static_cast<long long>(dvp), static_cast<long long>(StagedValueAlign()));
+  STRATA_CHECK(rows.k_stride >= (rows.n + 63) / 64 * 64 && rows.v_stride >= dvp);
+  STRATA_CHECK_MSG(rows.r0 == 0 && 0 <= obs_b && obs_b < obs_e && obs_e <= nq,
+                   "AttendStagedObserved: rows from %lld, observed heads [%lld, %lld) of %lld",
+                   static_cast<long long>(rows.r0), static_cast<long long>(obs_b),
+                   static_cast<long long>(obs_e), static_cast<long long>(nq));
+  for (int64_t q = 0; q < nq; ++q) {
+    STRATA_CHECK_MSG(qs[q].limit <= rows.n && *qs[q].d == 0.f,
+                     "AttendStagedObserved: query head %lld reads past the rows or has a state",
+                     static_cast<long long>(q));
+  }
+  HWY_DYNAMIC_DISPATCH(AttendStagedObservedImpl)(rows, dvp, qs, nq, obs_b, obs_e, col, pool);
 }
 
 void StagedColumnSums(const StagedRows& rows, const StagedQuery* qs, int64_t nq, double* col,

@@ -66,6 +66,20 @@ void AttendStaged(const StagedRows& rows, int64_t dvp, const StagedQuery* qs, in
 void StagedColumnSums(const StagedRows& rows, const StagedQuery* qs, int64_t nq, double* col,
                       ThreadPool* pool);
 
+// AttendStaged over every row its query heads read, in one call (rows.r0 == 0, each limit <=
+// rows.n, every state fresh: m = -inf, d = 0, o = 0), which also adds to col[u] (u below the
+// observed heads' largest limit) the final softmax weights of query heads [obs_b, obs_e) on row
+// u, summed over those heads: the
+// column sums StagedColumnSums would give after AttendStaged, without computing the scores again.
+// Each task keeps its observed heads' weights exp(s - m_t) of every tile with the running maximum
+// m_t they were taken at, and once its heads are final adds w = exp(s - m_t) * exp(m_t - m) / d
+// (m, d final) into its own f32 sums (heads in order); the tasks' sums go into col in float64 in
+// task order, so col does not depend on the pool or its size, bit for bit. The outputs are
+// AttendStaged's, bit for bit. Scratch: kTaskHeads (64) x rows.n floats per pool thread, and
+// rows.n floats per 64 observed heads.
+void AttendStagedObserved(const StagedRows& rows, int64_t dvp, const StagedQuery* qs, int64_t nq,
+                          int64_t obs_b, int64_t obs_e, double* col, ThreadPool* pool);
+
 // The value widths AttendStaged takes are multiples of this (the widest SIMD vector's floats).
 int64_t StagedValueAlign();
 

@@ -254,6 +254,79 @@ TEST(StagedColumnSumsTest, MatchesFloat64WeightsAndIgnoresThePool) {
   });
 }
 
+// AttendStagedObserved: the outputs are AttendStaged's bit for bit, and the observed heads'
+// column sums match the float64 weights within StagedColumnSumsTest's bound plus 8 u per weight
+// (a kept weight exp(s - m_t) times exp(m_t - m) / d: two more roundings and one exponential);
+// the pool does not change a bit.
+TEST(AttendStagedObservedTest, OutputsAreAttendStagedsAndSumsMatchFloat64) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  const double u = std::ldexp(1.0, -24);
+  ForEachSimdTarget([&] {
+    for (int64_t p0 : {0, 9, 130}) {
+      const int64_t m = 2 + static_cast<int64_t>(rng.Below(150));
+      std::vector<int64_t> lim(4 * m);
+      for (int64_t j = 0; j < 4 * m; ++j) lim[j] = p0 + j / 4 + 1;
+      Problem p = MakeProblem(rng, p0 + m, 40, 8, 16, lim);
+      const int64_t dk = p.kd0 + p.kd1, nq = 4 * m;
+      // Observed: a run of heads that starts and ends inside 64-head tasks.
+      const int64_t obs_b = static_cast<int64_t>(rng.Below(nq - 1)),
+                    obs_e = obs_b + 1 + static_cast<int64_t>(rng.Below(nq - obs_b));
+      const std::vector<int64_t> one_segment = {0};
+      const std::vector<float> want = RunStaged(p, one_segment, nullptr);
+      auto run = [&](ThreadPool* pool, std::vector<double>* col) {
+        std::vector<float> ms(nq, -std::numeric_limits<float>::infinity()), ds(nq, 0.f),
+            os(nq * p.dvp, 0.f);
+        std::vector<StagedQuery> qs(nq);
+        for (int64_t j = 0; j < nq; ++j) {
+          qs[j] = {p.q.data() + j * dk, p.limit[j], &ms[j], &ds[j], &os[j * p.dvp]};
+        }
+        col->assign(p.n, 0.0);
+        ForEachSegment(p, one_segment, [&](const StagedRows& rows) {
+          AttendStagedObserved(rows, p.dvp, qs.data(), nq, obs_b, obs_e, col->data(), pool);
+        });
+        std::vector<float> out(nq * p.dv);
+        for (int64_t j = 0; j < nq; ++j) {
+          for (int64_t c = 0; c < p.dv; ++c) out[j * p.dv + c] = os[j * p.dvp + c] / ds[j];
+        }
+        return out;
+      };
+      std::vector<double> col, col3;
+      ThreadPool pool(2), pool3(3);
+      const std::vector<float> got = run(&pool, &col);
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), 4 * want.size())) << "outputs changed";
+      run(&pool3, &col3);
+      ASSERT_EQ(0, std::memcmp(col.data(), col3.data(), 8 * col.size())) << "pool changed bits";
+      std::vector<double> ref(p.n, 0.0), tol(p.n, 64 * u);
+      for (int64_t j = obs_b; j < obs_e; ++j) {
+        std::vector<double> sc(lim[j]);
+        double mx = -1e300, e = 0, d = 0;
+        for (int64_t r = 0; r < lim[j]; ++r) {
+          double acc = 0, mag = 0;
+          for (int64_t c = 0; c < dk; ++c) {
+            acc += double{p.q[j * dk + c]} * p.keys[r * dk + c];
+            mag += std::fabs(double{p.q[j * dk + c]} * p.keys[r * dk + c]);
+          }
+          sc[r] = acc;
+          mx = std::max(mx, acc);
+          e = std::max(e, dk * u * mag);
+        }
+        for (int64_t r = 0; r < lim[j]; ++r) d += std::exp(sc[r] - mx);
+        for (int64_t r = 0; r < lim[j]; ++r) {
+          const double w = std::exp(sc[r] - mx) / d;
+          ref[r] += w;
+          tol[r] += w * (3 * e + (lim[j] + 24) * u);
+        }
+      }
+      for (int64_t r = 0; r < p.n; ++r) {
+        ASSERT_NEAR(col[r], ref[r], tol[r]) << "p0 " << p0 << " m " << m << " observed ["
+                                            << obs_b << ", " << obs_e << ") row " << r;
+      }
+    }
+  });
+}
+
 // StageProduct: every entry within f32 rounding of the float64 product (|error| <= K u sum_k
 // |a b| with u = 2^-24, the bound of a K-term FMA chain), on every SIMD target, for shapes with
 // row and column tails; the pool does not change a bit.

@@ -20,6 +20,7 @@
 
 #include "core/rng.h"
 #include "kv/policy.h"
+#include "model/gqa_prefill.h"
 #include "model/mla.h"
 #include "model/model.h"
 #include "model/synth.h"
@@ -79,13 +80,15 @@ KlStats CompareLogits(Model& m, const std::vector<int32_t>& tokens, AttnMath fas
   std::vector<float> ref, got;
   auto c32 = Cache(m, AttnMath::kF32);
   auto cf = Cache(m, fast);
-  // Every query through the absorbed reads (those of every decode step), whose arithmetic
-  // --attn-math chooses: MLA prefill chunks in the expanded form (model/mla.h) are f32 under
-  // every setting.
+  // Every query through the per-query reads (those of every decode step), whose arithmetic
+  // --attn-math chooses: MLA prefill chunks in the expanded form (model/mla.h) and GQA chunks in
+  // the staged form (model/gqa_prefill.h) are f32 under every setting.
   const int64_t expanded = mla_internal::SetExpandedMinRowsForTest(-1);
+  const int64_t staged = gqa_internal::SetStagedMinRowsForTest(-1);
   EXPECT_TRUE(m.Prefill(tokens.data(), n, 64, c32.get(), nullptr, nullptr, &ref).ok());
   EXPECT_TRUE(m.Prefill(tokens.data(), n, 64, cf.get(), nullptr, nullptr, &got).ok());
   mla_internal::SetExpandedMinRowsForTest(expanded);
+  gqa_internal::SetStagedMinRowsForTest(staged);
   KlStats s;
   if (static_cast<int64_t>(ref.size()) != n * V || got.size() != ref.size()) {
     ADD_FAILURE() << "logit sizes";

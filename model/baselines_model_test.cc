@@ -9,6 +9,7 @@
 #include "core/rng.h"
 #include "kv/baselines/eviction.h"
 #include "kv/baselines/test_util.h"
+#include "model/gqa_prefill.h"
 #include "model/mla.h"
 #include "model/model.h"
 #include "model/synth.h"
@@ -71,61 +72,118 @@ TEST(BaselineModelTest, EveryPolicyRunsAndReadsLessThanFull) {
   }
 }
 
-// MLA prefill in the expanded form delivers H2O's and SnapKV's observations as column sums
-// (StagedColumnSums over the re-decompressed keys): the accumulated scores equal the per-query
-// absorbed weights' up to f32 rounding (a missing query or row moves a score by a whole
-// weight, ~10 % here), the same queries are counted, and layer 0 keeps the same rows.
-TEST(BaselineModelTest, ExpandedPrefillObservesAsColumnSums) {
+// Long prefill chunks (MLA's expanded form, GQA's staged form) deliver H2O's and SnapKV's
+// observations as column sums (StagedColumnSums over the chunk's keys): the accumulated scores
+// equal the per-query weights' up to f32 rounding (a missing query or row moves a score by a
+// whole weight, ~10 % here), the same queries are counted, and layer 0 keeps the same rows.
+TEST(BaselineModelTest, LongChunksObserveAsColumnSums) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   ThreadPool pool(2);
-  auto model = SynthModel(Arch::kDeepseek2, seed);
+  // deepseek2 twice: the column sums kept by the attention pass, and by a second pass over the
+  // keys (as beyond 32k rows).
+  for (int run : {0, 1, 2}) {
+    const Arch arch = run < 2 ? Arch::kDeepseek2 : Arch::kLlama;
+    const bool mla = arch == Arch::kDeepseek2;
+    const int64_t observed_rows = mla_internal::SetObservedRowsForTest(run == 1 ? 0 : 32768);
+    auto model = SynthModel(arch, seed);
+    ASSERT_TRUE(model);
+    Rng rng(seed);
+    std::vector<int32_t> toks(290);
+    for (auto& t : toks) t = static_cast<int32_t>(rng.Below(model->config().n_vocab));
+    for (const std::string name : {"h2o", "h2o-recent", "snapkv"}) {
+      SCOPED_TRACE(name + (mla ? " deepseek2" : " llama") + (run == 1 ? " second pass" : ""));
+      std::unique_ptr<KvCache> caches[2];
+      for (int staged : {0, 1}) {
+        const int64_t min_rows = staged ? 2 : -1;
+        const int64_t prev = mla ? mla_internal::SetExpandedMinRowsForTest(min_rows)
+                                 : gqa_internal::SetStagedMinRowsForTest(min_rows);
+        auto policy = MakePolicy(PolicySpec{name, SettingsFor(name, {{"ratio", "4"}})});
+        ASSERT_TRUE(policy.ok()) << policy.status().ToString();
+        auto cache = model->NewCache(std::move(policy).value());
+        ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+        // Chunks of 100: later chunks' column sums cover the earlier chunks' rows too.
+        Status st = model->Prefill(toks.data(), static_cast<int64_t>(toks.size()), 100,
+                                   cache->get(), &pool, nullptr);
+        mla ? mla_internal::SetExpandedMinRowsForTest(prev)
+            : gqa_internal::SetStagedMinRowsForTest(prev);
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        caches[staged] = std::move(cache).value();
+      }
+      const auto& a = dynamic_cast<const EvictionPolicy&>(caches[0]->policy());
+      const auto& b = dynamic_cast<const EvictionPolicy&>(caches[1]->policy());
+      bool differs = false;
+      for (int l = 0; l < caches[0]->n_layers(); ++l) {
+        EXPECT_EQ(a.observed(l), b.observed(l)) << "layer " << l;
+        for (int h = 0; h < caches[0]->geometry(l).n_kv_heads; ++h) {
+          const std::vector<double>& sa = a.scores(l, h);
+          const std::vector<double>& sb = b.scores(l, h);
+          ASSERT_EQ(sa.size(), sb.size()) << "layer " << l;
+          // Layer 0 sees the same queries and rows both ways: only the scores' f32 rounding
+          // differs. Later layers also see inputs that differ by the previous layers' f32
+          // rounding of the two attention forms, which this random model amplifies (seen up to
+          // 5e-3 relative on small scores): there each sum is checked to 3e-2 relative and the
+          // total (the query heads of the KV head, per observed query) to 1e-6 relative.
+          const double rel = l == 0 ? 1e-4 : 3e-2;
+          double ta = 0, tb = 0;
+          for (size_t u = 0; u < sa.size(); ++u) {
+            ASSERT_NEAR(sb[u], sa[u], rel * sa[u] + 1e-6) << "layer " << l << " row " << u;
+            differs = differs || sa[u] != sb[u];
+            ta += sa[u];
+            tb += sb[u];
+          }
+          EXPECT_NEAR(tb, ta, 1e-6 * ta) << "layer " << l << " KV head " << h;
+        }
+        if (l == 0) EXPECT_EQ(a.kept(l, 0), b.kept(l, 0)) << "layer " << l;
+      }
+      EXPECT_TRUE(differs) << "the column sums did not run";
+    }
+    mla_internal::SetObservedRowsForTest(observed_rows);
+  }
+}
+
+// A GQA prompt read in the staged form (model/gqa_prefill.h) is `full`'s bit for bit under
+// every policy whose prompt reads are dense until its compression point (they claim them,
+// Policy::ClaimDenseReads): the prompt's logits, every row, equal full's. KIVI reads its
+// quantized groups from the first complete group on, so its prompt is not full's.
+TEST(BaselineModelTest, DensePromptReadsAreStagedLikeFullOnGqa) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  ThreadPool pool(2);
+  auto model = SynthModel(Arch::kLlama, seed);
   ASSERT_TRUE(model);
   Rng rng(seed);
   std::vector<int32_t> toks(290);
   for (auto& t : toks) t = static_cast<int32_t>(rng.Below(model->config().n_vocab));
-  for (const std::string name : {"h2o", "h2o-recent", "snapkv"}) {
+  const int64_t prev = gqa_internal::SetStagedMinRowsForTest(2);
+  auto run = [&](const std::string& name, std::vector<float>* all) {
+    auto policy = MakePolicy(PolicySpec{name, SettingsFor(name, {{"ratio", "4"}})});
+    ASSERT_TRUE(policy.ok()) << policy.status().ToString();
+    auto cache = model->NewCache(std::move(policy).value());
+    ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+    Status st = model->Prefill(toks.data(), static_cast<int64_t>(toks.size()), 100, cache->get(),
+                               &pool, nullptr, all);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  };
+  std::vector<float> ref;
+  run("full", &ref);
+  std::vector<std::string> names = {"geodesia", "cquest"};
+  for (const auto& n : testing::AllBaselines()) names.push_back(n);
+  for (const std::string& name : names) {
     SCOPED_TRACE(name);
-    std::unique_ptr<KvCache> caches[2];
-    for (int expanded : {0, 1}) {
-      const int64_t prev = mla_internal::SetExpandedMinRowsForTest(expanded ? 2 : -1);
-      auto policy = MakePolicy(PolicySpec{name, SettingsFor(name, {{"ratio", "4"}})});
-      ASSERT_TRUE(policy.ok()) << policy.status().ToString();
-      auto cache = model->NewCache(std::move(policy).value());
-      ASSERT_TRUE(cache.ok()) << cache.status().ToString();
-      // Chunks of 100: later chunks' column sums cover the earlier chunks' rows too.
-      Status st = model->Prefill(toks.data(), static_cast<int64_t>(toks.size()), 100, cache->get(),
-                                 &pool, nullptr);
-      mla_internal::SetExpandedMinRowsForTest(prev);
-      ASSERT_TRUE(st.ok()) << st.ToString();
-      caches[expanded] = std::move(cache).value();
+    std::vector<float> all;
+    run(name, &all);
+    ASSERT_EQ(all.size(), ref.size());
+    const bool kivi = name.rfind("kivi", 0) == 0;
+    size_t differ = 0;
+    for (size_t i = 0; i < all.size(); ++i) differ += all[i] != ref[i];
+    if (kivi) {
+      EXPECT_GT(differ, 0u) << "kivi's prompt read its quantized groups";
+    } else {
+      EXPECT_EQ(differ, 0u) << "of " << all.size() << " logits";
     }
-    const auto& a = dynamic_cast<const EvictionPolicy&>(caches[0]->policy());
-    const auto& b = dynamic_cast<const EvictionPolicy&>(caches[1]->policy());
-    bool differs = false;
-    for (int l = 0; l < caches[0]->n_layers(); ++l) {
-      EXPECT_EQ(a.observed(l), b.observed(l)) << "layer " << l;
-      const std::vector<double>& sa = a.scores(l, 0);
-      const std::vector<double>& sb = b.scores(l, 0);
-      ASSERT_EQ(sa.size(), sb.size()) << "layer " << l;
-      // Layer 0 sees the same queries and rows both ways: only the scores' f32 rounding
-      // differs. Later layers also see inputs that differ by the previous layers' f32 rounding
-      // of the two attention forms, which this random model amplifies (seen up to 5e-3
-      // relative on small scores): there each sum is checked to 3e-2 relative and the total
-      // (n_q_heads per observed query) to 1e-6 relative.
-      const double rel = l == 0 ? 1e-4 : 3e-2;
-      double ta = 0, tb = 0;
-      for (size_t u = 0; u < sa.size(); ++u) {
-        ASSERT_NEAR(sb[u], sa[u], rel * sa[u] + 1e-6) << "layer " << l << " row " << u;
-        differs = differs || sa[u] != sb[u];
-        ta += sa[u];
-        tb += sb[u];
-      }
-      EXPECT_NEAR(tb, ta, 1e-6 * ta) << "layer " << l;
-      if (l == 0) EXPECT_EQ(a.kept(l, 0), b.kept(l, 0)) << "layer " << l;
-    }
-    EXPECT_TRUE(differs) << "the column sums did not run";
   }
+  gqa_internal::SetStagedMinRowsForTest(prev);
 }
 
 }  // namespace

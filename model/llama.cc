@@ -1,5 +1,6 @@
 // llama-family forward pass: GQA attention with RoPE (llama: adjacent pairs; qwen2: neox halves
 // and q/k/v biases), RMSNorm, SwiGLU FFN, tied or untied output.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -7,6 +8,7 @@
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/arch.h"
+#include "model/gqa_prefill.h"
 
 namespace strata {
 namespace {
@@ -118,12 +120,16 @@ class LlamaModel final : public Model {
         if (!rows.live(i)) continue;
         RETURN_IF_ERROR(rows.Event(i, rows.caches[i]->Append(l, &k[i * kvd], &v[i * kvd])));
       }
-      for (int i = 0; i < n; ++i) {
-        KvCache* cache = rows.caches[i];
-        const int64_t p = rows.pos[i];
-        if (rows.live(i)) RETURN_IF_ERROR(rows.Event(i, cache->ObserveQuery(l, p, &q[i * qd], pool)));
-        if (rows.live(i)) {
-          RETURN_IF_ERROR(rows.Event(i, cache->Attend(l, &q[i * qd], p, pool, &att[i * qd])));
+      if (ClaimStaged(rows, l)) {
+        RETURN_IF_ERROR(rows.Event(0, StagedAttention(rows, l, q.data(), pool, att.data())));
+      } else {
+        for (int i = 0; i < n; ++i) {
+          KvCache* cache = rows.caches[i];
+          const int64_t p = rows.pos[i];
+          if (rows.live(i)) RETURN_IF_ERROR(rows.Event(i, cache->ObserveQuery(l, p, &q[i * qd], pool)));
+          if (rows.live(i)) {
+            RETURN_IF_ERROR(rows.Event(i, cache->Attend(l, &q[i * qd], p, pool, &att[i * qd])));
+          }
         }
       }
       Project(rows, L.wo, att.data(), qd, o.data(), d, pool);
@@ -143,6 +149,43 @@ class LlamaModel final : public Model {
   }
 
  private:
+  // Whether the pass is a long prefill chunk of one sequence whose reads the cache grants in
+  // bulk (model/gqa_prefill.h); true counts them as the chunk's reads of layer l.
+  static bool ClaimStaged(const Rows& rows, int l) {
+    if (rows.independent || !GqaStagedPays(rows.n)) return false;
+    for (int i = 0; i < rows.n; ++i) {
+      if (rows.caches[i] != rows.caches[0] || !rows.live(i) || rows.pos[i] != rows.pos[0] + i) {
+        return false;
+      }
+    }
+    return rows.caches[0]->ClaimDenseReads(l, rows.pos[0], rows.n);
+  }
+  // The claimed chunk's attention, and its observations: the observed queries (a run of
+  // positions) as column sums where the policy takes them, else one by one.
+  static Status StagedAttention(const Rows& rows, int l, const float* q, ThreadPool* pool,
+                                float* att) {
+    KvCache* cache = rows.caches[0];
+    const LayerGeometry& g = cache->geometry(l);
+    const int n = rows.n;
+    const int64_t p0 = rows.pos[0], qd = int64_t{g.n_q_heads} * g.k_dim;
+    int obs_a = n, obs_b = n;
+    for (int i = 0; i < n; ++i) {
+      if (!cache->observes(p0 + i)) continue;
+      obs_a = std::min(obs_a, i);
+      obs_b = i + 1;
+    }
+    if (obs_b > obs_a && cache->takes_column_sums()) {
+      std::vector<double> col(static_cast<size_t>(g.n_kv_heads) * (p0 + obs_b), 0.0);
+      GqaStagedAttention(cache->store(l), p0, n, q, pool, att, obs_a, obs_b, col.data());
+      return cache->ObserveColumnSums(l, p0 + obs_a, p0 + obs_b, col.data());
+    }
+    for (int i = obs_a; i < obs_b; ++i) {
+      RETURN_IF_ERROR(cache->ObserveQuery(l, p0 + i, &q[i * qd], pool));
+    }
+    GqaStagedAttention(cache->store(l), p0, n, q, pool, att);
+    return OkStatus();
+  }
+
   std::vector<LlamaLayer> layers_;
   std::vector<float> rope_freqs_;
   RopeParams rope_;

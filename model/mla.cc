@@ -32,6 +32,12 @@ TensorView OwnedF32(const std::vector<float>& buf, std::vector<int64_t> shape) {
 // kExpandSegmentRows x (d_c + d_r + nope + v) x 4 bytes (DeepSeek-V2 shapes: 7 MiB) whatever the
 // context.
 constexpr int64_t kExpandSegmentRows = 2048;
+// Observed queries' column sums come from the attention pass itself (AttendStagedObserved) up to
+// this many rows: a head's decompressed rows staged whole, (nope + d_r + v) x 4 bytes per row
+// (40 MiB at DeepSeek-V2's shapes), plus 64 x 4 bytes per row per pool thread for the kept
+// weights. Longer contexts take a second pass over the re-decompressed keys (StagedColumnSums).
+constexpr int64_t kMlaObservedRows = 32768;
+std::atomic<int64_t> g_observed_rows{kMlaObservedRows};  // tests lower it (SetObservedRowsForTest)
 
 std::atomic<int64_t> g_expanded_min_rows{0};
 
@@ -146,7 +152,7 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
       obs_a = std::min(obs_a, i);
       obs_b = i + 1;
     }
-    col_sums = obs_b > obs_a && rows.caches[0]->takes_column_sums() && ColumnSumsPay(obs_b - obs_a);
+    col_sums = obs_b > obs_a && rows.caches[0]->takes_column_sums() && ColumnSumsPay(obs_b - obs_a, rows.pos[0] + n);
   }
   for (int i0 = 0; i0 < n; i0 += kAbsorbRows) {
     const int m = std::min(n - i0, kAbsorbRows);
@@ -217,8 +223,10 @@ bool MlaModel::ExpandedPays(int64_t n) const {
   return 2 * saved >= 3 * dc * (nope + vd);
 }
 
-bool MlaModel::ColumnSumsPay(int64_t k) const {
+bool MlaModel::ColumnSumsPay(int64_t k, int64_t n_rows) const {
   if (g_expanded_min_rows.load(std::memory_order_relaxed) < 0) return false;
+  // Kept by the attention pass itself: a few operations per (observed query, row, head).
+  if (n_rows <= g_observed_rows.load(std::memory_order_relaxed)) return true;
   const ModelConfig& c = config_;
   const int64_t dc = c.kv_lora_rank, dr = c.qk_rope_dim, nope = c.qk_nope_dim;
   // Per (row, head): k absorbed weight passes cost k (d_c + d_r) multiply-adds (on one thread),
@@ -312,7 +320,46 @@ Status MlaModel::ExpandedAttention(const Rows& rows, const MlaWeights& M, int ca
     sr.v_stride = vdp;
     return sr;
   };
-  for (int64_t s0 = 0; s0 < n_rows; s0 += S) {
+  // Observed queries' column sums in the attention pass itself where every row's decompressed
+  // keys and values of a head fit (AttendStagedObserved): heads outermost, each head's rows
+  // decompressed whole (the latent rows staged again per head, segment by segment).
+  const bool fused = col != nullptr && obs_b > obs_a &&
+                     n_rows <= g_observed_rows.load(std::memory_order_relaxed);
+  if (fused) {
+    const int64_t Np = (n_rows + 63) / 64 * 64;
+    std::span<float> kt_all = ws.FloatsUnset(nope * Np), rt_all = ws.FloatsUnset(dr * Np),
+                     vs_all = ws.FloatsUnset(n_rows * vdp);
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t s0 = 0; s0 < n_rows; s0 += S) {
+        const int64_t sn = std::min(S, n_rows - s0), snp = (sn + 63) / 64 * 64;
+        stage(s0, sn);
+        if (h == 0) {
+          for (int64_t j = 0; j < dr; ++j) {
+            std::memcpy(&rt_all[j * Np + s0], &rt[j * Sp], sizeof(float) * sn);
+          }
+        }
+        StageProduct(&wuk[h * nope * dc], dc, ct.data(), Sp, &kt_all[s0], Np, nope, snp, dc, pool);
+        StageProduct(cs.data(), dc, &wuv[h * dc * vdp], vdp, &vs_all[s0 * vdp], vdp, sn, vdp, dc,
+                     pool);
+      }
+      for (int j = 0; j < n; ++j) {
+        const int64_t k = j * H + h;
+        qs[j] = StagedQuery{&qx[k * qk], p0 + j + 1, &ms[k], &ds[k], &os[k * vdp]};
+      }
+      StagedRows all;
+      all.n = n_rows;
+      all.kt[0] = kt_all.data();
+      all.kt[1] = rt_all.data();
+      all.kd[0] = nope;
+      all.kd[1] = dr;
+      all.k_stride = Np;
+      all.v = vs_all.data();
+      all.v_stride = vdp;
+      AttendStagedObserved(all, vdp, qs.data(), n, obs_a, obs_b, col, pool);
+    }
+    col = nullptr;  // delivered
+  }
+  for (int64_t s0 = 0; !fused && s0 < n_rows; s0 += S) {
     const int64_t sn = std::min(S, n_rows - s0);
     stage(s0, sn);
     for (int64_t h = 0; h < H; ++h) {
@@ -349,6 +396,7 @@ Status MlaModel::ExpandedAttention(const Rows& rows, const MlaWeights& M, int ca
 
 namespace mla_internal {
 int64_t SetExpandedMinRowsForTest(int64_t rows) { return g_expanded_min_rows.exchange(rows); }
+int64_t SetObservedRowsForTest(int64_t rows) { return g_observed_rows.exchange(rows); }
 }  // namespace mla_internal
 
 }  // namespace strata

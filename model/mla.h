@@ -15,10 +15,12 @@
 // paid once per chunk, so it pays for chunks of a few hundred rows (ExpandedPays).
 //
 // Observed queries of an expanded chunk (H2O, SnapKV: Policy::observation_takes_column_sums)
-// are delivered as column sums of their weights, computed by a second pass over the decompressed
-// keys with each head's final softmax state (StagedColumnSums) instead of one absorbed weight
-// pass per query: d_c nope per (row, head) to decompress the keys again plus nope + d_r per
-// (observed query, row, head), in parallel (ColumnSumsPay).
+// are delivered as column sums of their weights instead of one absorbed weight pass per query:
+// up to 32k rows the attention pass keeps each observed head's weights per tile and rescales
+// them once the head is final (AttendStagedObserved; heads outermost, each head's rows
+// decompressed whole); beyond, a second pass over the re-decompressed keys with each head's
+// final softmax state (StagedColumnSums): d_c nope per (row, head) to decompress the keys again
+// plus nope + d_r per (observed query, row, head), in parallel (ColumnSumsPay).
 #pragma once
 
 #include <string>
@@ -60,9 +62,10 @@ class MlaModel : public MoeModel {
   static constexpr int kAbsorbRows = 64;
   // Whether a chunk of n prefill rows at positions p0.. reads cheaper in the expanded form.
   bool ExpandedPays(int64_t n) const;
-  // Whether k observed queries of an expanded chunk are cheaper as column sums (a second pass
-  // over the re-decompressed keys) than as k absorbed weight passes.
-  bool ColumnSumsPay(int64_t k) const;
+  // Whether k observed queries of an expanded chunk over n_rows rows are cheaper as column sums
+  // (kept by the attention pass, or beyond kMlaObservedRows a second pass over the
+  // re-decompressed keys) than as k absorbed weight passes.
+  bool ColumnSumsPay(int64_t k, int64_t n_rows) const;
   // The expanded (non-absorbed) attention of a prefill chunk whose dense reads the cache granted
   // (KvCache::ClaimDenseReads): per head, keys [W_UK,h c_u ; r_u] and values W_UV,h c_u
   // decompressed from the cache's rows segment by segment, then AttendStaged on the chunk's
@@ -79,6 +82,9 @@ namespace mla_internal {
 // model decide (MlaModel::ExpandedPays), a negative value turns the expanded form off. Returns
 // the previous value.
 int64_t SetExpandedMinRowsForTest(int64_t rows);
+// Tests: the most rows whose observed column sums the attention pass keeps (32768 by default;
+// beyond, a second pass over the keys). Returns the previous value.
+int64_t SetObservedRowsForTest(int64_t rows);
 }  // namespace mla_internal
 
 }  // namespace strata

@@ -585,6 +585,13 @@ Status GeodesiaPolicy::Maintain(int layer, int64_t n_rows, ThreadPool* pool) {
   return RunAllocator(layer, n_rows - 1, nullptr, pool);
 }
 
+bool GeodesiaPolicy::ClaimDenseReads(int layer, const LayerStore& store, int64_t first_limit,
+                                     int m, ReadStats* stats) {
+  if (layers_[layer]->active) return false;  // Read's only dense branch
+  CountDenseReads(store.geometry(), first_limit, m, stats);
+  return true;
+}
+
 Status GeodesiaPolicy::Read(int layer, const LayerStore& store, const float* q, int64_t limit,
                             ThreadPool* pool, SoftmaxStates* st, ReadStats* stats) {
   Layer& L = *layers_[layer];

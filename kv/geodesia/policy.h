@@ -162,6 +162,10 @@ class GeodesiaPolicy final : public Policy {
   Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) override;
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
+  // Until the layer's compression point Read is ReadPrefix with no other effect, so a prefill
+  // chunk's reads are granted in bulk (model/gqa_prefill.h), exactly as `full`'s.
+  bool ClaimDenseReads(int layer, const LayerStore& store, int64_t first_limit, int m,
+                       ReadStats* stats) override;
   // Until the compression point a prompt is held twice: in the LayerStore pages and, block by
   // block as they close, in the graded layer's exact slots (2x full); `mass exact` adds its bf16
   // key copy (+0.5x) and the Quest gate its f16 key boxes (2 k_dim f16 per 64 rows and KV head:
