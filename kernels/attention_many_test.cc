@@ -125,6 +125,39 @@ std::vector<double> Reference(const Problem& p, int64_t j) {
   return o;
 }
 
+// The float64 column sums of query heads [j0, j1)'s softmax weights over p's rows, and each
+// sum's bound for an f32 computation: 64 u, plus per term its weight times 3 e (e: the f32
+// rounding bound of the head's largest score, dk u sum |q_c k_c|) and (limit + slack) u for
+// the rescaling and the sum.
+void ColumnSumsReference(const Problem& p, int64_t j0, int64_t j1, int64_t slack,
+                         std::vector<double>* ref, std::vector<double>* tol) {
+  const double u = std::ldexp(1.0, -24);
+  const int64_t dk = p.kd0 + p.kd1;
+  ref->assign(p.n, 0.0);
+  tol->assign(p.n, 64 * u);
+  for (int64_t j = j0; j < j1; ++j) {
+    const int64_t lim = p.limit[j];
+    std::vector<double> sc(lim);
+    double mx = -1e300, e = 0, d = 0;
+    for (int64_t r = 0; r < lim; ++r) {
+      double acc = 0, mag = 0;
+      for (int64_t c = 0; c < dk; ++c) {
+        acc += double{p.q[j * dk + c]} * p.keys[r * dk + c];
+        mag += std::fabs(double{p.q[j * dk + c]} * p.keys[r * dk + c]);
+      }
+      sc[r] = acc;
+      mx = std::max(mx, acc);
+      e = std::max(e, dk * u * mag);
+    }
+    for (int64_t r = 0; r < lim; ++r) d += std::exp(sc[r] - mx);
+    for (int64_t r = 0; r < lim; ++r) {
+      const double w = std::exp(sc[r] - mx) / d;
+      (*ref)[r] += w;
+      (*tol)[r] += w * (3 * e + (lim + slack) * u);
+    }
+  }
+}
+
 // A prefill chunk: m queries at positions [p0, p0 + m) read rows [0, p0 + j + 1).
 std::vector<int64_t> Causal(int64_t p0, int64_t m) {
   std::vector<int64_t> l(m);
@@ -209,7 +242,6 @@ TEST(StagedColumnSumsTest, MatchesFloat64WeightsAndIgnoresThePool) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
   Rng rng(seed);
-  const double u = std::ldexp(1.0, -24);
   ForEachSimdTarget([&] {
     for (int64_t p0 : {0, 9, 130}) {
       const int64_t m = 1 + static_cast<int64_t>(rng.Below(150));
@@ -217,32 +249,13 @@ TEST(StagedColumnSumsTest, MatchesFloat64WeightsAndIgnoresThePool) {
       std::vector<int64_t> lim(4 * m);
       for (int64_t j = 0; j < 4 * m; ++j) lim[j] = p0 + j / 4 + 1;
       Problem p = MakeProblem(rng, p0 + m, 40, 8, 16, lim);
-      const int64_t dk = p.kd0 + p.kd1, nq = 4 * m;
+      const int64_t nq = 4 * m;
       const std::vector<int64_t> seg = {0, (p0 + m) / 2 + 1};
       std::vector<double> col;
       ThreadPool pool(2);
       RunStaged(p, seg, &pool, &col);
-      std::vector<double> ref(p.n, 0.0), tol(p.n, 64 * u);
-      for (int64_t j = 0; j < nq; ++j) {
-        std::vector<double> sc(lim[j]);
-        double mx = -1e300, e = 0, d = 0;
-        for (int64_t r = 0; r < lim[j]; ++r) {
-          double acc = 0, mag = 0;
-          for (int64_t c = 0; c < dk; ++c) {
-            acc += double{p.q[j * dk + c]} * p.keys[r * dk + c];
-            mag += std::fabs(double{p.q[j * dk + c]} * p.keys[r * dk + c]);
-          }
-          sc[r] = acc;
-          mx = std::max(mx, acc);
-          e = std::max(e, dk * u * mag);
-        }
-        for (int64_t r = 0; r < lim[j]; ++r) d += std::exp(sc[r] - mx);
-        for (int64_t r = 0; r < lim[j]; ++r) {
-          const double w = std::exp(sc[r] - mx) / d;
-          ref[r] += w;
-          tol[r] += w * (3 * e + (lim[j] + 16) * u);
-        }
-      }
+      std::vector<double> ref, tol;
+      ColumnSumsReference(p, 0, nq, 16, &ref, &tol);
       for (int64_t r = 0; r < p.n; ++r) {
         ASSERT_NEAR(col[r], ref[r], tol[r]) << "p0 " << p0 << " m " << m << " row " << r;
       }
@@ -262,7 +275,6 @@ TEST(AttendStagedObservedTest, OutputsAreAttendStagedsAndSumsMatchFloat64) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
   Rng rng(seed);
-  const double u = std::ldexp(1.0, -24);
   ForEachSimdTarget([&] {
     for (int64_t p0 : {0, 9, 130}) {
       const int64_t m = 2 + static_cast<int64_t>(rng.Below(150));
@@ -298,27 +310,8 @@ TEST(AttendStagedObservedTest, OutputsAreAttendStagedsAndSumsMatchFloat64) {
       ASSERT_EQ(0, std::memcmp(got.data(), want.data(), 4 * want.size())) << "outputs changed";
       run(&pool3, &col3);
       ASSERT_EQ(0, std::memcmp(col.data(), col3.data(), 8 * col.size())) << "pool changed bits";
-      std::vector<double> ref(p.n, 0.0), tol(p.n, 64 * u);
-      for (int64_t j = obs_b; j < obs_e; ++j) {
-        std::vector<double> sc(lim[j]);
-        double mx = -1e300, e = 0, d = 0;
-        for (int64_t r = 0; r < lim[j]; ++r) {
-          double acc = 0, mag = 0;
-          for (int64_t c = 0; c < dk; ++c) {
-            acc += double{p.q[j * dk + c]} * p.keys[r * dk + c];
-            mag += std::fabs(double{p.q[j * dk + c]} * p.keys[r * dk + c]);
-          }
-          sc[r] = acc;
-          mx = std::max(mx, acc);
-          e = std::max(e, dk * u * mag);
-        }
-        for (int64_t r = 0; r < lim[j]; ++r) d += std::exp(sc[r] - mx);
-        for (int64_t r = 0; r < lim[j]; ++r) {
-          const double w = std::exp(sc[r] - mx) / d;
-          ref[r] += w;
-          tol[r] += w * (3 * e + (lim[j] + 24) * u);
-        }
-      }
+      std::vector<double> ref, tol;
+      ColumnSumsReference(p, obs_b, obs_e, 24, &ref, &tol);
       for (int64_t r = 0; r < p.n; ++r) {
         ASSERT_NEAR(col[r], ref[r], tol[r]) << "p0 " << p0 << " m " << m << " observed ["
                                             << obs_b << ", " << obs_e << ") row " << r;

@@ -290,22 +290,35 @@ Status MlaModel::ExpandedAttention(const Rows& rows, const MlaWeights& M, int ca
                    vs = ws.FloatsUnset(S * vdp);
   std::vector<StagedQuery> qs(n);
   const int64_t P = LayerStore::kPageRows;
-  // Stages rows [s0, s0 + sn) of the cache into cs, ct and rt.
-  auto stage = [&](int64_t s0, int64_t sn) {
+  // Stages rows [s0, s0 + sn) of the cache: c_hat into cs_d [sn, d_c], transposed into ct_d
+  // [d_c, ld] and r transposed into rt_d [d_r, ld]. Rows go 16 at a time, so each transposed
+  // write is a run of 16 floats rather than one float per ld-strided line.
+  auto stage_into = [&](int64_t s0, int64_t sn, float* cs_d, float* ct_d, float* rt_d,
+                        int64_t ld) {
+    constexpr int64_t kB = 16;
     ParallelForOrInline(pool, (sn + P - 1) / P, 1, [&](int64_t b, int64_t e, int) {
-      std::vector<float> row(dc + dr);
+      std::vector<float> blk(kB * (dc + dr));
       for (int64_t t = b; t < e; ++t) {
         const int64_t u0 = s0 + t * P;  // s0 is a multiple of the page size
         const KvStreamView page = store.PageView(0, u0 / P);
-        for (int64_t k = 0; k < P && t * P + k < sn; ++k) {
-          const int64_t i = t * P + k;
-          ToF32(page.dtype, page.keys + k * page.k_stride, row.data(), dc + dr);
-          std::memcpy(&cs[i * dc], row.data(), sizeof(float) * dc);
-          for (int64_t j = 0; j < dc; ++j) ct[j * Sp + i] = row[j];
-          for (int64_t j = 0; j < dr; ++j) rt[j * Sp + i] = row[dc + j];
+        const int64_t in_page = std::min(P, sn - t * P);
+        for (int64_t k0 = 0; k0 < in_page; k0 += kB) {
+          const int64_t nb = std::min(kB, in_page - k0), i0 = t * P + k0;
+          for (int64_t k = 0; k < nb; ++k) {
+            float* row = &blk[k * (dc + dr)];
+            ToF32(page.dtype, page.keys + (k0 + k) * page.k_stride, row, dc + dr);
+            std::memcpy(&cs_d[(i0 + k) * dc], row, sizeof(float) * dc);
+          }
+          for (int64_t j = 0; j < dc + dr; ++j) {
+            float* dst = j < dc ? &ct_d[j * ld + i0] : &rt_d[(j - dc) * ld + i0];
+            for (int64_t k = 0; k < nb; ++k) dst[k] = blk[k * (dc + dr) + j];
+          }
         }
       }
     });
+  };
+  auto stage = [&](int64_t s0, int64_t sn) {
+    stage_into(s0, sn, cs.data(), ct.data(), rt.data(), Sp);
   };
   auto staged = [&](int64_t s0, int64_t sn) {
     StagedRows sr;
@@ -322,26 +335,24 @@ Status MlaModel::ExpandedAttention(const Rows& rows, const MlaWeights& M, int ca
   };
   // Observed queries' column sums in the attention pass itself where every row's decompressed
   // keys and values of a head fit (AttendStagedObserved): heads outermost, each head's rows
-  // decompressed whole (the latent rows staged again per head, segment by segment).
+  // decompressed whole from the latent rows, staged once for all heads.
   const bool fused = col != nullptr && obs_b > obs_a &&
                      n_rows <= g_observed_rows.load(std::memory_order_relaxed);
   if (fused) {
+    // The latent rows staged once for all heads (c_hat [n_rows, d_c] and transposed
+    // [d_c, Np]); then per head its decompressed keys [nope, Np] and values [n_rows, vdp].
     const int64_t Np = (n_rows + 63) / 64 * 64;
-    std::span<float> kt_all = ws.FloatsUnset(nope * Np), rt_all = ws.FloatsUnset(dr * Np),
+    std::span<float> cs_all = ws.FloatsUnset(n_rows * dc), ct_all = ws.FloatsUnset(dc * Np),
+                     kt_all = ws.FloatsUnset(nope * Np), rt_all = ws.FloatsUnset(dr * Np),
                      vs_all = ws.FloatsUnset(n_rows * vdp);
+    for (int64_t s0 = 0; s0 < n_rows; s0 += S) {
+      stage_into(s0, std::min(S, n_rows - s0), &cs_all[s0 * dc], &ct_all[s0], &rt_all[s0], Np);
+    }
     for (int64_t h = 0; h < H; ++h) {
-      for (int64_t s0 = 0; s0 < n_rows; s0 += S) {
-        const int64_t sn = std::min(S, n_rows - s0), snp = (sn + 63) / 64 * 64;
-        stage(s0, sn);
-        if (h == 0) {
-          for (int64_t j = 0; j < dr; ++j) {
-            std::memcpy(&rt_all[j * Np + s0], &rt[j * Sp], sizeof(float) * sn);
-          }
-        }
-        StageProduct(&wuk[h * nope * dc], dc, ct.data(), Sp, &kt_all[s0], Np, nope, snp, dc, pool);
-        StageProduct(cs.data(), dc, &wuv[h * dc * vdp], vdp, &vs_all[s0 * vdp], vdp, sn, vdp, dc,
-                     pool);
-      }
+      StageProduct(&wuk[h * nope * dc], dc, ct_all.data(), Np, kt_all.data(), Np, nope, Np, dc,
+                   pool);
+      StageProduct(cs_all.data(), dc, &wuv[h * dc * vdp], vdp, vs_all.data(), vdp, n_rows, vdp,
+                   dc, pool);
       for (int j = 0; j < n; ++j) {
         const int64_t k = j * H + h;
         qs[j] = StagedQuery{&qx[k * qk], p0 + j + 1, &ms[k], &ds[k], &os[k * vdp]};
