@@ -5,6 +5,18 @@
 // core's FMA peak. The kernel's gain is where the caller can stage cheaper rows than the absorbed
 // ones (MLA prefill: 192 + 128 multiply-adds per (query, row, head) instead of 576 + 512, see
 // model/mla.cc), not the arithmetic rate.
+//
+// Session 17 (2-core Intel Xeon, Emerald Rapids, AVX3_SPR target; `generate -n 1 --threads 2`
+// on `synth --preset 125m --dtype f16`, a 5,192-token prompt, prefill tokens/s, quiet host):
+//   - Weights below exp(-87) are 0 (Softmax, ColumnBlock; AttendStream likewise): their
+//     exponentials were subnormal, and subnormal operands take a microcode assist per
+//     instruction on Intel cores. full 228.6 / 258.6 -> 363.3 / 360.1 (two rounds, the same
+//     binaries alternating); a KIVI prompt (wider score spreads) had run its staged prefix 1.6x
+//     slower than full's identical-shaped pass before it.
+//   - Staged keys at StagedKeyStride (not a multiple of 4 KiB apart): one run, full 341 / 408.
+//   - StageProduct in 256-column panels: MLA's per-head decompression streamed all of B once
+//     per 4 rows of A; `synth --preset 150m`, 23,101 tokens: full 105.6 -> 125.8, h2o 99.3 ->
+//     104.0 (one run each).
 #include "kernels/attention_many.h"
 
 #include <algorithm>
@@ -35,6 +47,7 @@ using VF = hn::Vec<DF>;
 
 constexpr int64_t kT = 64;  // rows per tile: a multiple of 4 vectors on every target
 constexpr int kR = 4;       // query heads per register block
+constexpr float kMinExp = -87.f;  // exp(-87) = 1.6e-38, the smallest weight kept (normal)
 // Query heads per task: a task walks the tiles outermost, so its heads' states (64 x dvp floats)
 // and one tile stay in L2 together.
 constexpr int64_t kTaskHeads = 64;
@@ -91,13 +104,17 @@ HWY_INLINE float Softmax(float* HWY_RESTRICT s, int64_t valid, float* m, float* 
   const float m_new = std::max(*m, mt);
   // m_old = -inf: 0; an unchanged maximum: exactly 1 (exp(0)), without the call.
   const float alpha = m_new == *m ? 1.f : std::exp(*m - m_new);
-  const VF vm = hn::Set(df, m_new);
+  const VF vm = hn::Set(df, m_new), vmin = hn::Set(df, kMinExp);
   VF sum = hn::Zero(df);
   for (int64_t i = 0; i < kT; i += N) {
     const auto live =
         hn::RebindMask(df, hn::Lt(hn::Add(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(i))), lim));
     const VF x = hn::IfThenElseZero(live, hn::Sub(hn::Load(df, s + i), vm));
-    const VF p = hn::IfThenElseZero(live, hn::Exp(df, x));
+    // Weights below exp(kMinExp) (< 2^-125) are 0: their exponentials would be subnormal, and
+    // subnormal operands cost a microcode assist per instruction on Intel cores (a KIVI prompt's
+    // wide score spreads made this kernel 1.8x slower there). Each is < 1e-37 of the tile's
+    // largest weight, far below f32 rounding of the sum.
+    const VF p = hn::IfThenElseZero(hn::And(live, hn::Ge(x, vmin)), hn::Exp(df, hn::Max(x, vmin)));
     hn::Store(p, df, s + i);
     sum = hn::Add(sum, p);
   }
@@ -308,14 +325,15 @@ HWY_INLINE void ColumnBlock(const StagedRows& rows, const StagedQuery* qs, int64
   alignas(64) float s[kR * kT];
   Scores<R>(rows, qs, col0, s);
   for (int r = 0; r < R; ++r) {
-    const VF vm = hn::Set(df, *qs[r].m);
+    const VF vm = hn::Set(df, *qs[r].m), vmin = hn::Set(df, kMinExp);
     const VF inv = hn::Set(df, 1.f / *qs[r].d);
     const auto lim = hn::Set(di, static_cast<int32_t>(valid[r]));
     for (int64_t i = 0; i < valid[r]; i += N) {
       const auto live = hn::RebindMask(
           df, hn::Lt(hn::Add(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(i))), lim));
       const VF x = hn::IfThenElseZero(live, hn::Sub(hn::Load(df, s + r * kT + i), vm));
-      const VF p = hn::IfThenElseZero(live, hn::Mul(hn::Exp(df, x), inv));
+      const VF p = hn::IfThenElseZero(hn::And(live, hn::Ge(x, vmin)),
+                                      hn::Mul(hn::Exp(df, hn::Max(x, vmin)), inv));  // as Softmax
       hn::Store(hn::Add(hn::Load(df, part + i), p), df, part + i);
     }
   }
@@ -401,19 +419,31 @@ HWY_INLINE void ProductRows(const float* a, int64_t lda, const float* b, int64_t
   for (; c0 < N; c0 += L) ProductBlock<R, 1>(a, lda, b + c0, ldb, y + c0, ldy, K);
 }
 
+// StageProduct's work: tasks of kRowsPerTask rows x kPanelCols columns, panel-major (a task's
+// index is panel * row groups + row group), so the pool's contiguous chunks share a panel of B
+// (K x kPanelCols floats: 512 KiB at MLA's K = 512) while it is in L2. Before (version 1:
+// tasks of 32 rows over every column) each 4-row block streamed all of B, K x N floats (47 MB at
+// N = 23k rows, MLA's fused column-sum pass), once per 4 rows of A.
+constexpr int64_t kRowsPerTask = 32;
+constexpr int64_t kPanelCols = 256;
+
 void StageProductImpl(const float* a, int64_t lda, const float* b, int64_t ldb, float* y,
                       int64_t ldy, int64_t M, int64_t N, int64_t K, ThreadPool* pool) {
-  constexpr int64_t kRowsPerTask = 32;
-  ParallelForOrInline(pool, (M + kRowsPerTask - 1) / kRowsPerTask, 1,
-                      [&](int64_t tb, int64_t te, int) {
-    for (int64_t r = tb * kRowsPerTask; r < std::min(M, te * kRowsPerTask); r += kR) {
-      const float* ar = a + r * lda;
-      float* yr = y + r * ldy;
-      switch (std::min<int64_t>(kR, M - r)) {
-        case 4: ProductRows<4>(ar, lda, b, ldb, yr, ldy, N, K); break;
-        case 3: ProductRows<3>(ar, lda, b, ldb, yr, ldy, N, K); break;
-        case 2: ProductRows<2>(ar, lda, b, ldb, yr, ldy, N, K); break;
-        default: ProductRows<1>(ar, lda, b, ldb, yr, ldy, N, K); break;
+  const int64_t n_groups = (M + kRowsPerTask - 1) / kRowsPerTask;
+  const int64_t n_panels = (N + kPanelCols - 1) / kPanelCols;
+  ParallelForOrInline(pool, n_groups * n_panels, 1, [&](int64_t tb, int64_t te, int) {
+    for (int64_t task = tb; task < te; ++task) {
+      const int64_t c0 = (task / n_groups) * kPanelCols, nc = std::min(kPanelCols, N - c0);
+      const int64_t r_end = std::min(M, (task % n_groups + 1) * kRowsPerTask);
+      for (int64_t r = (task % n_groups) * kRowsPerTask; r < r_end; r += kR) {
+        const float* ar = a + r * lda;
+        float* yr = y + r * ldy + c0;
+        switch (std::min<int64_t>(kR, M - r)) {
+          case 4: ProductRows<4>(ar, lda, b + c0, ldb, yr, ldy, nc, K); break;
+          case 3: ProductRows<3>(ar, lda, b + c0, ldb, yr, ldy, nc, K); break;
+          case 2: ProductRows<2>(ar, lda, b + c0, ldb, yr, ldy, nc, K); break;
+          default: ProductRows<1>(ar, lda, b + c0, ldb, yr, ldy, nc, K); break;
+        }
       }
     }
   });

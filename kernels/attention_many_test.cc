@@ -330,7 +330,8 @@ TEST(StageProductTest, MatchesFloat64AndIgnoresThePool) {
   struct Shape {
     int64_t M, N, K;
   };
-  const Shape shapes[] = {{128, 2048, 512}, {7, 16, 3}, {33, 80, 40}, {1, 64, 1}, {70, 128, 129}};
+  const Shape shapes[] = {{128, 2048, 512}, {7, 16, 3}, {33, 80, 40}, {1, 64, 1}, {70, 128, 129},
+                          {9, 400, 17}};  // 400: a partial 256-column panel
   ForEachSimdTarget([&] {
     for (const Shape& sh : shapes) {
       const int64_t lda = sh.K + 3, ldb = sh.N + 16, ldy = sh.N + 5;

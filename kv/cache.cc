@@ -176,15 +176,31 @@ Status KvCache::Attend(int layer, const float* q, int64_t pos, ThreadPool* pool,
 }
 
 bool KvCache::ClaimDenseReads(int layer, int64_t first_pos, int m) {
+  return ClaimReads(layer, first_pos, m, nullptr);
+}
+
+bool KvCache::ClaimStagedReads(int layer, int64_t first_pos, int m, StagedPrefixPlan* plan) {
+  return ClaimReads(layer, first_pos, m, plan);
+}
+
+void KvCache::StagePrefixRows(int layer, int h, int64_t s0, int64_t sn, float* keys,
+                              float* values) const {
+  policy_->StagePrefixRows(layer, h, s0, sn, keys, values);
+}
+
+bool KvCache::ClaimReads(int layer, int64_t first_pos, int m, StagedPrefixPlan* plan) {
   if (!status_.ok() || m <= 0) return false;
-  STRATA_CHECK_MSG(in_call_, "ClaimDenseReads outside a call (BeginCall first)");
+  STRATA_CHECK_MSG(in_call_, "reads claimed outside a call (BeginCall first)");
   LayerStore& store = stores_[layer];
   STRATA_CHECK_MSG(first_pos >= 0 && first_pos + m <= store.n_rows(),
                    "queries at [%lld, %lld) but %lld rows", static_cast<long long>(first_pos),
                    static_cast<long long>(first_pos + m), static_cast<long long>(store.n_rows()));
   CheckSealed(layer, "query");
   ReadStats stats;
-  if (!policy_->ClaimDenseReads(layer, store, first_pos + 1, m, &stats)) return false;
+  const bool claimed =
+      plan == nullptr ? policy_->ClaimDenseReads(layer, store, first_pos + 1, m, &stats)
+                      : policy_->ClaimStagedReads(layer, store, first_pos + 1, m, &stats, plan);
+  if (!claimed) return false;
   const LayerGeometry& g = store.geometry();
   const int64_t rows = int64_t{m} * (first_pos + 1) + int64_t{m} * (m - 1) / 2;  // sum of limits
   counters_.reads += m;

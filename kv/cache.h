@@ -80,6 +80,14 @@ class KvCache {
   // reading rows [0, pos]) from store(layer)'s rows itself; true counts them as m Attend calls.
   // False: read each with Attend. Their tokens must already be appended.
   bool ClaimDenseReads(int layer, int64_t first_pos, int m);
+  // Staged reads in bulk (Policy::ClaimStagedReads): as ClaimDenseReads, but each query at
+  // position pos reads rows [0, plan->Split(pos + 1)) as StagePrefixRows gives them and the rest
+  // of [0, pos] from store(layer). True counts them as m Attend calls.
+  bool ClaimStagedReads(int layer, int64_t first_pos, int m, StagedPrefixPlan* plan);
+  // After ClaimStagedReads: rows [s0, s0 + sn) of KV head h as the policy reads them (f32 keys
+  // [sn, k_dim], values [sn, v_dim]).
+  void StagePrefixRows(int layer, int h, int64_t s0, int64_t sn, float* keys,
+                       float* values) const;
   Status EndCall();
   bool in_call() const { return in_call_; }
   const CacheCall& call() const { return call_; }
@@ -151,6 +159,8 @@ class KvCache {
   Status Seal(int layer);
   // CHECKs that the layer's rows of the call are all appended (queries and EndCall need it).
   void CheckSealed(int layer, const char* what) const;
+  // ClaimDenseReads (plan null) and ClaimStagedReads.
+  bool ClaimReads(int layer, int64_t first_pos, int m, StagedPrefixPlan* plan);
   // Records the first error (with the layer and event as context) and returns it.
   Status Fail(const Status& s, int layer, const char* event);
 

@@ -29,6 +29,7 @@
 // released page holds a row of the running call (so no query of the call can lose a row).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -48,6 +49,14 @@ struct ReadStats {
   int64_t rows_fetched = 0;   // rows recalled from an archive this step
   int64_t bytes_read = 0;     // every byte the read touched: rows, indexes, scales, summaries
   int64_t fallbacks = 0;      // reads that took an exact fallback (e.g. a dense recall step)
+};
+
+// The split of a claimed staged read (Policy::ClaimStagedReads): a query at limit L reads its
+// first Split(L) rows from the policy's staged copy, the rest from the store.
+struct StagedPrefixPlan {
+  int64_t unit = 1;  // Split(L) = min(cap, floor(L / unit) * unit)
+  int64_t cap = 0;
+  int64_t Split(int64_t limit) const { return std::min(cap, limit / unit * unit); }
 };
 
 // One observed prompt query and, when the policy asks for them, its exact attention weights.
@@ -204,6 +213,22 @@ class Policy {
                                ReadStats* stats) {
     return false;
   }
+  // Staged reads in bulk (GQA prefill, model/gqa_prefill.h), for a policy whose reads are a
+  // prefix of its own approximate rows followed by exact rows of the store (KIVI: the quantized
+  // groups, then the newest rows): whether the running call's m queries of `layer` at limits
+  // first_limit .. first_limit + m - 1 would each read, through Read, rows [0, b) as the f32 rows
+  // StagePrefixRows gives and rows [b, limit) of the store exactly, with b = plan->Split(limit),
+  // and no effect but the counting. True: the policy fills *plan, counts the m reads as Read
+  // would have (into `stats`), and the caller computes their attention by another method, exact
+  // up to f32 rounding. False (the default): nothing happens.
+  virtual bool ClaimStagedReads(int layer, const LayerStore& store, int64_t first_limit, int m,
+                                ReadStats* stats, StagedPrefixPlan* plan) {
+    return false;
+  }
+  // After ClaimStagedReads: rows [s0, s0 + sn) (s0 + sn <= the plan's cap) of KV head h as f32,
+  // keys [sn, k_dim] and values [sn, v_dim] row-major, as Read would attend them.
+  virtual void StagePrefixRows(int layer, int h, int64_t s0, int64_t sn, float* keys,
+                               float* values) const {}
   // Bytes this policy keeps resident for the layer (rows it still holds + its own structures).
   virtual int64_t ResidentBytes(int layer, const LayerStore& store) const {
     return store.resident_bytes();

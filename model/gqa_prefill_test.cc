@@ -200,5 +200,80 @@ TEST(GqaStagedAttentionTest, LongContextsSumColumnsInASecondPass) {
   }
 }
 
+// A policy's staged prefix (GqaStagedPrefixAttention): every query head matches float64 over
+// rows [0, Split(limit)) as the prefix gives them and the rest as stored, with the same f32
+// rounding bound as above. The prefix rows here are the stored ones shifted (keys + 0.5, values
+// - 0.75), so a row read from the wrong side moves an output by far more than the bound. Cases:
+// a first chunk (p0 = 0) and a chunk past a segment boundary whose splits stop at the cap.
+TEST(GqaStagedAttentionTest, StagedPrefixMatchesFloat64OverBothParts) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  struct Case {
+    int H, KV, dk, dv;
+    int64_t rows, p0, unit, cap;
+  };
+  const Case cases[] = {{6, 2, 64, 64, 260, 0, 32, 192},
+                        {4, 1, 32, 48, 270, 100, 32, 64},
+                        {4, 2, 16, 16, kGqaSegmentRows + 120, kGqaSegmentRows - 60, 32,
+                         kGqaSegmentRows + 40}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "rows " << c.rows << " p0 " << c.p0 << " cap " << c.cap);
+    const LayerGeometry g = Geometry(c.H, c.KV, c.dk, c.dv, DType::kBF16);
+    const LayerStore s = Store(g, c.rows, rng);
+    const int n = static_cast<int>(c.rows - c.p0);
+    const std::vector<float> q = Queries(g, n, rng);
+    auto key = [&](int h, int64_t u, bool prefix, float* out) {
+      s.KeyRowF32(h, u, out);
+      if (prefix) for (int e = 0; e < g.k_dim; ++e) out[e] += 0.5f;
+    };
+    auto val = [&](int h, int64_t u, bool prefix, float* out) {
+      ToF32(g.kv_type, s.val_row(h, u), out, g.v_dim);
+      if (prefix) for (int e = 0; e < g.v_dim; ++e) out[e] -= 0.75f;
+    };
+    GqaStagedPrefix prefix;
+    prefix.plan.unit = c.unit;
+    prefix.plan.cap = c.cap;
+    prefix.stage = [&](int h, int64_t s0, int64_t sn, float* k, float* v) {
+      ASSERT_LE(s0 + sn, c.cap);
+      for (int64_t i = 0; i < sn; ++i) {
+        key(h, s0 + i, true, k + i * g.k_dim);
+        val(h, s0 + i, true, v + i * g.v_dim);
+      }
+    };
+    std::vector<float> att(static_cast<size_t>(n) * g.n_q_heads * g.v_dim);
+    ThreadPool pool(2);
+    GqaStagedPrefixAttention(s, prefix, c.p0, n, q.data(), &pool, att.data());
+    std::vector<float> kr(g.k_dim), vr(g.v_dim);
+    for (int j = 0; j < n; j += (j < 40 ? 1 : 7)) {
+      const int64_t limit = c.p0 + j + 1, b = prefix.plan.Split(limit);
+      for (int hq = 0; hq < g.n_q_heads; ++hq) {
+        const int h = hq / g.group_size();
+        const float* qh = &q[(int64_t{j} * g.n_q_heads + hq) * g.k_dim];
+        std::vector<double> sc(limit);
+        double mx = -1e300;
+        for (int64_t u = 0; u < limit; ++u) {
+          key(h, u, u < b, kr.data());
+          double acc = 0;
+          for (int e = 0; e < g.k_dim; ++e) acc += double{qh[e]} * g.scale * kr[e];
+          sc[u] = acc;
+          mx = std::max(mx, acc);
+        }
+        double d = 0;
+        for (double x : sc) d += std::exp(x - mx);
+        std::vector<double> o(g.v_dim, 0.0);
+        for (int64_t u = 0; u < limit; ++u) {
+          val(h, u, u < b, vr.data());
+          for (int e = 0; e < g.v_dim; ++e) o[e] += std::exp(sc[u] - mx) / d * vr[e];
+        }
+        for (int e = 0; e < g.v_dim; ++e) {
+          ASSERT_NEAR(att[(int64_t{j} * g.n_q_heads + hq) * g.v_dim + e], o[e], 2e-5)
+              << "query " << j << " head " << hq << " split " << b;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata

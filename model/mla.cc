@@ -247,7 +247,7 @@ Status MlaModel::ExpandedAttention(const Rows& rows, const MlaWeights& M, int ca
   const int64_t align = StagedValueAlign();
   const int64_t vdp = (vd + align - 1) / align * align;
   const int64_t S = std::min(n_rows, kExpandSegmentRows);
-  const int64_t Sp = (S + 63) / 64 * 64;
+  const int64_t Sp = StagedKeyStride(S);
   RopeParams rope;
   rope.freq_base = c.rope_base;
   rope.freq_scale = c.rope_freq_scale;
@@ -341,7 +341,7 @@ Status MlaModel::ExpandedAttention(const Rows& rows, const MlaWeights& M, int ca
   if (fused) {
     // The latent rows staged once for all heads (c_hat [n_rows, d_c] and transposed
     // [d_c, Np]); then per head its decompressed keys [nope, Np] and values [n_rows, vdp].
-    const int64_t Np = (n_rows + 63) / 64 * 64;
+    const int64_t Np = StagedKeyStride(n_rows);
     std::span<float> cs_all = ws.FloatsUnset(n_rows * dc), ct_all = ws.FloatsUnset(dc * Np),
                      kt_all = ws.FloatsUnset(nope * Np), rt_all = ws.FloatsUnset(dr * Np),
                      vs_all = ws.FloatsUnset(n_rows * vdp);

@@ -325,6 +325,41 @@ Status KiviPolicy::Read(int layer, const LayerStore& store, const float* q, int6
   return OkStatus();
 }
 
+bool KiviPolicy::ClaimStagedReads(int layer, const LayerStore& store, int64_t first_limit, int m,
+                                  ReadStats* stats, StagedPrefixPlan* plan) {
+  const Layer& L = layers_[layer];
+  if (L.mla) return false;
+  plan->unit = kGroup;
+  plan->cap = L.n_groups * kGroup;
+  // Read's own refusal (an exact row whose page is gone) is left to Read; the smallest split
+  // is the first query's.
+  const int64_t b0 = plan->Split(first_limit);
+  if (b0 < first_limit && !store.page_resident(0, b0 / LayerStore::kPageRows)) return false;
+  const LayerGeometry& g = L.g;
+  for (int64_t limit = first_limit; limit < first_limit + m; ++limit) {  // as Read counts
+    const int64_t b = plan->Split(limit), qg = b / kGroup;
+    stats->rows_attended += limit * g.n_kv_heads;
+    stats->bytes_read += (limit - b) * g.bytes_per_token() + qg * GroupBytes(layer);
+  }
+  return true;
+}
+
+void KiviPolicy::StagePrefixRows(int layer, int h, int64_t s0, int64_t sn, float* keys,
+                                 float* values) const {
+  const Layer& L = layers_[layer];
+  const int64_t D = L.g.k_dim, DV = L.g.v_dim;
+  STRATA_CHECK(!L.mla && s0 >= 0 && s0 + sn <= L.n_groups * kGroup);
+  std::vector<float> kt(kGroup * D), vt(kGroup * DV);
+  for (int64_t j = s0 / kGroup; j * kGroup < s0 + sn; ++j) {
+    DequantGroup(L, h, j, kt.data(), vt.data());
+    const int64_t a = std::max(s0, j * kGroup), e = std::min(s0 + sn, (j + 1) * kGroup);
+    std::copy(kt.begin() + (a - j * kGroup) * D, kt.begin() + (e - j * kGroup) * D,
+              keys + (a - s0) * D);
+    std::copy(vt.begin() + (a - j * kGroup) * DV, vt.begin() + (e - j * kGroup) * DV,
+              values + (a - s0) * DV);
+  }
+}
+
 void KiviPolicy::ReadPacked(const Layer& L, int64_t qg, const float* q, ThreadPool* pool,
                             SoftmaxStates* st) const {
   const LayerGeometry& g = L.g;
