@@ -85,7 +85,7 @@ class KvCache {
   // of [0, pos] from store(layer). True counts them as m Attend calls.
   bool ClaimStagedReads(int layer, int64_t first_pos, int m, StagedPrefixPlan* plan);
   // After ClaimStagedReads: rows [s0, s0 + sn) of KV head h as the policy reads them (f32 keys
-  // [sn, k_dim], values [sn, v_dim]).
+  // [sn, k_dim], values [sn, v_dim] unless null).
   void StagePrefixRows(int layer, int h, int64_t s0, int64_t sn, float* keys,
                        float* values) const;
   Status EndCall();

@@ -226,7 +226,8 @@ class Policy {
     return false;
   }
   // After ClaimStagedReads: rows [s0, s0 + sn) (s0 + sn <= the plan's cap) of KV head h as f32,
-  // keys [sn, k_dim] and values [sn, v_dim] row-major, as Read would attend them.
+  // keys [sn, k_dim] and values [sn, v_dim] row-major, as Read would attend them; values may be
+  // null (the caller needs the keys only: MLA, whose values are the latent rows' first v_dim).
   virtual void StagePrefixRows(int layer, int h, int64_t s0, int64_t sn, float* keys,
                                float* values) const {}
   // Bytes this policy keeps resident for the layer (rows it still holds + its own structures).

@@ -217,7 +217,7 @@ TEST(BaselineModelTest, KiviStagedReadsMatchItsReads) {
       const CacheCounters claimed = cache->counters();
       EXPECT_GT(plan.cap, p0) << "the call's own rows are partly quantized";
       KvCache* c = cache.get();
-      GqaStagedPrefix prefix{plan, [c](int h, int64_t s0, int64_t sn, float* k, float* v) {
+      StagedPrefix prefix{plan, [c](int h, int64_t s0, int64_t sn, float* k, float* v) {
                                c->StagePrefixRows(0, h, s0, sn, k, v);
                              }};
       const int64_t out = int64_t{g.n_q_heads} * g.v_dim;
@@ -243,54 +243,66 @@ TEST(BaselineModelTest, KiviStagedReadsMatchItsReads) {
   }
 }
 
-// KIVI's prompt chunks on GQA read staged (Policy::ClaimStagedReads, GqaStagedPrefixAttention):
-// each query's quantized groups as f32 rows and its newest rows exactly, what its Read computes,
-// up to f32 rounding; and the cache counts the same reads, rows and bytes as the per-query path.
+// KIVI's prompt chunks read staged (Policy::ClaimStagedReads; GQA: GqaStagedPrefixAttention,
+// MLA: the expanded form, MlaModel::ExpandedPrefixAttention): each query's quantized groups as
+// f32 rows and its newest rows exactly, what its Read computes, up to f32 rounding (on MLA also
+// the expanded form's: the latent rows decompressed per head instead of absorbed queries); and
+// the cache counts the same reads, rows and bytes as the per-query path.
 // Chunks of 100 over 290 tokens: later chunks read groups whose store pages were released.
 // Tolerance: the logits' largest difference relative to their largest magnitude. The two forms
 // differ by f32 rounding, but a later layer quantizes rows computed from an earlier layer's
 // attention, so a rounding difference that moves a value across a code boundary costs a whole
-// quantization step there: 30 seeds gave 1e-6 to 7e-5 of the largest logit, one 3.6e-4
-// (kivi4). The exact check is KiviStagedReadsMatchItsReads; this one sees the model path run.
+// quantization step there: 30 seeds gave 1e-6 to 7e-5 of the largest logit on llama, one
+// 3.6e-4 (kivi4). The exact check is KiviStagedReadsMatchItsReads; this one sees the model
+// path run.
 TEST(BaselineModelTest, KiviPromptReadsStagedAsItsReads) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   ThreadPool pool(2);
-  auto model = SynthModel(Arch::kLlama, seed);
-  ASSERT_TRUE(model);
-  Rng rng(seed);
-  std::vector<int32_t> toks(290);
-  for (auto& t : toks) t = static_cast<int32_t>(rng.Below(model->config().n_vocab));
-  for (const std::string name : {"kivi2", "kivi4"}) {
-    SCOPED_TRACE(name);
-    std::vector<float> logits[2];
-    CacheCounters counters[2];
-    for (int staged : {0, 1}) {
-      const int64_t prev = gqa_internal::SetStagedMinRowsForTest(staged ? 2 : -1);
-      auto policy = MakePolicy(PolicySpec{name, SettingsFor(name, {})});
-      ASSERT_TRUE(policy.ok()) << policy.status().ToString();
-      auto cache = model->NewCache(std::move(policy).value());
-      ASSERT_TRUE(cache.ok()) << cache.status().ToString();
-      Status st = model->Prefill(toks.data(), static_cast<int64_t>(toks.size()), 100, cache->get(),
-                                 &pool, nullptr, &logits[staged]);
-      gqa_internal::SetStagedMinRowsForTest(prev);
-      ASSERT_TRUE(st.ok()) << st.ToString();
-      counters[staged] = (*cache)->counters();
+  for (const Arch arch : {Arch::kLlama, Arch::kDeepseek2}) {
+    const bool mla = arch == Arch::kDeepseek2;
+    auto model = SynthModel(arch, seed);
+    ASSERT_TRUE(model);
+    Rng rng(seed);
+    std::vector<int32_t> toks(290);
+    for (auto& t : toks) t = static_cast<int32_t>(rng.Below(model->config().n_vocab));
+    for (const std::string name : {"kivi2", "kivi4"}) {
+      SCOPED_TRACE(name + (mla ? " deepseek2" : " llama"));
+      std::vector<float> logits[2];
+      CacheCounters counters[2];
+      for (int staged : {0, 1}) {
+        const int64_t min_rows = staged ? 2 : -1;
+        const int64_t prev = mla ? mla_internal::SetExpandedMinRowsForTest(min_rows)
+                                 : gqa_internal::SetStagedMinRowsForTest(min_rows);
+        auto policy = MakePolicy(PolicySpec{name, SettingsFor(name, {})});
+        ASSERT_TRUE(policy.ok()) << policy.status().ToString();
+        auto cache = model->NewCache(std::move(policy).value());
+        ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+        Status st = model->Prefill(toks.data(), static_cast<int64_t>(toks.size()), 100,
+                                   cache->get(), &pool, nullptr, &logits[staged]);
+        if (mla) {
+          mla_internal::SetExpandedMinRowsForTest(prev);
+        } else {
+          gqa_internal::SetStagedMinRowsForTest(prev);
+        }
+        ASSERT_TRUE(st.ok()) << st.ToString();
+        counters[staged] = (*cache)->counters();
+      }
+      ASSERT_EQ(logits[0].size(), logits[1].size());
+      double scale = 0, worst = 0;
+      size_t differ = 0;
+      for (size_t i = 0; i < logits[0].size(); ++i) {
+        scale = std::max(scale, std::fabs(double{logits[0][i]}));
+        worst = std::max(worst, std::fabs(double{logits[1][i]} - logits[0][i]));
+        differ += logits[0][i] != logits[1][i];
+      }
+      EXPECT_LE(worst, 5e-3 * scale) << "largest |logit| " << scale;
+      EXPECT_GT(differ, 0u) << "the staged form did not run (its f32 rounding differs)";
+      EXPECT_EQ(counters[1].reads, counters[0].reads);
+      EXPECT_EQ(counters[1].rows_attended_total, counters[0].rows_attended_total);
+      EXPECT_EQ(counters[1].bytes_read_total, counters[0].bytes_read_total);
+      EXPECT_EQ(counters[1].full_bytes_read_total, counters[0].full_bytes_read_total);
     }
-    ASSERT_EQ(logits[0].size(), logits[1].size());
-    double scale = 0, worst = 0;
-    size_t differ = 0;
-    for (size_t i = 0; i < logits[0].size(); ++i) {
-      scale = std::max(scale, std::fabs(double{logits[0][i]}));
-      worst = std::max(worst, std::fabs(double{logits[1][i]} - logits[0][i]));
-      differ += logits[0][i] != logits[1][i];
-    }
-    EXPECT_LE(worst, 5e-3 * scale) << "largest |logit| " << scale;
-    EXPECT_GT(differ, 0u) << "the staged form did not run (its f32 rounding differs)";
-    EXPECT_EQ(counters[1].reads, counters[0].reads);
-    EXPECT_EQ(counters[1].rows_attended_total, counters[0].rows_attended_total);
-    EXPECT_EQ(counters[1].bytes_read_total, counters[0].bytes_read_total);
-    EXPECT_EQ(counters[1].full_bytes_read_total, counters[0].full_bytes_read_total);
   }
 }
 

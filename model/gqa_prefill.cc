@@ -74,7 +74,7 @@ class StagedChunk {
     });
   }
   // The same from a policy's staged prefix (any s0).
-  void StageFromPrefix(const GqaStagedPrefix& prefix, int h, int64_t s0, int64_t sn, float* kt,
+  void StageFromPrefix(const StagedPrefix& prefix, int h, int64_t s0, int64_t sn, float* kt,
                        int64_t ld, float* vs) const {
     const int64_t P = LayerStore::kPageRows, dk = g_.k_dim, dv = g_.v_dim;
     ParallelForOrInline(pool_, (sn + P - 1) / P, 1, [&](int64_t b, int64_t e, int) {
@@ -184,7 +184,7 @@ void GqaStagedAttention(const LayerStore& store, int64_t p0, int n, const float*
   chunk.Finish(att);
 }
 
-void GqaStagedPrefixAttention(const LayerStore& store, const GqaStagedPrefix& prefix, int64_t p0,
+void GqaStagedPrefixAttention(const LayerStore& store, const StagedPrefix& prefix, int64_t p0,
                               int n, const float* q, ThreadPool* pool, float* att) {
   const LayerGeometry& g = store.geometry();
   const int64_t KV = g.n_kv_heads, G = g.group_size(), dk = g.k_dim;

@@ -1,6 +1,6 @@
 // GQA prefill chunks in the staged form: a chunk of one sequence whose reads the cache grants in
 // bulk (KvCache::ClaimDenseReads: full, the eviction baselines before their compression point,
-// quest while it keeps every page; KvCache::ClaimStagedReads: KIVI, see GqaStagedPrefix) reads the cache's rows once per KV head and segment, as f32
+// quest while it keeps every page; KvCache::ClaimStagedReads: KIVI, see model/staged_prefix.h) reads the cache's rows once per KV head and segment, as f32
 // (keys transposed), and its n x G query heads attend them through AttendStaged
 // (kernels/attention_many.h) instead of n AttendStream calls, each of which converts every row
 // again. Observed queries of such a chunk (H2O, SnapKV: Policy::observation_takes_column_sums)
@@ -21,6 +21,7 @@
 #include "core/thread_pool.h"
 #include "kv/policy.h"
 #include "kv/store.h"
+#include "model/staged_prefix.h"
 
 namespace strata {
 
@@ -47,21 +48,13 @@ void GqaStagedAttention(const LayerStore& store, int64_t p0, int n, const float*
                         ThreadPool* pool, float* att, int64_t obs_a = 0, int64_t obs_b = 0,
                         double* col = nullptr);
 
-// Rows a policy stages itself (Policy::ClaimStagedReads, e.g. KIVI's quantized groups): a query
-// at limit L reads rows [0, plan.Split(L)) as stage() gives them (f32 keys [sn, k_dim] and values
-// [sn, v_dim] of KV head h, rows [s0, s0 + sn); called from the pool's threads) and rows
-// [plan.Split(L), L) from the store.
-struct GqaStagedPrefix {
-  StagedPrefixPlan plan;
-  std::function<void(int h, int64_t s0, int64_t sn, float* keys, float* values)> stage;
-};
 
 // GqaStagedAttention's reads for a claimed staged prefix: per KV head the prefix's segments
 // (each query up to its split), then the exact rows after the smallest split staged once from
 // the store and read by each run of queries with the same split from there to its limit. The
 // same attention as the policy's Read up to f32 rounding (the two parts merge in one online
 // softmax). No observation (the policies that claim staged reads observe nothing).
-void GqaStagedPrefixAttention(const LayerStore& store, const GqaStagedPrefix& prefix, int64_t p0,
+void GqaStagedPrefixAttention(const LayerStore& store, const StagedPrefix& prefix, int64_t p0,
                               int n, const float* q, ThreadPool* pool, float* att);
 
 namespace gqa_internal {

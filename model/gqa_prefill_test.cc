@@ -231,7 +231,7 @@ TEST(GqaStagedAttentionTest, StagedPrefixMatchesFloat64OverBothParts) {
       ToF32(g.kv_type, s.val_row(h, u), out, g.v_dim);
       if (prefix) for (int e = 0; e < g.v_dim; ++e) out[e] -= 0.75f;
     };
-    GqaStagedPrefix prefix;
+    StagedPrefix prefix;
     prefix.plan.unit = c.unit;
     prefix.plan.cap = c.cap;
     prefix.stage = [&](int h, int64_t s0, int64_t sn, float* k, float* v) {

@@ -126,7 +126,7 @@ class LlamaModel final : public Model {
         RETURN_IF_ERROR(rows.Event(0, StagedAttention(rows, l, q.data(), pool, att.data())));
       } else if (claim == Claim::kPrefix) {
         KvCache* cache = rows.caches[0];
-        GqaStagedPrefix prefix{plan, [cache, l](int h, int64_t s0, int64_t sn, float* k, float* v) {
+        StagedPrefix prefix{plan, [cache, l](int h, int64_t s0, int64_t sn, float* k, float* v) {
                                  cache->StagePrefixRows(l, h, s0, sn, k, v);
                                }};
         GqaStagedPrefixAttention(cache->store(l), prefix, rows.pos[0], n, q.data(), pool,

@@ -134,13 +134,23 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
   // A long prefill chunk whose reads the policy grants in bulk reads in the expanded form: its
   // absorbed queries are then formed only for the rows the cache observes.
   bool expanded = false;
+  StagedPrefixPlan plan;
+  bool prefix = false;  // claimed through a staged prefix (expanded, nothing observed)
   if (!rows.independent && n >= 2 && ExpandedPays(n)) {
     bool one_sequence = true;
     for (int i = 0; i < n; ++i) {
       one_sequence = one_sequence && rows.caches[i] == rows.caches[0] && rows.live(i) &&
                      rows.pos[i] == rows.pos[0] + i;
     }
-    expanded = one_sequence && rows.caches[0]->ClaimDenseReads(l, rows.pos[0], n);
+    KvCache* cache = rows.caches[0];
+    expanded = one_sequence && cache->ClaimDenseReads(l, rows.pos[0], n);
+    if (one_sequence && !expanded) {
+      // A staged prefix has no observation path: only where no query of the chunk is observed.
+      bool observed = false;
+      for (int i = 0; i < n && !observed; ++i) observed = cache->observes(rows.pos[i]);
+      prefix = !observed && cache->ClaimStagedReads(l, rows.pos[0], n, &plan);
+      expanded = prefix;
+    }
   }
   // The chunk's observed queries [obs_a, obs_b) (a run: the observed window is a range of
   // positions), delivered as column sums by the expanded pass where the policy takes them.
@@ -203,6 +213,12 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
         ExpandedAttention(rows, M, l, q.data(), pool, o.data(), obs_a, obs_b, col.data()));
     RETURN_IF_ERROR(rows.Event(obs_a, rows.caches[0]->ObserveColumnSums(
                                           l, rows.pos[obs_a], rows.pos[0] + obs_b, col.data())));
+  } else if (prefix) {
+    KvCache* cache = rows.caches[0];
+    const StagedPrefix staged{plan, [cache, l](int h, int64_t s0, int64_t sn, float* k, float* v) {
+                                cache->StagePrefixRows(l, h, s0, sn, k, v);
+                              }};
+    RETURN_IF_ERROR(ExpandedPrefixAttention(rows, M, l, q.data(), staged, pool, o.data()));
   } else if (expanded) {
     RETURN_IF_ERROR(ExpandedAttention(rows, M, l, q.data(), pool, o.data()));
   }
@@ -234,174 +250,258 @@ bool MlaModel::ColumnSumsPay(int64_t k, int64_t n_rows) const {
   return k * (dc + dr) >= dc * nope + k * (nope + dr);
 }
 
-Status MlaModel::ExpandedAttention(const Rows& rows, const MlaWeights& M, int cache_layer,
-                                   const float* q, ThreadPool* pool, float* o, int64_t obs_a,
-                                   int64_t obs_b, double* col) const {
-  const ModelConfig& c = config_;
-  const int64_t H = c.n_heads, dc = c.kv_lora_rank, dr = c.qk_rope_dim, nope = c.qk_nope_dim,
-                vd = c.v_head_dim, qk = nope + dr;
-  const int n = rows.n;
-  const LayerStore& store = rows.caches[0]->store(cache_layer);
-  const LayerGeometry& g = store.geometry();
-  const int64_t p0 = rows.pos[0], n_rows = p0 + n;
-  const int64_t align = StagedValueAlign();
-  const int64_t vdp = (vd + align - 1) / align * align;
-  const int64_t S = std::min(n_rows, kExpandSegmentRows);
-  const int64_t Sp = StagedKeyStride(S);
-  RopeParams rope;
-  rope.freq_base = c.rope_base;
-  rope.freq_scale = c.rope_freq_scale;
-  ScratchScope ws;
-  // Queries [n, H, qk]: q_pe rotated at the row's position (as the absorbed query's), then
-  // scaled (as AttendStream scales).
-  std::span<float> qx = ws.FloatsUnset(n * H * qk);
-  for (int i = 0; i < n; ++i) {
-    for (int64_t h = 0; h < H; ++h) {
-      float* dst = &qx[(i * H + h) * qk];
-      std::memcpy(dst, &q[(i * H + h) * qk], sizeof(float) * qk);
-      if (!c.mla_nope) Rope(dst + nope, static_cast<int>(dr), rows.pos[i], RopeStyle::kNorm, rope);
-      for (int64_t k = 0; k < qk; ++k) dst[k] *= g.scale;
+namespace {
+
+// A prefill chunk read in the expanded form: its queries [n, H, nope + dr] (q_pe rotated at the
+// row's position, as the absorbed query's, then scaled as AttendStream scales), their
+// online-softmax states, every head's W_UK,h and W_UV,h as f32, and the staging of latent rows
+// and of a head's decompressed keys and values.
+class ExpandedChunk {
+ public:
+  ExpandedChunk(const ModelConfig& c, const MlaWeights& M, const LayerStore& store,
+                const int64_t* pos, int n, const float* q, ThreadPool* pool, ScratchScope& ws)
+      : store_(store), n_(n), pool_(pool), H_(c.n_heads), dc_(c.kv_lora_rank),
+        dr_(c.qk_rope_dim), nope_(c.qk_nope_dim), vd_(c.v_head_dim), qk_(nope_ + dr_) {
+    const LayerGeometry& g = store.geometry();
+    const int64_t align = StagedValueAlign();
+    vdp_ = (vd_ + align - 1) / align * align;
+    RopeParams rope;
+    rope.freq_base = c.rope_base;
+    rope.freq_scale = c.rope_freq_scale;
+    qx_ = ws.FloatsUnset(n * H_ * qk_);
+    for (int i = 0; i < n; ++i) {
+      for (int64_t h = 0; h < H_; ++h) {
+        float* dst = &qx_[(i * H_ + h) * qk_];
+        std::memcpy(dst, &q[(i * H_ + h) * qk_], sizeof(float) * qk_);
+        if (!c.mla_nope) Rope(dst + nope_, static_cast<int>(dr_), pos[i], RopeStyle::kNorm, rope);
+        for (int64_t k = 0; k < qk_; ++k) dst[k] *= g.scale;
+      }
+    }
+    ms_ = ws.FloatsUnset(n * H_);
+    ds_ = ws.Floats(n * H_);
+    os_ = ws.Floats(n * H_ * vdp_);
+    std::fill(ms_.begin(), ms_.end(), -std::numeric_limits<float>::infinity());
+    // W_UK,h as [nope, d_c] and W_UV,h transposed, [d_c, vdp] (zero past v), f32, for all heads
+    // (k_b holds W_UK,h transposed, [d_c, nope] per head; v_b W_UV,h, [v, d_c]; of any type).
+    wuk_ = ws.FloatsUnset(H_ * nope_ * dc_);
+    wuv_ = ws.Floats(H_ * dc_ * vdp_);
+    std::span<float> tmp = ws.FloatsUnset(dc_ * std::max(nope_, vd_));
+    for (int64_t h = 0; h < H_; ++h) {
+      const TensorView kb = M.k_b.Rows(h * dc_, dc_);
+      ToF32(kb.dtype, kb.data, tmp.data(), dc_ * nope_);
+      float* w = &wuk_[h * nope_ * dc_];
+      for (int64_t j = 0; j < dc_; ++j) {
+        for (int64_t i = 0; i < nope_; ++i) w[i * dc_ + j] = tmp[j * nope_ + i];
+      }
+      const TensorView vb = M.v_b.Rows(h * vd_, vd_);
+      ToF32(vb.dtype, vb.data, tmp.data(), vd_ * dc_);
+      float* wv = &wuv_[h * dc_ * vdp_];
+      for (int64_t i = 0; i < vd_; ++i) {
+        for (int64_t j = 0; j < dc_; ++j) wv[j * vdp_ + i] = tmp[i * dc_ + j];
+      }
     }
   }
-  std::span<float> ms = ws.FloatsUnset(n * H), ds = ws.Floats(n * H), os = ws.Floats(n * H * vdp);
-  std::fill(ms.begin(), ms.end(), -std::numeric_limits<float>::infinity());
-  // W_UK,h as [nope, d_c] and W_UV,h transposed, [d_c, vdp] (zero past v), f32, for all heads
-  // (k_b holds W_UK,h transposed, [d_c, nope] per head; v_b W_UV,h, [v, d_c]; of any type).
-  std::span<float> wuk = ws.FloatsUnset(H * nope * dc), wuv = ws.Floats(H * dc * vdp),
-                   tmp = ws.FloatsUnset(dc * std::max(nope, vd));
-  for (int64_t h = 0; h < H; ++h) {
-    const TensorView kb = M.k_b.Rows(h * dc, dc);
-    ToF32(kb.dtype, kb.data, tmp.data(), dc * nope);
-    float* w = &wuk[h * nope * dc];
-    for (int64_t j = 0; j < dc; ++j) {
-      for (int64_t i = 0; i < nope; ++i) w[i * dc + j] = tmp[j * nope + i];
-    }
-    const TensorView vb = M.v_b.Rows(h * vd, vd);
-    ToF32(vb.dtype, vb.data, tmp.data(), vd * dc);
-    float* wv = &wuv[h * dc * vdp];
-    for (int64_t i = 0; i < vd; ++i) {
-      for (int64_t j = 0; j < dc; ++j) wv[j * vdp + i] = tmp[i * dc + j];
-    }
-  }
-  // A segment's rows: c_hat [S, d_c] and transposed [d_c, Sp], r transposed [d_r, Sp]; one
-  // head's decompressed keys transposed [nope, Sp] and values [S, vdp].
-  std::span<float> cs = ws.FloatsUnset(S * dc), ct = ws.FloatsUnset(dc * Sp),
-                   rt = ws.FloatsUnset(dr * Sp), kt = ws.FloatsUnset(nope * Sp),
-                   vs = ws.FloatsUnset(S * vdp);
-  std::vector<StagedQuery> qs(n);
-  const int64_t P = LayerStore::kPageRows;
-  // Stages rows [s0, s0 + sn) of the cache: c_hat into cs_d [sn, d_c], transposed into ct_d
-  // [d_c, ld] and r transposed into rt_d [d_r, ld]. Rows go 16 at a time, so each transposed
-  // write is a run of 16 floats rather than one float per ld-strided line.
-  auto stage_into = [&](int64_t s0, int64_t sn, float* cs_d, float* ct_d, float* rt_d,
-                        int64_t ld) {
-    constexpr int64_t kB = 16;
-    ParallelForOrInline(pool, (sn + P - 1) / P, 1, [&](int64_t b, int64_t e, int) {
-      std::vector<float> blk(kB * (dc + dr));
+  int64_t dvp() const { return vdp_; }
+
+  // Latent rows [s0, s0 + sn) (s0 a multiple of the page size): c_hat into cs [sn, d_c],
+  // transposed into ct [d_c, ld], and r transposed into rt [d_r, ld]; from the store, or as
+  // `prefix` stages them when given. Rows go 32 at a time, so each transposed write is a run
+  // of 32 floats rather than one float per ld-strided line (and a KIVI group is staged whole).
+  void StageLatent(const StagedPrefix* prefix, int64_t s0, int64_t sn, float* cs, float* ct,
+                   float* rt, int64_t ld) const {
+    constexpr int64_t kB = 32;
+    const int64_t P = LayerStore::kPageRows, w = dc_ + dr_;
+    ParallelForOrInline(pool_, (sn + P - 1) / P, 1, [&](int64_t b, int64_t e, int) {
+      ScratchScope ts;
+      std::span<float> blk = ts.FloatsUnset(kB * w);
       for (int64_t t = b; t < e; ++t) {
-        const int64_t u0 = s0 + t * P;  // s0 is a multiple of the page size
-        const KvStreamView page = store.PageView(0, u0 / P);
+        const int64_t u0 = s0 + t * P;
         const int64_t in_page = std::min(P, sn - t * P);
         for (int64_t k0 = 0; k0 < in_page; k0 += kB) {
           const int64_t nb = std::min(kB, in_page - k0), i0 = t * P + k0;
-          for (int64_t k = 0; k < nb; ++k) {
-            float* row = &blk[k * (dc + dr)];
-            ToF32(page.dtype, page.keys + (k0 + k) * page.k_stride, row, dc + dr);
-            std::memcpy(&cs_d[(i0 + k) * dc], row, sizeof(float) * dc);
+          if (prefix != nullptr) {
+            prefix->stage(0, u0 + k0, nb, blk.data(), nullptr);
+          } else {
+            const KvStreamView page = store_.PageView(0, u0 / P);
+            for (int64_t k = 0; k < nb; ++k) {
+              ToF32(page.dtype, page.keys + (k0 + k) * page.k_stride, &blk[k * w], w);
+            }
           }
-          for (int64_t j = 0; j < dc + dr; ++j) {
-            float* dst = j < dc ? &ct_d[j * ld + i0] : &rt_d[(j - dc) * ld + i0];
-            for (int64_t k = 0; k < nb; ++k) dst[k] = blk[k * (dc + dr) + j];
+          for (int64_t k = 0; k < nb; ++k) {
+            std::memcpy(&cs[(i0 + k) * dc_], &blk[k * w], sizeof(float) * dc_);
+          }
+          for (int64_t j = 0; j < w; ++j) {
+            float* dst = j < dc_ ? &ct[j * ld + i0] : &rt[(j - dc_) * ld + i0];
+            for (int64_t k = 0; k < nb; ++k) dst[k] = blk[k * w + j];
           }
         }
       }
     });
-  };
-  auto stage = [&](int64_t s0, int64_t sn) {
-    stage_into(s0, sn, cs.data(), ct.data(), rt.data(), Sp);
-  };
-  auto staged = [&](int64_t s0, int64_t sn) {
+  }
+  // Head h's decompressed rows from StageLatent's: keys kt [nope, ld] = W_UK,h c^T (ld columns)
+  // and, unless vs is null, values vs [sn, vdp] = c W_UV,h^T.
+  void Decompress(int64_t h, const float* cs, const float* ct, int64_t ld, int64_t sn, float* kt,
+                  float* vs) const {
+    StageProduct(&wuk_[h * nope_ * dc_], dc_, ct, ld, kt, ld, nope_, ld, dc_, pool_);
+    if (vs == nullptr) return;
+    StageProduct(cs, dc_, &wuv_[h * dc_ * vdp_], vdp_, vs, vdp_, sn, vdp_, dc_, pool_);
+  }
+  // Head h of chunk query j, reading to `limit`.
+  StagedQuery Query(int64_t j, int64_t h, int64_t limit, bool output = true) {
+    const int64_t k = j * H_ + h;
+    return StagedQuery{&qx_[k * qk_], limit, &ms_[k], &ds_[k], output ? &os_[k * vdp_] : nullptr};
+  }
+  // Staged rows [r0, r0 + n): keys kt [nope, ld] and rt [d_r, ld], values vs [n, vdp].
+  StagedRows Staged(int64_t r0, int64_t n, const float* kt, const float* rt, int64_t ld,
+                    const float* vs) const {
     StagedRows sr;
-    sr.r0 = s0;
-    sr.n = sn;
-    sr.kt[0] = kt.data();
-    sr.kt[1] = rt.data();
-    sr.kd[0] = nope;
-    sr.kd[1] = dr;
-    sr.k_stride = Sp;
-    sr.v = vs.data();
-    sr.v_stride = vdp;
+    sr.r0 = r0;
+    sr.n = n;
+    sr.kt[0] = kt;
+    sr.kt[1] = rt;
+    sr.kd[0] = nope_;
+    sr.kd[1] = dr_;
+    sr.k_stride = ld;
+    sr.v = vs;
+    sr.v_stride = vdp_;
     return sr;
-  };
+  }
+  // o [n, H, v]: the normalised outputs.
+  void Finish(float* o) const {
+    for (int64_t k = 0; k < n_ * H_; ++k) {
+      const float inv = 1.f / ds_[k];  // every query reads at least its own row
+      for (int64_t j = 0; j < vd_; ++j) o[k * vd_ + j] = os_[k * vdp_ + j] * inv;
+    }
+  }
+
+ private:
+  const LayerStore& store_;
+  int64_t n_;
+  ThreadPool* pool_;
+  int64_t H_, dc_, dr_, nope_, vd_, qk_, vdp_ = 0;
+  std::span<float> qx_, ms_, ds_, os_, wuk_, wuv_;
+};
+
+}  // namespace
+
+Status MlaModel::ExpandedAttention(const Rows& rows, const MlaWeights& M, int cache_layer,
+                                   const float* q, ThreadPool* pool, float* o, int64_t obs_a,
+                                   int64_t obs_b, double* col) const {
+  const ModelConfig& c = config_;
+  const int64_t H = c.n_heads, dc = c.kv_lora_rank, dr = c.qk_rope_dim, nope = c.qk_nope_dim;
+  const int n = rows.n;
+  const LayerStore& store = rows.caches[0]->store(cache_layer);
+  const int64_t p0 = rows.pos[0], n_rows = p0 + n;
+  ScratchScope ws;
+  ExpandedChunk chunk(c, M, store, rows.pos, n, q, pool, ws);
+  const int64_t vdp = chunk.dvp();
+  std::vector<StagedQuery> qs(n);
   // Observed queries' column sums in the attention pass itself where every row's decompressed
   // keys and values of a head fit (AttendStagedObserved): heads outermost, each head's rows
   // decompressed whole from the latent rows, staged once for all heads.
   const bool fused = col != nullptr && obs_b > obs_a &&
                      n_rows <= g_observed_rows.load(std::memory_order_relaxed);
+  // A segment's rows: c_hat [S, d_c] and transposed [d_c, Sp], r transposed [d_r, Sp]; one
+  // head's decompressed keys transposed [nope, Sp] and values [S, vdp]. Fused: one segment.
+  const int64_t S = fused ? n_rows : std::min(n_rows, kExpandSegmentRows);
+  const int64_t Sp = StagedKeyStride(S);
+  std::span<float> cs = ws.FloatsUnset(S * dc), ct = ws.FloatsUnset(dc * Sp),
+                   rt = ws.FloatsUnset(dr * Sp), kt = ws.FloatsUnset(nope * Sp),
+                   vs = ws.FloatsUnset(S * vdp);
   if (fused) {
-    // The latent rows staged once for all heads (c_hat [n_rows, d_c] and transposed
-    // [d_c, Np]); then per head its decompressed keys [nope, Np] and values [n_rows, vdp].
-    const int64_t Np = StagedKeyStride(n_rows);
-    std::span<float> cs_all = ws.FloatsUnset(n_rows * dc), ct_all = ws.FloatsUnset(dc * Np),
-                     kt_all = ws.FloatsUnset(nope * Np), rt_all = ws.FloatsUnset(dr * Np),
-                     vs_all = ws.FloatsUnset(n_rows * vdp);
-    for (int64_t s0 = 0; s0 < n_rows; s0 += S) {
-      stage_into(s0, std::min(S, n_rows - s0), &cs_all[s0 * dc], &ct_all[s0], &rt_all[s0], Np);
+    for (int64_t s0 = 0; s0 < n_rows; s0 += kExpandSegmentRows) {
+      const int64_t sn = std::min(kExpandSegmentRows, n_rows - s0);
+      chunk.StageLatent(nullptr, s0, sn, &cs[s0 * dc], &ct[s0], &rt[s0], Sp);
     }
     for (int64_t h = 0; h < H; ++h) {
-      StageProduct(&wuk[h * nope * dc], dc, ct_all.data(), Np, kt_all.data(), Np, nope, Np, dc,
-                   pool);
-      StageProduct(cs_all.data(), dc, &wuv[h * dc * vdp], vdp, vs_all.data(), vdp, n_rows, vdp,
-                   dc, pool);
-      for (int j = 0; j < n; ++j) {
-        const int64_t k = j * H + h;
-        qs[j] = StagedQuery{&qx[k * qk], p0 + j + 1, &ms[k], &ds[k], &os[k * vdp]};
-      }
-      StagedRows all;
-      all.n = n_rows;
-      all.kt[0] = kt_all.data();
-      all.kt[1] = rt_all.data();
-      all.kd[0] = nope;
-      all.kd[1] = dr;
-      all.k_stride = Np;
-      all.v = vs_all.data();
-      all.v_stride = vdp;
-      AttendStagedObserved(all, vdp, qs.data(), n, obs_a, obs_b, col, pool);
+      chunk.Decompress(h, cs.data(), ct.data(), Sp, n_rows, kt.data(), vs.data());
+      for (int j = 0; j < n; ++j) qs[j] = chunk.Query(j, h, p0 + j + 1);
+      AttendStagedObserved(chunk.Staged(0, n_rows, kt.data(), rt.data(), Sp, vs.data()), vdp,
+                           qs.data(), n, obs_a, obs_b, col, pool);
     }
     col = nullptr;  // delivered
   }
   for (int64_t s0 = 0; !fused && s0 < n_rows; s0 += S) {
     const int64_t sn = std::min(S, n_rows - s0);
-    stage(s0, sn);
+    chunk.StageLatent(nullptr, s0, sn, cs.data(), ct.data(), rt.data(), Sp);
     for (int64_t h = 0; h < H; ++h) {
-      // kt = W_UK,h c^T (the kernel's key columns), vs = c W_UV,h^T.
-      StageProduct(&wuk[h * nope * dc], dc, ct.data(), Sp, kt.data(), Sp, nope, Sp, dc, pool);
-      StageProduct(cs.data(), dc, &wuv[h * dc * vdp], vdp, vs.data(), vdp, sn, vdp, dc, pool);
-      for (int j = 0; j < n; ++j) {
-        const int64_t k = j * H + h;
-        qs[j] = StagedQuery{&qx[k * qk], p0 + j + 1, &ms[k], &ds[k], &os[k * vdp]};
-      }
-      AttendStaged(staged(s0, sn), vdp, qs.data(), n, pool);
+      chunk.Decompress(h, cs.data(), ct.data(), Sp, sn, kt.data(), vs.data());
+      for (int j = 0; j < n; ++j) qs[j] = chunk.Query(j, h, p0 + j + 1);
+      AttendStaged(chunk.Staged(s0, sn, kt.data(), rt.data(), Sp, vs.data()), vdp, qs.data(), n,
+                   pool);
     }
   }
   // The observed queries' column sums with their heads' final states: the keys again, segment
   // by segment (heads in order, so each row's sum does not depend on the pool).
   for (int64_t s0 = 0; col != nullptr && s0 < p0 + obs_b; s0 += S) {
     const int64_t sn = std::min(S, p0 + obs_b - s0);
-    stage(s0, sn);
+    chunk.StageLatent(nullptr, s0, sn, cs.data(), ct.data(), rt.data(), Sp);
     for (int64_t h = 0; h < H; ++h) {
-      StageProduct(&wuk[h * nope * dc], dc, ct.data(), Sp, kt.data(), Sp, nope, Sp, dc, pool);
+      chunk.Decompress(h, cs.data(), ct.data(), Sp, sn, kt.data(), nullptr);
       for (int64_t j = obs_a; j < obs_b; ++j) {
-        const int64_t k = j * H + h;
-        qs[j - obs_a] = StagedQuery{&qx[k * qk], p0 + j + 1, &ms[k], &ds[k], nullptr};
+        qs[j - obs_a] = chunk.Query(j, h, p0 + j + 1, /*output=*/false);
       }
-      StagedColumnSums(staged(s0, sn), qs.data(), obs_b - obs_a, col + s0, pool);
+      StagedColumnSums(chunk.Staged(s0, sn, kt.data(), rt.data(), Sp, nullptr), qs.data(),
+                       obs_b - obs_a, col + s0, pool);
     }
   }
-  for (int64_t k = 0; k < n * H; ++k) {
-    const float inv = 1.f / ds[k];  // every query reads at least its own row
-    for (int64_t j = 0; j < vd; ++j) o[k * vd + j] = os[k * vdp + j] * inv;
+  chunk.Finish(o);
+  return OkStatus();
+}
+
+Status MlaModel::ExpandedPrefixAttention(const Rows& rows, const MlaWeights& M, int cache_layer,
+                                         const float* q, const StagedPrefix& prefix,
+                                         ThreadPool* pool, float* o) const {
+  const ModelConfig& c = config_;
+  const int64_t H = c.n_heads, dc = c.kv_lora_rank, dr = c.qk_rope_dim, nope = c.qk_nope_dim;
+  const int n = rows.n;
+  const LayerStore& store = rows.caches[0]->store(cache_layer);
+  const int64_t p0 = rows.pos[0], n_rows = p0 + n, P = LayerStore::kPageRows;
+  auto split = [&](int64_t j) { return prefix.plan.Split(p0 + j + 1); };  // chunk query j's
+  ScratchScope ws;
+  ExpandedChunk chunk(c, M, store, rows.pos, n, q, pool, ws);
+  const int64_t vdp = chunk.dvp();
+  std::vector<StagedQuery> qs(n);
+  // The prefix: rows [0, split(n - 1)) in segments, staged by the policy.
+  const int64_t b_max = split(n - 1);
+  const int64_t S = std::min(b_max, kExpandSegmentRows), Sp = StagedKeyStride(S);
+  std::span<float> cs = ws.FloatsUnset(S * dc), ct = ws.FloatsUnset(dc * Sp),
+                   rt = ws.FloatsUnset(dr * Sp), kt = ws.FloatsUnset(nope * Sp),
+                   vs = ws.FloatsUnset(S * vdp);
+  for (int64_t s0 = 0; s0 < b_max; s0 += S) {
+    const int64_t sn = std::min(S, b_max - s0);
+    int64_t j0 = 0;  // queries before j0 read no prefix row of the segment (splits ascend)
+    while (j0 < n && split(j0) <= s0) ++j0;
+    chunk.StageLatent(&prefix, s0, sn, cs.data(), ct.data(), rt.data(), Sp);
+    for (int64_t h = 0; h < H; ++h) {
+      chunk.Decompress(h, cs.data(), ct.data(), Sp, sn, kt.data(), vs.data());
+      for (int64_t j = j0; j < n; ++j) qs[j - j0] = chunk.Query(j, h, split(j));
+      AttendStaged(chunk.Staged(s0, sn, kt.data(), rt.data(), Sp, vs.data()), vdp, qs.data(),
+                   n - j0, pool);
+    }
   }
+  // The exact rows: [e0, n_rows) from the page holding the smallest split, decompressed once
+  // per head; each run of queries with the same split b reads [b, limit) from there (64 floats
+  // of padding: a run's key columns start inside the staged ones).
+  const int64_t e0 = split(0) / P * P, ne = n_rows - e0, Ep = StagedKeyStride(ne);
+  std::span<float> ce = ws.FloatsUnset(ne * dc), cte = ws.FloatsUnset(dc * Ep),
+                   rte = ws.FloatsUnset(dr * Ep + 64), kte = ws.FloatsUnset(nope * Ep + 64),
+                   ve = ws.FloatsUnset(ne * vdp);
+  chunk.StageLatent(nullptr, e0, ne, ce.data(), cte.data(), rte.data(), Ep);
+  for (int64_t h = 0; h < H; ++h) {
+    chunk.Decompress(h, ce.data(), cte.data(), Ep, ne, kte.data(), ve.data());
+    for (int64_t j = 0; j < n;) {
+      const int64_t b = split(j);
+      int64_t je = j;
+      while (je < n && split(je) == b) ++je;
+      for (int64_t i = j; i < je; ++i) qs[i - j] = chunk.Query(i, h, p0 + i + 1);
+      AttendStaged(chunk.Staged(b, n_rows - b, kte.data() + (b - e0), rte.data() + (b - e0), Ep,
+                                ve.data() + (b - e0) * vdp),
+                   vdp, qs.data(), je - j, pool);
+      j = je;
+    }
+  }
+  chunk.Finish(o);
   return OkStatus();
 }
 

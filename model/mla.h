@@ -14,6 +14,9 @@
 // (320 against 1088 at DeepSeek-V2's shapes) plus d_c (nope + v) per (row, head) to decompress,
 // paid once per chunk, so it pays for chunks of a few hundred rows (ExpandedPays).
 //
+// A policy that stages its own rows (KIVI: Policy::ClaimStagedReads) is read in the expanded
+// form too, its dequantized latent rows decompressed like the store's (ExpandedPrefixAttention).
+//
 // Observed queries of an expanded chunk (H2O, SnapKV: Policy::observation_takes_column_sums)
 // are delivered as column sums of their weights instead of one absorbed weight pass per query:
 // up to 32k rows the attention pass keeps each observed head's weights per tile and rescales
@@ -27,6 +30,7 @@
 #include <vector>
 
 #include "model/moe.h"
+#include "model/staged_prefix.h"
 
 namespace strata {
 
@@ -75,6 +79,14 @@ class MlaModel : public MoeModel {
   Status ExpandedAttention(const Rows& rows, const MlaWeights& M, int cache_layer, const float* q,
                            ThreadPool* pool, float* o, int64_t obs_a = 0, int64_t obs_b = 0,
                            double* col = nullptr) const;
+  // The expanded attention of a prefill chunk whose reads the cache granted through a staged
+  // prefix (KvCache::ClaimStagedReads: KIVI's quantized groups): per head, the prefix's latent
+  // rows (as the policy stages them) decompressed segment by segment and read by each query up
+  // to its split, then the exact rows after the smallest split decompressed once and read by
+  // each run of queries with the same split up to its limit; one online softmax over both.
+  Status ExpandedPrefixAttention(const Rows& rows, const MlaWeights& M, int cache_layer,
+                                 const float* q, const StagedPrefix& prefix, ThreadPool* pool,
+                                 float* o) const;
 };
 
 namespace mla_internal {

@@ -328,7 +328,6 @@ Status KiviPolicy::Read(int layer, const LayerStore& store, const float* q, int6
 bool KiviPolicy::ClaimStagedReads(int layer, const LayerStore& store, int64_t first_limit, int m,
                                   ReadStats* stats, StagedPrefixPlan* plan) {
   const Layer& L = layers_[layer];
-  if (L.mla) return false;
   plan->unit = kGroup;
   plan->cap = L.n_groups * kGroup;
   // Read's own refusal (an exact row whose page is gone) is left to Read; the smallest split
@@ -348,13 +347,14 @@ void KiviPolicy::StagePrefixRows(int layer, int h, int64_t s0, int64_t sn, float
                                  float* values) const {
   const Layer& L = layers_[layer];
   const int64_t D = L.g.k_dim, DV = L.g.v_dim;
-  STRATA_CHECK(!L.mla && s0 >= 0 && s0 + sn <= L.n_groups * kGroup);
-  std::vector<float> kt(kGroup * D), vt(kGroup * DV);
+  STRATA_CHECK(s0 >= 0 && s0 + sn <= L.n_groups * kGroup);
+  std::vector<float> kt(kGroup * D), vt(values != nullptr ? kGroup * DV : 0);
   for (int64_t j = s0 / kGroup; j * kGroup < s0 + sn; ++j) {
-    DequantGroup(L, h, j, kt.data(), vt.data());
+    DequantGroup(L, h, j, kt.data(), values != nullptr ? vt.data() : nullptr);
     const int64_t a = std::max(s0, j * kGroup), e = std::min(s0 + sn, (j + 1) * kGroup);
     std::copy(kt.begin() + (a - j * kGroup) * D, kt.begin() + (e - j * kGroup) * D,
               keys + (a - s0) * D);
+    if (values == nullptr) continue;
     std::copy(vt.begin() + (a - j * kGroup) * DV, vt.begin() + (e - j * kGroup) * DV,
               values + (a - s0) * DV);
   }

@@ -75,8 +75,9 @@ class KiviPolicy final : public Policy {
                     CachePlan* plan) override;
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
-  // GQA layers: a prefill chunk's reads are the quantized groups below each query (as f32,
-  // StagePrefixRows) and the exact rows after them (model/gqa_prefill.h stages both).
+  // A prefill chunk's reads are the quantized groups below each query (as f32, StagePrefixRows)
+  // and the exact rows after them (model/gqa_prefill.h, and MLA's expanded form in model/mla.h,
+  // stage both).
   bool ClaimStagedReads(int layer, const LayerStore& store, int64_t first_limit, int m,
                         ReadStats* stats, StagedPrefixPlan* plan) override;
   void StagePrefixRows(int layer, int h, int64_t s0, int64_t sn, float* keys,
