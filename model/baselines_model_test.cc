@@ -34,6 +34,20 @@ std::unique_ptr<Model> SynthModel(Arch arch, uint64_t seed) {
   return m.ok() ? std::move(m).value() : nullptr;
 }
 
+// n random token ids of the model's vocabulary.
+std::vector<int32_t> RandomTokens(const Model& model, uint64_t seed, int n) {
+  Rng rng(seed);
+  std::vector<int32_t> toks(n);
+  for (auto& t : toks) t = static_cast<int32_t>(rng.Below(model.config().n_vocab));
+  return toks;
+}
+
+// The smallest prefill chunk read staged (llama) or expanded (deepseek2); returns the previous.
+int64_t SetStagedMinRows(bool mla, int64_t rows) {
+  return mla ? mla_internal::SetExpandedMinRowsForTest(rows)
+             : gqa_internal::SetStagedMinRowsForTest(rows);
+}
+
 TEST(BaselineModelTest, EveryPolicyRunsAndReadsLessThanFull) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -41,9 +55,7 @@ TEST(BaselineModelTest, EveryPolicyRunsAndReadsLessThanFull) {
   for (Arch arch : {Arch::kLlama, Arch::kDeepseek2}) {
     auto model = SynthModel(arch, seed);
     ASSERT_TRUE(model);
-    Rng rng(seed);
-    std::vector<int32_t> toks(300);
-    for (auto& t : toks) t = static_cast<int32_t>(rng.Below(model->config().n_vocab));
+    const std::vector<int32_t> toks = RandomTokens(*model, seed, 300);
     const int64_t n_prompt = 290;
     int64_t full_bytes = 0;
     std::vector<std::string> names = {"full"};
@@ -88,16 +100,13 @@ TEST(BaselineModelTest, LongChunksObserveAsColumnSums) {
     const int64_t observed_rows = mla_internal::SetObservedRowsForTest(run == 1 ? 0 : 32768);
     auto model = SynthModel(arch, seed);
     ASSERT_TRUE(model);
-    Rng rng(seed);
-    std::vector<int32_t> toks(290);
-    for (auto& t : toks) t = static_cast<int32_t>(rng.Below(model->config().n_vocab));
+    const std::vector<int32_t> toks = RandomTokens(*model, seed, 290);
     for (const std::string name : {"h2o", "h2o-recent", "snapkv"}) {
       SCOPED_TRACE(name + (mla ? " deepseek2" : " llama") + (run == 1 ? " second pass" : ""));
       std::unique_ptr<KvCache> caches[2];
       for (int staged : {0, 1}) {
         const int64_t min_rows = staged ? 2 : -1;
-        const int64_t prev = mla ? mla_internal::SetExpandedMinRowsForTest(min_rows)
-                                 : gqa_internal::SetStagedMinRowsForTest(min_rows);
+        const int64_t prev = SetStagedMinRows(mla, min_rows);
         auto policy = MakePolicy(PolicySpec{name, SettingsFor(name, {{"ratio", "4"}})});
         ASSERT_TRUE(policy.ok()) << policy.status().ToString();
         auto cache = model->NewCache(std::move(policy).value());
@@ -105,8 +114,7 @@ TEST(BaselineModelTest, LongChunksObserveAsColumnSums) {
         // Chunks of 100: later chunks' column sums cover the earlier chunks' rows too.
         Status st = model->Prefill(toks.data(), static_cast<int64_t>(toks.size()), 100,
                                    cache->get(), &pool, nullptr);
-        mla ? mla_internal::SetExpandedMinRowsForTest(prev)
-            : gqa_internal::SetStagedMinRowsForTest(prev);
+        SetStagedMinRows(mla, prev);
         ASSERT_TRUE(st.ok()) << st.ToString();
         caches[staged] = std::move(cache).value();
       }
@@ -152,9 +160,7 @@ TEST(BaselineModelTest, DensePromptReadsAreStagedLikeFullOnGqa) {
   ThreadPool pool(2);
   auto model = SynthModel(Arch::kLlama, seed);
   ASSERT_TRUE(model);
-  Rng rng(seed);
-  std::vector<int32_t> toks(290);
-  for (auto& t : toks) t = static_cast<int32_t>(rng.Below(model->config().n_vocab));
+  const std::vector<int32_t> toks = RandomTokens(*model, seed, 290);
   const int64_t prev = gqa_internal::SetStagedMinRowsForTest(2);
   auto run = [&](const std::string& name, std::vector<float>* all) {
     auto policy = MakePolicy(PolicySpec{name, SettingsFor(name, {{"ratio", "4"}})});
@@ -263,28 +269,21 @@ TEST(BaselineModelTest, KiviPromptReadsStagedAsItsReads) {
     const bool mla = arch == Arch::kDeepseek2;
     auto model = SynthModel(arch, seed);
     ASSERT_TRUE(model);
-    Rng rng(seed);
-    std::vector<int32_t> toks(290);
-    for (auto& t : toks) t = static_cast<int32_t>(rng.Below(model->config().n_vocab));
+    const std::vector<int32_t> toks = RandomTokens(*model, seed, 290);
     for (const std::string name : {"kivi2", "kivi4"}) {
       SCOPED_TRACE(name + (mla ? " deepseek2" : " llama"));
       std::vector<float> logits[2];
       CacheCounters counters[2];
       for (int staged : {0, 1}) {
         const int64_t min_rows = staged ? 2 : -1;
-        const int64_t prev = mla ? mla_internal::SetExpandedMinRowsForTest(min_rows)
-                                 : gqa_internal::SetStagedMinRowsForTest(min_rows);
+        const int64_t prev = SetStagedMinRows(mla, min_rows);
         auto policy = MakePolicy(PolicySpec{name, SettingsFor(name, {})});
         ASSERT_TRUE(policy.ok()) << policy.status().ToString();
         auto cache = model->NewCache(std::move(policy).value());
         ASSERT_TRUE(cache.ok()) << cache.status().ToString();
         Status st = model->Prefill(toks.data(), static_cast<int64_t>(toks.size()), 100,
                                    cache->get(), &pool, nullptr, &logits[staged]);
-        if (mla) {
-          mla_internal::SetExpandedMinRowsForTest(prev);
-        } else {
-          gqa_internal::SetStagedMinRowsForTest(prev);
-        }
+        SetStagedMinRows(mla, prev);
         ASSERT_TRUE(st.ok()) << st.ToString();
         counters[staged] = (*cache)->counters();
       }
