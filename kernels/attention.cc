@@ -45,6 +45,11 @@
 //       retires about a third as fast as an FMA, so two products per lane lose. (A first version
 //       kept the 16 score accumulators in a helper's pointer argument and GCC stored all of them
 //       to the stack every step; fixed, no change in speed: the instruction rate is the limit.)
+//       Intel Xeon (Emerald Rapids, session 18; a standalone loop of 8 / 16 independent zmm
+//       accumulators, the other core busy): vdpbf16ps 1.10-1.32 ns per instruction, FMA
+//       0.24-0.30 ns, vpdpbusd 0.43-0.47 ns; so vdpbf16ps loses there too (2.3x slower per
+//       product), while vpdpbusd gives 2x the FMA's products per ns (part 3's int8 path unmeasured
+//       there).
 //       Hence auto is the f32 path for bf16 rows (Bf16RowsMath); bf16 stays selectable and
 //       tested (the model-level contract holds for it: model/attn_math_model_test.cc).
 #include "kernels/attention.h"
