@@ -121,7 +121,7 @@ class LlamaModel final : public Model {
         RETURN_IF_ERROR(rows.Event(i, rows.caches[i]->Append(l, &k[i * kvd], &v[i * kvd])));
       }
       StagedPrefixPlan plan;
-      const Claim claim = ClaimStaged(rows, l, &plan);
+      const Claim claim = ClaimStaged(rows, l, GqaStagedPays(rows.n), &plan);
       if (claim == Claim::kDense) {
         RETURN_IF_ERROR(rows.Event(0, StagedAttention(rows, l, q.data(), pool, att.data())));
       } else if (claim == Claim::kPrefix) {
@@ -158,25 +158,6 @@ class LlamaModel final : public Model {
   }
 
  private:
-  // Whether the pass is a long prefill chunk of one sequence whose reads the cache grants in
-  // bulk (model/gqa_prefill.h): dense (ClaimDenseReads) or through a staged prefix
-  // (ClaimStagedReads, *plan filled); either counts them as the chunk's reads of layer l.
-  enum class Claim { kNone, kDense, kPrefix };
-  static Claim ClaimStaged(const Rows& rows, int l, StagedPrefixPlan* plan) {
-    if (rows.independent || !GqaStagedPays(rows.n)) return Claim::kNone;
-    for (int i = 0; i < rows.n; ++i) {
-      if (rows.caches[i] != rows.caches[0] || !rows.live(i) || rows.pos[i] != rows.pos[0] + i) {
-        return Claim::kNone;
-      }
-    }
-    KvCache* cache = rows.caches[0];
-    if (cache->ClaimDenseReads(l, rows.pos[0], rows.n)) return Claim::kDense;
-    // A staged prefix has no observation path: only where no query of the chunk is observed.
-    for (int i = 0; i < rows.n; ++i) {
-      if (cache->observes(rows.pos[0] + i)) return Claim::kNone;
-    }
-    return cache->ClaimStagedReads(l, rows.pos[0], rows.n, plan) ? Claim::kPrefix : Claim::kNone;
-  }
   // The claimed chunk's attention, and its observations: the observed queries (a run of
   // positions) as column sums where the policy takes them, else one by one.
   static Status StagedAttention(const Rows& rows, int l, const float* q, ThreadPool* pool,

@@ -133,25 +133,10 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
   }
   // A long prefill chunk whose reads the policy grants in bulk reads in the expanded form: its
   // absorbed queries are then formed only for the rows the cache observes.
-  bool expanded = false;
   StagedPrefixPlan plan;
-  bool prefix = false;  // claimed through a staged prefix (expanded, nothing observed)
-  if (!rows.independent && n >= 2 && ExpandedPays(n)) {
-    bool one_sequence = true;
-    for (int i = 0; i < n; ++i) {
-      one_sequence = one_sequence && rows.caches[i] == rows.caches[0] && rows.live(i) &&
-                     rows.pos[i] == rows.pos[0] + i;
-    }
-    KvCache* cache = rows.caches[0];
-    expanded = one_sequence && cache->ClaimDenseReads(l, rows.pos[0], n);
-    if (one_sequence && !expanded) {
-      // A staged prefix has no observation path: only where no query of the chunk is observed.
-      bool observed = false;
-      for (int i = 0; i < n && !observed; ++i) observed = cache->observes(rows.pos[i]);
-      prefix = !observed && cache->ClaimStagedReads(l, rows.pos[0], n, &plan);
-      expanded = prefix;
-    }
-  }
+  const Claim claim = ClaimStaged(rows, l, n >= 2 && ExpandedPays(n), &plan);
+  const bool expanded = claim != Claim::kNone;
+  const bool prefix = claim == Claim::kPrefix;  // nothing of the chunk observed then
   // The chunk's observed queries [obs_a, obs_b) (a run: the observed window is a range of
   // positions), delivered as column sums by the expanded pass where the policy takes them.
   int obs_a = n, obs_b = n;
@@ -409,10 +394,7 @@ Status MlaModel::ExpandedAttention(const Rows& rows, const MlaWeights& M, int ca
                    rt = ws.FloatsUnset(dr * Sp), kt = ws.FloatsUnset(nope * Sp),
                    vs = ws.FloatsUnset(S * vdp);
   if (fused) {
-    for (int64_t s0 = 0; s0 < n_rows; s0 += kExpandSegmentRows) {
-      const int64_t sn = std::min(kExpandSegmentRows, n_rows - s0);
-      chunk.StageLatent(nullptr, s0, sn, &cs[s0 * dc], &ct[s0], &rt[s0], Sp);
-    }
+    chunk.StageLatent(nullptr, 0, n_rows, cs.data(), ct.data(), rt.data(), Sp);
     for (int64_t h = 0; h < H; ++h) {
       chunk.Decompress(h, cs.data(), ct.data(), Sp, n_rows, kt.data(), vs.data());
       for (int j = 0; j < n; ++j) qs[j] = chunk.Query(j, h, p0 + j + 1);

@@ -179,6 +179,21 @@ void Model::Logits(const float* hidden, int n, ThreadPool* pool, float* logits,
   }
 }
 
+Model::Claim Model::ClaimStaged(const Rows& rows, int l, bool pays, StagedPrefixPlan* plan) {
+  if (rows.independent || !pays) return Claim::kNone;
+  for (int i = 0; i < rows.n; ++i) {
+    if (rows.caches[i] != rows.caches[0] || !rows.live(i) || rows.pos[i] != rows.pos[0] + i) {
+      return Claim::kNone;
+    }
+  }
+  KvCache* cache = rows.caches[0];
+  if (cache->ClaimDenseReads(l, rows.pos[0], rows.n)) return Claim::kDense;
+  for (int i = 0; i < rows.n; ++i) {
+    if (cache->observes(rows.pos[0] + i)) return Claim::kNone;
+  }
+  return cache->ClaimStagedReads(l, rows.pos[0], rows.n, plan) ? Claim::kPrefix : Claim::kNone;
+}
+
 void Model::Project(const Rows& rows, const TensorView& w, const float* in, int64_t in_dim,
                     float* out, int64_t out_dim, ThreadPool* pool) {
   if (rows.n == 1) {

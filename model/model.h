@@ -122,6 +122,13 @@ class Model {
       return OkStatus();
     }
   };
+  // Whether the pass is a long prefill chunk of one sequence (`pays`: long enough for the
+  // architecture's staged form) whose reads of layer l the cache grants in bulk: dense
+  // (KvCache::ClaimDenseReads) or, where no query of the chunk is observed (a staged prefix has
+  // no observation path), through a staged prefix (ClaimStagedReads, *plan filled); either
+  // counts them as the chunk's reads of layer l.
+  enum class Claim { kNone, kDense, kPrefix };
+  static Claim ClaimStaged(const Rows& rows, int l, bool pays, StagedPrefixPlan* plan);
   // The architecture's forward pass inside the rows' open calls: per layer, every row is
   // appended before the first query reads.
   virtual Status ForwardChunk(const Rows& rows, ThreadPool* pool, float* hidden) = 0;
