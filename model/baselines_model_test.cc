@@ -128,21 +128,29 @@ TEST(BaselineModelTest, LongChunksObserveAsColumnSums) {
           const std::vector<double>& sb = b.scores(l, h);
           ASSERT_EQ(sa.size(), sb.size()) << "layer " << l;
           // Layer 0 sees the same queries and rows both ways: only the scores' f32 rounding
-          // differs. Later layers also see inputs that differ by the previous layers' f32
-          // rounding of the two attention forms, which this random model amplifies (seen up to
-          // 5e-3 relative on small scores): there each sum is checked to 3e-2 relative and the
-          // total (the query heads of the KV head, per observed query) to 1e-6 relative.
-          const double rel = l == 0 ? 1e-4 : 3e-2;
-          double ta = 0, tb = 0;
+          // differs, 1e-4 relative per row. Later layers also see inputs that differ by the
+          // previous layers' f32 rounding of the two attention forms, which this random model
+          // amplifies on single small scores (up to 6 % relative seen, seed
+          // 9717000669030301196), so there the scores are compared as a whole: the L1 distance
+          // within 1e-3 of the total (at most 9.3e-5 seen over 26 seeds; one misplaced weight
+          // of SnapKV's 32 window queries x 4 heads is ~8e-3), and the total (the query heads
+          // of the KV head, per observed query) within 1e-6.
+          double ta = 0, tb = 0, l1 = 0;
           for (size_t u = 0; u < sa.size(); ++u) {
-            ASSERT_NEAR(sb[u], sa[u], rel * sa[u] + 1e-6) << "layer " << l << " row " << u;
+            if (l == 0) {
+              ASSERT_NEAR(sb[u], sa[u], 1e-4 * sa[u] + 1e-6) << "layer 0 row " << u;
+            }
             differs = differs || sa[u] != sb[u];
             ta += sa[u];
             tb += sb[u];
+            l1 += std::fabs(sb[u] - sa[u]);
           }
+          EXPECT_LE(l1, 1e-3 * ta) << "layer " << l << " KV head " << h;
           EXPECT_NEAR(tb, ta, 1e-6 * ta) << "layer " << l << " KV head " << h;
         }
-        if (l == 0) EXPECT_EQ(a.kept(l, 0), b.kept(l, 0)) << "layer " << l;
+        if (l == 0) {
+          EXPECT_EQ(a.kept(l, 0), b.kept(l, 0)) << "layer " << l;
+        }
       }
       EXPECT_TRUE(differs) << "the column sums did not run";
     }
