@@ -53,12 +53,12 @@ class Decorator final : public Policy {
   Status OnPrefillStats(int layer, const LayerStore& s, const PrefillObservation& o) override {
     return inner_->OnPrefillStats(layer, s, o);
   }
-  Status OnCompress(int layer, const LayerStore& s, CachePlan* p) override {
+  Status OnCompress(int layer, const LayerStore& s, CachePlan* p, ThreadPool* pool) override {
     if (at_compress_) {
       at_compress_(*inner_);
       at_compress_ = nullptr;
     }
-    return inner_->OnCompress(layer, s, p);
+    return inner_->OnCompress(layer, s, p, pool);
   }
   Status Read(int layer, const LayerStore& s, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override {

@@ -336,14 +336,14 @@ Status KvCache::ObserveColumnSums(int layer, int64_t first_query, int64_t end_qu
   return OkStatus();
 }
 
-Status KvCache::EndPrefill(ThreadPool* pool) { return Compress(); }
+Status KvCache::EndPrefill(ThreadPool* pool) { return Compress(pool); }
 
-Status KvCache::Compress() {
+Status KvCache::Compress(ThreadPool* pool) {
   RETURN_IF_ERROR(status_);
   STRATA_CHECK_MSG(!in_call_, "Compress inside a call");
   for (int l = 0; l < n_layers(); ++l) {
     CachePlan plan;
-    Status s = policy_->OnCompress(l, stores_[l], &plan);
+    Status s = policy_->OnCompress(l, stores_[l], &plan, pool);
     if (!s.ok()) return Fail(s, l, "compression point");
     RETURN_IF_ERROR(Apply(l, plan, stores_[l].n_rows(), "compression point"));
   }

@@ -112,7 +112,7 @@ class KvCache {
   Status ObserveColumnSums(int layer, int64_t first_query, int64_t end_query, const double* sums);
   Status EndPrefill(ThreadPool* pool);
   // An explicit compression point without observations (outside a call).
-  Status Compress();
+  Status Compress(ThreadPool* pool = nullptr);
 
   // The first error of an event (OK while none): the cache refuses every call after it.
   const Status& status() const { return status_; }

@@ -196,7 +196,7 @@ class ObservingPolicy final : public Policy {
     }
     return OkStatus();
   }
-  Status OnCompress(int layer, const LayerStore&, CachePlan*) override {
+  Status OnCompress(int layer, const LayerStore&, CachePlan*, ThreadPool*) override {
     ++compressions;
     return OkStatus();
   }

@@ -194,8 +194,9 @@ class Policy {
                                      const PrefillColumnSums& sums) {
     return Internal(name() + " does not take observation column sums");
   }
-  // The compression point.
-  virtual Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) {
+  // The compression point. `pool` (may be null) runs the policy's own work there (block closes,
+  // index builds, calibration); what it computes must not depend on it.
+  virtual Status OnCompress(int layer, const LayerStore& store, CachePlan* plan, ThreadPool* pool) {
     return OkStatus();
   }
   // A query that may see rows [0, limit): q [n_q_heads, k_dim] f32. Writes states for all

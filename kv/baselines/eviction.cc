@@ -221,7 +221,8 @@ std::vector<int64_t> EvictionPolicy::Select(Layer& L, int layer, int s,
   return out;
 }
 
-Status EvictionPolicy::OnCompress(int layer, const LayerStore& store, CachePlan* plan) {
+Status EvictionPolicy::OnCompress(int layer, const LayerStore& store, CachePlan* plan,
+                          ThreadPool* pool) {
   Layer& L = layers_[layer];
   const int64_t n = store.n_rows();
   if (n == 0) return OkStatus();

@@ -66,7 +66,8 @@ class EvictionPolicy final : public Policy {
   bool observation_takes_column_sums() const override { return true; }
   Status OnPrefillColumnSums(int layer, const LayerStore& store,
                              const PrefillColumnSums& sums) override;
-  Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) override;
+  Status OnCompress(int layer, const LayerStore& store, CachePlan* plan,
+                    ThreadPool* pool) override;
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
   bool ClaimDenseReads(int layer, const LayerStore& store, int64_t first_limit, int m,

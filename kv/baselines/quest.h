@@ -51,7 +51,8 @@ class QuestPolicy final : public Policy {
   std::string name() const override { return "quest"; }
   Status Bind(const std::vector<LayerGeometry>& layers) override;
   Status OnAppend(int layer, const LayerStore& store) override;
-  Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) override {
+  Status OnCompress(int layer, const LayerStore& store, CachePlan* plan,
+                    ThreadPool* pool) override {
     layers_[layer].active = true;
     return OkStatus();
   }

@@ -438,7 +438,8 @@ Status GeodesiaPolicy::OnAppend(int layer, const LayerStore& store) {
   return OkStatus();
 }
 
-Status GeodesiaPolicy::OnCompress(int layer, const LayerStore& store, CachePlan* plan) {
+Status GeodesiaPolicy::OnCompress(int layer, const LayerStore& store, CachePlan* plan,
+                          ThreadPool* pool) {
   if (!layers_[layer]->active) return Activate(layer, store);
   return OkStatus();
 }

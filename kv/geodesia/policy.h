@@ -159,7 +159,8 @@ class GeodesiaPolicy final : public Policy {
   Status BeginCall(int layer, const LayerStore& store, const CacheCall& call,
                    CachePlan* plan) override;
   Status OnAppend(int layer, const LayerStore& store) override;
-  Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) override;
+  Status OnCompress(int layer, const LayerStore& store, CachePlan* plan,
+                    ThreadPool* pool) override;
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
   // Until the layer's compression point Read is ReadPrefix with no other effect, so a prefill

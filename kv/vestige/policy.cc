@@ -52,7 +52,7 @@ class TierHook final : public VestigeRecallHook {
   void SetPolicyReader(PolicyReader r) { policy_reader_ = std::move(r); }
 
   void OnSelection(int layer, const LayerStore& store, int64_t n_closed,
-                   const std::vector<int64_t>& archived) override {
+                   const std::vector<int64_t>& archived, ThreadPool* pool) override {
     if (!ok_[layer]) return;
     if (policy_reader_) {
       const LayerStore* sp = &store;
@@ -69,7 +69,7 @@ class TierHook final : public VestigeRecallHook {
         return static_cast<const uint16_t*>(scratch);
       });
     }
-    Status s = tiers_[layer].IndexClosedRows(store, n_closed);
+    Status s = tiers_[layer].IndexClosedRows(store, n_closed, pool);
     if (s.ok() && !read_error_[layer].ok()) s = read_error_[layer];
     if (!s.ok()) {
       Fail(layer, s);
@@ -77,9 +77,9 @@ class TierHook final : public VestigeRecallHook {
     }
     tiers_[layer].SetArchive(archived.data(), static_cast<int64_t>(archived.size()));
   }
-  void OnCompress(int layer, const LayerStore& store) override {
+  void OnCompress(int layer, const LayerStore& store, ThreadPool* pool) override {
     if (!ok_[layer] || opt_.calibration != RecallCalibration::kPrefix) return;
-    Status s = tiers_[layer].CalibratePrefix(store, nullptr);
+    Status s = tiers_[layer].CalibratePrefix(store, pool);
     if (s.ok() && !read_error_[layer].ok()) s = read_error_[layer];
     if (!s.ok()) Fail(layer, s);
   }
@@ -367,15 +367,16 @@ Status VestigePolicy::EndCall(int layer, const LayerStore& store, const CacheCal
   return ArchivePages(layer, store, plan);
 }
 
-Status VestigePolicy::OnCompress(int layer, const LayerStore& store, CachePlan* plan) {
+Status VestigePolicy::OnCompress(int layer, const LayerStore& store, CachePlan* plan,
+                                 ThreadPool* pool) {
   layers_[layer].compressed = true;
-  RETURN_IF_ERROR(CloseReady(layer, store));
+  RETURN_IF_ERROR(CloseReady(layer, store, pool));
   RETURN_IF_ERROR(ArchivePages(layer, store, plan));
-  if (recall_ && layers_[layer].mla) recall_->OnCompress(layer, store);
+  if (recall_ && layers_[layer].mla) recall_->OnCompress(layer, store, pool);
   return OkStatus();
 }
 
-Status VestigePolicy::CloseReady(int layer, const LayerStore& store) {
+Status VestigePolicy::CloseReady(int layer, const LayerStore& store, ThreadPool* pool) {
   Layer& L = layers_[layer];
   if (!L.mla) return OkStatus();
   if (store.n_rows() - L.sel.n_closed() < cfg_.selector.block) return OkStatus();
@@ -397,10 +398,10 @@ Status VestigePolicy::CloseReady(int layer, const LayerStore& store) {
   // Closing several blocks with one rebalance equals closing them one by one: sigma is
   // immutable and the selection depends only on the closed sigma.
   L.sel.Rebalance();
-  return AfterSelection(layer, store);
+  return AfterSelection(layer, store, pool);
 }
 
-Status VestigePolicy::AfterSelection(int layer, const LayerStore& store) {
+Status VestigePolicy::AfterSelection(int layer, const LayerStore& store, ThreadPool* pool) {
   Layer& L = layers_[layer];
   if (L.file) {
     // Kept rows of released pages (a rebalance can move archived rows back) are served from a
@@ -436,7 +437,7 @@ Status VestigePolicy::AfterSelection(int layer, const LayerStore& store) {
     L.restored_pos = std::move(pos);
     L.restored = std::move(data);
   }
-  if (recall_) recall_->OnSelection(layer, store, L.sel.n_closed(), L.sel.archived());
+  if (recall_) recall_->OnSelection(layer, store, L.sel.n_closed(), L.sel.archived(), pool);
   return OkStatus();
 }
 

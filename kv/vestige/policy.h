@@ -125,10 +125,11 @@ class VestigeRecallHook {
   virtual int64_t observation_queries(int64_t prompt_len) const { return 0; }
   virtual void Observe(int layer, const LayerStore& store, const PrefillObservation& obs) {}
   // After every close + rebalance: the closed prefix is [0, n_closed); archived ascending.
+  // `pool` (may be null; the compression point's) runs the indexing, which must not depend on it.
   virtual void OnSelection(int layer, const LayerStore& store, int64_t n_closed,
-                           const std::vector<int64_t>& archived) {}
-  // At the compression point, after the selection (prefix calibration).
-  virtual void OnCompress(int layer, const LayerStore& store) {}
+                           const std::vector<int64_t>& archived, ThreadPool* pool) {}
+  // At the compression point, after the selection (prefix calibration), on `pool` (may be null).
+  virtual void OnCompress(int layer, const LayerStore& store, ThreadPool* pool) {}
   // The decode-step scan, called after the attended set (kept ∪ tail, `attended` ascending) has
   // been read into `attended_states` (m = the lam-scaled max per head). `archived`: the archived
   // rows (ascending, all < limit). Appends fetched rows (a subset of `archived`, any order;
@@ -160,7 +161,8 @@ class VestigePolicy final : public Policy {
                     CachePlan* plan) override;
   Status EndCall(int layer, const LayerStore& store, const CacheCall& call,
                  CachePlan* plan) override;
-  Status OnCompress(int layer, const LayerStore& store, CachePlan* plan) override;
+  Status OnCompress(int layer, const LayerStore& store, CachePlan* plan,
+                    ThreadPool* pool) override;
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
   // Prompt queries before the layer's compression point (and every query of a GQA layer), as
@@ -255,9 +257,10 @@ class VestigePolicy final : public Policy {
     int64_t file_reads = 0;             // preads of the archive file so far (reads)
   };
   // Closes every complete block and rebalances (the selection: kept and archived sets).
-  Status CloseReady(int layer, const LayerStore& store);
+  // `pool` (the compression point's; null on decode calls) runs the recall indexing.
+  Status CloseReady(int layer, const LayerStore& store, ThreadPool* pool = nullptr);
   // After a selection: kept rows of released pages into the restored buffer, the recall index.
-  Status AfterSelection(int layer, const LayerStore& store);
+  Status AfterSelection(int layer, const LayerStore& store, ThreadPool* pool);
   // File placement: writes the fully archived closed pages still resident and plans their
   // release. A write error keeps them resident (exact; recovered_error()).
   Status ArchivePages(int layer, const LayerStore& store, CachePlan* plan);

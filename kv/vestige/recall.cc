@@ -293,7 +293,7 @@ void GrowTo(V& v, size_t n, typename V::value_type fill) {
 
 }  // namespace
 
-Status RecallTier::IndexClosedRows(const LayerStore& store, int64_t n_closed) {
+Status RecallTier::IndexClosedRows(const LayerStore& store, int64_t n_closed, ThreadPool* pool) {
   STRATA_CHECK(configured());
   STRATA_CHECK(n_closed <= store.n_rows());
   if (n_closed <= n_indexed_) return OkStatus();
@@ -304,7 +304,7 @@ Status RecallTier::IndexClosedRows(const LayerStore& store, int64_t n_closed) {
   GrowTo(eta_, static_cast<size_t>((n_closed + kT - 1) / kT) * kT, 0.f);
   int64_t bad = -1;
   Status s = ProjectRows(store, basis_.data(), n_indexed_, n_closed, csk_.data(), eta_.data(),
-                         &bad, nullptr);
+                         &bad, pool);
   const int64_t first = n_indexed_;
   n_indexed_ = bad >= 0 ? bad : n_closed;
   const int64_t n_tiles = (n_indexed_ + kT - 1) / kT;
@@ -569,39 +569,42 @@ void RecallTier::ComputeLabels(const LayerStore& store, ThreadPool* pool,
     const int64_t lim = std::min(qpos_[i] + 1, store.n_rows());
     s.resize(static_cast<size_t>(G) * lim);
     ScoreRows(Src(store), qbuf_.data() + i * G * k, G, nullptr, 0, lim, lam_, s.data(), pool);
-    for (int h = 0; h < G; ++h) {
-      Label& L = (*labels)[i * G + h];
-      const float* sh = s.data() + h * lim;
-      float best = kNegInf, best_a = kNegInf;
-      for (int64_t u = 0; u < lim; ++u) {
-        if (L.tgt < 0 || sh[u] > best) {
-          best = sh[u];
-          L.tgt = u;
-        }
-        if (archived[u]) {
-          if (L.best_arch < 0 || sh[u] > best_a) {
-            best_a = sh[u];
-            L.best_arch = u;
-          }
-        } else {
-          L.max1 = std::max(L.max1, sh[u]);
-        }
-      }
-      if (L.tgt >= 0) L.hard = archived[L.tgt] != 0;
-      if (L.best_arch >= 0) L.true_arch = best_a;
-      if (L.max1 > kNegInf) {
-        double d = 0;
-        for (int64_t u = 0; u < lim; ++u)
-          if (!archived[u]) d += std::exp(static_cast<double>(sh[u]) - L.max1);
-        double ent = 0;
+    // Each head's label on its own (the same arithmetic on any pool).
+    ParallelForOrInline(pool, G, 1, [&](int64_t h0, int64_t h1, int) {
+      for (int64_t h = h0; h < h1; ++h) {
+        Label& L = (*labels)[i * G + h];
+        const float* sh = s.data() + h * lim;
+        float best = kNegInf, best_a = kNegInf;
         for (int64_t u = 0; u < lim; ++u) {
-          if (archived[u]) continue;
-          const double pu = std::exp(static_cast<double>(sh[u]) - L.max1) / d;
-          ent -= pu * std::log(std::max(pu, 1e-12));
+          if (L.tgt < 0 || sh[u] > best) {
+            best = sh[u];
+            L.tgt = u;
+          }
+          if (archived[u]) {
+            if (L.best_arch < 0 || sh[u] > best_a) {
+              best_a = sh[u];
+              L.best_arch = u;
+            }
+          } else {
+            L.max1 = std::max(L.max1, sh[u]);
+          }
         }
-        L.entropy = ent;
+        if (L.tgt >= 0) L.hard = archived[L.tgt] != 0;
+        if (L.best_arch >= 0) L.true_arch = best_a;
+        if (L.max1 > kNegInf) {
+          double d = 0;
+          for (int64_t u = 0; u < lim; ++u)
+            if (!archived[u]) d += std::exp(static_cast<double>(sh[u]) - L.max1);
+          double ent = 0;
+          for (int64_t u = 0; u < lim; ++u) {
+            if (archived[u]) continue;
+            const double pu = std::exp(static_cast<double>(sh[u]) - L.max1) / d;
+            ent -= pu * std::log(std::max(pu, 1e-12));
+          }
+          L.entropy = ent;
+        }
       }
-    }
+    });
   }
 }
 
@@ -678,15 +681,29 @@ Status RecallTier::CalibratePrefix(const LayerStore& store, ThreadPool* pool) {
     const GateFit gate =
         FitGate(hard_ent, all_ent, kRecallGateAlphaPrefix, kRecallMinHardPrefix);
     std::vector<LadderRow> ladder;
+    std::vector<int64_t> uniq;
+    std::vector<float> idx, cert;
     for (size_t i = 0; i < qpos_.size(); ++i) {
+      // The hard heads' targets scored together: one query preparation per query, not per head
+      // (each (head, row) score is the same either way).
+      uniq.clear();
+      for (int h = 0; h < G; ++h) {
+        if (labels[i * G + h].hard) uniq.push_back(labels[i * G + h].tgt);
+      }
+      if (uniq.empty()) continue;
+      std::sort(uniq.begin(), uniq.end());
+      uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
+      const int64_t nu = static_cast<int64_t>(uniq.size());
+      idx.resize(static_cast<size_t>(G) * nu);
+      cert.resize(static_cast<size_t>(G) * nu);
+      IndexScores(store, qbuf_.data() + i * k, uniq.data(), nu, idx.data(), cert.data());
       for (int h = 0; h < G; ++h) {
         const Label& L = labels[i * G + h];
         if (!L.hard) continue;
-        std::vector<float> idx(G), cert(G);
-        IndexScores(store, qbuf_.data() + i * k, &L.tgt, 1, idx.data(), cert.data());
+        const int64_t j = std::lower_bound(uniq.begin(), uniq.end(), L.tgt) - uniq.begin();
         LadderRow row;
-        row.idx = idx[h];
-        row.cert = cert[h];
+        row.idx = idx[h * nu + j];
+        row.cert = cert[h * nu + j];
         row.max1 = L.max1;
         row.gate_open = !std::isfinite(gate.thr) || L.entropy > gate.thr;
         ladder.push_back(row);

@@ -160,7 +160,8 @@ class RecallTier {
   // Indexes closed rows [n_indexed(), n_closed) (closed rows are always a prefix; a no-op when
   // already indexed). OutOfRange naming the row, channel and value if some |csk| >= 6e4; the rows
   // before it stay indexed.
-  Status IndexClosedRows(const LayerStore& store, int64_t n_closed);
+  // `pool` (may be null) splits the rows; the index does not depend on it.
+  Status IndexClosedRows(const LayerStore& store, int64_t n_closed, ThreadPool* pool = nullptr);
   // The archived rows: ascending, distinct, each < n_indexed() (CHECKed). Copied.
   void SetArchive(const int64_t* rows, int64_t n);
 

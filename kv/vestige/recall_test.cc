@@ -518,6 +518,46 @@ TEST(RecallCalibrate, DecodeModeDeterministicAcrossThreadCounts) {
   for (int64_t u = 0; u < 512; ++u) ASSERT_EQ(a.tier.eta(u), b.tier.eta(u));
 }
 
+// Prefix calibration at the compression point runs on the cache's pool (the labels' scores,
+// the basis re-projection, each head's label): the tier it installs is the same on one thread
+// and on two, and the index scores of a batch of rows are each row's own (the calibration
+// scores each query's hard targets together).
+TEST(RecallCalibrate, PrefixModeDeterministicAcrossThreadCounts) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  RecallOptions o;
+  o.rank = 16;
+  o.prefix_max_queries = 24;
+  Rng r1(seed), r2(seed);
+  Fixture a(r1, 4, 600, 512, 16, o), b(r2, 4, 600, 512, 16, o);
+  Rng qr(seed ^ 0x5678);
+  for (int64_t p = 300; p < 600; ++p) {
+    const std::vector<float> q = RandomQuery(qr, a.g);
+    a.tier.ObserveQuery(p, q.data());
+    b.tier.ObserveQuery(p, q.data());
+  }
+  ThreadPool pool(2);
+  ASSERT_TRUE(a.tier.CalibratePrefix(a.store, nullptr).ok());
+  ASSERT_TRUE(b.tier.CalibratePrefix(b.store, &pool).ok());
+  ASSERT_TRUE(a.tier.calibrated() && b.tier.calibrated());
+  EXPECT_EQ(a.tier.z(), b.tier.z());
+  EXPECT_EQ(a.tier.gate_threshold(), b.tier.gate_threshold());
+  for (int i = 0; i < 16 * 64; ++i) ASSERT_EQ(a.tier.basis()[i], b.tier.basis()[i]) << i;
+  for (int64_t u = 0; u < 512; ++u) ASSERT_EQ(a.tier.eta(u), b.tier.eta(u)) << u;
+  const std::vector<float> q = RandomQuery(qr, a.g);
+  const std::vector<int64_t> rows = {3, 40, 41, 200, 511};
+  const int64_t n = static_cast<int64_t>(rows.size());
+  std::vector<float> idx(4 * n), cert(4 * n), i1(4), c1(4);
+  a.tier.IndexScores(a.store, q.data(), rows.data(), n, idx.data(), cert.data());
+  for (int64_t j = 0; j < n; ++j) {
+    a.tier.IndexScores(a.store, q.data(), &rows[j], 1, i1.data(), c1.data());
+    for (int h = 0; h < 4; ++h) {
+      EXPECT_EQ(idx[h * n + j], i1[h]) << "row " << rows[j] << " head " << h;
+      EXPECT_EQ(cert[h * n + j], c1[h]) << "row " << rows[j] << " head " << h;
+    }
+  }
+}
+
 // Planted needle: one archived row has a high true score for the test query; after calibration
 // (both modes, both z floors) tier 2 fetches it, in every trial.
 TEST(RecallPlanted, ArchivedNeedleIsFetchedAfterCalibration) {
