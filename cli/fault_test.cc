@@ -49,6 +49,7 @@ class Decorator final : public Policy {
     return inner_->EndCall(layer, s, c, p);
   }
   int64_t observation_queries(int64_t n) const override { return inner_->observation_queries(n); }
+  int64_t observation_stride(int64_t n) const override { return inner_->observation_stride(n); }
   bool observation_needs_weights() const override { return inner_->observation_needs_weights(); }
   Status OnPrefillStats(int layer, const LayerStore& s, const PrefillObservation& o) override {
     return inner_->OnPrefillStats(layer, s, o);

@@ -240,6 +240,14 @@ void KvCache::BeginPrefill(int64_t first, int64_t end) {
   obs_end_ = end;
   obs_first_ = std::max(first, end - n_obs);
   if (n_obs <= 0) obs_first_ = obs_end_;
+  obs_stride_ = 1;
+  if (obs_end_ > obs_first_) {
+    obs_stride_ = policy_->observation_stride(obs_end_ - obs_first_);
+    STRATA_CHECK_MSG(obs_stride_ >= 1, "%s: observation stride %lld < 1", policy_->name().c_str(),
+                     static_cast<long long>(obs_stride_));
+    STRATA_CHECK_MSG(obs_stride_ == 1 || !policy_->observation_needs_weights(),
+                     "%s: an observation stride with weights", policy_->name().c_str());
+  }
 }
 
 namespace {
@@ -299,7 +307,7 @@ Status KvCache::ObserveQuery(int layer, int64_t pos, const float* q, ThreadPool*
   RETURN_IF_ERROR(status_);
   STRATA_CHECK_MSG(in_call_, "ObserveQuery outside a call");
   CheckSealed(layer, "observed query");
-  if (pos < obs_first_ || pos >= obs_end_) return OkStatus();
+  if (!observes(pos)) return OkStatus();
   // Delivered at once: every row the query may see ([0, pos]) is already appended, so nothing is
   // recorded and memory stays one [n_q_heads, pos + 1] weight buffer whatever the prompt length.
   const LayerStore& store = stores_[layer];

@@ -101,8 +101,11 @@ class KvCache {
   void BeginPrefill(int64_t first, int64_t end);
   // The weights are computed on `pool` (none: this thread); the result does not depend on it.
   Status ObserveQuery(int layer, int64_t pos, const float* q, ThreadPool* pool = nullptr);
-  // Whether ObserveQuery delivers a query at pos (its position is in the observed window).
-  bool observes(int64_t pos) const { return pos >= obs_first_ && pos < obs_end_; }
+  // Whether ObserveQuery delivers a query at pos (its position is in the observed window, on the
+  // policy's observation stride).
+  bool observes(int64_t pos) const {
+    return pos >= obs_first_ && pos < obs_end_ && (pos - obs_first_) % obs_stride_ == 0;
+  }
   // Whether the policy takes observed weights as column sums (Policy::
   // observation_takes_column_sums): then a model may deliver the observed queries of a run
   // through ObserveColumnSums (sums as PrefillColumnSums lays them out) instead of ObserveQuery.
@@ -176,8 +179,9 @@ class KvCache {
   CacheCall call_;
   std::vector<int64_t> appended_;  // [n_layers] rows of the call appended so far
   std::vector<uint8_t> sealed_;    // [n_layers] OnAppended done for the call
-  // Observation window: queries at positions [obs_first_, obs_end_) are delivered.
-  int64_t obs_first_ = 0, obs_end_ = 0;
+  // Observation window: queries at positions [obs_first_, obs_end_) are delivered, every
+  // obs_stride_-th from obs_first_ (Policy::observation_stride).
+  int64_t obs_first_ = 0, obs_end_ = 0, obs_stride_ = 1;
   std::vector<float> obs_w_;
 };
 

@@ -179,6 +179,10 @@ class Policy {
   // `prompt_len` tokens (0: none), and whether their attention weights are needed (or only the
   // queries).
   virtual int64_t observation_queries(int64_t prompt_len) const { return 0; }
+  // Of a window of n_observed queries, the policy uses only those at offsets 0, s, 2s, ... (s =
+  // this, >= 1) from the window's first: the others are not delivered (nor, where a model can
+  // skip it, formed). Only for policies that need no weights (column sums cover every query).
+  virtual int64_t observation_stride(int64_t n_observed) const { return 1; }
   virtual bool observation_needs_weights() const { return true; }
   virtual Status OnPrefillStats(int layer, const LayerStore& store,
                                 const PrefillObservation& obs) {

@@ -149,31 +149,44 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
     }
     col_sums = obs_b > obs_a && rows.caches[0]->takes_column_sums() && ColumnSumsPay(obs_b - obs_a, rows.pos[0] + n);
   }
+  // Expanded: the absorbed queries of the observed rows alone, gathered (a policy may observe
+  // only every s-th prompt query: KvCache::observes).
+  std::vector<int> sel;
+  std::span<float> qg = ws.FloatsUnset(expanded && !col_sums ? group * H * qk : 0);
   for (int i0 = 0; i0 < n; i0 += kAbsorbRows) {
-    const int m = std::min(n - i0, kAbsorbRows);
-    if (expanded) {
-      if (col_sums) continue;
-      bool observed = false;
-      for (int j = 0; j < m; ++j) observed = observed || rows.caches[i0 + j]->observes(rows.pos[i0 + j]);
-      if (!observed) continue;
+    const int m0 = std::min(n - i0, kAbsorbRows);
+    sel.clear();
+    for (int j = 0; j < m0; ++j) {
+      if (!expanded || rows.caches[i0 + j]->observes(rows.pos[i0 + j])) sel.push_back(i0 + j);
     }
-    // Absorbed queries for every row of the group and every head, in parallel over heads.
+    if (expanded && (col_sums || sel.empty())) continue;
+    const int m = static_cast<int>(sel.size());
+    // The group's queries [m, H, qk]: in place when every row is taken (always when not expanded).
+    const float* qm = &q[i0 * H * qk];
+    if (m < m0) {
+      for (int j = 0; j < m; ++j) {
+        std::memcpy(&qg[j * H * qk], &q[sel[j] * H * qk], sizeof(float) * H * qk);
+      }
+      qm = qg.data();
+    }
+    // Absorbed queries for the taken rows and every head, in parallel over heads (each row's
+    // product is the same in any batch).
     auto absorb = [&](int64_t hb, int64_t he, int) {
       for (int64_t h = hb; h < he; ++h) {
-        MatVecBatch(M.k_b.Rows(h * dc, dc), &q[(i0 * H + h) * qk], m, H * qk, &qabs[h * row],
-                    H * row, nullptr);
+        MatVecBatch(M.k_b.Rows(h * dc, dc), &qm[h * qk], m, H * qk, &qabs[h * row], H * row,
+                    nullptr);
         for (int j = 0; j < m; ++j) {
           float* out = &qabs[(j * H + h) * row];
-          std::memcpy(out + dc, &q[((i0 + j) * H + h) * qk + nope], sizeof(float) * dr);
+          std::memcpy(out + dc, &qm[(j * H + h) * qk + nope], sizeof(float) * dr);
           if (!c.mla_nope) {
-            Rope(out + dc, static_cast<int>(dr), rows.pos[i0 + j], RopeStyle::kNorm, rope);
+            Rope(out + dc, static_cast<int>(dr), rows.pos[sel[j]], RopeStyle::kNorm, rope);
           }
         }
       }
     };
     ParallelForOrInline(pool, H, 1, absorb);
     for (int j = 0; j < m; ++j) {
-      const int i = i0 + j;
+      const int i = sel[j];
       if (!rows.live(i)) continue;  // its o rows stay as they were: meaningless, not read back
       KvCache* cache = rows.caches[i];
       const int64_t p = rows.pos[i];

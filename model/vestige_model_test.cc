@@ -8,6 +8,7 @@
 #include "core/rng.h"
 #include "kv/registry.h"
 #include "kv/vestige/policy.h"
+#include "model/mla.h"
 #include "model/model.h"
 #include "model/synth.h"
 
@@ -95,6 +96,51 @@ TEST(VestigeModelTest, RatioOneIsFullAndRatioFourReadsLess) {
       EXPECT_TRUE(p.recall_hook()->status().ok()) << p.recall_hook()->status().ToString();
     }
   }
+}
+
+
+// Prefix calibration observes only every s-th prompt query of [T/2, T) (the ones its tier keeps:
+// RecallTier::PrefixObservationStride); an expanded prefill chunk forms the absorbed queries of
+// those rows alone, gathered. Layer 0 sees the same inputs either way, so its calibrated tier
+// (basis, z, gate) is the same bit for bit when the prompt is read in the expanded form (the
+// gather) and query by query (every row absorbed, the cache dropping the unobserved ones).
+TEST(VestigeModelTest, StridedObservationsCalibrateLikeEveryQueryAbsorbed) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  auto m = NopeModel(seed);
+  ASSERT_TRUE(m);
+  const int prompt = 600;
+  std::vector<int32_t> toks(prompt);
+  for (auto& t : toks) t = static_cast<int32_t>(rng.Below(m->config().n_vocab));
+  const PolicySpec spec{"vestige",
+                        {{"ratio", "4"}, {"block", "64"}, {"kappa", "2"}, {"calib-queries", "8"}}};
+  // 300 observed queries, at most 2 x 8 kept: every 32nd.
+  ASSERT_EQ(RecallTier::PrefixObservationStride(300, 8), 32);
+  ThreadPool pool(2);
+  std::unique_ptr<KvCache> caches[2];
+  for (int expanded : {0, 1}) {
+    const int64_t prev = mla_internal::SetExpandedMinRowsForTest(expanded ? 2 : -1);
+    caches[expanded] = Cache(*m, spec);
+    Status st = m->Prefill(toks.data(), prompt, prompt, caches[expanded].get(), &pool, nullptr);
+    mla_internal::SetExpandedMinRowsForTest(prev);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+  const auto& a = dynamic_cast<const VestigePolicy&>(caches[0]->policy());
+  const auto& b = dynamic_cast<const VestigePolicy&>(caches[1]->policy());
+  const RecallTier* ta = a.recall_tier(0);
+  const RecallTier* tb = b.recall_tier(0);
+  ASSERT_TRUE(ta && tb);
+  ASSERT_TRUE(ta->calibrated() && tb->calibrated());
+  EXPECT_EQ(ta->counters().calibrations, 1);
+  EXPECT_EQ(ta->z(), tb->z());
+  EXPECT_EQ(ta->gate_threshold(), tb->gate_threshold());
+  bool identity = true;
+  for (int64_t i = 0; i < int64_t{ta->rank()} * ta->d_c(); ++i) {
+    ASSERT_EQ(ta->basis()[i], tb->basis()[i]) << i;
+    identity = identity && ta->basis()[i] == (i / ta->d_c() == i % ta->d_c() ? 1.f : 0.f);
+  }
+  EXPECT_FALSE(identity) << "the basis was not fitted";
 }
 
 }  // namespace

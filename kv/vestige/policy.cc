@@ -44,6 +44,9 @@ class TierHook final : public VestigeRecallHook {
     // Prompt queries [T/2, T) (§3.4); RecallTier strides them down to calib-queries.
     return opt_.calibration == RecallCalibration::kPrefix ? prompt_len - prompt_len / 2 : 0;
   }
+  int64_t observation_stride(int64_t n_observed) const override {
+    return RecallTier::PrefixObservationStride(n_observed, opt_.prefix_max_queries);
+  }
   void Observe(int layer, const LayerStore& store, const PrefillObservation& obs) override {
     if (ok_[layer]) tiers_[layer].ObserveQuery(obs.query_pos, obs.q);
   }
@@ -520,6 +523,10 @@ Status VestigePolicy::ArchivePages(int layer, const LayerStore& store, CachePlan
 
 int64_t VestigePolicy::observation_queries(int64_t prompt_len) const {
   return recall_ ? recall_->observation_queries(prompt_len) : 0;
+}
+
+int64_t VestigePolicy::observation_stride(int64_t n_observed) const {
+  return recall_ ? recall_->observation_stride(n_observed) : 1;
 }
 
 Status VestigePolicy::OnPrefillStats(int layer, const LayerStore& store,

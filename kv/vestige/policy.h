@@ -123,6 +123,7 @@ class VestigeRecallHook {
   virtual ~VestigeRecallHook() = default;
   // Prefill observation (forwarded from the policy's event 1; weights are never requested).
   virtual int64_t observation_queries(int64_t prompt_len) const { return 0; }
+  virtual int64_t observation_stride(int64_t n_observed) const { return 1; }
   virtual void Observe(int layer, const LayerStore& store, const PrefillObservation& obs) {}
   // After every close + rebalance: the closed prefix is [0, n_closed); archived ascending.
   // `pool` (may be null; the compression point's) runs the indexing, which must not depend on it.
@@ -155,6 +156,9 @@ class VestigePolicy final : public Policy {
   std::string describe() const override { return cfg_.ToString(); }
   Status Bind(const std::vector<LayerGeometry>& layers) override;
   int64_t observation_queries(int64_t prompt_len) const override;
+  // The recall tier's prefix calibration keeps every s-th observed query (RecallTier::
+  // PrefixObservationStride): the others are not delivered.
+  int64_t observation_stride(int64_t n_observed) const override;
   bool observation_needs_weights() const override { return false; }
   Status OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& obs) override;
   Status OnAppended(int layer, const LayerStore& store, const CacheCall& call,

@@ -619,6 +619,13 @@ Status RecallTier::RefitBasis(const LayerStore& store, ThreadPool* pool) {
   return SetBasis(store, basis.data(), pool);
 }
 
+int64_t RecallTier::PrefixObservationStride(int64_t n, int64_t cap) {
+  int64_t s = 1;
+  if (cap <= 0) return s;
+  while ((n + s - 1) / s > 2 * cap) s *= 2;
+  return s;
+}
+
 void RecallTier::ObserveQuery(int64_t query_pos, const float* q) {
   STRATA_CHECK(configured());
   if (opt_.calibration != RecallCalibration::kPrefix) return;

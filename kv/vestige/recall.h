@@ -168,6 +168,11 @@ class RecallTier {
   // Prefix calibration input: one observed prompt query at query_pos (it sees rows [0, query_pos]),
   // q: [n_q_heads, d_c + d_r] f32 absorbed. Ignored in decode mode.
   void ObserveQuery(int64_t query_pos, const float* q);
+  // The stride ObserveQuery ends with after n calls (cap = prefix_max_queries; 0: all): the
+  // smallest power of two s with ceil(n / s) <= 2 cap. The queries it keeps are those at offsets
+  // 0, s, 2s, ...; offered only those (at most 2 cap), it keeps every one, so a caller that
+  // skips the rest installs the same calibration.
+  static int64_t PrefixObservationStride(int64_t n, int64_t cap);
   // Prefix mode: fits V_r from the observed queries, re-indexes the closed rows, computes labels
   // over the full cache (causal) against the current archive, and fits thr_g and z (ladder).
   // Clears the observed queries. InvalidArgument in decode mode; with no observed query it keeps

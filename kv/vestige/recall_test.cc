@@ -652,6 +652,47 @@ TEST(RecallPlanted, ArchivedNeedleIsFetchedAfterCalibration) {
   EXPECT_EQ(fetched, trials);
 }
 
+// PrefixObservationStride is the stride ObserveQuery's doubling ends with, and a tier offered
+// only the queries on it installs the same calibration as one offered every query (the cache
+// then delivers only those: Policy::observation_stride).
+TEST(RecallCalibrate, PrefixObservationStrideKeepsTheSameQueries) {
+  for (int64_t cap : {1, 3, 10, 64}) {
+    for (int64_t n = 1; n <= 700; ++n) {
+      int64_t stride = 1, kept = 0;  // the doubling rule, simulated
+      for (int64_t i = 0; i < n; ++i) {
+        if (i % stride != 0) continue;
+        if (++kept > 2 * cap) {
+          stride *= 2;
+          kept = i / stride + 1;
+        }
+      }
+      ASSERT_EQ(RecallTier::PrefixObservationStride(n, cap), stride) << "n " << n << " cap " << cap;
+    }
+  }
+  EXPECT_EQ(RecallTier::PrefixObservationStride(5000, 0), 1);  // calib-queries 0: all
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  RecallOptions o;
+  o.rank = 16;
+  o.prefix_max_queries = 6;
+  Rng r1(seed), r2(seed);
+  Fixture a(r1, 4, 600, 512, 16, o), b(r2, 4, 600, 512, 16, o);
+  const int64_t first = 300, n = 300;
+  const int64_t s = RecallTier::PrefixObservationStride(n, o.prefix_max_queries);
+  ASSERT_EQ(s, 32);
+  Rng qr(seed ^ 0x9abc);
+  for (int64_t i = 0; i < n; ++i) {
+    const std::vector<float> q = RandomQuery(qr, a.g);
+    a.tier.ObserveQuery(first + i, q.data());
+    if (i % s == 0) b.tier.ObserveQuery(first + i, q.data());
+  }
+  ASSERT_TRUE(a.tier.CalibratePrefix(a.store, nullptr).ok());
+  ASSERT_TRUE(b.tier.CalibratePrefix(b.store, nullptr).ok());
+  EXPECT_EQ(a.tier.z(), b.tier.z());
+  EXPECT_EQ(a.tier.gate_threshold(), b.tier.gate_threshold());
+  for (int i = 0; i < 16 * 64; ++i) ASSERT_EQ(a.tier.basis()[i], b.tier.basis()[i]) << i;
+}
+
 // Prefix observation keeps at most 2 * cap evenly strided queries and uses <= cap.
 TEST(RecallCalibrate, PrefixObservationSubsampling) {
   Rng rng(7);
