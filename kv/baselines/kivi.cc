@@ -181,7 +181,37 @@ void KiviPolicy::DequantGroup(const Layer& L, int h, int64_t j, float* kt, float
   const Head& H = L.heads[h];
   const int D = L.g.k_dim, DV = L.g.v_dim;
   thread_local std::vector<uint8_t> codes;
+  thread_local std::vector<float> lo, step;
   codes.resize(static_cast<size_t>(kGroup) * std::max(D, DV));
+  lo.resize(std::max(D, kGroup * L.n_vg));
+  step.resize(lo.size());
+  // kt[t, c] = KiviDequant(code, lo_c, step_c) = lo_c + code * step_c, the scales converted once
+  // per group rather than once per element (the same values).
+  auto keys = [&](const uint8_t* packed, auto scale_lo, auto scale_step) {
+    KiviUnpack(packed, int64_t{kGroup} * D, bits_, codes.data());
+    for (int c = 0; c < D; ++c) {
+      lo[c] = scale_lo(c);
+      step[c] = scale_step(c);
+    }
+    for (int t = 0; t < kGroup; ++t) {
+      const uint8_t* ct = codes.data() + t * D;
+      float* out = kt + t * D;
+      for (int c = 0; c < D; ++c) out[c] = KiviDequant(ct[c], lo[c], step[c]);
+    }
+  };
+  // vt[t, c] = lo_(t, c / 32) + code * step_(t, c / 32).
+  auto values = [&](const uint8_t* packed, auto scale_lo, auto scale_step) {
+    KiviUnpack(packed, int64_t{kGroup} * DV, bits_, codes.data());
+    for (int t = 0; t < kGroup; ++t) {
+      for (int cg = 0; cg < L.n_vg; ++cg) {
+        lo[cg] = scale_lo(t, cg);
+        step[cg] = scale_step(t, cg);
+      }
+      const uint8_t* ct = codes.data() + t * DV;
+      float* out = vt + t * DV;
+      for (int c = 0; c < DV; ++c) out[c] = KiviDequant(ct[c], lo[c / kGroup], step[c / kGroup]);
+    }
+  };
   if (L.packed) {
     const geodesia::SlotLayout SL = geodesia::GetSlotLayout(bits_, D, kGroup);
     const uint8_t* slot = H.slots.data() + (j / 2) * L.slot_bytes;
@@ -191,46 +221,29 @@ void KiviPolicy::DequantGroup(const Layer& L, int h, int64_t j, float* kt, float
       std::memcpy(&v, slot + off + i * 2, 2);
       return F16ToF32(v);
     };
-    KiviUnpack(slot + SL.k_codes + half * KeyCodeBytes(L), int64_t{kGroup} * D, bits_,
-               codes.data());
-    for (int t = 0; t < kGroup; ++t) {
-      for (int c = 0; c < D; ++c) {
-        kt[t * D + c] = KiviDequant(codes[t * D + c], f16(SL.k_lo, int64_t{half} * D + c),
-                                    f16(SL.k_step, int64_t{half} * D + c));
-      }
-    }
+    keys(slot + SL.k_codes + half * KeyCodeBytes(L),
+         [&](int c) { return f16(SL.k_lo, int64_t{half} * D + c); },
+         [&](int c) { return f16(SL.k_step, int64_t{half} * D + c); });
     if (vt == nullptr) return;
-    KiviUnpack(slot + SL.v_codes + half * ValCodeBytes(L), int64_t{kGroup} * DV, bits_,
-               codes.data());
-    for (int t = 0; t < kGroup; ++t) {
-      for (int c = 0; c < DV; ++c) {
-        const int64_t at = (int64_t{half} * kGroup + t) * L.n_vg + c / kGroup;
-        vt[t * DV + c] = KiviDequant(codes[t * DV + c], f16(SL.v_lo, at), f16(SL.v_step, at));
-      }
-    }
+    auto at = [&](int t, int cg) { return (int64_t{half} * kGroup + t) * L.n_vg + cg; };
+    values(slot + SL.v_codes + half * ValCodeBytes(L),
+           [&](int t, int cg) { return f16(SL.v_lo, at(t, cg)); },
+           [&](int t, int cg) { return f16(SL.v_step, at(t, cg)); });
     return;
   }
-  KiviUnpack(H.kcodes.data() + j * KeyCodeBytes(L), int64_t{kGroup} * D, bits_, codes.data());
-  const uint16_t* lo = H.kscale.data() + j * 2 * D;
-  const uint16_t* step = lo + D;
-  for (int t = 0; t < kGroup; ++t) {
-    for (int c = 0; c < D; ++c) {
-      kt[t * D + c] = KiviDequant(codes[t * D + c], F16ToF32(lo[c]), F16ToF32(step[c]));
-    }
-  }
+  const uint16_t* klo = H.kscale.data() + j * 2 * D;
+  const uint16_t* kstep = klo + D;
+  keys(H.kcodes.data() + j * KeyCodeBytes(L), [&](int c) { return F16ToF32(klo[c]); },
+       [&](int c) { return F16ToF32(kstep[c]); });
   if (vt == nullptr) return;
   if (L.mla) {
     for (int t = 0; t < kGroup; ++t) std::copy_n(kt + t * D, DV, vt + t * DV);
     return;
   }
-  KiviUnpack(H.vcodes.data() + j * ValCodeBytes(L), int64_t{kGroup} * DV, bits_, codes.data());
   const uint16_t* vs = H.vscale.data() + j * kGroup * L.n_vg * 2;
-  for (int t = 0; t < kGroup; ++t) {
-    for (int c = 0; c < DV; ++c) {
-      const uint16_t* p = vs + (t * L.n_vg + c / kGroup) * 2;
-      vt[t * DV + c] = KiviDequant(codes[t * DV + c], F16ToF32(p[0]), F16ToF32(p[1]));
-    }
-  }
+  values(H.vcodes.data() + j * ValCodeBytes(L),
+         [&](int t, int cg) { return F16ToF32(vs[(t * L.n_vg + cg) * 2]); },
+         [&](int t, int cg) { return F16ToF32(vs[(t * L.n_vg + cg) * 2 + 1]); });
 }
 
 void KiviPolicy::DequantKey(int layer, int h, int64_t u, float* out) const {
