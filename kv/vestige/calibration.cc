@@ -18,7 +18,7 @@ extern "C" void dsyevr_(const char* jobz, const char* range, const char* uplo, c
 namespace strata {
 
 Status FitRecallBasis(const float* x, int64_t n, int d, int rank, float* basis,
-                      std::vector<double>* eigenvalues) {
+                      std::vector<double>* eigenvalues, ThreadPool* pool) {
   if (n < 1) return InvalidArgument("recall basis: no calibration queries (n = 0)");
   if (d < 1 || rank < 1 || rank > d) {
     return InvalidArgument("recall basis: rank " + std::to_string(rank) + " outside [1, " +
@@ -30,16 +30,21 @@ Status FitRecallBasis(const float* x, int64_t n, int d, int rank, float* basis,
     for (int j = 0; j < d; ++j) mean[j] += x[i * d + j];
   for (int j = 0; j < d; ++j) mean[j] /= static_cast<double>(n);
   std::vector<double> gram(static_cast<size_t>(d) * d, 0.0);
-  std::vector<double> row(d);
-  for (int64_t i = 0; i < n; ++i) {
-    for (int j = 0; j < d; ++j) row[j] = x[i * d + j] - mean[j];
-    for (int a = 0; a < d; ++a) {
-      const double ra = row[a];
-      if (ra == 0.0) continue;
-      double* g = gram.data() + static_cast<size_t>(a) * d;
-      for (int b = a; b < d; ++b) g[b] += ra * row[b];
+  std::vector<double> xc(static_cast<size_t>(n) * d);
+  for (int64_t i = 0; i < n; ++i)
+    for (int j = 0; j < d; ++j) xc[i * d + j] = x[i * d + j] - mean[j];
+  // Gram rows [a0, a1) per task, each entry accumulated over i = 0, 1, ... n - 1.
+  ParallelForOrInline(pool, d, 8, [&](int64_t a0, int64_t a1, int) {
+    for (int64_t i = 0; i < n; ++i) {
+      const double* row = xc.data() + i * d;
+      for (int64_t a = a0; a < a1; ++a) {
+        const double ra = row[a];
+        if (ra == 0.0) continue;
+        double* g = gram.data() + a * d;
+        for (int b = static_cast<int>(a); b < d; ++b) g[b] += ra * row[b];
+      }
     }
-  }
+  });
   // gram row a holds entries (a, b >= a): in column-major terms that is the lower triangle.
   const char jobz = 'V', range = 'I', uplo = 'L';
   const int nn = d, lda = d, ldz = d;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "kv/vestige/recall.h"
 
 namespace strata {
@@ -30,9 +31,10 @@ inline constexpr float kRecallZLadder[] = {0.f, .5f, 1.f, 1.5f, 2.f, 2.5f, 3.f, 
 // [n, d] f32 minus its column mean (f64 Gram, LAPACK dsyevr). basis: [rank, d] f32 orthonormal
 // rows; each row's sign is fixed so that its largest-magnitude entry is positive (deterministic).
 // eigenvalues (optional): the rank eigenvalues, descending. InvalidArgument for n < 1 or rank
-// outside [1, d]; Internal naming LAPACK's info code if the solver fails.
+// outside [1, d]; Internal naming LAPACK's info code if the solver fails. `pool` (may be null)
+// splits the Gram's rows; each entry is summed over x's rows in order either way.
 Status FitRecallBasis(const float* x, int64_t n, int d, int rank, float* basis,
-                      std::vector<double>* eigenvalues = nullptr);
+                      std::vector<double>* eigenvalues = nullptr, ThreadPool* pool = nullptr);
 
 // The alpha-quantile of v with linear interpolation between order statistics (numpy "linear":
 // position alpha * (n - 1)). CHECKs a non-empty v and alpha in [0, 1].

@@ -615,7 +615,7 @@ Status RecallTier::RefitBasis(const LayerStore& store, ThreadPool* pool) {
   for (int64_t i = 0; i < n_q * G; ++i)
     std::copy(qbuf_.begin() + i * k, qbuf_.begin() + i * k + d_c_, x.begin() + i * d_c_);
   std::vector<float> basis(static_cast<size_t>(r) * d_c_);
-  RETURN_IF_ERROR(FitRecallBasis(x.data(), n_q * G, d_c_, r, basis.data()));
+  RETURN_IF_ERROR(FitRecallBasis(x.data(), n_q * G, d_c_, r, basis.data(), nullptr, pool));
   return SetBasis(store, basis.data(), pool);
 }
 
