@@ -518,6 +518,34 @@ TEST(RecallCalibrate, DecodeModeDeterministicAcrossThreadCounts) {
   for (int64_t u = 0; u < 512; ++u) ASSERT_EQ(a.tier.eta(u), b.tier.eta(u));
 }
 
+// Two prefix-calibration tiers (rank 16, at most `cap` labelled queries) over the same random
+// rows: 600 rows, 512 closed, every 16th kept.
+struct PrefixPair {
+  Rng r1, r2;
+  Fixture a, b;
+  PrefixPair(uint64_t seed, int cap)
+      : r1(seed),
+        r2(seed),
+        a(r1, 4, 600, 512, 16, Options(cap)),
+        b(r2, 4, 600, 512, 16, Options(cap)) {}
+  static RecallOptions Options(int cap) {
+    RecallOptions o;
+    o.rank = 16;
+    o.prefix_max_queries = cap;
+    return o;
+  }
+  // Both calibrated (b on `pool_b`): the same threshold, gate, basis and index.
+  void CalibrateAndCompare(ThreadPool* pool_b) {
+    ASSERT_TRUE(a.tier.CalibratePrefix(a.store, nullptr).ok());
+    ASSERT_TRUE(b.tier.CalibratePrefix(b.store, pool_b).ok());
+    ASSERT_TRUE(a.tier.calibrated() && b.tier.calibrated());
+    EXPECT_EQ(a.tier.z(), b.tier.z());
+    EXPECT_EQ(a.tier.gate_threshold(), b.tier.gate_threshold());
+    for (int i = 0; i < 16 * 64; ++i) ASSERT_EQ(a.tier.basis()[i], b.tier.basis()[i]) << i;
+    for (int64_t u = 0; u < 512; ++u) ASSERT_EQ(a.tier.eta(u), b.tier.eta(u)) << u;
+  }
+};
+
 // Prefix calibration at the compression point runs on the cache's pool (the labels' scores,
 // the basis re-projection, each head's label): the tier it installs is the same on one thread
 // and on two, and the index scores of a batch of rows are each row's own (the calibration
@@ -525,25 +553,16 @@ TEST(RecallCalibrate, DecodeModeDeterministicAcrossThreadCounts) {
 TEST(RecallCalibrate, PrefixModeDeterministicAcrossThreadCounts) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  RecallOptions o;
-  o.rank = 16;
-  o.prefix_max_queries = 24;
-  Rng r1(seed), r2(seed);
-  Fixture a(r1, 4, 600, 512, 16, o), b(r2, 4, 600, 512, 16, o);
+  PrefixPair t(seed, 24);
+  Fixture& a = t.a;
   Rng qr(seed ^ 0x5678);
   for (int64_t p = 300; p < 600; ++p) {
     const std::vector<float> q = RandomQuery(qr, a.g);
-    a.tier.ObserveQuery(p, q.data());
-    b.tier.ObserveQuery(p, q.data());
+    t.a.tier.ObserveQuery(p, q.data());
+    t.b.tier.ObserveQuery(p, q.data());
   }
   ThreadPool pool(2);
-  ASSERT_TRUE(a.tier.CalibratePrefix(a.store, nullptr).ok());
-  ASSERT_TRUE(b.tier.CalibratePrefix(b.store, &pool).ok());
-  ASSERT_TRUE(a.tier.calibrated() && b.tier.calibrated());
-  EXPECT_EQ(a.tier.z(), b.tier.z());
-  EXPECT_EQ(a.tier.gate_threshold(), b.tier.gate_threshold());
-  for (int i = 0; i < 16 * 64; ++i) ASSERT_EQ(a.tier.basis()[i], b.tier.basis()[i]) << i;
-  for (int64_t u = 0; u < 512; ++u) ASSERT_EQ(a.tier.eta(u), b.tier.eta(u)) << u;
+  t.CalibrateAndCompare(&pool);
   const std::vector<float> q = RandomQuery(qr, a.g);
   const std::vector<int64_t> rows = {3, 40, 41, 200, 511};
   const int64_t n = static_cast<int64_t>(rows.size());
@@ -672,25 +691,17 @@ TEST(RecallCalibrate, PrefixObservationStrideKeepsTheSameQueries) {
   EXPECT_EQ(RecallTier::PrefixObservationStride(5000, 0), 1);  // calib-queries 0: all
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  RecallOptions o;
-  o.rank = 16;
-  o.prefix_max_queries = 6;
-  Rng r1(seed), r2(seed);
-  Fixture a(r1, 4, 600, 512, 16, o), b(r2, 4, 600, 512, 16, o);
+  PrefixPair t(seed, 6);
   const int64_t first = 300, n = 300;
-  const int64_t s = RecallTier::PrefixObservationStride(n, o.prefix_max_queries);
+  const int64_t s = RecallTier::PrefixObservationStride(n, 6);
   ASSERT_EQ(s, 32);
   Rng qr(seed ^ 0x9abc);
   for (int64_t i = 0; i < n; ++i) {
-    const std::vector<float> q = RandomQuery(qr, a.g);
-    a.tier.ObserveQuery(first + i, q.data());
-    if (i % s == 0) b.tier.ObserveQuery(first + i, q.data());
+    const std::vector<float> q = RandomQuery(qr, t.a.g);
+    t.a.tier.ObserveQuery(first + i, q.data());
+    if (i % s == 0) t.b.tier.ObserveQuery(first + i, q.data());
   }
-  ASSERT_TRUE(a.tier.CalibratePrefix(a.store, nullptr).ok());
-  ASSERT_TRUE(b.tier.CalibratePrefix(b.store, nullptr).ok());
-  EXPECT_EQ(a.tier.z(), b.tier.z());
-  EXPECT_EQ(a.tier.gate_threshold(), b.tier.gate_threshold());
-  for (int i = 0; i < 16 * 64; ++i) ASSERT_EQ(a.tier.basis()[i], b.tier.basis()[i]) << i;
+  t.CalibrateAndCompare(nullptr);
 }
 
 // Prefix observation keeps at most 2 * cap evenly strided queries and uses <= cap.
