@@ -41,6 +41,13 @@ std::unique_ptr<KvCache> Cache(const Model& m, const PolicySpec& spec) {
   return std::move(c).value();
 }
 
+std::vector<int32_t> RandomTokens(const Model& m, uint64_t seed, int n) {
+  Rng rng(seed);
+  std::vector<int32_t> toks(n);
+  for (auto& t : toks) t = static_cast<int32_t>(rng.Below(m.config().n_vocab));
+  return toks;
+}
+
 // Prefill `prompt` in chunks of 37, then decode `decode` tokens; returns every logit produced.
 std::vector<float> RunModel(Model& m, KvCache* c, const std::vector<int32_t>& toks, int prompt,
                             ThreadPool* pool) {
@@ -61,12 +68,10 @@ std::vector<float> RunModel(Model& m, KvCache* c, const std::vector<int32_t>& to
 TEST(VestigeModelTest, RatioOneIsFullAndRatioFourReadsLess) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  Rng rng(seed);
   auto m = NopeModel(seed);
   ASSERT_TRUE(m);
   const int n = 260, prompt = 150;
-  std::vector<int32_t> toks(n);
-  for (auto& t : toks) t = static_cast<int32_t>(rng.Below(m->config().n_vocab));
+  const std::vector<int32_t> toks = RandomTokens(*m, seed, n);
   ThreadPool pool(2);
   auto full = Cache(*m, {"full", {}});
   const std::vector<float> ref = RunModel(*m, full.get(), toks, prompt, &pool);
@@ -107,12 +112,10 @@ TEST(VestigeModelTest, RatioOneIsFullAndRatioFourReadsLess) {
 TEST(VestigeModelTest, StridedObservationsCalibrateLikeEveryQueryAbsorbed) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  Rng rng(seed);
   auto m = NopeModel(seed);
   ASSERT_TRUE(m);
   const int prompt = 600;
-  std::vector<int32_t> toks(prompt);
-  for (auto& t : toks) t = static_cast<int32_t>(rng.Below(m->config().n_vocab));
+  const std::vector<int32_t> toks = RandomTokens(*m, seed, prompt);
   const PolicySpec spec{"vestige",
                         {{"ratio", "4"}, {"block", "64"}, {"kappa", "2"}, {"calib-queries", "8"}}};
   // 300 observed queries, at most 2 x 8 kept: every 32nd.
