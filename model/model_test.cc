@@ -73,18 +73,24 @@ std::unique_ptr<KvCache> FullCache(const Model& m) {
 // chunked prefill with chunk 1, 7 and 64 must give the same logits. Tolerance: the paths differ
 // only in f32 summation order (MatVec vs tiled MatMul, page-split attention); logits are O(1), so
 // 2e-4 absolute is ~100x the observed rounding noise and far below any semantic error.
-// GQA prefill chunks attend per query here, as decode does (the staged form is off): the staged
-// form's different f32 rounding of an attention output can move a later layer's K/V entry across
-// a bf16 rounding boundary, which this random model amplifies to ~5e-4 of a logit (15 % of seeds
-// on an Intel Xeon; e.g. seed 9717055944227634376). The staged form has its own checks
-// (model/gqa_prefill_test.cc against float64; BaselineModelTest.DensePromptReadsAreStagedLikeFullOnGqa).
+// Prefill chunks attend per query here, as decode does (GQA's staged form and MLA's expanded
+// form are off): their different f32 rounding of an attention output can move a later layer's
+// K/V entry across a bf16 rounding boundary, which this random model amplifies to ~5e-4 of a
+// logit (GQA: 15 % of seeds on an Intel Xeon, e.g. seed 9717055944227634376; deepseek2 NoPE:
+// 3.2e-4, seed 9716992777461672561). Those forms have their own checks (model/gqa_prefill_test.cc
+// against float64, BaselineModelTest.DensePromptReadsAreStagedLikeFullOnGqa,
+// ModelTest.MlaExpandedPrefillMatchesAbsorbed).
 TEST(ModelTest, DecodeEqualsFullRecomputeAndChunkingIsInvariant) {
   const uint64_t seed = TestSeed();
   Rng rng(seed);
-  struct NoStaged {
-    int64_t prev = gqa_internal::SetStagedMinRowsForTest(-1);
-    ~NoStaged() { gqa_internal::SetStagedMinRowsForTest(prev); }
-  } no_staged;
+  struct PerQuery {
+    int64_t staged = gqa_internal::SetStagedMinRowsForTest(-1);
+    int64_t expanded = mla_internal::SetExpandedMinRowsForTest(-1);
+    ~PerQuery() {
+      gqa_internal::SetStagedMinRowsForTest(staged);
+      mla_internal::SetExpandedMinRowsForTest(expanded);
+    }
+  } per_query;
   for (const Variant& v : Variants()) {
     SCOPED_TRACE(v.label + " seed " + std::to_string(seed));
     auto m = MakeModel(v, seed);
@@ -118,8 +124,10 @@ TEST(ModelTest, DecodeEqualsFullRecomputeAndChunkingIsInvariant) {
 }
 
 // MLA prefill in the expanded form (model/mla.h: per-head keys and values decompressed from the
-// cache rows) is the absorbed attention up to f32 rounding: every position's logits within the
-// decode tolerance above, counted as the same reads, and the cache holds the same rows (decode
+// cache rows) is the absorbed attention up to f32 rounding: every position's logits within 1e-3
+// (the f32 difference crosses bf16 boundaries of later layers' cache rows, which this random
+// model amplifies: 2.0e-4 seen with seed 2630167791544311676, at most 1.4e-4 over 60 others; a
+// missed row or query moves a logit by ~1e-2), counted as the same reads, and the cache holds the same rows (decode
 // after either prefill continues alike). The two are not bit-identical, which shows the expanded
 // form ran. Chunks of 7 and 70 rows (one segment; 70 > a page, so several tiles).
 TEST(ModelTest, MlaExpandedPrefillMatchesAbsorbed) {
@@ -146,9 +154,9 @@ TEST(ModelTest, MlaExpandedPrefillMatchesAbsorbed) {
       ASSERT_TRUE(m->Decode(toks[n], b.get(), &pool, got_next.data()).ok());
       mla_internal::SetExpandedMinRowsForTest(prev);
       for (size_t j = 0; j < ref.size(); ++j) {
-        ASSERT_NEAR(got[j], ref[j], 2e-4) << "chunk " << chunk << " position " << j / V;
+        ASSERT_NEAR(got[j], ref[j], 1e-3) << "chunk " << chunk << " position " << j / V;
       }
-      for (int64_t j = 0; j < V; ++j) ASSERT_NEAR(got_next[j], ref_next[j], 2e-4) << j;
+      for (int64_t j = 0; j < V; ++j) ASSERT_NEAR(got_next[j], ref_next[j], 1e-3) << j;
       EXPECT_NE(0, std::memcmp(got.data(), ref.data(), 4 * ref.size()))
           << "chunk " << chunk << ": the expanded form did not run";
       const CacheCounters& ca = a->counters();
