@@ -126,8 +126,8 @@ TEST(ModelTest, DecodeEqualsFullRecomputeAndChunkingIsInvariant) {
 // MLA prefill in the expanded form (model/mla.h: per-head keys and values decompressed from the
 // cache rows) is the absorbed attention up to f32 rounding: every position's logits within 1e-3
 // (the f32 difference crosses bf16 boundaries of later layers' cache rows, which this random
-// model amplifies: 2.0e-4 seen with seed 2630167791544311676, at most 1.4e-4 over 60 others; a
-// missed row or query moves a logit by ~1e-2), counted as the same reads, and the cache holds the same rows (decode
+// model amplifies: 2.0e-4 seen with seed 2630167791544311676, at most 1.4e-4 over 60 others, so
+// 1e-3 is 5x the largest seen), counted as the same reads, and the cache holds the same rows (decode
 // after either prefill continues alike). The two are not bit-identical, which shows the expanded
 // form ran. Chunks of 7 and 70 rows (one segment; 70 > a page, so several tiles).
 TEST(ModelTest, MlaExpandedPrefillMatchesAbsorbed) {
