@@ -183,7 +183,7 @@ void KiviPolicy::DequantGroup(const Layer& L, int h, int64_t j, float* kt, float
   thread_local std::vector<uint8_t> codes;
   thread_local std::vector<float> lo, step;
   codes.resize(static_cast<size_t>(kGroup) * std::max(D, DV));
-  lo.resize(std::max(D, kGroup * L.n_vg));
+  lo.resize(std::max(D, L.n_vg));  // keys: one scale per channel; values: per channel group
   step.resize(lo.size());
   // kt[t, c] = KiviDequant(code, lo_c, step_c) = lo_c + code * step_c, the scales converted once
   // per group rather than once per element (the same values).
