@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/ops.cc"
@@ -85,7 +86,7 @@ void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* y) {
   }
 }
 
-void Rope(float* x, int dim, int64_t pos, RopeStyle style, const RopeParams& p) {
+void RopeFactors(int dim, int64_t pos, const RopeParams& p, float* cs) {
   const int half = dim / 2;
   const double log_base = std::log(static_cast<double>(p.freq_base));
   for (int i = 0; i < half; ++i) {
@@ -93,14 +94,27 @@ void Rope(float* x, int dim, int64_t pos, RopeStyle style, const RopeParams& p) 
     double theta = static_cast<double>(pos) * std::exp(-2.0 * i / dim * log_base) *
                    static_cast<double>(p.freq_scale);
     if (p.freq_factors) theta /= static_cast<double>(p.freq_factors[i]);
-    const float c = static_cast<float>(std::cos(theta) * p.attn_factor);
-    const float s = static_cast<float>(std::sin(theta) * p.attn_factor);
+    cs[2 * i] = static_cast<float>(std::cos(theta) * p.attn_factor);
+    cs[2 * i + 1] = static_cast<float>(std::sin(theta) * p.attn_factor);
+  }
+}
+
+void RopeApply(float* x, int dim, RopeStyle style, const float* cs) {
+  const int half = dim / 2;
+  for (int i = 0; i < half; ++i) {
+    const float c = cs[2 * i], s = cs[2 * i + 1];
     const int i0 = style == RopeStyle::kNorm ? 2 * i : i;
     const int i1 = style == RopeStyle::kNorm ? 2 * i + 1 : i + half;
     const float a = x[i0], b = x[i1];
     x[i0] = a * c - b * s;
     x[i1] = a * s + b * c;
   }
+}
+
+void Rope(float* x, int dim, int64_t pos, RopeStyle style, const RopeParams& p) {
+  std::vector<float> cs(dim);
+  RopeFactors(dim, pos, p, cs.data());
+  RopeApply(x, dim, style, cs.data());
 }
 
 void Softmax(float* x, int64_t n) {

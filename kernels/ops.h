@@ -20,6 +20,12 @@ struct RopeParams {
   float attn_factor = 1.f;          // multiplies cos/sin (YaRN mscale), 1 = none
 };
 void Rope(float* x, int dim, int64_t pos, RopeStyle style, const RopeParams& p);
+// Rope in two steps, for many head vectors at one position (the factors cost a double exp, cos
+// and sin per pair; computed once per position instead of once per head and layer):
+// cs[2i] = cos(theta_i) * attn_factor, cs[2i + 1] = sin(theta_i) * attn_factor ([dim] floats),
+// and RopeApply(x, dim, style, cs) gives Rope(x, dim, pos, style, p) bit for bit.
+void RopeFactors(int dim, int64_t pos, const RopeParams& p, float* cs);
+void RopeApply(float* x, int dim, RopeStyle style, const float* cs);
 
 // In-place softmax over n values (max-subtracted, f32 exp, f64-free).
 void Softmax(float* x, int64_t n);

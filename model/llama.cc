@@ -103,6 +103,9 @@ class LlamaModel final : public Model {
         for (int64_t j = 0; j < dim; ++j) y[i * dim + j] += b[j];
       }
     };
+    // The rotation factors of the chunk's positions, shared by every head and layer.
+    std::span<float> rcs = ws.FloatsUnset(n * c.rope_dim);
+    for (int i = 0; i < n; ++i) RopeFactors(c.rope_dim, rows.pos[i], rope_, &rcs[i * c.rope_dim]);
     for (int l = 0; l < c.n_layers; ++l) {
       const LlamaLayer& L = layers_[l];
       for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.attn_norm.data(), d, c.rms_eps, &xn[i * d]);
@@ -114,9 +117,9 @@ class LlamaModel final : public Model {
       add_bias(k, L.bk, kvd);
       add_bias(v, L.bv, kvd);
       for (int i = 0; i < n; ++i) {
-        const int64_t p = rows.pos[i];
-        for (int h = 0; h < c.n_heads; ++h) Rope(&q[i * qd + h * hd], c.rope_dim, p, c.rope_style, rope_);
-        for (int h = 0; h < c.n_kv_heads; ++h) Rope(&k[i * kvd + h * hd], c.rope_dim, p, c.rope_style, rope_);
+        const float* cs = &rcs[i * c.rope_dim];
+        for (int h = 0; h < c.n_heads; ++h) RopeApply(&q[i * qd + h * hd], c.rope_dim, c.rope_style, cs);
+        for (int h = 0; h < c.n_kv_heads; ++h) RopeApply(&k[i * kvd + h * hd], c.rope_dim, c.rope_style, cs);
         if (!rows.live(i)) continue;
         RETURN_IF_ERROR(rows.Event(i, rows.caches[i]->Append(l, &k[i * kvd], &v[i * kvd])));
       }

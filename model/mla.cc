@@ -112,6 +112,11 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
                    qabs = ws.Floats(group * H * row), att = ws.Floats(group * H * dc),
                    o = ws.Floats(n * H * vd);
   std::span<float> qa = ws.Floats(c.q_lora_rank > 0 ? n * c.q_lora_rank : 0);
+  // The rotation factors of the chunk's positions, shared by the cache row and every head.
+  std::span<float> rcs = ws.FloatsUnset(c.mla_nope ? 0 : n * dr);
+  if (!c.mla_nope) {
+    for (int i = 0; i < n; ++i) RopeFactors(static_cast<int>(dr), rows.pos[i], rope, &rcs[i * dr]);
+  }
   // The projections of xn: q (or its LoRA down-projection) and kv_a; in decode as one pool
   // dispatch.
   const TensorView& wq_x = c.q_lora_rank > 0 ? M.wq_a : M.wq;
@@ -127,7 +132,7 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
   for (int i = 0; i < n; ++i) {
     float* r = &kva[i * row];
     RmsNorm(r, M.kv_a_norm.data(), dc, c.rms_eps, r);
-    if (!c.mla_nope) Rope(r + dc, static_cast<int>(dr), rows.pos[i], RopeStyle::kNorm, rope);
+    if (!c.mla_nope) RopeApply(r + dc, static_cast<int>(dr), RopeStyle::kNorm, &rcs[i * dr]);
     if (!rows.live(i)) continue;
     RETURN_IF_ERROR(rows.Event(i, rows.caches[i]->Append(l, r, nullptr)));
   }
@@ -179,7 +184,7 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
           float* out = &qabs[(j * H + h) * row];
           std::memcpy(out + dc, &qm[(j * H + h) * qk + nope], sizeof(float) * dr);
           if (!c.mla_nope) {
-            Rope(out + dc, static_cast<int>(dr), rows.pos[sel[j]], RopeStyle::kNorm, rope);
+            RopeApply(out + dc, static_cast<int>(dr), RopeStyle::kNorm, &rcs[sel[j] * dr]);
           }
         }
       }
@@ -267,11 +272,13 @@ class ExpandedChunk {
     rope.freq_base = c.rope_base;
     rope.freq_scale = c.rope_freq_scale;
     qx_ = ws.FloatsUnset(n * H_ * qk_);
+    std::vector<float> cs(dr_);
     for (int i = 0; i < n; ++i) {
+      if (!c.mla_nope) RopeFactors(static_cast<int>(dr_), pos[i], rope, cs.data());
       for (int64_t h = 0; h < H_; ++h) {
         float* dst = &qx_[(i * H_ + h) * qk_];
         std::memcpy(dst, &q[(i * H_ + h) * qk_], sizeof(float) * qk_);
-        if (!c.mla_nope) Rope(dst + nope_, static_cast<int>(dr_), pos[i], RopeStyle::kNorm, rope);
+        if (!c.mla_nope) RopeApply(dst + nope_, static_cast<int>(dr_), RopeStyle::kNorm, cs.data());
         for (int64_t k = 0; k < qk_; ++k) dst[k] *= g.scale;
       }
     }
