@@ -222,7 +222,7 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       err << "[" << items[i] << "] ctx " << ctx << ": filling " << ctx << " tokens...\n"
           << std::flush;
       sources.emplace_back(o.seed + static_cast<uint64_t>(ctx), g);
-      Status st = cache.BeginCall(ctx, CallKind::kPrefill);
+      Status st = cache.BeginCall(ctx, CallKind::kPrefill, &pool);
       for (int64_t t = 0; t < ctx && st.ok(); ++t) {
         sources.back().Row(t, k.data(), v.data());
         st = cache.Append(0, k.data(), v.data());
@@ -240,7 +240,7 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
         KvCache& cache = *caches[i];
         const int64_t pos = cache.n_tokens();
         sources[i].Row(pos, k.data(), v.data());
-        Status st = cache.BeginCall(1, CallKind::kDecode);
+        Status st = cache.BeginCall(1, CallKind::kDecode, &pool);
         if (st.ok()) st = cache.Append(0, k.data(), v.data());
         sources[i].Query(q.data(), static_cast<int>(q.size()));
         const auto t0 = Clock::now();

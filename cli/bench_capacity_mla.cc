@@ -145,7 +145,7 @@ int RunBenchCapacityMla(const BenchCapacityOptions& o, std::ostream& out, std::o
   int64_t peak_resident = 0;
   for (int64_t t = 0; t < o.tokens; t += every) {
     const int64_t n = std::min(every, o.tokens - t);
-    Status st = cache.BeginCall(n, CallKind::kPrefill);
+    Status st = cache.BeginCall(n, CallKind::kPrefill, &pool);
     for (int64_t i = 0; i < n && st.ok(); ++i) {
       for (int l = 0; l < layers && st.ok(); ++l) {
         src.Row(l, t + i, row.data());
@@ -173,7 +173,7 @@ int RunBenchCapacityMla(const BenchCapacityOptions& o, std::ostream& out, std::o
   const int64_t pos = cache.n_tokens();
   std::vector<float> q(int64_t{g.n_q_heads} * g.k_dim), att(int64_t{g.n_q_heads} * g.v_dim);
   const auto t1 = Clock::now();
-  Status st = cache.BeginCall(1, CallKind::kDecode);
+  Status st = cache.BeginCall(1, CallKind::kDecode, &pool);
   for (int l = 0; l < layers && st.ok(); ++l) {
     src.Row(l, pos, row.data());
     st = cache.Append(l, row.data(), nullptr);

@@ -159,7 +159,9 @@ int RunBenchCapacity(const BenchCapacityOptions& opts, std::ostream& out, std::o
   // Calls of `every` tokens, each followed by the allocator (GeodesiaPolicy::Maintain).
   for (int64_t t = 0; t < o.tokens; ++t) {
     Status st;
-    if (t % o.every == 0) st = cache.BeginCall(std::min(o.every, o.tokens - t), CallKind::kPrefill);
+    if (t % o.every == 0) {
+      st = cache.BeginCall(std::min(o.every, o.tokens - t), CallKind::kPrefill, &pool);
+    }
     for (int l = 0; l < o.layers && st.ok(); ++l) {
       src[l].Row(t, k.data(), v.data());
       st = cache.Append(l, k.data(), v.data());
@@ -183,7 +185,7 @@ int RunBenchCapacity(const BenchCapacityOptions& opts, std::ostream& out, std::o
   const int64_t pos = cache.n_tokens();
   std::vector<float> q(int64_t{g.n_q_heads} * g.k_dim), att(int64_t{g.n_q_heads} * g.v_dim);
   const auto t1 = Clock::now();
-  Status st = cache.BeginCall(1, CallKind::kDecode);
+  Status st = cache.BeginCall(1, CallKind::kDecode, &pool);
   for (int l = 0; l < o.layers && st.ok(); ++l) {
     src[l].Row(pos, k.data(), v.data());
     st = cache.Append(l, k.data(), v.data());

@@ -42,8 +42,9 @@ class Decorator final : public Policy {
     return inner_->BeginCall(layer, s, c, p);
   }
   Status OnAppend(int layer, const LayerStore& s) override { return inner_->OnAppend(layer, s); }
-  Status OnAppended(int layer, const LayerStore& s, const CacheCall& c, CachePlan* p) override {
-    return inner_->OnAppended(layer, s, c, p);
+  Status OnAppended(int layer, const LayerStore& s, const CacheCall& c, CachePlan* p,
+                    ThreadPool* pool) override {
+    return inner_->OnAppended(layer, s, c, p, pool);
   }
   Status EndCall(int layer, const LayerStore& s, const CacheCall& c, CachePlan* p) override {
     return inner_->EndCall(layer, s, c, p);

@@ -92,12 +92,13 @@ Status KvCache::Apply(int layer, const CachePlan& plan, int64_t floor, const cha
   return OkStatus();
 }
 
-Status KvCache::BeginCall(int64_t n_new, CallKind kind) {
+Status KvCache::BeginCall(int64_t n_new, CallKind kind, ThreadPool* pool) {
   RETURN_IF_ERROR(status_);
   STRATA_CHECK_MSG(!in_call_, "BeginCall inside a call");
   STRATA_CHECK(n_new >= 0);
   in_call_ = true;
   call_ = CacheCall{n_tokens(), n_tokens() + n_new, kind};
+  call_pool_ = pool;
   appended_.assign(n_layers(), 0);
   sealed_.assign(n_layers(), 0);
   counters_.last_step = ReadStats();
@@ -131,7 +132,7 @@ Status KvCache::Append(int layer, const float* k, const float* v) {
 Status KvCache::Seal(int layer) {
   sealed_[layer] = 1;
   CachePlan plan;
-  Status s = policy_->OnAppended(layer, stores_[layer], call_, &plan);
+  Status s = policy_->OnAppended(layer, stores_[layer], call_, &plan, call_pool_);
   if (!s.ok()) return Fail(s, layer, "block close");
   // The call's queries are still to come: nothing of the call may be released.
   return Apply(layer, plan, call_.first, "block close");
@@ -218,6 +219,7 @@ bool KvCache::ClaimReads(int layer, int64_t first_pos, int m, StagedPrefixPlan* 
 }
 
 Status KvCache::EndCall() {
+  call_pool_ = nullptr;
   if (!status_.ok()) {  // a failed call may end without its rows: the cache is done
     in_call_ = false;
     return status_;

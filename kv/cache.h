@@ -69,7 +69,8 @@ class KvCache {
   // n_new may be 0 (queries over the rows already held). Breaking that order is a programmer
   // error (CHECK). Every event's error names the layer and the cause; after one, the cache is
   // failed: every later call returns the same error (the sequence cannot continue exactly).
-  Status BeginCall(int64_t n_new, CallKind kind);
+  // `pool` (may be null) is lent to the policy's call-boundary work (Policy::OnAppended).
+  Status BeginCall(int64_t n_new, CallKind kind, ThreadPool* pool = nullptr);
   // Appends one token's row(s) (see LayerStore::Append) and notifies the policy.
   Status Append(int layer, const float* k, const float* v);
   // Attention of one query at position `pos` (it sees rows [0, pos]) through the policy.
@@ -177,6 +178,7 @@ class KvCache {
   // The running call.
   bool in_call_ = false;
   CacheCall call_;
+  ThreadPool* call_pool_ = nullptr;
   std::vector<int64_t> appended_;  // [n_layers] rows of the call appended so far
   std::vector<uint8_t> sealed_;    // [n_layers] OnAppended done for the call
   // Observation window: queries at positions [obs_first_, obs_end_) are delivered, every

@@ -258,8 +258,8 @@ class ScriptedPolicy final : public Policy {
     ++appends;
     return OkStatus();
   }
-  Status OnAppended(int layer, const LayerStore& s, const CacheCall& c,
-                    CachePlan* plan) override {
+  Status OnAppended(int layer, const LayerStore& s, const CacheCall& c, CachePlan* plan,
+                    ThreadPool* pool) override {
     Log("appended", layer, c, s.n_rows());
     if (release_at_appended >= 0) plan->release.push_back({0, release_at_appended});
     return OkStatus();

@@ -166,8 +166,10 @@ class Policy {
     return OkStatus();
   }
   virtual Status OnAppend(int layer, const LayerStore& store) { return OkStatus(); }
+  // `pool`: the workers of the call (KvCache::BeginCall's; may be null), for a policy's block
+  // closes and group quantization; results must not depend on it.
   virtual Status OnAppended(int layer, const LayerStore& store, const CacheCall& call,
-                            CachePlan* plan) {
+                            CachePlan* plan, ThreadPool* pool) {
     return OkStatus();
   }
   virtual Status EndCall(int layer, const LayerStore& store, const CacheCall& call,

@@ -218,7 +218,7 @@ void Model::ProjectMany(const Rows& rows, const MatVecBatchJob* jobs, int n_jobs
 
 Status Model::RunCall(const int32_t* tokens, int n, CallKind kind, KvCache* cache,
                       ThreadPool* pool, float* hidden) {
-  RETURN_IF_ERROR(cache->BeginCall(n, kind));
+  RETURN_IF_ERROR(cache->BeginCall(n, kind, pool));
   const int64_t p0 = cache->n_tokens();
   std::vector<KvCache*> caches(n, cache);
   std::vector<int64_t> pos(n);
@@ -359,7 +359,7 @@ Status Model::DecodeBatch(const int32_t* tokens, int B, KvCache* const* caches, 
   std::vector<int64_t> pos(B);
   for (int b = 0; b < B; ++b) {
     pos[b] = caches[b]->n_tokens();
-    status[b] = caches[b]->BeginCall(1, CallKind::kDecode);
+    status[b] = caches[b]->BeginCall(1, CallKind::kDecode, pool);
     open[b] = status[b].ok();
   }
   const int64_t d = config_.d_model;

@@ -42,23 +42,51 @@ KiviQuantParams KiviQuantize(const float* x, int64_t n, int64_t stride, int bits
   return p;
 }
 
+namespace {
+
+template <int kBits>
+void PackT(const uint8_t* codes, int64_t n, uint8_t* out) {
+  constexpr int kPer = 8 / kBits, kMask = (1 << kBits) - 1;
+  int64_t i = 0;
+  for (; i + kPer <= n; i += kPer) {
+    uint8_t b = 0;
+    for (int k = 0; k < kPer; ++k) b |= static_cast<uint8_t>((codes[i + k] & kMask) << (k * kBits));
+    out[i / kPer] = b;
+  }
+  if (i < n) {
+    uint8_t b = 0;
+    for (int k = 0; i + k < n; ++k) b |= static_cast<uint8_t>((codes[i + k] & kMask) << (k * kBits));
+    out[i / kPer] = b;
+  }
+}
+
+template <int kBits>
+void UnpackT(const uint8_t* packed, int64_t n, uint8_t* codes) {
+  constexpr int kPer = 8 / kBits, kMask = (1 << kBits) - 1;
+  int64_t i = 0;
+  for (; i + kPer <= n; i += kPer) {
+    const uint8_t b = packed[i / kPer];
+    for (int k = 0; k < kPer; ++k) codes[i + k] = static_cast<uint8_t>((b >> (k * kBits)) & kMask);
+  }
+  for (int k = 0; i < n; ++i, ++k) {
+    codes[i] = static_cast<uint8_t>((packed[i / kPer] >> (k * kBits)) & kMask);
+  }
+}
+
+}  // namespace
+
 void KiviPack(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
   STRATA_CHECK(bits == 2 || bits == 4 || bits == 8);
-  const int per = 8 / bits;
-  const int64_t nb = (n * bits + 7) / 8;
-  std::fill(out, out + nb, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    out[i / per] |= static_cast<uint8_t>((codes[i] & ((1 << bits) - 1)) << ((i % per) * bits));
-  }
+  if (bits == 2) return PackT<2>(codes, n, out);
+  if (bits == 4) return PackT<4>(codes, n, out);
+  PackT<8>(codes, n, out);
 }
 
 void KiviUnpack(const uint8_t* packed, int64_t n, int bits, uint8_t* codes) {
   STRATA_CHECK(bits == 2 || bits == 4 || bits == 8);
-  const int per = 8 / bits;
-  const int mask = (1 << bits) - 1;
-  for (int64_t i = 0; i < n; ++i) {
-    codes[i] = static_cast<uint8_t>((packed[i / per] >> ((i % per) * bits)) & mask);
-  }
+  if (bits == 2) return UnpackT<2>(packed, n, codes);
+  if (bits == 4) return UnpackT<4>(packed, n, codes);
+  UnpackT<8>(packed, n, codes);
 }
 
 Status KiviPolicy::Bind(const std::vector<LayerGeometry>& layers) {
@@ -84,85 +112,103 @@ int64_t KiviPolicy::GroupBytes(int layer) const {
   return b * L.g.n_kv_heads;
 }
 
-void KiviPolicy::Flush(Layer& L, const LayerStore& store) {
-  const int64_t target = GroupsAfter(store.n_rows());
-  const int D = L.g.k_dim, DV = L.g.v_dim;
-  std::vector<float> x(static_cast<size_t>(kGroup) * std::max(D, DV));
-  std::vector<uint8_t> codes(x.size()), col(kGroup);
-  for (; L.n_groups < target; ++L.n_groups) {
-    const int64_t u0 = L.n_groups * kGroup;
-    for (int h = 0; h < L.g.n_kv_heads; ++h) {
-      Head& H = L.heads[h];
-      // Keys (MLA: the latent row): per channel over the group's 32 tokens.
-      for (int t = 0; t < kGroup; ++t) {
-        const uint16_t* k = store.key_row(h, u0 + t);
-        for (int c = 0; c < D; ++c) x[t * D + c] = Bf16ToF32(k[c]);
-      }
-      std::vector<uint16_t> lo(D), step(D);
-      for (int c = 0; c < D; ++c) {
-        const KiviQuantParams p = KiviQuantize(x.data() + c, kGroup, D, bits_, col.data());
-        lo[c] = p.lo;
-        step[c] = p.step;
-        for (int t = 0; t < kGroup; ++t) codes[t * D + c] = col[t];
-      }
-      // Packed layers: group j is half j % 2 of slot j / 2 (time group j % 2 of its keys, rows
-      // 32 (j % 2) ... of its values).
-      const int half = static_cast<int>(L.n_groups % 2);
-      const geodesia::SlotLayout SL =
-          L.packed ? geodesia::GetSlotLayout(bits_, D, kGroup) : geodesia::SlotLayout{};
-      uint8_t* slot = nullptr;
-      if (L.packed) {
-        if (half == 0) H.slots.resize(H.slots.size() + L.slot_bytes, 0);
-        slot = H.slots.data() + (L.n_groups / 2) * L.slot_bytes;
-        KiviPack(codes.data(), int64_t{kGroup} * D, bits_,
-                 slot + SL.k_codes + half * KeyCodeBytes(L));
-        std::memcpy(slot + SL.k_lo + int64_t{half} * D * 2, lo.data(), D * 2);
-        std::memcpy(slot + SL.k_step + int64_t{half} * D * 2, step.data(), D * 2);
-      } else {
-        const size_t kb = H.kcodes.size();
-        H.kcodes.resize(kb + KeyCodeBytes(L));
-        KiviPack(codes.data(), int64_t{kGroup} * D, bits_, H.kcodes.data() + kb);
-        H.kscale.insert(H.kscale.end(), lo.begin(), lo.end());
-        H.kscale.insert(H.kscale.end(), step.begin(), step.end());
-      }
-      if (L.mla) continue;
-      // Values: per token over groups of 32 channels.
-      for (int t = 0; t < kGroup; ++t) {
-        const uint16_t* v = store.val_row(h, u0 + t);
-        for (int c = 0; c < DV; ++c) x[t * DV + c] = Bf16ToF32(v[c]);
-        for (int cg = 0; cg < L.n_vg; ++cg) {
-          const int c0 = cg * kGroup, nc = std::min(kGroup, DV - c0);
-          const KiviQuantParams p =
-              KiviQuantize(x.data() + t * DV + c0, nc, 1, bits_, codes.data() + t * DV + c0);
-          if (L.packed) {
-            const int64_t at = (int64_t{half} * kGroup + t) * L.n_vg + cg;
-            std::memcpy(slot + SL.v_lo + at * 2, &p.lo, 2);
-            std::memcpy(slot + SL.v_step + at * 2, &p.step, 2);
-          } else {
-            H.vscale.push_back(p.lo);
-            H.vscale.push_back(p.step);
-          }
-        }
-      }
-      if (L.packed) {
-        KiviPack(codes.data(), int64_t{kGroup} * DV, bits_,
-                 slot + SL.v_codes + half * ValCodeBytes(L));
-        continue;
-      }
-      const size_t vb = H.vcodes.size();
-      H.vcodes.resize(vb + ValCodeBytes(L));
-      KiviPack(codes.data(), int64_t{kGroup} * DV, bits_, H.vcodes.data() + vb);
+void KiviPolicy::Flush(Layer& L, const LayerStore& store, ThreadPool* pool) {
+  const int64_t j0 = L.n_groups, target = GroupsAfter(store.n_rows());
+  if (target <= j0) return;
+  const int D = L.g.k_dim;
+  // Every head's arrays sized for the new groups first; then each (group, head) task writes only
+  // its own bytes (packed layers: group j is half j % 2 of slot j / 2, so two tasks may share a
+  // slot but never a byte).
+  for (Head& H : L.heads) {
+    if (L.packed) {
+      H.slots.resize(static_cast<size_t>((target + 1) / 2 * L.slot_bytes), 0);
+      continue;
     }
+    H.kcodes.resize(static_cast<size_t>(target * KeyCodeBytes(L)));
+    H.kscale.resize(static_cast<size_t>(target * 2 * D));
+    if (L.mla) continue;
+    H.vcodes.resize(static_cast<size_t>(target * ValCodeBytes(L)));
+    H.vscale.resize(static_cast<size_t>(target * kGroup * L.n_vg * 2));
   }
+  const int n_h = L.g.n_kv_heads;
+  ParallelForOrInline(pool, (target - j0) * n_h, 1, [&](int64_t b, int64_t e, int) {
+    for (int64_t t = b; t < e; ++t) {
+      const int h = static_cast<int>(t % n_h);
+      QuantizeGroup(L, store, h, j0 + t / n_h, &L.heads[h]);
+    }
+  });
+  L.n_groups = target;
 }
 
-Status KiviPolicy::OnAppend(int layer, const LayerStore& store) {
-  Flush(layers_[layer], store);
-  return OkStatus();
+void KiviPolicy::QuantizeGroup(const Layer& L, const LayerStore& store, int h, int64_t j,
+                               Head* head) const {
+  const int D = L.g.k_dim, DV = L.g.v_dim;
+  const int64_t u0 = j * kGroup;
+  thread_local std::vector<float> x;
+  thread_local std::vector<uint8_t> codes;
+  thread_local std::vector<uint16_t> lo, step;
+  x.resize(static_cast<size_t>(kGroup) * std::max(D, DV));
+  codes.resize(x.size());
+  lo.resize(D);
+  step.resize(D);
+  uint8_t col[kGroup];
+  Head& H = *head;
+  // Keys (MLA: the latent row): per channel over the group's 32 tokens.
+  for (int t = 0; t < kGroup; ++t) {
+    const uint16_t* k = store.key_row(h, u0 + t);
+    for (int c = 0; c < D; ++c) x[t * D + c] = Bf16ToF32(k[c]);
+  }
+  for (int c = 0; c < D; ++c) {
+    const KiviQuantParams p = KiviQuantize(x.data() + c, kGroup, D, bits_, col);
+    lo[c] = p.lo;
+    step[c] = p.step;
+    for (int t = 0; t < kGroup; ++t) codes[t * D + c] = col[t];
+  }
+  // Packed layers: group j is half j % 2 of slot j / 2 (time group j % 2 of its keys, rows
+  // 32 (j % 2) ... of its values).
+  const int half = static_cast<int>(j % 2);
+  const geodesia::SlotLayout SL =
+      L.packed ? geodesia::GetSlotLayout(bits_, D, kGroup) : geodesia::SlotLayout{};
+  uint8_t* slot = nullptr;
+  if (L.packed) {
+    slot = H.slots.data() + (j / 2) * L.slot_bytes;
+    KiviPack(codes.data(), int64_t{kGroup} * D, bits_,
+             slot + SL.k_codes + half * KeyCodeBytes(L));
+    std::memcpy(slot + SL.k_lo + int64_t{half} * D * 2, lo.data(), D * 2);
+    std::memcpy(slot + SL.k_step + int64_t{half} * D * 2, step.data(), D * 2);
+  } else {
+    KiviPack(codes.data(), int64_t{kGroup} * D, bits_, H.kcodes.data() + j * KeyCodeBytes(L));
+    std::copy(lo.begin(), lo.end(), H.kscale.begin() + j * 2 * D);
+    std::copy(step.begin(), step.end(), H.kscale.begin() + j * 2 * D + D);
+  }
+  if (L.mla) return;
+  // Values: per token over groups of 32 channels.
+  uint16_t* vscale = L.packed ? nullptr : H.vscale.data() + j * kGroup * L.n_vg * 2;
+  for (int t = 0; t < kGroup; ++t) {
+    const uint16_t* v = store.val_row(h, u0 + t);
+    for (int c = 0; c < DV; ++c) x[t * DV + c] = Bf16ToF32(v[c]);
+    for (int cg = 0; cg < L.n_vg; ++cg) {
+      const int c0 = cg * kGroup, nc = std::min(kGroup, DV - c0);
+      const KiviQuantParams p =
+          KiviQuantize(x.data() + t * DV + c0, nc, 1, bits_, codes.data() + t * DV + c0);
+      if (L.packed) {
+        const int64_t at = (int64_t{half} * kGroup + t) * L.n_vg + cg;
+        std::memcpy(slot + SL.v_lo + at * 2, &p.lo, 2);
+        std::memcpy(slot + SL.v_step + at * 2, &p.step, 2);
+      } else {
+        vscale[(t * L.n_vg + cg) * 2] = p.lo;
+        vscale[(t * L.n_vg + cg) * 2 + 1] = p.step;
+      }
+    }
+  }
+  KiviPack(codes.data(), int64_t{kGroup} * DV, bits_,
+           L.packed ? slot + SL.v_codes + half * ValCodeBytes(L)
+                    : H.vcodes.data() + j * ValCodeBytes(L));
 }
 
 Status KiviPolicy::OnAppended(int layer, const LayerStore& store, const CacheCall& call,
-                              CachePlan* plan) {
+                              CachePlan* plan, ThreadPool* pool) {
+  Flush(layers_[layer], store, pool);
   // No read of this call or later needs exact rows of a page that lies entirely before the
   // call's first row and entirely inside the groups quantized once that row was appended (the
   // later rows of the call quantize more groups, but their pages stay until the next call).

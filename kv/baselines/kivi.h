@@ -8,9 +8,12 @@
 // channel over 32-token groups (the key rule), and the value is the first v_dim columns of the
 // same dequantized row.
 //
-// Flush schedule (real, incremental): after t tokens exactly max(0, floor((t - 32) / 32)) groups
-// are quantized, so the newest t - 32 * that (in [32, 64)) tokens are exact. Every 32 new tokens
-// the oldest exact group is quantized once, from the exact bf16 rows, and never again.
+// Flush schedule (real, incremental): once a call's rows are in (OnAppended, before its first
+// read), a cache of t tokens holds exactly max(0, floor((t - 32) / 32)) quantized groups, so the
+// newest t - 32 * that (in [32, 64)) tokens are exact. Every 32 new tokens the oldest exact group
+// is quantized once, from the exact bf16 rows, and never again; a prefill chunk's new groups are
+// quantized together, (group, KV head) pairs over the call's pool, each independent of the others
+// (the same bytes on any number of threads).
 // The policy then releases the store pages it no longer needs (all rows quantized and before the
 // first query of the current call), so memory really shrinks; attention dequantizes.
 //
@@ -70,9 +73,8 @@ class KiviPolicy final : public Policy {
       : bits_(bits), math_(math), math_from_cache_(math_from_cache) {}
   std::string name() const override { return bits_ == 2 ? "kivi2" : "kivi4"; }
   Status Bind(const std::vector<LayerGeometry>& layers) override;
-  Status OnAppend(int layer, const LayerStore& store) override;
   Status OnAppended(int layer, const LayerStore& store, const CacheCall& call,
-                    CachePlan* plan) override;
+                    CachePlan* plan, ThreadPool* pool) override;
   Status Read(int layer, const LayerStore& store, const float* q, int64_t limit, ThreadPool* pool,
               SoftmaxStates* st, ReadStats* stats) override;
   // A prefill chunk's reads are the quantized groups below each query (as f32, StagePrefixRows)
@@ -125,7 +127,10 @@ class KiviPolicy final : public Policy {
     int64_t n_groups = 0;
     std::vector<Head> heads;
   };
-  void Flush(Layer& L, const LayerStore& store);
+  // Quantizes the groups complete after store.n_rows() rows (GroupsAfter) that are not yet.
+  void Flush(Layer& L, const LayerStore& store, ThreadPool* pool);
+  // Quantizes group j of KV head h into its place in *head's arrays (sized by Flush).
+  void QuantizeGroup(const Layer& L, const LayerStore& store, int h, int64_t j, Head* head) const;
   // Dequantizes group j of head h: keys [32, k_dim], values [32, v_dim] (f32).
   void DequantGroup(const Layer& L, int h, int64_t j, float* kt, float* vt) const;
   int64_t KeyCodeBytes(const Layer& L) const { return int64_t{kGroup} * L.g.k_dim * bits_ / 8; }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <iterator>
 
 #include "core/status_testing.h"
 #include "kv/baselines/baselines.h"
@@ -77,26 +79,47 @@ TEST(KiviTest, QuantizationErrorBoundsAndPacking) {
   EXPECT_EQ(out[0], 0x3A);
 }
 
-// The flush schedule: after t tokens exactly floor((t - 32) / 32) groups are quantized (0 below
-// 32), the newest [32, 64) tokens are exact, and each quantized row is within step / 2 of its
-// bf16 row (keys per channel per group, values per token per 32 channels).
+// The flush schedule: once a call's rows are in, a cache of t tokens holds exactly
+// floor((t - 32) / 32) quantized groups (0 below 32), the newest [32, 64) tokens are exact; calls
+// of assorted sizes, inline or on a pool. Then each quantized row is within step / 2 of its bf16
+// row (keys per channel per group, values per token per 32 channels).
 TEST(KiviTest, IncrementalFlushScheduleAndRowErrors) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  for (const LayerGeometry& g : {GqaGeometry(4, 2, 48), MlaGeometry()}) {
+  ThreadPool pool(2);
+  const int64_t sizes[] = {1, 30, 1, 33, 64, 7, 100, 2, 62, 1, 1, 31};
+  for (const LayerGeometry& g : {GqaGeometry(4, 2, 48), GqaGeometry(4, 2, 64), MlaGeometry()}) {
     for (int bits : {2, 4}) {
-      Made m = MakeKivi(g, bits);
       std::vector<float> k, v;
-      ASSERT_OK(m.cache->BeginCall(300, CallKind::kPrefill));
-      for (int64_t t = 1; t <= 300; ++t) {
-        testing::RowAt(g, seed, t - 1, 0.f, &k, &v);
-        ASSERT_OK(m.cache->Append(0, k.data(), v.data()));
-        const int64_t want = t < 32 ? 0 : (t - 32) / 32;
-        ASSERT_EQ(m.policy->quantized_groups(0), want) << "t " << t;
-        ASSERT_EQ(KiviPolicy::GroupsAfter(t), want);
-        const int64_t exact = t - 32 * want;
-        ASSERT_TRUE(exact >= std::min<int64_t>(t, 32) && exact < 64);
+      {
+        Made m = MakeKivi(g, bits);
+        int64_t t = 0;
+        for (int call = 0; t < 300; ++call) {
+          const int64_t n = std::min<int64_t>(sizes[call % std::size(sizes)], 300 - t);
+          ASSERT_OK(m.cache->BeginCall(n, CallKind::kPrefill, call % 2 ? &pool : nullptr));
+          for (int64_t i = 0; i < n; ++i) {
+            // Until the call's last row is in, the groups complete before the call.
+            ASSERT_EQ(m.policy->quantized_groups(0), KiviPolicy::GroupsAfter(t)) << "t " << t;
+            testing::RowAt(g, seed, t + i, 0.f, &k, &v);
+            ASSERT_OK(m.cache->Append(0, k.data(), v.data()));
+          }
+          t += n;
+          const int64_t want = t < 32 ? 0 : (t - 32) / 32;
+          ASSERT_EQ(m.policy->quantized_groups(0), want) << "t " << t;
+          ASSERT_EQ(KiviPolicy::GroupsAfter(t), want);
+          const int64_t exact = t - 32 * want;
+          ASSERT_TRUE(exact >= std::min<int64_t>(t, 32) && exact < 64);
+          ASSERT_OK(m.cache->EndCall());
+        }
       }
+      // One call, so the store keeps every exact row to compare with.
+      Made m = MakeKivi(g, bits);
+      ASSERT_OK(m.cache->BeginCall(300, CallKind::kPrefill));
+      for (int64_t t = 0; t < 300; ++t) {
+        testing::RowAt(g, seed, t, 0.f, &k, &v);
+        ASSERT_OK(m.cache->Append(0, k.data(), v.data()));
+      }
+      ASSERT_EQ(m.policy->quantized_groups(0), KiviPolicy::GroupsAfter(300));
       const LayerStore& s = m.cache->store(0);
       const int64_t nq = m.policy->quantized_groups(0) * 32;
       for (int h = 0; h < g.n_kv_heads; ++h) {
@@ -135,6 +158,53 @@ TEST(KiviTest, IncrementalFlushScheduleAndRowErrors) {
               }
             }
           }
+        }
+      }
+    }
+  }
+}
+
+// A prompt quantized in chunks on a pool holds the same bytes as one quantized a token per call
+// on one thread (each group from its own exact rows, whatever quantizes it): every dequantized
+// key and value row is equal bit for bit.
+TEST(KiviTest, ChunkedPooledFlushEqualsTokenByToken) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  ThreadPool pool(2);
+  constexpr int64_t kT = 450;
+  for (const LayerGeometry& g : {GqaGeometry(8, 4, 48), GqaGeometry(8, 2, 64), MlaGeometry()}) {
+    for (int bits : {2, 4}) {
+      Made one = MakeKivi(g, bits), chunked = MakeKivi(g, bits);
+      std::vector<float> k, v;
+      for (int64_t t = 0; t < kT; ++t) {
+        ASSERT_OK(one.cache->BeginCall(1, CallKind::kDecode));
+        testing::RowAt(g, seed, t, 0.f, &k, &v);
+        ASSERT_OK(one.cache->Append(0, k.data(), v.data()));
+        ASSERT_OK(one.cache->EndCall());
+      }
+      for (int64_t t0 = 0; t0 < kT; t0 += 200) {
+        const int64_t n = std::min<int64_t>(200, kT - t0);
+        ASSERT_OK(chunked.cache->BeginCall(n, CallKind::kPrefill, &pool));
+        for (int64_t t = t0; t < t0 + n; ++t) {
+          testing::RowAt(g, seed, t, 0.f, &k, &v);
+          ASSERT_OK(chunked.cache->Append(0, k.data(), v.data()));
+        }
+        ASSERT_OK(chunked.cache->EndCall());
+      }
+      const int64_t nq = chunked.policy->quantized_groups(0) * KiviPolicy::kGroup;
+      ASSERT_EQ(one.policy->quantized_groups(0), chunked.policy->quantized_groups(0));
+      ASSERT_EQ(nq, KiviPolicy::GroupsAfter(kT) * KiviPolicy::kGroup);
+      std::vector<float> a(g.k_dim), b(g.k_dim), av(g.v_dim), bv(g.v_dim);
+      for (int h = 0; h < g.n_kv_heads; ++h) {
+        for (int64_t u = 0; u < nq; ++u) {
+          one.policy->DequantKey(0, h, u, a.data());
+          chunked.policy->DequantKey(0, h, u, b.data());
+          ASSERT_EQ(0, std::memcmp(a.data(), b.data(), sizeof(float) * g.k_dim))
+              << "key, head " << h << " row " << u << " bits " << bits;
+          one.policy->DequantValue(0, h, u, av.data());
+          chunked.policy->DequantValue(0, h, u, bv.data());
+          ASSERT_EQ(0, std::memcmp(av.data(), bv.data(), sizeof(float) * g.v_dim))
+              << "value, head " << h << " row " << u << " bits " << bits;
         }
       }
     }
@@ -252,7 +322,7 @@ TEST(KiviTest, AttnMathFollowsTheCacheUnlessSet) {
   for (AttnMath m : {AttnMath::kF32, AttnMath::kBF16, AttnMath::kInt8, AttnMath::kAuto}) {
     LayerGeometry g = GqaGeometry(4, 2, 64);
     g.attn_math = m;
-    for (const std::string& setting : {"cache", "f32", "int8"}) {
+    for (const char* setting : {"cache", "f32", "int8"}) {
       SCOPED_TRACE(std::string(AttnMathName(m)) + " / " + setting);
       Made k = MakeKivi(g, 2, setting);
       const geodesia::PackedMath want =

@@ -77,7 +77,7 @@ inline void Build(KvCache* c, uint64_t seed, int64_t n0, int64_t n, int64_t pert
   std::vector<float> k, v;
   Rng qrng(seed ^ 0xabcdef);
   c->BeginPrefill(0, n0);
-  ASSERT_OK(c->BeginCall(n0, CallKind::kPrefill));
+  ASSERT_OK(c->BeginCall(n0, CallKind::kPrefill, pool));
   for (int64_t u = 0; u < n0; ++u) {
     RowAt(g, seed, u, (perturb_after >= 0 && u > perturb_after) ? 10.f : 0.f, &k, &v);
     ASSERT_OK(c->Append(0, k.data(), v.data()));
@@ -88,7 +88,7 @@ inline void Build(KvCache* c, uint64_t seed, int64_t n0, int64_t n, int64_t pert
   }
   ASSERT_OK(c->EndCall());
   ASSERT_OK(c->EndPrefill(pool));
-  ASSERT_OK(c->BeginCall(n - n0, CallKind::kDecode));
+  ASSERT_OK(c->BeginCall(n - n0, CallKind::kDecode, pool));
   for (int64_t u = n0; u < n; ++u) {
     RowAt(g, seed, u, (perturb_after >= 0 && u > perturb_after) ? 10.f : 0.f, &k, &v);
     ASSERT_OK(c->Append(0, k.data(), v.data()));

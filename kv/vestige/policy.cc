@@ -349,12 +349,12 @@ Status VestigePolicy::recovered_error() const {
 }
 
 Status VestigePolicy::OnAppended(int layer, const LayerStore& store, const CacheCall& call,
-                                 CachePlan* plan) {
+                                 CachePlan* plan, ThreadPool* pool) {
   // The call's rows are in and its queries are still to read: blocks close here; their archived
   // pages leave RAM only at the end of a decode call (EndCall) or at a prefill's compression
   // point (OnCompress), after every query that reads its own block in full has read it.
   layers_[layer].prompt_call = call.kind == CallKind::kPrefill;
-  return CloseReady(layer, store);
+  return CloseReady(layer, store, pool);
 }
 
 Status VestigePolicy::EndCall(int layer, const LayerStore& store, const CacheCall& call,

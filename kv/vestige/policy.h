@@ -162,7 +162,7 @@ class VestigePolicy final : public Policy {
   bool observation_needs_weights() const override { return false; }
   Status OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& obs) override;
   Status OnAppended(int layer, const LayerStore& store, const CacheCall& call,
-                    CachePlan* plan) override;
+                    CachePlan* plan, ThreadPool* pool) override;
   Status EndCall(int layer, const LayerStore& store, const CacheCall& call,
                  CachePlan* plan) override;
   Status OnCompress(int layer, const LayerStore& store, CachePlan* plan,
