@@ -152,6 +152,8 @@ int RunStrata(const std::vector<std::string>& args, std::istream& in, std::ostre
   AddBenchAttentionCommand(bench, &bench_attention);
   BenchServeOptions bench_serve;
   AddBenchServeCommand(bench, &bench_serve);
+  BenchPrefillOptions bench_prefill;
+  AddBenchPrefillCommand(bench, &bench_prefill);
   PoliciesOptions policies;
   AddPoliciesCommand(&app, &policies);
   ServeOptions serve;
@@ -244,6 +246,7 @@ int RunStrata(const std::vector<std::string>& args, std::istream& in, std::ostre
     }
     if (bench->got_subcommand("attention")) return RunBenchAttention(bench_attention, out, err);
     if (bench->got_subcommand("serve")) return RunBenchServe(bench_serve, out, err);
+    if (bench->got_subcommand("prefill")) return RunBenchPrefill(bench_prefill, out, err);
   } catch (const std::exception& e) {
     err << "error: internal: " << e.what() << "\n";
     return 1;

@@ -178,6 +178,13 @@ TEST_F(CliTest, BadFlagsExitTwoNamingTheProblem) {
       {{"bench", "decode", "-m", m, "--threads", "0"}, "--threads"},
       {{"bench", "decode", "-m", m, "--tokens", "0"}, "--tokens"},
       {{"bench", "decode", "-m", m, "--bw-mib", "0"}, "--bw-mib"},
+      {{"bench", "prefill", "-m", m, "--rounds", "0"}, "--rounds must be >= 1, got 0"},
+      {{"bench", "prefill", "-m", m, "--tokens", "-3"}, "--tokens must be >= 0, got -3"},
+      {{"bench", "prefill", "-m", m, "--chunk", "0"}, "--chunk must be >= 1, got 0"},
+      {{"bench", "prefill", "-m", m, "--policy", "full,kivi9"}, "kivi9"},
+      {{"bench", "prefill", "-m", m, "--policy", "full,,h2o"}, "empty item"},
+      {{"bench", "prefill", "-m", m, "--policy", "h2o:budgit=64"}, "budgit"},
+      {{"bench", "prefill", "-m", m, "-f", Path("no-such-prompt.txt")}, "no-such-prompt.txt"},
       // Passes the range check, but 1 PiB exceeds any x86-64 address space whatever the
       // overcommit policy: the probe's allocation error.
       {{"bench", "decode", "-m", m, "--ctx", "0", "--bw-mib", "1073741824"},
@@ -468,6 +475,55 @@ TEST_F(CliTest, BenchDecodePrintsFractionOfTheFloor) {
   // bytes per token exceed ctx * the 256 bytes per token of this model.
   EXPECT_EQ(j["results"][0]["ctx"], 0);
   EXPECT_GE(j["results"][1]["kv_bytes_read_per_token"].get<double>(), 64.0 * 256);
+}
+
+// bench prefill: every listed policy once per round after full (added when not listed), each
+// ratio against full of the same round; full's own ratios are 1, the table and legend name the
+// columns, the JSON holds a rate and a ratio per round. The prompt: random ids, or a file's
+// tokens cut to --tokens.
+TEST_F(CliTest, BenchPrefillAlternatesPoliciesAgainstFull) {
+  const std::string json = Path("prefill.json");
+  Result r = Strata({"bench", "prefill", "-m", Path("tiny.gguf"), "--tokens", "80", "--chunk",
+                     "32", "--policy", "kivi2,h2o,kivi2", "--rounds", "3", "--threads", "2",
+                     "--json", json});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* s : {"x full median", "x full min", "x full per round", "kivi2", "h2o",
+                        "between rounds"}) {
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  }
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  EXPECT_EQ(j["prompt_tokens"], 80);
+  ASSERT_EQ(j["results"].size(), 3u);  // full, kivi2, h2o (kivi2 once)
+  EXPECT_EQ(j["results"][0]["policy"], "full");
+  EXPECT_EQ(j["results"][1]["policy"], "kivi2");
+  EXPECT_EQ(j["results"][2]["policy"], "h2o");
+  for (const auto& row : j["results"]) {
+    ASSERT_EQ(row["tok_per_s"].size(), 3u);
+    ASSERT_EQ(row["ratio_to_full"].size(), 3u);
+    for (size_t k = 0; k < 3; ++k) {
+      const double rate = row["tok_per_s"][k].get<double>();
+      const double full = j["results"][0]["tok_per_s"][k].get<double>();
+      EXPECT_GT(rate, 0);
+      EXPECT_DOUBLE_EQ(row["ratio_to_full"][k].get<double>(), rate / full);
+    }
+    EXPECT_GT(row["resident_bytes"].get<int64_t>(), 0);
+  }
+  EXPECT_DOUBLE_EQ(j["results"][0]["ratio_median"].get<double>(), 1.0);
+  // From a file: its tokens, at most --tokens of them.
+  const std::string prompt = Path("prompt.txt");
+  {
+    std::ofstream p(prompt);
+    for (int i = 0; i < 40; ++i) p << "the quick brown fox jumps over the lazy dog ";
+  }
+  Result fr = Strata({"bench", "prefill", "-m", Path("tiny.gguf"), "-f", prompt, "--tokens",
+                      "50", "--rounds", "1", "--json", json});
+  ASSERT_EQ(fr.code, 0) << fr.err;
+  std::ifstream f2(json);
+  const nlohmann::json j2 = nlohmann::json::parse(f2);
+  EXPECT_EQ(j2["prompt_tokens"], 50);
+  EXPECT_EQ(j2["results"].size(), 1u);
+  EXPECT_NE(fr.out.find("one round gives no measure"), std::string::npos) << fr.out;
 }
 
 // --batch (issue 16): aggregate tok/s of B sequences per DecodeBatch step and the ratio to B = 1

@@ -146,6 +146,26 @@ struct BenchDecodeOptions {
 void AddBenchDecodeCommand(CLI::App* bench, BenchDecodeOptions* o);
 int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream& err);
 
+// `strata bench prefill` (cli/bench_prefill.cc): prefill tokens/s of each policy against full,
+// alternated over rounds in one process.
+struct BenchPrefillOptions {
+  std::string model;
+  std::string prompt_file;  // empty: `tokens` random token ids
+  int64_t tokens = 0;       // 0: 4096 random tokens, or the whole file; with a file: at most this many
+  std::string policy = "full";
+  int rounds = 3;
+  int threads = 0;  // 0: hardware concurrency
+  int chunk = kPromptChunk;
+  std::string kv_type = "bf16";
+  bool no_mmap = false;
+  uint64_t seed = 1;
+  std::string json_path;
+  std::string models_dir;
+  std::string cache_dir;
+};
+void AddBenchPrefillCommand(CLI::App* bench, BenchPrefillOptions* o);
+int RunBenchPrefill(const BenchPrefillOptions& o, std::ostream& out, std::ostream& err);
+
 // `strata bench attention` (cli/bench_attention.cc): per-step decode attention of registered
 // policies vs full over one synthetic MLA or GQA layer.
 inline constexpr const char* kBenchAttentionMlaPolicies = "full,vestige:recall=off,vestige";

@@ -1,0 +1,264 @@
+// `strata bench prefill`: prompt-processing tokens/s of each listed cache policy against `full`,
+// in one process and in alternation, so that each ratio compares runs made minutes apart on the
+// same loaded model rather than separate `generate` runs on a host whose speed drifts.
+//
+// Each round prefills the same prompt once per policy (a fresh cache each time, the model's own
+// chunked Model::Prefill, the compression point included: what `generate` times as its prefill),
+// in the listed order on odd rounds and the reverse on even ones, so no policy always runs right
+// after the same neighbour. A policy's ratio in a round is its tokens/s over `full`'s in that
+// round; the table gives the median and the smallest over the rounds, and full's own spread
+// between rounds, which bounds how far apart two rates can be before the difference means
+// anything.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "core/rng.h"
+#include "kernels/membw.h"
+#include "kv/policy.h"
+#include "kv/registry.h"
+#include "model/model.h"
+
+namespace strata::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string Joined(const std::vector<double>& v, int digits) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? " / " : "") + FormatFixed(v[i], digits);
+  return s;
+}
+
+}  // namespace
+
+void AddBenchPrefillCommand(CLI::App* bench, BenchPrefillOptions* o) {
+  CLI::App* cmd = bench->add_subcommand(
+      "prefill",
+      "Prefill tokens/s of each cache policy against full, alternated in one process (ratios "
+      "per round, median and smallest)");
+  cmd->add_option("-m,--model", o->model,
+                  "Model (.gguf or HF directory); default: the built-in model");
+  cmd->add_option("-f,--file", o->prompt_file,
+                  "Prompt text file (tokenized with the model's tokenizer, BOS first); without "
+                  "it the prompt is --tokens random token ids");
+  cmd->add_option("--tokens", o->tokens,
+                  "Prompt length in tokens: the random prompt's length, or with -f at most this "
+                  "many of the file's tokens (0: 4096 random tokens, or the whole file)")
+      ->capture_default_str();
+  cmd->add_option("--policy", o->policy,
+                  "Policies (comma-separated NAME[@X][:key=value...] items; full is always "
+                  "measured, first in each round, as the ratios' reference)")
+      ->capture_default_str();
+  cmd->add_option("--rounds", o->rounds, "Rounds: every policy prefills the prompt once per round")
+      ->capture_default_str();
+  cmd->add_option("--threads", o->threads, "Worker threads (default: the hardware threads)");
+  cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens (as generate --chunk)")
+      ->capture_default_str();
+  cmd->add_option("--kv-type", o->kv_type, kKvTypeHelp)->capture_default_str();
+  cmd->add_flag("--no-mmap", o->no_mmap,
+                "Read the model into memory instead of mapping the file");
+  cmd->add_option("--seed", o->seed, "Seed of the random prompt")->capture_default_str();
+  cmd->add_option("--json", o->json_path, "Also write the results as JSON to this file");
+}
+
+int RunBenchPrefill(const BenchPrefillOptions& o, std::ostream& out, std::ostream& err) {
+  auto fail = [&](const std::string& msg) {
+    err << "error: " << msg << "\n";
+    return kExitUsage;
+  };
+  for (const Status& st : {CheckAtLeast("--rounds", o.rounds, 1),
+                           CheckAtLeast("--tokens", o.tokens, 0),
+                           CheckAtLeast("--chunk", o.chunk, 1),
+                           CheckAtLeast("--threads", o.threads, 0)}) {
+    if (!st.ok()) return fail(st.message());
+  }
+  const auto kv_type = ParseKvType(o.kv_type);
+  if (!kv_type.ok()) return fail(kv_type.status().message());
+  // The policy list: full first (the reference), each item validated before the model loads.
+  std::vector<std::string> items;
+  {
+    std::stringstream ss(o.policy);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      if (item.empty()) return fail("--policy '" + o.policy + "' has an empty item");
+      if (item != "full" && std::find(items.begin(), items.end(), item) == items.end()) {
+        items.push_back(item);
+      }
+    }
+  }
+  items.insert(items.begin(), "full");
+  std::vector<PolicySpec> specs;
+  for (const std::string& item : items) {
+    auto spec = ParsePolicySpec(item);
+    if (!spec.ok()) return fail("--policy " + item + ": " + spec.status().message());
+    if (Status st = ValidatePolicySpec(*spec); !st.ok()) {
+      return fail("--policy " + item + ": " + st.message());
+    }
+    specs.push_back(std::move(spec).value());
+  }
+  std::string prompt_text;
+  if (!o.prompt_file.empty()) {
+    auto text = ReadPromptFile("-f", o.prompt_file);
+    if (!text.ok()) return fail(text.status().message());
+    prompt_text = std::move(*text);
+  }
+
+  std::string path = o.model;
+  if (path.empty()) {
+    auto def = ResolveDefaultModel(o.models_dir.empty() ? DefaultModelsDir() : o.models_dir,
+                                   o.cache_dir.empty() ? DefaultCacheDir() : o.cache_dir, err);
+    if (!def.ok()) return fail(def.status().ToString());
+    path = *def;
+  } else {
+    err << "model: " << path << "\n";
+  }
+  auto loaded = Model::Load(path, o.no_mmap ? GgufFile::Load::kMemory : GgufFile::Load::kMmap);
+  if (!loaded.ok()) {
+    return fail("cannot load model '" + path + "' (-m): " + loaded.status().ToString());
+  }
+  Model& m = **loaded;
+  err << m.config().Summary() << "\n";
+  const int64_t n_vocab = m.config().n_vocab;
+  std::vector<int32_t> prompt;
+  if (!o.prompt_file.empty()) {
+    const Tokenizer* tok = m.tokenizer();
+    if (!tok) return fail("-f: model '" + path + "' has no tokenizer (tokenizer.ggml.* metadata)");
+    prompt = tok->Encode(prompt_text, /*with_bos=*/true, /*special=*/false);
+    if (prompt.empty()) return fail("-f " + o.prompt_file + ": the prompt is empty");
+    if (o.tokens > 0 && static_cast<int64_t>(prompt.size()) > o.tokens) prompt.resize(o.tokens);
+  } else {
+    Rng rng(o.seed);
+    prompt.resize(o.tokens > 0 ? o.tokens : 4096);
+    for (int32_t& id : prompt) id = static_cast<int32_t>(rng.Below(n_vocab));
+  }
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (m.config().n_ctx_train > 0 && n > m.config().n_ctx_train) {
+    err << "warning: the prompt (" << n << " tokens) is longer than the model's trained context ("
+        << m.config().n_ctx_train << ")\n";
+  }
+  const int threads = o.threads > 0 ? CapThreads("--threads", o.threads, err) : HardwareThreads();
+  ThreadPool pool(threads);
+  {
+    // Every page of the model read once before timing (a mapped file may not be in memory).
+    const GgufFile& f = m.file();
+    volatile float sink = StreamSum(reinterpret_cast<const float*>(f.data()), f.file_size() / 4);
+    (void)sink;
+  }
+
+  {
+    // One untimed prefill of the first chunk with full: the work arenas and the first pages of
+    // every path are touched before round 1 (else round 1's full pays for them alone).
+    auto cache_or = m.NewCache(std::make_unique<FullPolicy>(), *kv_type);
+    if (!cache_or.ok()) return fail(cache_or.status().message());
+    std::vector<float> warm(n_vocab);
+    if (Status st = m.Prefill(prompt.data(), std::min<int64_t>(n, o.chunk), o.chunk,
+                              cache_or->get(), &pool, warm.data());
+        !st.ok()) {
+      return fail("warm-up prefill: " + st.ToString());
+    }
+  }
+  const size_t P = specs.size();
+  std::vector<std::vector<double>> rate(P), ratio(P);
+  std::vector<int64_t> resident(P, 0);
+  std::vector<std::string> describe(P);
+  std::vector<float> logits(n_vocab);
+  for (int r = 0; r < o.rounds; ++r) {
+    // full first, then the others, forwards on odd rounds and backwards on even ones.
+    std::vector<size_t> order;
+    for (size_t i = 1; i < P; ++i) order.push_back(i);
+    if (r % 2 == 1) std::reverse(order.begin(), order.end());
+    order.insert(order.begin(), 0);
+    for (size_t i : order) {
+      auto policy = MakePolicy(specs[i]);
+      if (!policy.ok()) return fail("--policy " + items[i] + ": " + policy.status().message());
+      auto cache_or = m.NewCache(std::move(policy).value(), *kv_type);
+      if (!cache_or.ok()) return fail("--policy " + items[i] + ": " + cache_or.status().message());
+      KvCache& cache = **cache_or;
+      const auto t0 = Clock::now();
+      if (Status st = m.Prefill(prompt.data(), n, o.chunk, &cache, &pool, logits.data());
+          !st.ok()) {
+        return fail("--policy " + items[i] + ": prefill: " + st.ToString());
+      }
+      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      rate[i].push_back(secs > 0 ? static_cast<double>(n) / secs : 0);
+      resident[i] = cache.ResidentBytes();
+      describe[i] = cache.policy().describe();
+      err << "[round " << r + 1 << "/" << o.rounds << "] " << items[i] << ": " << n
+          << " tokens in " << FormatFixed(secs, 2) << " s (" << FormatFixed(rate[i].back(), 1)
+          << " tok/s)\n"
+          << std::flush;
+    }
+    for (size_t i = 0; i < P; ++i) ratio[i].push_back(rate[i].back() / rate[0].back());
+  }
+
+  const auto [lo, hi] = std::minmax_element(rate[0].begin(), rate[0].end());
+  const double spread = *lo > 0 ? *hi / *lo - 1 : 0;
+  out << "prefill, model " << path << " (" << ArchName(m.config().arch) << "), " << n
+      << (o.prompt_file.empty() ? " random tokens" : " tokens of " + o.prompt_file) << ", "
+      << threads << " thread" << (threads == 1 ? "" : "s") << ", chunk " << o.chunk << ", "
+      << o.rounds << " round" << (o.rounds == 1 ? "" : "s") << ", --attn-math "
+      << AttnMathName(DefaultAttnMath()) << "\n";
+  const std::vector<ColumnDoc> cols = {
+      {"policy", "the --policy item (full: the reference)"},
+      {"tok/s median", "prompt tokens / prefill wall seconds (compression point included), "
+                       "median over the rounds"},
+      {"x full median", "median over the rounds of tok/s / full's tok/s in the same round"},
+      {"x full min", "the smallest of those ratios"},
+      {"x full per round", "each round's ratio, in round order"},
+      {"resident MB", "bytes the cache holds after the prefill"},
+  };
+  Table t(ColumnNames(cols));
+  nlohmann::json rows = nlohmann::json::array();
+  for (size_t i = 0; i < P; ++i) {
+    const double med = Median(ratio[i]);
+    const double mn = *std::min_element(ratio[i].begin(), ratio[i].end());
+    t.AddRow({items[i], FormatFixed(Median(rate[i]), 1), FormatFixed(med, 3), FormatFixed(mn, 3),
+              Joined(ratio[i], 2), FormatFixed(resident[i] / 1e6, 2)});
+    rows.push_back({{"policy", items[i]},
+                    {"describe", describe[i]},
+                    {"tok_per_s", rate[i]},
+                    {"ratio_to_full", ratio[i]},
+                    {"ratio_median", med},
+                    {"ratio_min", mn},
+                    {"resident_bytes", resident[i]}});
+  }
+  t.Print(out);
+  PrintLegend(cols, out);
+  if (o.rounds > 1) {
+    out << "full's rate varied by " << FormatFixed(100 * spread, 1)
+        << " % between rounds (slowest to fastest): ratios closer to 1 than that are within "
+           "this host's noise\n";
+  } else {
+    out << "caveat: one round gives no measure of this host's run-to-run noise (--rounds 3 or "
+           "more)\n";
+  }
+  if (!o.json_path.empty()) {
+    nlohmann::json j = {{"model", path},
+                        {"summary", m.config().Summary()},
+                        {"prompt_tokens", n},
+                        {"threads", threads},
+                        {"chunk", o.chunk},
+                        {"rounds", o.rounds},
+                        {"full_spread", spread},
+                        {"results", rows}};
+    if (Status st = WriteTextFile(o.json_path, DumpJson(j)); !st.ok()) {
+      return fail("--json: " + st.ToString());
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace strata::cli
