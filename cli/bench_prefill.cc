@@ -2,13 +2,14 @@
 // in one process and in alternation, so that each ratio compares runs made minutes apart on the
 // same loaded model rather than separate `generate` runs on a host whose speed drifts.
 //
-// Each round prefills the same prompt once per policy (a fresh cache each time, the model's own
-// chunked Model::Prefill, the compression point included: what `generate` times as its prefill),
-// in the listed order on odd rounds and the reverse on even ones, so no policy always runs right
-// after the same neighbour. A policy's ratio in a round is its tokens/s over `full`'s in that
-// round; the table gives the median and the smallest over the rounds, and full's own spread
-// between rounds, which bounds how far apart two rates can be before the difference means
-// anything.
+// Each round prefills the same prompt once per policy, each time right beside a prefill with
+// `full` (a fresh cache each time, the model's own chunked Model::Prefill, the compression point
+// included: what `generate` times as its prefill); full runs first in each pair on odd rounds and
+// second on even ones, and the policies go in the listed order on odd rounds and the reverse on
+// even ones. A policy's ratio in a round is its tokens/s over the tokens/s of the full run beside
+// it: on a host whose speed drifts by 10-20 % over minutes (a shared VM), that compares runs made
+// seconds apart. The table gives the median and the smallest ratio over the rounds, and full's
+// own spread over its runs.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -47,8 +48,8 @@ std::string Joined(const std::vector<double>& v, int digits) {
 void AddBenchPrefillCommand(CLI::App* bench, BenchPrefillOptions* o) {
   CLI::App* cmd = bench->add_subcommand(
       "prefill",
-      "Prefill tokens/s of each cache policy against full, alternated in one process (ratios "
-      "per round, median and smallest)");
+      "Prefill tokens/s of each cache policy against a full run beside it, over rounds in one "
+      "process (ratios per round, median and smallest)");
   cmd->add_option("-m,--model", o->model,
                   "Model (.gguf or HF directory); default: the built-in model");
   cmd->add_option("-f,--file", o->prompt_file,
@@ -56,11 +57,12 @@ void AddBenchPrefillCommand(CLI::App* bench, BenchPrefillOptions* o) {
                   "it the prompt is --tokens random token ids");
   cmd->add_option("--tokens", o->tokens,
                   "Prompt length in tokens: the random prompt's length, or with -f at most this "
-                  "many of the file's tokens (0: 4096 random tokens, or the whole file)")
+                  "many of the file's tokens (0: 4096 random tokens, fewer if the model's trained "
+                  "context is shorter, or the whole file)")
       ->capture_default_str();
   cmd->add_option("--policy", o->policy,
                   "Policies (comma-separated NAME[@X][:key=value...] items; full is always "
-                  "measured, first in each round, as the ratios' reference)")
+                  "measured, once beside each other policy per round, as its ratio's reference)")
       ->capture_default_str();
   cmd->add_option("--rounds", o->rounds, "Rounds: every policy prefills the prompt once per round")
       ->capture_default_str();
@@ -141,7 +143,8 @@ int RunBenchPrefill(const BenchPrefillOptions& o, std::ostream& out, std::ostrea
     if (o.tokens > 0 && static_cast<int64_t>(prompt.size()) > o.tokens) prompt.resize(o.tokens);
   } else {
     Rng rng(o.seed);
-    prompt.resize(o.tokens > 0 ? o.tokens : 4096);
+    const int64_t train = m.config().n_ctx_train;
+    prompt.resize(o.tokens > 0 ? o.tokens : train > 0 ? std::min<int64_t>(4096, train) : 4096);
     for (int32_t& id : prompt) id = static_cast<int32_t>(rng.Below(n_vocab));
   }
   const int64_t n = static_cast<int64_t>(prompt.size());
@@ -171,37 +174,50 @@ int RunBenchPrefill(const BenchPrefillOptions& o, std::ostream& out, std::ostrea
     }
   }
   const size_t P = specs.size();
-  std::vector<std::vector<double>> rate(P), ratio(P);
+  std::vector<std::vector<double>> rate(P), ratio(P), paired_full(P);
   std::vector<int64_t> resident(P, 0);
   std::vector<std::string> describe(P);
   std::vector<float> logits(n_vocab);
+  // One timed prefill of the prompt through policy i into a fresh cache: its tokens/s.
+  auto run = [&](size_t i, int r, double* tok_s) -> Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<Policy> policy, MakePolicy(specs[i]));
+    ASSIGN_OR_RETURN(std::unique_ptr<KvCache> cache, m.NewCache(std::move(policy), *kv_type));
+    const auto t0 = Clock::now();
+    RETURN_IF_ERROR(m.Prefill(prompt.data(), n, o.chunk, cache.get(), &pool, logits.data()));
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    *tok_s = secs > 0 ? static_cast<double>(n) / secs : 0;
+    rate[i].push_back(*tok_s);
+    resident[i] = cache->ResidentBytes();
+    describe[i] = cache->policy().describe();
+    err << "[round " << r + 1 << "/" << o.rounds << "] " << items[i] << ": " << n << " tokens in "
+        << FormatFixed(secs, 2) << " s (" << FormatFixed(*tok_s, 1) << " tok/s)\n"
+        << std::flush;
+    return OkStatus();
+  };
   for (int r = 0; r < o.rounds; ++r) {
-    // full first, then the others, forwards on odd rounds and backwards on even ones.
+    // Each policy beside its own run of full (full first on odd rounds, second on even ones),
+    // the policies forwards on odd rounds and backwards on even ones: a ratio compares two runs
+    // made seconds apart, not a policy with a full run made minutes earlier.
     std::vector<size_t> order;
     for (size_t i = 1; i < P; ++i) order.push_back(i);
     if (r % 2 == 1) std::reverse(order.begin(), order.end());
-    order.insert(order.begin(), 0);
-    for (size_t i : order) {
-      auto policy = MakePolicy(specs[i]);
-      if (!policy.ok()) return fail("--policy " + items[i] + ": " + policy.status().message());
-      auto cache_or = m.NewCache(std::move(policy).value(), *kv_type);
-      if (!cache_or.ok()) return fail("--policy " + items[i] + ": " + cache_or.status().message());
-      KvCache& cache = **cache_or;
-      const auto t0 = Clock::now();
-      if (Status st = m.Prefill(prompt.data(), n, o.chunk, &cache, &pool, logits.data());
-          !st.ok()) {
-        return fail("--policy " + items[i] + ": prefill: " + st.ToString());
-      }
-      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-      rate[i].push_back(secs > 0 ? static_cast<double>(n) / secs : 0);
-      resident[i] = cache.ResidentBytes();
-      describe[i] = cache.policy().describe();
-      err << "[round " << r + 1 << "/" << o.rounds << "] " << items[i] << ": " << n
-          << " tokens in " << FormatFixed(secs, 2) << " s (" << FormatFixed(rate[i].back(), 1)
-          << " tok/s)\n"
-          << std::flush;
+    double f = 0, x = 0;
+    if (order.empty()) {
+      if (Status st = run(0, r, &f); !st.ok()) return fail("--policy full: " + st.ToString());
+      ratio[0].push_back(1.0);
     }
-    for (size_t i = 0; i < P; ++i) ratio[i].push_back(rate[i].back() / rate[0].back());
+    for (size_t i : order) {
+      for (int k = 0; k < 2; ++k) {
+        const bool full_now = (k == 0) == (r % 2 == 0);
+        const size_t at = full_now ? 0 : i;
+        if (Status st = run(at, r, full_now ? &f : &x); !st.ok()) {
+          return fail("--policy " + items[at] + ": " + st.ToString());
+        }
+      }
+      ratio[0].push_back(1.0);
+      ratio[i].push_back(f > 0 ? x / f : 0);
+      paired_full[i].push_back(f);
+    }
   }
 
   const auto [lo, hi] = std::minmax_element(rate[0].begin(), rate[0].end());
@@ -214,8 +230,8 @@ int RunBenchPrefill(const BenchPrefillOptions& o, std::ostream& out, std::ostrea
   const std::vector<ColumnDoc> cols = {
       {"policy", "the --policy item (full: the reference)"},
       {"tok/s median", "prompt tokens / prefill wall seconds (compression point included), "
-                       "median over the rounds"},
-      {"x full median", "median over the rounds of tok/s / full's tok/s in the same round"},
+                       "median over the runs (full: one beside each other policy per round)"},
+      {"x full median", "median over the rounds of tok/s / the tok/s of the full run beside it"},
       {"x full min", "the smallest of those ratios"},
       {"x full per round", "each round's ratio, in round order"},
       {"resident MB", "bytes the cache holds after the prefill"},
@@ -226,11 +242,13 @@ int RunBenchPrefill(const BenchPrefillOptions& o, std::ostream& out, std::ostrea
     const double med = Median(ratio[i]);
     const double mn = *std::min_element(ratio[i].begin(), ratio[i].end());
     t.AddRow({items[i], FormatFixed(Median(rate[i]), 1), FormatFixed(med, 3), FormatFixed(mn, 3),
-              Joined(ratio[i], 2), FormatFixed(resident[i] / 1e6, 2)});
+              i == 0 ? std::string("reference") : Joined(ratio[i], 2),
+              FormatFixed(resident[i] / 1e6, 2)});
     rows.push_back({{"policy", items[i]},
                     {"describe", describe[i]},
                     {"tok_per_s", rate[i]},
                     {"ratio_to_full", ratio[i]},
+                    {"paired_full_tok_per_s", paired_full[i]},
                     {"ratio_median", med},
                     {"ratio_min", mn},
                     {"resident_bytes", resident[i]}});
@@ -239,8 +257,8 @@ int RunBenchPrefill(const BenchPrefillOptions& o, std::ostream& out, std::ostrea
   PrintLegend(cols, out);
   if (o.rounds > 1) {
     out << "full's rate varied by " << FormatFixed(100 * spread, 1)
-        << " % between rounds (slowest to fastest): ratios closer to 1 than that are within "
-           "this host's noise\n";
+        << " % between its runs (slowest to fastest): this host's run-to-run noise, which the "
+           "paired ratios reduce but do not remove\n";
   } else {
     out << "caveat: one round gives no measure of this host's run-to-run noise (--rounds 3 or "
            "more)\n";

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -76,7 +77,7 @@ TEST_F(CliTest, HelpListsCommandsAndUnknownCommandIsAnError) {
                         "full,vestige:recall=off,vestige,vestige:archive=file,streaming,h2o"}) {
     EXPECT_NE(d.out.find(f), std::string::npos) << f << "\n" << d.out;
   }
-  Result ub = Strata({"bench", "prefill"});
+  Result ub = Strata({"bench", "preload"});
   EXPECT_EQ(ub.code, 2);
   EXPECT_NE(ub.err.find("decode"), std::string::npos) << ub.err;
   EXPECT_EQ(Strata({}).code, 2);
@@ -477,10 +478,10 @@ TEST_F(CliTest, BenchDecodePrintsFractionOfTheFloor) {
   EXPECT_GE(j["results"][1]["kv_bytes_read_per_token"].get<double>(), 64.0 * 256);
 }
 
-// bench prefill: every listed policy once per round after full (added when not listed), each
-// ratio against full of the same round; full's own ratios are 1, the table and legend name the
-// columns, the JSON holds a rate and a ratio per round. The prompt: random ids, or a file's
-// tokens cut to --tokens.
+// bench prefill: every listed policy once per round beside its own run of full (added when not
+// listed), each ratio against that run; full's own ratios are 1, the table and legend name the
+// columns, the JSON holds a rate, the paired full rate and a ratio per round. The prompt: random
+// ids, or a file's tokens cut to --tokens.
 TEST_F(CliTest, BenchPrefillAlternatesPoliciesAgainstFull) {
   const std::string json = Path("prefill.json");
   Result r = Strata({"bench", "prefill", "-m", Path("tiny.gguf"), "--tokens", "80", "--chunk",
@@ -488,7 +489,7 @@ TEST_F(CliTest, BenchPrefillAlternatesPoliciesAgainstFull) {
                      "--json", json});
   ASSERT_EQ(r.code, 0) << r.err;
   for (const char* s : {"x full median", "x full min", "x full per round", "kivi2", "h2o",
-                        "between rounds"}) {
+                        "between its runs", "reference"}) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   }
   std::ifstream f(json);
@@ -498,13 +499,20 @@ TEST_F(CliTest, BenchPrefillAlternatesPoliciesAgainstFull) {
   EXPECT_EQ(j["results"][0]["policy"], "full");
   EXPECT_EQ(j["results"][1]["policy"], "kivi2");
   EXPECT_EQ(j["results"][2]["policy"], "h2o");
-  for (const auto& row : j["results"]) {
+  // full ran beside each of the two other policies in each of the 3 rounds.
+  ASSERT_EQ(j["results"][0]["tok_per_s"].size(), 6u);
+  std::multiset<double> full_runs;
+  for (const auto& x : j["results"][0]["tok_per_s"]) full_runs.insert(x.get<double>());
+  for (size_t i = 1; i < 3; ++i) {
+    const auto& row = j["results"][i];
     ASSERT_EQ(row["tok_per_s"].size(), 3u);
     ASSERT_EQ(row["ratio_to_full"].size(), 3u);
+    ASSERT_EQ(row["paired_full_tok_per_s"].size(), 3u);
     for (size_t k = 0; k < 3; ++k) {
       const double rate = row["tok_per_s"][k].get<double>();
-      const double full = j["results"][0]["tok_per_s"][k].get<double>();
+      const double full = row["paired_full_tok_per_s"][k].get<double>();
       EXPECT_GT(rate, 0);
+      EXPECT_GE(full_runs.count(full), 1u) << "the paired full rate is one of full's runs";
       EXPECT_DOUBLE_EQ(row["ratio_to_full"][k].get<double>(), rate / full);
     }
     EXPECT_GT(row["resident_bytes"].get<int64_t>(), 0);

@@ -151,7 +151,7 @@ int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream&
 struct BenchPrefillOptions {
   std::string model;
   std::string prompt_file;  // empty: `tokens` random token ids
-  int64_t tokens = 0;       // 0: 4096 random tokens, or the whole file; with a file: at most this many
+  int64_t tokens = 0;       // 0: min(4096, trained context) random tokens, or the whole file
   std::string policy = "full";
   int rounds = 3;
   int threads = 0;  // 0: hardware concurrency

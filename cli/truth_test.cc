@@ -303,7 +303,7 @@ const std::vector<std::vector<std::string>>& Commands() {
       {"serve"},         {"tokenize"},      {"chat"},
       {"eval", "needle"},
       {"eval", "ppl"},   {"eval", "kl"},     {"bench", "decode"},  {"bench", "capacity"},
-      {"bench", "attention"}, {"bench", "serve"}};
+      {"bench", "attention"}, {"bench", "serve"}, {"bench", "prefill"}};
   return *kCommands;
 }
 

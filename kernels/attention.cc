@@ -52,6 +52,16 @@
 //       there).
 //       Hence auto is the f32 path for bf16 rows (Bf16RowsMath); bf16 stays selectable and
 //       tested (the model-level contract holds for it: model/attn_math_model_test.cc).
+//   v5  (session 20; AMD EPYC family 0x1A model 0x02, Zen 5, 2 cores, a shared VM with ~30 %
+//       steal) The same loop of 12 independent zmm accumulators: vfmadd231ps 7.55-7.63 G
+//       instructions/s, vdpbf16ps 7.00-7.04, vpdpbusd 7.57-7.61, i.e. vdpbf16ps at ~0.93 of the
+//       FMA's instruction rate and 1.85x its products (unlike v4's hosts). Here the native bf16
+//       kernel wins: bench attention --kind mla --policy full,vestige --threads 1, 32768 rows:
+//       f32 7.42 ms, bf16 5.17 (1.44x; vestige 1.10x of full f32 vs 0.82x); 2 threads 4.21 vs
+//       2.73 (1.54x). GQA full (memory-bound) 0.97x. So auto now takes bf16 for MLA latent rows
+//       where DotFeatures::bf16_dot_full_rate (AMD family >= 0x1A), f32 everywhere else
+//       (Bf16RowsMath(m, latent_rows)); GQA rows stay f32 under auto on every CPU (the
+//       model-level contract fails for bf16 on the synthetic llama / qwen2).
 #include "kernels/attention.h"
 
 #include <algorithm>
@@ -213,7 +223,7 @@ void AttendStreamImpl(const float* q, int n_heads, float scale, const KvStreamVi
   // --attn-math bf16 (or int8) over bf16 rows: the scaled query is rounded to bf16 once and
   // scores are sums of exact bf16 products in f32; with vdpbf16ps (native) straight from the
   // rows, otherwise (portable) by the f32 score tiles below on the rounded query.
-  const bool bf16 = Bf16RowsMath(kv.math) == AttnMath::kBF16 && kv.dtype == DType::kBF16;
+  const bool bf16 = Bf16RowsMath(kv.math, shared) == AttnMath::kBF16 && kv.dtype == DType::kBF16;
   const bool native = bf16 && attn_math_internal::NativeBf16Dot();
   // Rows are converted to f32 scratch once per tile when several 4-head groups read them, or
   // when a row's width is not a whole number of vectors; otherwise in registers as they are used.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <cstring>
 #include <limits>
@@ -406,14 +407,31 @@ TEST(AttentionTest, Bf16MathLeavesF32RowsExact) {
   EXPECT_EQ(Attend(q, g, 0.125f, v, nullptr, n), Attend(q, g, 0.125f, fast, nullptr, n));
 }
 
-// auto over bf16 rows is the f32 path, bit for bit.
-TEST(AttentionTest, AutoMathIsTheF32PathOnBf16Rows) {
+// auto over bf16 rows, bit for bit: GQA rows (values apart from the keys) read in f32; MLA latent
+// rows (values inside the keys) read in bf16 where vdpbf16ps runs at full rate
+// (DotFeatures::bf16_dot_full_rate), else in f32, and in f32 whenever the native path is off.
+TEST(AttentionTest, AutoMathPicksBf16OnlyForLatentRowsOnFullRateCpus) {
   Rng rng(TestSeed());
-  Stream s = MakeStream(rng, 150, 576, 512, true);
-  std::vector<float> q = RandomQ(rng, 16, 576);
-  KvStreamView a = s.view;
-  a.math = AttnMath::kAuto;
-  EXPECT_EQ(Attend(q, 16, 0.07f, s.view, nullptr, 150), Attend(q, 16, 0.07f, a, nullptr, 150));
+  const bool fast = CpuDotFeatures().bf16_dot_full_rate && CpuDotFeatures().avx512_bf16;
+  for (bool latent : {false, true}) {
+    SCOPED_TRACE(latent ? "latent rows" : "GQA rows");
+    const int G = latent ? 16 : 4, dk = latent ? 576 : 128, dv = latent ? 512 : 128;
+    Stream s = MakeStream(rng, 150, dk, dv, latent);
+    std::vector<float> q = RandomQ(rng, G, dk);
+    KvStreamView a = s.view, b = s.view;
+    a.math = AttnMath::kAuto;
+    b.math = AttnMath::kBF16;
+    const auto f32 = Attend(q, G, 0.07f, s.view, nullptr, 150);
+    const auto bf16 = Attend(q, G, 0.07f, b, nullptr, 150);
+    ASSERT_NE(f32, bf16);  // the two paths differ, so the comparison below tells them apart
+    EXPECT_EQ(Attend(q, G, 0.07f, a, nullptr, 150), latent && fast ? bf16 : f32);
+    EXPECT_EQ(Bf16RowsMath(AttnMath::kAuto, latent),
+              latent && fast ? AttnMath::kBF16 : AttnMath::kF32);
+    const bool prev = attn_math_internal::SetNativeBf16ForTest(false);
+    EXPECT_EQ(Bf16RowsMath(AttnMath::kAuto, latent), AttnMath::kF32);
+    EXPECT_EQ(Attend(q, G, 0.07f, a, nullptr, 150), f32);
+    attn_math_internal::SetNativeBf16ForTest(prev);
+  }
 }
 
 TEST(AttnMathTest, ParseResolveAndCpuFeatures) {
@@ -425,8 +443,10 @@ TEST(AttnMathTest, ParseResolveAndCpuFeatures) {
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("'fp8'"), std::string::npos);
   const DotFeatures& f = CpuDotFeatures();
-  // auto over bf16 rows is the f32 path (measured faster than vdpbf16ps here), int8 their bf16.
+  // auto over GQA bf16 rows is the f32 path (bf16 misses the model-level contract on the
+  // synthetic llama / qwen2), int8 their bf16; full-rate vdpbf16ps only on AVX512_BF16 CPUs.
   EXPECT_EQ(Bf16RowsMath(AttnMath::kAuto), AttnMath::kF32);
+  if (!f.avx512_bf16) EXPECT_FALSE(f.bf16_dot_full_rate);
   EXPECT_EQ(Bf16RowsMath(AttnMath::kF32), AttnMath::kF32);
   EXPECT_EQ(Bf16RowsMath(AttnMath::kBF16), AttnMath::kBF16);
   EXPECT_EQ(Bf16RowsMath(AttnMath::kInt8), AttnMath::kBF16);
@@ -444,6 +464,14 @@ TEST(AttnMathTest, ParseResolveAndCpuFeatures) {
     if (text.find(" avx512f") != std::string::npos) {
       EXPECT_EQ(f.avx512_bf16, text.find(" avx512_bf16") != std::string::npos);
       EXPECT_EQ(f.avx512_vnni, text.find(" avx512_vnni") != std::string::npos);
+    }
+    // Full rate: AMD family 0x1A (26) or later with AVX512_BF16.
+    const size_t at = text.find("cpu family");
+    if (at != std::string::npos && text.find("AuthenticAMD") != std::string::npos) {
+      const int family = std::atoi(text.c_str() + text.find(':', at) + 1);
+      EXPECT_EQ(f.bf16_dot_full_rate, f.avx512_bf16 && family >= 26) << "family " << family;
+    } else if (text.find("GenuineIntel") != std::string::npos) {
+      EXPECT_FALSE(f.bf16_dot_full_rate);
     }
   }
   const AttnMath prev = DefaultAttnMath();

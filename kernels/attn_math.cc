@@ -59,6 +59,14 @@ DotFeatures Detect() {
     f.avx_vnni = avx2 && (a & (1u << 4)) != 0;      // CPUID.(7,1):EAX[4]
     f.avx512_bf16 = avx512 && (a & (1u << 5)) != 0;  // CPUID.(7,1):EAX[5]
   }
+  // Vendor (leaf 0: "AuthenticAMD") and family (leaf 1: base + extended when base is 0xF).
+  unsigned vb = 0, vc = 0, vd = 0, fam = 0;
+  if (__get_cpuid(0, &a, &vb, &vc, &vd) && __get_cpuid(1, &a, &b, &c, &d)) {
+    fam = (a >> 8) & 0xFu;
+    if (fam == 0xFu) fam += (a >> 20) & 0xFFu;
+    const bool amd = vb == 0x68747541u && vd == 0x69746e65u && vc == 0x444d4163u;
+    f.bf16_dot_full_rate = f.avx512_bf16 && amd && fam >= 0x1Au;
+  }
 #endif
   return f;
 }
@@ -73,12 +81,16 @@ const DotFeatures& CpuDotFeatures() {
   return f;
 }
 
-AttnMath Bf16RowsMath(AttnMath m) {
+AttnMath Bf16RowsMath(AttnMath m, bool latent_rows) {
   switch (m) {
     case AttnMath::kBF16:
     case AttnMath::kInt8: return AttnMath::kBF16;
-    case AttnMath::kF32:
-    case AttnMath::kAuto: return AttnMath::kF32;
+    case AttnMath::kF32: return AttnMath::kF32;
+    case AttnMath::kAuto:
+      return latent_rows && CpuDotFeatures().bf16_dot_full_rate &&
+                     attn_math_internal::NativeBf16Dot()
+                 ? AttnMath::kBF16
+                 : AttnMath::kF32;
   }
   return AttnMath::kF32;
 }

@@ -34,15 +34,25 @@ struct DotFeatures {
   bool avx512_bf16 = false;  // vdpbf16ps usable
   bool avx512_vnni = false;  // vpdpbusd on 512-bit vectors
   bool avx_vnni = false;     // vpdpbusd on 256-bit vectors (VEX)
+  // vdpbf16ps at about the instruction rate of an f32 FMA, so twice its products: AMD family
+  // 0x1A (Zen 5; measured 7.0 vs 7.6 G instructions/s on one core, 12 independent zmm
+  // accumulators). Intel's Sapphire/Emerald Rapids and older AMD parts: not assumed (the MLA
+  // kernel measured 0.68-0.72x of f32 on the ones seen).
+  bool bf16_dot_full_rate = false;
 };
 const DotFeatures& CpuDotFeatures();
 
-// The arithmetic of kernels over bf16 rows (AttendStream): f32 or bf16. auto -> f32: measured on
-// the AVX512_BF16 host this was built on (AMD EPYC Zen5), vdpbf16ps retires about a third as many
-// instructions per cycle as f32 FMAs, so its two products per lane lose to widened FMAs (MLA
-// G = 16: 1.35-1.55x slower; see kernels/attention.cc's version log), and the portable form
-// costs what f32 does. int8 -> bf16 (no integer form over bf16 rows).
-AttnMath Bf16RowsMath(AttnMath m);
+// The arithmetic of kernels over bf16 rows (AttendStream): f32 or bf16. int8 -> bf16 (no integer
+// form over bf16 rows). auto -> bf16 only for MLA latent rows (`latent_rows`: values inside the
+// keys, every query head reading each row) on a CPU with vdpbf16ps at full rate
+// (DotFeatures::bf16_dot_full_rate) and the native path allowed; else f32. Why: the model-level
+// contract (KL <= 1e-4 nats/token) holds for bf16 on the deepseek2 models and the testbeds but
+// not on the synthetic llama / qwen2 (model/attn_math_model_test.cc), and absorbed MLA is
+// compute-bound where a GQA read is memory-bound: on AMD Zen 5 `bench attention --kind mla`
+// measured bf16 1.44-1.54x of f32 at 32k rows, GQA full 0.97x; on the Intel and older AMD hosts
+// seen, vdpbf16ps lost to widened FMAs (MLA 0.68-0.72x; kernels/attention.cc's version log), and
+// the portable form costs what f32 does.
+AttnMath Bf16RowsMath(AttnMath m, bool latent_rows = false);
 // Whether `m` (resolved) permits arithmetic `level` (f32 < bf16 < int8).
 inline bool AtLeast(AttnMath m, AttnMath level) {
   return static_cast<int>(m) >= static_cast<int>(level) && m != AttnMath::kAuto;

@@ -21,7 +21,7 @@ COMMANDS = [
     ["demo"], ["inspect"], ["generate"], ["synth"], ["convert"], ["logits"], ["quantize"], ["policies"], ["serve"],
     ["tokenize"], ["chat"],
     ["eval", "needle"], ["eval", "ppl"], ["eval", "kl"],
-    ["bench", "decode"], ["bench", "capacity"], ["bench", "attention"], ["bench", "serve"],
+    ["bench", "decode"], ["bench", "capacity"], ["bench", "attention"], ["bench", "serve"], ["bench", "prefill"],
 ]
 OPTION_RE = re.compile(r"^  (-[\w-]+(?:,--?[\w-]+)*)(?: ([A-Z]+)(?:=(\S.*?))?((?: REQUIRED| \.\.\.)*))?"
                        r"(?:\s{2,}(.*))?$")
