@@ -14,7 +14,8 @@ const char* const kAttnMathHelp =
     "Attention dot-product arithmetic: f32 (exact path), bf16 (query rounded to bf16, bf16 "
     "products summed in f32; vdpbf16ps where the CPU has it), int8 (integer dot products where a "
     "cache kernel has them, bf16 elsewhere), auto (per kernel, the fastest that meets the accuracy "
-    "contract: f32 for bf16/f16/f32 cache rows, where vdpbf16ps measured slower)";
+    "contract on this CPU: bf16 for MLA latent rows where vdpbf16ps runs at an FMA's rate (AMD "
+    "Zen 5), f32 for every other row)";
 
 StatusOr<AttnMath> ParseAttnMath(const std::string& text) {
   std::string t = text;
