@@ -303,7 +303,8 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
   }
   out << "bench attention: " << o.kind << " " << g.ToString() << ", " << pool.size()
       << " threads; best of " << o.steps << " decode steps after " << o.warmup
-      << " untimed; ratios vs full in this run\n";
+      << " untimed; ratios vs full in this run\n"
+      << CpuDotSummary() << "\n";
   for (size_t i = 0; i < items.size(); ++i) out << "  " << items[i] << ": " << describe[i] << "\n";
   // Every column, defined once: the header is built from this list and the legend printed
   // under the table is the same list.

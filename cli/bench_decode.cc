@@ -418,6 +418,7 @@ int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream&
       << " timed steps, --attn-math " << AttnMathName(DefaultAttnMath())
       << "; floor = read bandwidth / (decode weight bytes + KV bytes read per "
          "token)\n";
+  out << CpuDotSummary() << "\n";
   t.Print(out);
   const std::vector<ColumnDoc> legend = {
       {"ctx", "rows in the cache (synthetic) before the timed steps"},

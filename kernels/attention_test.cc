@@ -447,6 +447,14 @@ TEST(AttnMathTest, ParseResolveAndCpuFeatures) {
   // synthetic llama / qwen2), int8 their bf16; full-rate vdpbf16ps only on AVX512_BF16 CPUs.
   EXPECT_EQ(Bf16RowsMath(AttnMath::kAuto), AttnMath::kF32);
   if (!f.avx512_bf16) EXPECT_FALSE(f.bf16_dot_full_rate);
+  // The benchmarks' CPU line says what auto does here.
+  const std::string summary = CpuDotSummary();
+  EXPECT_EQ(summary.rfind("cpu: ", 0), 0u) << summary;
+  EXPECT_NE(summary.find(Bf16RowsMath(AttnMath::kAuto, true) == AttnMath::kBF16
+                             ? "auto: bf16 for MLA rows, f32 for GQA rows"
+                             : "auto: f32 for MLA rows, f32 for GQA rows"),
+            std::string::npos)
+      << summary;
   EXPECT_EQ(Bf16RowsMath(AttnMath::kF32), AttnMath::kF32);
   EXPECT_EQ(Bf16RowsMath(AttnMath::kBF16), AttnMath::kBF16);
   EXPECT_EQ(Bf16RowsMath(AttnMath::kInt8), AttnMath::kBF16);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdio>
+#include <cstring>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -67,6 +69,16 @@ DotFeatures Detect() {
     if (fam == 0xFu) fam += (a >> 20) & 0xFFu;
     const bool amd = vb == 0x68747541u && vd == 0x69746e65u && vc == 0x444d4163u;
     f.bf16_dot_full_rate = f.avx512_bf16 && amd && fam >= 0x1Au;
+    char v[13];
+    std::memcpy(v, &vb, 4);
+    std::memcpy(v + 4, &vd, 4);
+    std::memcpy(v + 8, &vc, 4);
+    v[12] = 0;
+    f.vendor = v;
+    f.family = static_cast<int>(fam);
+    unsigned mod = (a >> 4) & 0xFu;
+    if (((a >> 8) & 0xFu) == 0xFu || ((a >> 8) & 0xFu) == 0x6u) mod |= ((a >> 16) & 0xFu) << 4;
+    f.model = static_cast<int>(mod);
   }
 #endif
   return f;
@@ -94,6 +106,20 @@ AttnMath Bf16RowsMath(AttnMath m, bool latent_rows) {
                  : AttnMath::kF32;
   }
   return AttnMath::kF32;
+}
+
+std::string CpuDotSummary() {
+  const DotFeatures& f = CpuDotFeatures();
+  char id[64];
+  std::snprintf(id, sizeof(id), " family 0x%02x model 0x%02x", f.family, f.model);
+  std::string s = "cpu: " + (f.vendor.empty() ? std::string("unknown") : f.vendor) + id + ";";
+  if (f.avx512_bf16) s += f.bf16_dot_full_rate ? " avx512_bf16 (full rate)" : " avx512_bf16";
+  if (f.avx512_vnni) s += " avx512_vnni";
+  if (f.avx_vnni) s += " avx_vnni";
+  s += "; --attn-math auto: ";
+  s += Bf16RowsMath(AttnMath::kAuto, true) == AttnMath::kBF16 ? "bf16 for MLA rows, " : "f32 for MLA rows, ";
+  s += "f32 for GQA rows";
+  return s;
 }
 
 AttnMath DefaultAttnMath() { return static_cast<AttnMath>(g_default.load(std::memory_order_relaxed)); }

@@ -39,8 +39,14 @@ struct DotFeatures {
   // accumulators). Intel's Sapphire/Emerald Rapids and older AMD parts: not assumed (the MLA
   // kernel measured 0.68-0.72x of f32 on the ones seen).
   bool bf16_dot_full_rate = false;
+  std::string vendor;  // cpuid leaf 0 ("AuthenticAMD", "GenuineIntel"), empty off x86
+  int family = 0, model = 0;
 };
 const DotFeatures& CpuDotFeatures();
+// One line for benchmark headers, so each figure names the CPU it came from and what auto does
+// there: "cpu: AuthenticAMD family 0x1a model 0x02; avx512_bf16 (full rate) avx512_vnni;
+// --attn-math auto: bf16 for MLA rows, f32 for GQA rows".
+std::string CpuDotSummary();
 
 // The arithmetic of kernels over bf16 rows (AttendStream): f32 or bf16. int8 -> bf16 (no integer
 // form over bf16 rows). auto -> bf16 only for MLA latent rows (`latent_rows`: values inside the
