@@ -296,21 +296,10 @@ int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream&
       return fail("--threads values must be in [1, 4096], got " + std::to_string(t));
   }
 
-  std::string path = o.model;
-  if (path.empty()) {
-    auto def = ResolveDefaultModel(o.models_dir.empty() ? DefaultModelsDir() : o.models_dir,
-                                   o.cache_dir.empty() ? DefaultCacheDir() : o.cache_dir, err);
-    if (!def.ok()) return fail(def.status().ToString());
-    path = *def;
-  } else {
-    err << "model: " << path << "\n";
-  }
-  auto loaded = Model::Load(path, o.no_mmap ? GgufFile::Load::kMemory : GgufFile::Load::kMmap);
-  if (!loaded.ok()) {
-    return fail("cannot load model '" + path + "' (-m): " + loaded.status().ToString());
-  }
+  std::string path;
+  auto loaded = LoadCommandModel(o.model, o.no_mmap, o.models_dir, o.cache_dir, err, &path);
+  if (!loaded.ok()) return fail(loaded.status().message());
   Model& m = **loaded;
-  err << m.config().Summary() << "\n";
   {
     // Every page of the model is read once before timing (a mapped file may not be in memory:
     // the first steps would measure the disk).

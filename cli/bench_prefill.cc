@@ -118,21 +118,10 @@ int RunBenchPrefill(const BenchPrefillOptions& o, std::ostream& out, std::ostrea
     prompt_text = std::move(*text);
   }
 
-  std::string path = o.model;
-  if (path.empty()) {
-    auto def = ResolveDefaultModel(o.models_dir.empty() ? DefaultModelsDir() : o.models_dir,
-                                   o.cache_dir.empty() ? DefaultCacheDir() : o.cache_dir, err);
-    if (!def.ok()) return fail(def.status().ToString());
-    path = *def;
-  } else {
-    err << "model: " << path << "\n";
-  }
-  auto loaded = Model::Load(path, o.no_mmap ? GgufFile::Load::kMemory : GgufFile::Load::kMmap);
-  if (!loaded.ok()) {
-    return fail("cannot load model '" + path + "' (-m): " + loaded.status().ToString());
-  }
+  std::string path;
+  auto loaded = LoadCommandModel(o.model, o.no_mmap, o.models_dir, o.cache_dir, err, &path);
+  if (!loaded.ok()) return fail(loaded.status().message());
   Model& m = **loaded;
-  err << m.config().Summary() << "\n";
   const int64_t n_vocab = m.config().n_vocab;
   std::vector<int32_t> prompt;
   if (!o.prompt_file.empty()) {

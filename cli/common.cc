@@ -427,6 +427,28 @@ StatusOr<std::unique_ptr<Policy>> MakeCliPolicy(const PolicySpec& spec) {
   return p;
 }
 
+StatusOr<std::unique_ptr<Model>> LoadCommandModel(const std::string& model, bool no_mmap,
+                                                  const std::string& models_dir,
+                                                  const std::string& cache_dir, std::ostream& err,
+                                                  std::string* path) {
+  *path = model;
+  if (path->empty()) {
+    auto def = ResolveDefaultModel(models_dir.empty() ? DefaultModelsDir() : models_dir,
+                                   cache_dir.empty() ? DefaultCacheDir() : cache_dir, err);
+    if (!def.ok()) return Status(def.status().code(), def.status().ToString());
+    *path = *def;
+  } else {
+    err << "model: " << *path << "\n";
+  }
+  auto loaded = Model::Load(*path, no_mmap ? GgufFile::Load::kMemory : GgufFile::Load::kMmap);
+  if (!loaded.ok()) {
+    return Status(loaded.status().code(),
+                  "cannot load model '" + *path + "' (-m): " + loaded.status().ToString());
+  }
+  err << (*loaded)->config().Summary() << "\n";
+  return std::move(loaded).value();
+}
+
 StatusOr<std::string> ResolveDefaultModel(const std::string& models_dir,
                                           const std::string& cache_dir, std::ostream& err) {
   namespace fs = std::filesystem;

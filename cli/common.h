@@ -150,6 +150,14 @@ StatusOr<std::unique_ptr<Policy>> MakeCliPolicy(const PolicySpec& spec);
 // 4 layers) and reused. Says which model it uses on `err`.
 StatusOr<std::string> ResolveDefaultModel(const std::string& models_dir,
                                           const std::string& cache_dir, std::ostream& err);
+// -m's model for a command: `model`, or the built-in default (ResolveDefaultModel, in models_dir /
+// cache_dir, each the binary's when empty) when it is empty; says which on `err`, loads it (mapped,
+// or read into memory with no_mmap) and prints its summary line. *path gets the file used. The
+// error is the command's message: "cannot load model 'PATH' (-m): ...".
+StatusOr<std::unique_ptr<Model>> LoadCommandModel(const std::string& model, bool no_mmap,
+                                                  const std::string& models_dir,
+                                                  const std::string& cache_dir, std::ostream& err,
+                                                  std::string* path);
 // The directories ResolveDefaultModel uses in the binary: <source>/models, and
 // $XDG_CACHE_HOME/strata when XDG_CACHE_HOME is set, else the build directory.
 std::string DefaultModelsDir();

@@ -99,23 +99,12 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   auto policy = MakeCliPolicy(o.policy, o.policy_settings, &o.policy_flags);
   if (!policy.ok()) return fail(policy.status().message());
 
-  std::string path = o.model;
-  if (path.empty()) {
-    auto def = ResolveDefaultModel(o.models_dir.empty() ? DefaultModelsDir() : o.models_dir,
-                                   o.cache_dir.empty() ? DefaultCacheDir() : o.cache_dir, err);
-    if (!def.ok()) return fail(def.status().ToString());
-    path = *def;
-  } else {
-    err << "model: " << path << "\n";
-  }
-  auto loaded = Model::Load(path, o.no_mmap ? GgufFile::Load::kMemory : GgufFile::Load::kMmap);
-  if (!loaded.ok()) {
-    return fail("cannot load model '" + path + "' (-m): " + loaded.status().ToString());
-  }
+  std::string path;
+  auto loaded = LoadCommandModel(o.model, o.no_mmap, o.models_dir, o.cache_dir, err, &path);
+  if (!loaded.ok()) return fail(loaded.status().message());
   Model& m = **loaded;
   const Tokenizer* tok = m.tokenizer();
   if (!tok) return fail("model '" + path + "' has no tokenizer (tokenizer.ggml.* metadata)");
-  err << m.config().Summary() << "\n";
   auto ctx_or = ResolveCtxSize(o.ctx_size, m.config(), err);
   if (!ctx_or.ok()) return fail(ctx_or.status().message());
   const int64_t ctx = *ctx_or;  // 0: no limit
