@@ -42,51 +42,28 @@ KiviQuantParams KiviQuantize(const float* x, int64_t n, int64_t stride, int bits
   return p;
 }
 
-namespace {
-
-template <int kBits>
-void PackT(const uint8_t* codes, int64_t n, uint8_t* out) {
-  constexpr int kPer = 8 / kBits, kMask = (1 << kBits) - 1;
-  int64_t i = 0;
-  for (; i + kPer <= n; i += kPer) {
-    uint8_t b = 0;
-    for (int k = 0; k < kPer; ++k) b |= static_cast<uint8_t>((codes[i + k] & kMask) << (k * kBits));
-    out[i / kPer] = b;
-  }
-  if (i < n) {
-    uint8_t b = 0;
-    for (int k = 0; i + k < n; ++k) b |= static_cast<uint8_t>((codes[i + k] & kMask) << (k * kBits));
-    out[i / kPer] = b;
-  }
-}
-
-template <int kBits>
-void UnpackT(const uint8_t* packed, int64_t n, uint8_t* codes) {
-  constexpr int kPer = 8 / kBits, kMask = (1 << kBits) - 1;
-  int64_t i = 0;
-  for (; i + kPer <= n; i += kPer) {
-    const uint8_t b = packed[i / kPer];
-    for (int k = 0; k < kPer; ++k) codes[i + k] = static_cast<uint8_t>((b >> (k * kBits)) & kMask);
-  }
-  for (int k = 0; i < n; ++i, ++k) {
-    codes[i] = static_cast<uint8_t>((packed[i / kPer] >> (k * kBits)) & kMask);
-  }
-}
-
-}  // namespace
-
+// Geodesia's packing (the slot format the packed kernel reads) for the whole bytes; a trailing
+// partial byte through an 8 / bits zero-padded copy.
 void KiviPack(const uint8_t* codes, int64_t n, int bits, uint8_t* out) {
   STRATA_CHECK(bits == 2 || bits == 4 || bits == 8);
-  if (bits == 2) return PackT<2>(codes, n, out);
-  if (bits == 4) return PackT<4>(codes, n, out);
-  PackT<8>(codes, n, out);
+  const int per = 8 / bits;
+  const int64_t whole = n - n % per;
+  geodesia::PackCodes(codes, whole, bits, out);
+  if (whole == n) return;
+  uint8_t last[8] = {};
+  std::copy(codes + whole, codes + n, last);
+  geodesia::PackCodes(last, per, bits, out + whole / per);
 }
 
 void KiviUnpack(const uint8_t* packed, int64_t n, int bits, uint8_t* codes) {
   STRATA_CHECK(bits == 2 || bits == 4 || bits == 8);
-  if (bits == 2) return UnpackT<2>(packed, n, codes);
-  if (bits == 4) return UnpackT<4>(packed, n, codes);
-  UnpackT<8>(packed, n, codes);
+  const int per = 8 / bits;
+  const int64_t whole = n - n % per;
+  geodesia::UnpackCodes(packed, whole, bits, codes);
+  if (whole == n) return;
+  uint8_t last[8];
+  geodesia::UnpackCodes(packed + whole / per, per, bits, last);
+  std::copy(last, last + (n - whole), codes + whole);
 }
 
 Status KiviPolicy::Bind(const std::vector<LayerGeometry>& layers) {

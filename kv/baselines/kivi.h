@@ -57,7 +57,8 @@ struct KiviQuantParams {
 // Quantizes n values x[i * stride] to `bits`; codes[i] one per byte.
 KiviQuantParams KiviQuantize(const float* x, int64_t n, int64_t stride, int bits, uint8_t* codes);
 inline float KiviDequant(uint8_t code, float lo, float step) { return lo + code * step; }
-// LSB-first packing of n codes of `bits` (2, 4 or 8) bits: (1,2,3,0) at 2 bits -> 0x39.
+// LSB-first packing of n codes of `bits` (2, 4 or 8) bits, each < 2^bits (geodesia::PackCodes,
+// any n): (1,2,3,0) at 2 bits -> 0x39.
 void KiviPack(const uint8_t* codes, int64_t n, int bits, uint8_t* out);
 void KiviUnpack(const uint8_t* packed, int64_t n, int bits, uint8_t* codes);
 
