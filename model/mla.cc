@@ -117,6 +117,7 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
   if (!c.mla_nope) {
     for (int i = 0; i < n; ++i) RopeFactors(static_cast<int>(dr), rows.pos[i], rope, &rcs[i * dr]);
   }
+  const float* rope_cs = c.mla_nope ? nullptr : rcs.data();
   // The projections of xn: q (or its LoRA down-projection) and kv_a; in decode as one pool
   // dispatch.
   const TensorView& wq_x = c.q_lora_rank > 0 ? M.wq_a : M.wq;
@@ -213,7 +214,7 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
   if (expanded && col_sums) {
     std::vector<double> col(rows.pos[0] + obs_b, 0.0);
     RETURN_IF_ERROR(
-        ExpandedAttention(rows, M, l, q.data(), pool, o.data(), obs_a, obs_b, col.data()));
+        ExpandedAttention(rows, M, l, q.data(), rope_cs, pool, o.data(), obs_a, obs_b, col.data()));
     RETURN_IF_ERROR(rows.Event(obs_a, rows.caches[0]->ObserveColumnSums(
                                           l, rows.pos[obs_a], rows.pos[0] + obs_b, col.data())));
   } else if (prefix) {
@@ -221,9 +222,9 @@ Status MlaModel::MlaForward(const Rows& rows, const MlaWeights& M, int cache_lay
     const StagedPrefix staged{plan, [cache, l](int h, int64_t s0, int64_t sn, float* k, float* v) {
                                 cache->StagePrefixRows(l, h, s0, sn, k, v);
                               }};
-    RETURN_IF_ERROR(ExpandedPrefixAttention(rows, M, l, q.data(), staged, pool, o.data()));
+    RETURN_IF_ERROR(ExpandedPrefixAttention(rows, M, l, q.data(), rope_cs, staged, pool, o.data()));
   } else if (expanded) {
-    RETURN_IF_ERROR(ExpandedAttention(rows, M, l, q.data(), pool, o.data()));
+    RETURN_IF_ERROR(ExpandedAttention(rows, M, l, q.data(), rope_cs, pool, o.data()));
   }
   Project(rows, M.wo, o.data(), H * vd, y, d, pool);
   return OkStatus();
@@ -256,29 +257,26 @@ bool MlaModel::ColumnSumsPay(int64_t k, int64_t n_rows) const {
 namespace {
 
 // A prefill chunk read in the expanded form: its queries [n, H, nope + dr] (q_pe rotated at the
-// row's position, as the absorbed query's, then scaled as AttendStream scales), their
-// online-softmax states, every head's W_UK,h and W_UV,h as f32, and the staging of latent rows
-// and of a head's decompressed keys and values.
+// row's position by the caller's RopeFactors, as the absorbed query's, then scaled as
+// AttendStream scales), their online-softmax states, every head's W_UK,h and W_UV,h as f32, and
+// the staging of latent rows and of a head's decompressed keys and values.
 class ExpandedChunk {
  public:
   ExpandedChunk(const ModelConfig& c, const MlaWeights& M, const LayerStore& store,
-                const int64_t* pos, int n, const float* q, ThreadPool* pool, ScratchScope& ws)
+                int n, const float* q, const float* rope_cs, ThreadPool* pool, ScratchScope& ws)
       : store_(store), n_(n), pool_(pool), H_(c.n_heads), dc_(c.kv_lora_rank),
         dr_(c.qk_rope_dim), nope_(c.qk_nope_dim), vd_(c.v_head_dim), qk_(nope_ + dr_) {
     const LayerGeometry& g = store.geometry();
     const int64_t align = StagedValueAlign();
     vdp_ = (vd_ + align - 1) / align * align;
-    RopeParams rope;
-    rope.freq_base = c.rope_base;
-    rope.freq_scale = c.rope_freq_scale;
     qx_ = ws.FloatsUnset(n * H_ * qk_);
-    std::vector<float> cs(dr_);
     for (int i = 0; i < n; ++i) {
-      if (!c.mla_nope) RopeFactors(static_cast<int>(dr_), pos[i], rope, cs.data());
       for (int64_t h = 0; h < H_; ++h) {
         float* dst = &qx_[(i * H_ + h) * qk_];
         std::memcpy(dst, &q[(i * H_ + h) * qk_], sizeof(float) * qk_);
-        if (!c.mla_nope) RopeApply(dst + nope_, static_cast<int>(dr_), RopeStyle::kNorm, cs.data());
+        if (rope_cs) {
+          RopeApply(dst + nope_, static_cast<int>(dr_), RopeStyle::kNorm, &rope_cs[i * dr_]);
+        }
         for (int64_t k = 0; k < qk_; ++k) dst[k] *= g.scale;
       }
     }
@@ -390,15 +388,15 @@ class ExpandedChunk {
 }  // namespace
 
 Status MlaModel::ExpandedAttention(const Rows& rows, const MlaWeights& M, int cache_layer,
-                                   const float* q, ThreadPool* pool, float* o, int64_t obs_a,
-                                   int64_t obs_b, double* col) const {
+                                   const float* q, const float* rope_cs, ThreadPool* pool, float* o,
+                                   int64_t obs_a, int64_t obs_b, double* col) const {
   const ModelConfig& c = config_;
   const int64_t H = c.n_heads, dc = c.kv_lora_rank, dr = c.qk_rope_dim, nope = c.qk_nope_dim;
   const int n = rows.n;
   const LayerStore& store = rows.caches[0]->store(cache_layer);
   const int64_t p0 = rows.pos[0], n_rows = p0 + n;
   ScratchScope ws;
-  ExpandedChunk chunk(c, M, store, rows.pos, n, q, pool, ws);
+  ExpandedChunk chunk(c, M, store, n, q, rope_cs, pool, ws);
   const int64_t vdp = chunk.dvp();
   std::vector<StagedQuery> qs(n);
   // Observed queries' column sums in the attention pass itself where every row's decompressed
@@ -452,8 +450,9 @@ Status MlaModel::ExpandedAttention(const Rows& rows, const MlaWeights& M, int ca
 }
 
 Status MlaModel::ExpandedPrefixAttention(const Rows& rows, const MlaWeights& M, int cache_layer,
-                                         const float* q, const StagedPrefix& prefix,
-                                         ThreadPool* pool, float* o) const {
+                                         const float* q, const float* rope_cs,
+                                         const StagedPrefix& prefix, ThreadPool* pool,
+                                         float* o) const {
   const ModelConfig& c = config_;
   const int64_t H = c.n_heads, dc = c.kv_lora_rank, dr = c.qk_rope_dim, nope = c.qk_nope_dim;
   const int n = rows.n;
@@ -461,7 +460,7 @@ Status MlaModel::ExpandedPrefixAttention(const Rows& rows, const MlaWeights& M, 
   const int64_t p0 = rows.pos[0], n_rows = p0 + n, P = LayerStore::kPageRows;
   auto split = [&](int64_t j) { return prefix.plan.Split(p0 + j + 1); };  // chunk query j's
   ScratchScope ws;
-  ExpandedChunk chunk(c, M, store, rows.pos, n, q, pool, ws);
+  ExpandedChunk chunk(c, M, store, n, q, rope_cs, pool, ws);
   const int64_t vdp = chunk.dvp();
   std::vector<StagedQuery> qs(n);
   // The prefix: rows [0, split(n - 1)) in segments, staged by the policy.

@@ -73,20 +73,21 @@ class MlaModel : public MoeModel {
   // The expanded (non-absorbed) attention of a prefill chunk whose dense reads the cache granted
   // (KvCache::ClaimDenseReads): per head, keys [W_UK,h c_u ; r_u] and values W_UV,h c_u
   // decompressed from the cache's rows segment by segment, then AttendStaged on the chunk's
-  // queries q [n, H, nope + dr] (q_pe not yet rotated). o: [n, H, v].
+  // queries q [n, H, nope + dr] (q_pe not yet rotated; rope_cs: RopeFactors of each query's
+  // position, [n, dr], null under NoPE). o: [n, H, v].
   // With obs_b > obs_a: then col[u] (zeroed by the caller, [p0 + obs_b]) gets the sum over the
   // chunk's queries [obs_a, obs_b) and their heads of the final softmax weight on row u.
   Status ExpandedAttention(const Rows& rows, const MlaWeights& M, int cache_layer, const float* q,
-                           ThreadPool* pool, float* o, int64_t obs_a = 0, int64_t obs_b = 0,
-                           double* col = nullptr) const;
+                           const float* rope_cs, ThreadPool* pool, float* o, int64_t obs_a = 0,
+                           int64_t obs_b = 0, double* col = nullptr) const;
   // The expanded attention of a prefill chunk whose reads the cache granted through a staged
   // prefix (KvCache::ClaimStagedReads: KIVI's quantized groups): per head, the prefix's latent
   // rows (as the policy stages them) decompressed segment by segment and read by each query up
   // to its split, then the exact rows after the smallest split decompressed once and read by
   // each run of queries with the same split up to its limit; one online softmax over both.
   Status ExpandedPrefixAttention(const Rows& rows, const MlaWeights& M, int cache_layer,
-                                 const float* q, const StagedPrefix& prefix, ThreadPool* pool,
-                                 float* o) const;
+                                 const float* q, const float* rope_cs, const StagedPrefix& prefix,
+                                 ThreadPool* pool, float* o) const;
 };
 
 namespace mla_internal {
