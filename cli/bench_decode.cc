@@ -120,8 +120,7 @@ int RunBatchMode(const BenchDecodeOptions& o, Model& m, const std::string& path,
     const double need = static_cast<double>((*probe)->FullBytesPerToken()) *
                         static_cast<double>(max_ctx + o.warmup + o.tokens) *
                         static_cast<double>(max_b);
-    const double phys = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
-                        static_cast<double>(sysconf(_SC_PAGE_SIZE));
+    const double phys = PhysicalMemoryBytes();
     err << "KV caches: up to " << FormatBytes(need) << " (" << max_b << " sequences at ctx "
         << max_ctx << ")\n";
     if (phys > 0 && need > 0.75 * phys) {

@@ -123,6 +123,20 @@ int RunBenchPrefill(const BenchPrefillOptions& o, std::ostream& out, std::ostrea
   if (!loaded.ok()) return fail(loaded.status().message());
   Model& m = **loaded;
   const int64_t n_vocab = m.config().n_vocab;
+  // The prompt's full cache must fit in memory (each policy holds at most about as much during
+  // its prefill): refuse up front rather than fail an allocation mid-run.
+  {
+    auto probe = m.NewCache(std::make_unique<FullPolicy>(), *kv_type);
+    if (!probe.ok()) return fail(probe.status().message());
+    const int64_t want = o.tokens > 0 ? o.tokens : 4096;
+    const double need = static_cast<double>((*probe)->FullBytesPerToken()) * want;
+    const double phys = PhysicalMemoryBytes();
+    if (phys > 0 && need > 0.75 * phys) {
+      return fail("--tokens " + std::to_string(want) + " needs " + FormatBytes(need) +
+                  " of KV cache, more than 3/4 of the " + FormatBytes(phys) +
+                  " of memory: lower --tokens");
+    }
+  }
   std::vector<int32_t> prompt;
   if (!o.prompt_file.empty()) {
     const Tokenizer* tok = m.tokenizer();

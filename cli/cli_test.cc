@@ -182,6 +182,7 @@ TEST_F(CliTest, BadFlagsExitTwoNamingTheProblem) {
       {{"bench", "prefill", "-m", m, "--rounds", "0"}, "--rounds must be >= 1, got 0"},
       {{"bench", "prefill", "-m", m, "--tokens", "-3"}, "--tokens must be >= 0, got -3"},
       {{"bench", "prefill", "-m", m, "--chunk", "0"}, "--chunk must be >= 1, got 0"},
+      {{"bench", "prefill", "-m", m, "--tokens", "100000000000"}, "lower --tokens"},
       {{"bench", "prefill", "-m", m, "--policy", "full,kivi9"}, "kivi9"},
       {{"bench", "prefill", "-m", m, "--policy", "full,,h2o"}, "empty item"},
       {{"bench", "prefill", "-m", m, "--policy", "h2o:budgit=64"}, "budgit"},

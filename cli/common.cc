@@ -128,6 +128,11 @@ std::string FormatFixed(double v, int digits) {
   return buf;
 }
 
+double PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+}
+
 int64_t PeakRssBytes() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);

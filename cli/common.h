@@ -69,6 +69,8 @@ struct LayerKindRow {
 };
 void PrintLayerKindTable(const std::string& caption, const std::vector<std::string>& key_header,
                          const std::vector<LayerKindRow>& rows, std::ostream& out);
+// The machine's physical memory in bytes (sysconf), 0 when unknown.
+double PhysicalMemoryBytes();
 // The process's peak resident set size so far (getrusage ru_maxrss), in bytes.
 int64_t PeakRssBytes();
 // printf("%.*f").
