@@ -199,7 +199,7 @@ TEST_F(TextCommandsTest, TokenizePrintsIdsAndPiecesLikeLlamaTokenize) {
 }
 
 // --tokenizer reads an HF tokenizer.json: the ids are the reference implementation's
-// (testdata/tokenizer/ref_kimi_style.json, written by tools/tokref with the tokenizers port),
+// (testdata/tokenizer/ref_kimi_style.json, written by tools/ref/make_refs.py with HF tokenizers),
 // with the post-processor's BOS by default and without it under --no-bos.
 TEST_F(TextCommandsTest, TokenizeFromATokenizerJsonMatchesTheReference) {
   const std::string dir = std::string(STRATA_SOURCE_DIR) + "/testdata/tokenizer/";

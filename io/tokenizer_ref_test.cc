@@ -1,10 +1,10 @@
-// Identity tests against the reference tokenizer (tools/tokref/make_refs.mjs: @lenml/tokenizers,
-// a port of HF tokenizers): for every tokenizer and every corpus string, Strata's ids must be
-// the reference's, with and without the special tokens, and Decode(Encode(s)) == s wherever the
+// Identity tests against the reference tokenizer (tools/ref/make_refs.py: HF tokenizers and
+// transformers from PyPI): for every tokenizer and every corpus string, Strata's ids must be the
+// reference's, with and without the special tokens, and Decode(Encode(s)) == s wherever the
 // reference itself gives the text back.
 //
-// The real tokenizer.json files (Llama 3, Qwen3, DeepSeek V3) come from the npm packages that
-// scripts/setup.sh installs into tools/tokref/node_modules; without them those cases skip.
+// The real tokenizer.json files (Llama 3, Qwen3, DeepSeek V3) are the shared test fixtures
+// ($STRATA_FIXTURES, default ../shared/fixtures); without them those cases skip (fail under CI).
 #include <gtest/gtest.h>
 #include <utf8proc.h>
 
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/test_refs.h"
 #include "io/gguf.h"
 #include "io/pretokenizer_types.h"
 #include "io/tokenizer.h"
@@ -81,7 +82,7 @@ struct RefCase {
 std::vector<RefCase> LoadCases(const nlohmann::json& ref) {
   const nlohmann::json corpus = ReadJson(kRoot + "/testdata/tokenizer/corpus.json");
   const auto& strings = corpus["strings"];
-  EXPECT_EQ(strings.size(), ref["cases"].size()) << "regenerate: node tools/tokref/make_refs.mjs";
+  EXPECT_EQ(strings.size(), ref["cases"].size()) << "regenerate: .venv/bin/python tools/ref/make_refs.py";
   std::vector<RefCase> cases;
   for (size_t i = 0; i < strings.size() && i < ref["cases"].size(); ++i) {
     const auto& s = strings[i];
@@ -146,25 +147,20 @@ void ExpectIdentical(const std::string& name, const Tokenizer& tok,
 
 class TokenizerRefTest : public ::testing::TestWithParam<std::string> {};
 
-// The tokenizer.json of ref_<name>.json, or "" when its npm package is not installed.
+// The tokenizer.json of ref_<name>.json, or "" when it is absent ("$STRATA_FIXTURES/..." names
+// the shared fixtures, anything else a path in the repository).
 std::string TokenizerJsonOf(const nlohmann::json& ref) {
-  const std::string path =
-      kRoot + "/" + ref["tokenizer_dir"].get<std::string>() + "/tokenizer.json";
+  std::string dir = ref["tokenizer_dir"].get<std::string>();
+  const std::string kFixtures = "$STRATA_FIXTURES/";
+  dir = dir.rfind(kFixtures, 0) == 0 ? testing_refs::FixturesDir() + "/" + dir.substr(kFixtures.size())
+                                     : kRoot + "/" + dir;
+  const std::string path = dir + "/tokenizer.json";
   return std::filesystem::exists(path) ? path : "";
 }
 
-// Skipped on a developer machine without the npm packages; under CI (the CI variable set, as
-// .ci/run runs after scripts/setup.sh installed them) an absent file is a failure, so the
-// reference comparison can never silently not run there.
-#define STRATA_SKIP_WITHOUT(path)                                                    \
-  if ((path).empty()) {                                                              \
-    if (std::getenv("CI") != nullptr) {                                              \
-      FAIL() << "the tokenizer.json is absent under CI: scripts/setup.sh must run "  \
-                "npm ci in tools/tokref";                                            \
-    }                                                                                \
-    GTEST_SKIP() << "the tokenizer.json is absent: run scripts/setup.sh (npm ci "    \
-                    "in tools/tokref)";                                              \
-  }
+// Skipped on a developer machine without the shared fixtures; under CI an absent file is a
+// failure, so the reference comparison can never silently not run there.
+#define STRATA_SKIP_WITHOUT(path) STRATA_NEED_REF((path).empty(), "the real tokenizer.json")
 
 TEST_P(TokenizerRefTest, IdsMatchTheReference) {
   const nlohmann::json ref = ReadJson(kRoot + "/testdata/tokenizer/ref_" + GetParam() + ".json");
@@ -200,7 +196,7 @@ TEST(TokenizerRefCorpusTest, RealTokenizersHaveTheirPreTypes) {
   for (const auto& [name, pre] : expected) {
     const nlohmann::json ref = ReadJson(kRoot + "/testdata/tokenizer/ref_" + name + ".json");
     const std::string path = TokenizerJsonOf(ref);
-    if (path.empty()) continue;  // npm package not installed
+    if (path.empty()) continue;  // shared fixture absent
     auto type = PreTypeOfTokenizerJson(ReadJson(path));
     ASSERT_TRUE(type.ok()) << name << ": " << type.status().ToString();
     EXPECT_EQ(*type, pre) << name;

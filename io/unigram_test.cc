@@ -120,7 +120,7 @@ nlohmann::json ReadJson(const std::string& rel) {
   return nlohmann::json::parse(ss.str());
 }
 
-// The model alone against the reference (tools/tokref/make_refs.mjs) on the Unigram fixture:
+// The model alone against the reference (tools/ref/make_refs.py) on the Unigram fixture:
 // its pre-tokenizer (Metaspace: spaces -> U+2581, one prepended, split before each U+2581) is
 // redone here, the ids without special tokens must match for every corpus string.
 TEST(UnigramTest, MatchesTheReferenceOnTheFixture) {

@@ -3,7 +3,8 @@
 # tokenizes the corpus as the reference does (issue 14: convert copies the tokenizer "exactly as
 # llama.cpp's converter does, so the result loads in llama.cpp and tokenizes the same").
 #
-# For each tokenizer (Llama 3, Qwen3, DeepSeek V3 from tools/tokref/node_modules, and the
+# For each tokenizer (Llama 3, Qwen3, DeepSeek V3 from the shared fixtures, $STRATA_FIXTURES or
+# ../shared/fixtures, and the
 # Kimi-K2-style fixture), a random-weight llama checkpoint with the tokenizer's vocab_size is
 # synthesized, the tokenizer files are copied in, `strata convert` writes the GGUF, and
 # llama-tokenize (vocab only, --no-bos, special tokens parsed) tokenizes every corpus string of
@@ -46,7 +47,12 @@ for name in "${names[@]}"; do
   if [[ ! -f "$ref" ]]; then
     echo "$name: FAIL: no $ref"; status=1; continue
   fi
-  dir="$root/$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokenizer_dir"])' "$ref")"
+  dir="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tokenizer_dir"])' "$ref")"
+  fixtures="${STRATA_FIXTURES:-$root/../shared/fixtures}"
+  case "$dir" in
+    '$STRATA_FIXTURES/'*) dir="$fixtures/${dir#\$STRATA_FIXTURES/}" ;;
+    *) dir="$root/$dir" ;;
+  esac
   if [[ ! -f "$dir/tokenizer.json" ]]; then
     echo "$name: SKIP: $dir/tokenizer.json is absent (run scripts/setup.sh)"; continue
   fi

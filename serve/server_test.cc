@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "core/status_testing.h"
+#include "core/test_refs.h"
 #include "kv/registry.h"
 #include "model/synth.h"
 
@@ -759,18 +760,12 @@ TEST_F(ServeTest, SigtermEndsStreamsAndLeavesNoArchiveFiles) {
   EXPECT_TRUE(fs::is_empty(archive)) << "archive files left in " << archive;
 }
 
-// The "real client": the official `openai` npm package (tools/serveref, installed by
-// scripts/setup.sh) against a server on a free loopback port, with an API key.
-TEST_F(ServeTest, TheOpenAiNpmClientGetsTheSameTextStreamedAndNot) {
-  const std::string dir = std::string(STRATA_SOURCE_DIR) + "/tools/serveref";
+// A real client: the official `openai` Python package (tools/ref/openai_client.py, in the virtual
+// environment scripts/setup.sh makes) against a server on a free loopback port, with an API key.
+TEST_F(ServeTest, TheOpenAiPythonClientGetsTheSameTextStreamedAndNot) {
+  const std::string python = testing_refs::VenvPython("openai");
+  STRATA_NEED_REF(python.empty(), "the openai Python client (.venv)");
   int code = -1;
-  RunProgram({"sh", "-c", "command -v node"}, &code);
-  if (code != 0 || !fs::exists(dir + "/node_modules/openai/package.json")) {
-    // Under CI scripts/setup.sh has installed it: absent there is a failure, not a skip.
-    if (std::getenv("CI") != nullptr) FAIL() << "the openai npm client is missing under CI";
-    GTEST_SKIP() << "node or the openai package is missing (scripts/setup.sh installs it into "
-                 << dir << ")";
-  }
   ServerOptions o = Options();
   o.chat_template = "chatml";
   o.api_key = "test-key";
@@ -779,8 +774,8 @@ TEST_F(ServeTest, TheOpenAiNpmClientGetsTheSameTextStreamedAndNot) {
   ASSERT_TRUE(server);
   const std::string prompt = "In the beginning";
   const std::string out =
-      RunProgram({"node", dir + "/client.mjs", "http://127.0.0.1:" + std::to_string(port) + "/v1",
-                  "tiny", prompt},
+      RunProgram({python, std::string(STRATA_SOURCE_DIR) + "/tools/ref/openai_client.py",
+                  "http://127.0.0.1:" + std::to_string(port) + "/v1", "tiny", prompt},
                  &code);
   ASSERT_EQ(code, 0) << out;
   const json j = json::parse(out, nullptr, false);

@@ -8,7 +8,7 @@ regex (Han excluded from the letter classes) over byte-level BPE. Vocabularies a
 learned here, deterministically, from the corpus text plus a short English paragraph, so the
 fixtures are small (a few hundred pieces) and every corpus string exercises unknown characters.
 
-    python3 tools/tokref/make_fixtures.py && node tools/tokref/make_refs.mjs
+    python3 tools/ref/make_fixtures.py && .venv/bin/python tools/ref/make_refs.py
 
 Only the standard library is used.
 """
