@@ -25,12 +25,12 @@ StatusOr<ChatTemplate> ResolveTemplate(const ChatOptions& o, const Tokenizer& to
   }
   std::string names;
   for (const auto& n : ChatTemplate::BuiltinNames()) names += (names.empty() ? "" : ", ") + n;
-  if (tok.chat_template().empty()) {
+  if (tok.chat_template().empty() && !tok.HasGemmaTurns()) {
     return InvalidArgument("model '" + o.model +
                            "' has no chat template (tokenizer.chat_template); pass "
                            "--chat-template NAME, one of: " + names);
   }
-  return ChatTemplate::Detect(tok.chat_template());
+  return ChatTemplate::ForModel(tok.chat_template(), tok.HasGemmaTurns());
 }
 
 // The conversation and the cache that holds it. `cached_text` is the rendered text whose

@@ -24,7 +24,7 @@ const char* KindName(AttnKind k) { return k == AttnKind::kMla ? "MLA" : "GQA"; }
 bool SameGeometry(const LayerGeometry& a, const LayerGeometry& b) {
   return a.kind == b.kind && a.n_q_heads == b.n_q_heads && a.n_kv_heads == b.n_kv_heads &&
          a.k_dim == b.k_dim && a.v_dim == b.v_dim && a.rope_dim == b.rope_dim && a.rope == b.rope &&
-         a.scale == b.scale;
+         a.scale == b.scale && a.window == b.window;
 }
 
 // A metadata value for the listing: scalars in full (strings up to 80 characters, escaped),
@@ -351,26 +351,36 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
                                    : "; --kv-type: the full policy only")
       << "):\n";
   j["kv_type"] = KvTypeName(*kv_type);
-  Table kt({"layers", "kind", "q_heads", "kv_heads", "k_dim", "v_dim", "rope_dim", "rope",
-            "bytes/token"});
+  Table kt({"layers", "kind", "attention", "q_heads", "kv_heads", "k_dim", "v_dim", "rope_dim",
+            "rope", "bytes/token"});
   nlohmann::json jl = nlohmann::json::array();
-  int64_t total = 0;
+  // Global layers hold every token; a sliding-window layer at most its window (the cache keeps
+  // the window's pages and releases older ones), whatever the context.
+  int64_t total = 0, local_per_token = 0, max_window = 0;
   for (size_t l = 0; l < layers.size();) {
     size_t e = l + 1;
     while (e < layers.size() && SameGeometry(layers[l], layers[e])) ++e;
     const LayerGeometry& g = layers[l];
     const std::string span =
         e - l == 1 ? std::to_string(l) : std::to_string(l) + "-" + std::to_string(e - 1);
-    kt.AddRow({span, KindName(g.kind), std::to_string(g.n_q_heads), std::to_string(g.n_kv_heads),
+    kt.AddRow({span, KindName(g.kind),
+               g.window > 0 ? "window " + std::to_string(g.window) : std::string("global"),
+               std::to_string(g.n_q_heads), std::to_string(g.n_kv_heads),
                std::to_string(g.k_dim), std::to_string(g.v_dim), std::to_string(g.rope_dim),
                g.rope ? "yes" : "no (NoPE)", std::to_string(g.bytes_per_token())});
     l = e;
   }
   for (size_t l = 0; l < layers.size(); ++l) {
     const LayerGeometry& g = layers[l];
-    total += g.bytes_per_token();
+    if (g.window > 0) {
+      local_per_token += g.bytes_per_token();
+      max_window = std::max<int64_t>(max_window, g.window);
+    } else {
+      total += g.bytes_per_token();
+    }
     jl.push_back({{"layer", l},
                   {"kind", KindName(g.kind)},
+                  {"window", g.window},
                   {"n_q_heads", g.n_q_heads},
                   {"n_kv_heads", g.n_kv_heads},
                   {"k_dim", g.k_dim},
@@ -381,10 +391,21 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
                   {"bytes_per_token", g.bytes_per_token()}});
   }
   kt.Print(out);
-  out << "KV bytes per token (all layers): " << total << " (" << FormatBytes(total) << ")\n";
+  if (local_per_token > 0) {
+    out << "KV bytes per token (global layers): " << total << " (" << FormatBytes(total)
+        << "); sliding-window layers: " << local_per_token << " per token of their window, at "
+        << "most " << FormatBytes(static_cast<double>(local_per_token) * max_window)
+        << " whatever the context\n";
+  } else {
+    out << "KV bytes per token (all layers): " << total << " (" << FormatBytes(total) << ")\n";
+  }
   Table ctx({"context", "KV bytes"});
   for (int64_t n : {4096, 32768, 131072}) {
-    ctx.AddRow({std::to_string(n), FormatBytes(static_cast<double>(total) * n)});
+    int64_t local = 0;
+    for (const LayerGeometry& g : layers) {
+      if (g.window > 0) local += g.bytes_per_token() * std::min<int64_t>(n, g.window);
+    }
+    ctx.AddRow({std::to_string(n), FormatBytes(static_cast<double>(total) * n + local)});
   }
   ctx.Print(out);
   const RecurrentGeometry rec = m.RecurrentLayers();
@@ -408,7 +429,8 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
                       {"bytes_per_sequence", rec.bytes_per_sequence()}};
   }
   j["kv_layers"] = jl;
-  j["kv_bytes_per_token"] = total;
+  j["kv_bytes_per_token"] = total;  // global layers (every layer when none is local)
+  j["kv_window_bytes_per_token"] = local_per_token;
 
   if (!o.json_path.empty()) {
     Status st = WriteTextFile(o.json_path, DumpJson(j));

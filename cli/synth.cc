@@ -27,7 +27,7 @@ void AddSynthCommand(CLI::App* app, SynthCliOptions* o) {
   CLI::App* cmd = app->add_subcommand("synth", "Write a random-weight test model");
   cmd->add_option(
       "--arch", o->arch,
-      "Architecture: llama, qwen2, deepseek2 or kimi-linear (default: the preset's, llama "
+      "Architecture: llama, qwen2, deepseek2, kimi-linear or gemma3 (default: the preset's, llama "
       "for tiny)");
   cmd->add_flag("--nope", o->nope, "deepseek2: NoPE branch (cached and used unrotated)");
   cmd->add_option("--preset", o->preset,
@@ -38,8 +38,9 @@ void AddSynthCommand(CLI::App* app, SynthCliOptions* o) {
   cmd->add_option("--dims", o->dims,
                   "Overrides as key=value,...: d_model, layers, heads, kv_heads, head_dim, ff, "
                   "vocab, q_lora, kv_lora, nope_dim, rope_dim, v_dim, experts, experts_used, "
-                  "shared_experts, ff_expert, dense_layers, gating, kda_dim, conv, mla_every, tied, "
-                  "seed");
+                  "shared_experts, ff_expert, dense_layers, gating, kda_dim, conv, mla_every, "
+                  "window, swa_period (gemma3: sliding window, every swa_period-th layer global), "
+                  "tied, seed");
   cmd->add_option("--dtype", o->dtype,
                   "Matrix storage: f32, f16, bf16, or a llama.cpp file type (q8_0, q4_k_m, "
                   "q6_k, ...; see `strata quantize --help`; GGUF only)")

@@ -29,7 +29,7 @@ constexpr char kDsEndOfSentence[] =
 // In ChatTemplate::Kind order (ByName checks the count).
 constexpr const char* kBuiltinNames[] = {
     "chatml",   "qwen2",     "qwen2.5",   "qwen3",   "llama3",
-    "llama3.1", "deepseek2", "deepseek3", "kimi-k2",
+    "llama3.1", "deepseek2", "deepseek3", "kimi-k2",   "gemma",
 };
 
 std::string JoinNames() {
@@ -285,7 +285,7 @@ std::vector<std::string> ChatTemplate::BuiltinNames() {
 }
 
 StatusOr<ChatTemplate> ChatTemplate::ByName(std::string_view name) {
-  static_assert(std::size(kBuiltinNames) == static_cast<size_t>(Kind::kKimiK2) + 1,
+  static_assert(std::size(kBuiltinNames) == static_cast<size_t>(Kind::kGemma) + 1,
                 "one name per Kind");
   for (size_t i = 0; i < std::size(kBuiltinNames); ++i) {
     if (name != kBuiltinNames[i]) continue;
@@ -328,6 +328,8 @@ StatusOr<ChatTemplate> ChatTemplate::Detect(std::string_view t) {
     }
   } else if (Contains(t, "<|start_header_id|>") && Contains(t, "<|end_header_id|>")) {
     name = Contains(t, "Cutting Knowledge Date") ? "llama3.1" : "llama3";
+  } else if (Contains(t, "<start_of_turn>") && Contains(t, "<end_of_turn>")) {
+    name = "gemma";
   } else if (Contains(t, "'Assistant: ' + message['content'] + eos_token")) {
     name = "deepseek2";
   } else if (Contains(t, kDsAssistant) && Contains(t, kDsUser) && Contains(t, kDsEndOfSentence) &&
@@ -351,6 +353,20 @@ Status ChatTemplate::Validate(const std::vector<ChatMessage>& messages) const {
       return InvalidArgument("chat template " + name_ + ": message " + std::to_string(i) +
                              " has role \"" + r +
                              "\"; the roles are \"system\", \"user\" and \"assistant\"");
+    }
+  }
+  if (kind_ == Kind::kGemma) {
+    // Gemma's template raises unless the turns after an optional first system message alternate
+    // user / assistant, starting with the user.
+    const size_t first = messages[0].role == "system" ? 1 : 0;
+    for (size_t i = first; i < messages.size(); ++i) {
+      const char* want = (i - first) % 2 == 0 ? "user" : "assistant";
+      if (messages[i].role != want) {
+        return InvalidArgument("chat template gemma: message " + std::to_string(i) + " has role \"" +
+                               messages[i].role + "\" where \"" + want +
+                               "\" is due (after an optional first system message, the roles "
+                               "must alternate user / assistant)");
+      }
     }
   }
   return OkStatus();
@@ -492,8 +508,33 @@ std::string ChatTemplate::Render(const std::vector<ChatMessage>& messages,
       }
       if (add_generation_prompt) out += "<|im_assistant|>assistant<|im_middle|>";
       break;
+
+    case Kind::kGemma: {
+      // Gemma 3's template: BOS, then the turns with "assistant" called "model"; a leading
+      // system message is no turn of its own but its text + "\n\n" opens the first turn; every
+      // turn's content is trimmed (the system text is not).
+      out += bos_text;
+      const size_t first = first_is_system ? 1 : 0;
+      for (size_t i = first; i < n; ++i) {
+        const ChatMessage& m = messages[i];
+        out += "<start_of_turn>";
+        out += m.role == "assistant" ? "model" : m.role;
+        out += '\n';
+        if (i == first && first_is_system) out += messages[0].content + "\n\n";
+        out += Trim(m.content);
+        out += "<end_of_turn>\n";
+      }
+      if (add_generation_prompt) out += "<start_of_turn>model\n";
+      break;
+    }
   }
   return out;
+}
+
+StatusOr<ChatTemplate> ChatTemplate::ForModel(std::string_view jinja_source,
+                                              bool vocab_has_gemma_turns) {
+  if (jinja_source.empty() && vocab_has_gemma_turns) return ByName("gemma");
+  return Detect(jinja_source);
 }
 
 }  // namespace strata

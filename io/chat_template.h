@@ -25,13 +25,18 @@ struct ChatMessage {
 class ChatTemplate {
  public:
   // "chatml", "qwen2", "qwen2.5", "qwen3", "llama3", "llama3.1", "deepseek2", "deepseek3",
-  // "kimi-k2" (also Kimi Linear).
+  // "kimi-k2" (also Kimi Linear), "gemma" (Gemma 3).
   static std::vector<std::string> BuiltinNames();
   // The built-in renderer `name`; the error lists BuiltinNames().
   static StatusOr<ChatTemplate> ByName(std::string_view name);
   // The built-in renderer whose fingerprint `jinja_source` carries. Error: "unrecognised chat
   // template (first 60 chars...); use --chat-template NAME, one of ...".
   static StatusOr<ChatTemplate> Detect(std::string_view jinja_source);
+  // A model's template: Detect(jinja_source), except that a model without a template whose
+  // vocabulary has Gemma's turn markers (<start_of_turn>, <end_of_turn> as single tokens; the
+  // gemma3 GGUFs llama.cpp's converter writes from a tokenizer.model carry no template) gets the
+  // Gemma template, as llama.cpp's chat falls back to its gemma format for them.
+  static StatusOr<ChatTemplate> ForModel(std::string_view jinja_source, bool vocab_has_gemma_turns);
 
   // Checks what the templates accept: at least one message (the Jinja originals index
   // messages[0]) and every role one of system/user/assistant (tool turns are not supported).
@@ -71,6 +76,7 @@ class ChatTemplate {
     kDeepSeek2,
     kDeepSeek3,
     kKimiK2,
+    kGemma,
   };
   ChatTemplate(Kind kind, std::string name) : kind_(kind), name_(std::move(name)) {}
 

@@ -1,5 +1,5 @@
 // Tests for the built-in chat renderers against @huggingface/jinja's renderings of the real
-// templates (testdata/chat/ref.json, made by tools/tokref/render_chat.mjs), template recognition
+// templates (testdata/chat/ref.json, made by tools/ref/render_chat.py), template recognition
 // of every testdata/chat/*.jinja file, and the errors for unknown names, unrecognised templates
 // and bad roles.
 #include "io/chat_template.h"
@@ -64,7 +64,7 @@ TEST(ChatTemplateTest, RendersLikeTheJinjaTemplates) {
   const auto& renders = ref.at("renders");
   ASSERT_GE(renders.size(), 200u);
   std::set<std::string> builtins_covered;
-  int compared = 0;
+  int compared = 0, refused = 0;
   for (const auto& r : renders) {
     const std::string file = r.at("template");
     const nlohmann::json& info = ref.at("templates").at(file);
@@ -77,6 +77,14 @@ TEST(ChatTemplateTest, RendersLikeTheJinjaTemplates) {
     if (!thinking) detected->set_enable_thinking(false);
     const std::string conv = r.at("conversation");
     const bool gen = r.at("add_generation_prompt");
+    if (r.contains("error")) {
+      // The Jinja template raises on this conversation (Gemma's: roles must alternate): Validate
+      // refuses it too.
+      EXPECT_FALSE(detected->Validate(Conversation(conv)).ok()) << file << " conversation " << conv;
+      ++refused;
+      continue;
+    }
+    EXPECT_TRUE(detected->Validate(Conversation(conv)).ok()) << file << " conversation " << conv;
     const std::string want = r.at("text");
     const std::string bos = info.at("bos"), eos = info.at("eos");
     EXPECT_EQ(Visible(detected->Render(Conversation(conv), gen, bos, eos)), Visible(want))
@@ -96,9 +104,11 @@ TEST(ChatTemplateTest, RendersLikeTheJinjaTemplates) {
   const std::vector<std::string> names = ChatTemplate::BuiltinNames();
   EXPECT_EQ(builtins_covered, std::set<std::string>(names.begin(), names.end()))
       << "every built-in is checked against a real template";
-  // 13 conversations x 2 generation-prompt settings for 10 files, 13 for llama3-lenml; 3 of the
-  // conversations again with enable_thinking=false.
-  EXPECT_EQ(compared, 10 * (13 + 3) * 2 + (13 + 3));
+  // 13 conversations x 2 generation-prompt settings for 11 files, 13 for llama3-lenml; 3 of the
+  // conversations again with enable_thinking=false. Gemma's template refuses 2 of them (roles
+  // that do not alternate), with and without the generation prompt.
+  EXPECT_EQ(compared + refused, 11 * (13 + 3) * 2 + (13 + 3));
+  EXPECT_EQ(refused, 4);
 }
 
 TEST(ChatTemplateTest, DetectsEveryTemplateFile) {
@@ -133,10 +143,11 @@ TEST(ChatTemplateTest, ByNameKnowsEveryBuiltinAndListsThemOnError) {
 }
 
 TEST(ChatTemplateTest, UnrecognisedTemplateIsAClearError) {
-  // Gemma's template: none of the fingerprints.
+  // Mistral's template: none of the fingerprints.
   const std::string gemma =
-      "{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + message['role'] + '\\n' "
-      "+ message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}";
+      "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' "
+      "+ message['content'] + ' [/INST]' }}{% else %}{{ message['content'] + eos_token }}{% endif "
+      "%}{% endfor %}";
   auto t = ChatTemplate::Detect(gemma);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented);
@@ -273,6 +284,23 @@ TEST(ChatTemplateTest, Llama3TrimsPythonWhitespace) {
   EXPECT_EQ(got,
             "<|start_header_id|>user<|end_header_id|>\n\nx y<|eot_id|>"
             "<|start_header_id|>assistant<|end_header_id|>\n\n\xE2\x80\x8Bz<|eot_id|>");
+}
+
+// A model without a template whose vocabulary has Gemma's turn markers (the gemma3 GGUFs made
+// from a tokenizer.model) gets the Gemma template; any other model without one is an error.
+TEST(ChatTemplateTest, GemmaVocabularyWithoutTemplateGetsGemma) {
+  auto t = ChatTemplate::ForModel("", /*vocab_has_gemma_turns=*/true);
+  ASSERT_OK(t);
+  EXPECT_EQ(t->name(), "gemma");
+  EXPECT_EQ(t->Render({{"system", "Be brief."}, {"user", " Hi "}}, true, "<bos>", "<eos>"),
+            "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n");
+  EXPECT_FALSE(ChatTemplate::ForModel("", false).ok());
+  auto chatml = ChatTemplate::ForModel("{{ '<|im_start|>' + message['role'] }}", true);
+  ASSERT_OK(chatml);
+  EXPECT_EQ(chatml->name(), "chatml");  // the file's own template wins
+  const Status bad = t->Validate({{"user", "a"}, {"user", "b"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("message 1"), std::string::npos) << bad.message();
 }
 
 }  // namespace

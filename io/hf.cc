@@ -593,7 +593,7 @@ class TensorSource {
   std::set<std::string> used_;
 };
 
-enum class Arch { kLlama, kQwen2, kDeepseek2, kKimiLinear };
+enum class Arch { kLlama, kQwen2, kDeepseek2, kKimiLinear, kGemma3 };
 
 // Collects the output; 2-D/3-D weights in out_dtype, others F32.
 class Emitter {
@@ -802,6 +802,112 @@ Status ConvertLlamaLike(const Config& cfg, const Common& c, TensorSource* src, E
         CopyIfPresent(src, em, hf + "self_attn.o_proj.bias", gg + "attn_output.bias", {c.n_embd}));
     RETURN_IF_ERROR(
         Copy(src, em, hf + "post_attention_layernorm.weight", gg + "ffn_norm.weight", {c.n_embd}));
+    RETURN_IF_ERROR(
+        Copy(src, em, hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", {c.n_ff, c.n_embd}));
+    RETURN_IF_ERROR(
+        Copy(src, em, hf + "mlp.up_proj.weight", gg + "ffn_up.weight", {c.n_ff, c.n_embd}));
+    RETURN_IF_ERROR(
+        Copy(src, em, hf + "mlp.down_proj.weight", gg + "ffn_down.weight", {c.n_embd, c.n_ff}));
+  }
+  return OkStatus();
+}
+
+// Gemma3ForCausalLM (text), as llama.cpp's converter writes it (conversion/gemma.py,
+// Gemma3Model): the norms' weights + 1 (Gemma3RMSNorm computes x * (1 + w)); no q/k permutation
+// (NEOX RoPE); the sliding window, and the keys llama.cpp reads where the config departs from
+// its defaults (window period 6, local RoPE base 10000, no soft-capping).
+Status ConvertGemma3(const Config& cfg, const Common& c, TensorSource* src, Emitter* em,
+                     GgufWriter* w) {
+  const std::string& a = c.arch_name;
+  ASSIGN_OR_RETURN(const int64_t head_dim, cfg.InRangeOr("head_dim", 256, 2, kMaxDim));
+  if (head_dim % 2 != 0) {
+    return InvalidArgument(cfg.file() + ": head_dim " + std::to_string(head_dim) +
+                           " must be even for RoPE");
+  }
+  w->Set(a + ".attention.key_length", GgufValue::U32(U32(head_dim)));
+  w->Set(a + ".attention.value_length", GgufValue::U32(U32(head_dim)));
+  // llama.cpp scales queries by 1/sqrt(head_dim) (27B, 62 layers: by d_model / n_head); a config
+  // with another query_pre_attn_scalar cannot be expressed in the file.
+  ASSIGN_OR_RETURN(const double qpas, cfg.FloatOr("query_pre_attn_scalar", head_dim));
+  const double llama_cpp_scalar =
+      c.n_layer == 62 ? static_cast<double>(c.n_embd / c.n_head) : static_cast<double>(head_dim);
+  if (qpas != llama_cpp_scalar) {
+    return Unimplemented(cfg.file() + ": query_pre_attn_scalar " + std::to_string(qpas) +
+                         " differs from the " + std::to_string(llama_cpp_scalar) +
+                         " a gemma3 GGUF implies (llama.cpp has no key for it)");
+  }
+  if (cfg.Has("attn_logit_softcapping") && !cfg.raw().at("attn_logit_softcapping").is_null()) {
+    return Unimplemented(cfg.file() + ": attn_logit_softcapping is set; gemma3 has none");
+  }
+  if (cfg.Has("final_logit_softcapping") && !cfg.raw().at("final_logit_softcapping").is_null()) {
+    ASSIGN_OR_RETURN(const double cap, cfg.Float("final_logit_softcapping"));
+    w->Set(a + ".final_logit_softcapping", GgufValue::F32(static_cast<float>(cap)));
+  }
+  // Layer kinds: layer_types (transformers >= 4.53) or sliding_window_pattern (period).
+  ASSIGN_OR_RETURN(const int64_t window, cfg.InRangeOr("sliding_window", 0, 0, kMaxDim));
+  int64_t period = 6;
+  if (cfg.Has("layer_types")) {
+    const json& lt = cfg.raw().at("layer_types");
+    if (!lt.is_array() || static_cast<int64_t>(lt.size()) != c.n_layer) {
+      return InvalidArgument(cfg.file() + ": \"layer_types\" must list " +
+                             std::to_string(c.n_layer) + " layer kinds");
+    }
+    // The file stores a period: the list must be its pattern (global every period-th layer).
+    int64_t first_global = -1;
+    for (int64_t l = 0; l < c.n_layer && first_global < 0; ++l) {
+      if (lt[l] == "full_attention") first_global = l;
+    }
+    period = first_global < 0 ? c.n_layer + 1 : first_global + 1;
+    for (int64_t l = 0; l < c.n_layer; ++l) {
+      const std::string want = l % period == period - 1 ? "full_attention" : "sliding_attention";
+      if (!lt[l].is_string() || lt[l].get<std::string>() != want) {
+        return Unimplemented(cfg.file() + ": layer_types[" + std::to_string(l) + "] is " +
+                             BriefJson(lt[l]) + "; a gemma3 GGUF holds a period (every " +
+                             std::to_string(period) + "th layer global), which this list breaks");
+      }
+    }
+  } else if (cfg.Has("sliding_window_pattern")) {
+    ASSIGN_OR_RETURN(period, cfg.InRange("sliding_window_pattern", 1, kMaxDim));
+  }
+  if (window > 0 && period != 1) {
+    w->Set(a + ".attention.sliding_window", GgufValue::U32(U32(window)));
+    if (period != 6) w->Set(a + ".attention.sliding_window_pattern", GgufValue::U32(U32(period)));
+    ASSIGN_OR_RETURN(const double local_base, cfg.FloatOr("rope_local_base_freq", 10000.0));
+    if (local_base != 10000.0) {
+      w->Set(a + ".rope.freq_base_swa", GgufValue::F32(static_cast<float>(local_base)));
+    }
+  }
+  if (cfg.Has("rope_scaling") && !cfg.raw().at("rope_scaling").is_null()) {
+    RETURN_IF_ERROR(SetRopeScaling(cfg, c, w, em, head_dim));
+  }
+  ASSIGN_OR_RETURN(const int64_t q_rows,
+                   Dim(cfg.file(), "num_attention_heads x head_dim", {c.n_head, head_dim}));
+  ASSIGN_OR_RETURN(const int64_t kv_rows,
+                   Dim(cfg.file(), "num_key_value_heads x head_dim", {c.n_head_kv, head_dim}));
+  // A norm weight w as Gemma applies it: 1 + w.
+  auto norm = [&](const std::string& hf, const std::string& gg, int64_t n) -> Status {
+    ASSIGN_OR_RETURN(std::vector<float> v, src->Read(hf, {n}));
+    for (float& x : v) x += 1.f;
+    return em->F32(gg, {n}, v);
+  };
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string hf = Hf(l), gg = Blk(l);
+    RETURN_IF_ERROR(norm(hf + "input_layernorm.weight", gg + "attn_norm.weight", c.n_embd));
+    RETURN_IF_ERROR(Copy(src, em, hf + "self_attn.q_proj.weight", gg + "attn_q.weight",
+                         {q_rows, c.n_embd}));
+    RETURN_IF_ERROR(Copy(src, em, hf + "self_attn.k_proj.weight", gg + "attn_k.weight",
+                         {kv_rows, c.n_embd}));
+    RETURN_IF_ERROR(Copy(src, em, hf + "self_attn.v_proj.weight", gg + "attn_v.weight",
+                         {kv_rows, c.n_embd}));
+    RETURN_IF_ERROR(norm(hf + "self_attn.q_norm.weight", gg + "attn_q_norm.weight", head_dim));
+    RETURN_IF_ERROR(norm(hf + "self_attn.k_norm.weight", gg + "attn_k_norm.weight", head_dim));
+    RETURN_IF_ERROR(Copy(src, em, hf + "self_attn.o_proj.weight", gg + "attn_output.weight",
+                         {c.n_embd, q_rows}));
+    RETURN_IF_ERROR(
+        norm(hf + "post_attention_layernorm.weight", gg + "post_attention_norm.weight", c.n_embd));
+    RETURN_IF_ERROR(norm(hf + "pre_feedforward_layernorm.weight", gg + "ffn_norm.weight", c.n_embd));
+    RETURN_IF_ERROR(
+        norm(hf + "post_feedforward_layernorm.weight", gg + "post_ffw_norm.weight", c.n_embd));
     RETURN_IF_ERROR(
         Copy(src, em, hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", {c.n_ff, c.n_embd}));
     RETURN_IF_ERROR(
@@ -1312,10 +1418,13 @@ StatusOr<GgufWriter> ConvertHfDirectory(const std::string& dir, const HfConvertO
   } else if (hf_arch == "KimiLinearForCausalLM") {
     c.arch = Arch::kKimiLinear;
     c.arch_name = "kimi-linear";
+  } else if (hf_arch == "Gemma3ForCausalLM") {
+    c.arch = Arch::kGemma3;
+    c.arch_name = "gemma3";
   } else {
     return Unimplemented(cfg_path + ": architecture '" + hf_arch + "' is not supported " +
                          "(LlamaForCausalLM, Qwen2ForCausalLM, DeepseekV2ForCausalLM, "
-                         "KimiLinearForCausalLM)");
+                         "KimiLinearForCausalLM, Gemma3ForCausalLM)");
   }
   ASSIGN_OR_RETURN(c.n_layer, cfg.Positive("num_hidden_layers"));
   ASSIGN_OR_RETURN(c.n_embd, cfg.Positive("hidden_size"));
@@ -1329,8 +1438,10 @@ StatusOr<GgufWriter> ConvertHfDirectory(const std::string& dir, const HfConvertO
     ASSIGN_OR_RETURN(c.n_ctx, cfg.Positive("max_position_embeddings"));
   }
   ASSIGN_OR_RETURN(double eps, cfg.Float("rms_norm_eps"));
-  ASSIGN_OR_RETURN(double theta, cfg.FloatOr("rope_theta", 10000.0));
-  ASSIGN_OR_RETURN(c.tied, cfg.BoolOr("tie_word_embeddings", false));
+  ASSIGN_OR_RETURN(double theta,
+                   cfg.FloatOr("rope_theta", c.arch == Arch::kGemma3 ? 1000000.0 : 10000.0));
+  // Gemma ties its output to the embeddings unless the config says otherwise.
+  ASSIGN_OR_RETURN(c.tied, cfg.BoolOr("tie_word_embeddings", c.arch == Arch::kGemma3));
   if (c.n_head_kv <= 0 || c.n_head % c.n_head_kv != 0) {
     return InvalidArgument(cfg_path + ": num_key_value_heads " + std::to_string(c.n_head_kv) +
                            " must be > 0 and divide num_attention_heads " +
@@ -1365,10 +1476,18 @@ StatusOr<GgufWriter> ConvertHfDirectory(const std::string& dir, const HfConvertO
     RETURN_IF_ERROR(ConvertDeepseek2(cfg, c, &src, &em, &w));
   } else if (c.arch == Arch::kKimiLinear) {
     RETURN_IF_ERROR(ConvertKimiLinear(cfg, c, &src, &em, &w));
+  } else if (c.arch == Arch::kGemma3) {
+    RETURN_IF_ERROR(ConvertGemma3(cfg, c, &src, &em, &w));
   } else {
     RETURN_IF_ERROR(ConvertLlamaLike(cfg, c, &src, &em, &w));
   }
-  RETURN_IF_ERROR(Copy(&src, &em, "model.norm.weight", "output_norm.weight", {c.n_embd}));
+  if (c.arch == Arch::kGemma3) {  // 1 + w, as every Gemma norm
+    ASSIGN_OR_RETURN(std::vector<float> v, src.Read("model.norm.weight", {c.n_embd}));
+    for (float& x : v) x += 1.f;
+    RETURN_IF_ERROR(em.F32("output_norm.weight", {c.n_embd}, v));
+  } else {
+    RETURN_IF_ERROR(Copy(&src, &em, "model.norm.weight", "output_norm.weight", {c.n_embd}));
+  }
   if (!c.tied) {
     RETURN_IF_ERROR(Copy(&src, &em, "lm_head.weight", "output.weight", {c.n_vocab, c.n_embd}));
   } else if (src.Has("lm_head.weight")) {

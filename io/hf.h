@@ -1,6 +1,6 @@
 // Hugging Face checkpoints: safetensors reader (mmap) and config.json, and their conversion to the
 // GGUF layout the engine loads (llama.cpp tensor and key names), for LlamaForCausalLM,
-// Qwen2ForCausalLM and DeepseekV2ForCausalLM.
+// Qwen2ForCausalLM, DeepseekV2ForCausalLM, KimiLinearForCausalLM and Gemma3ForCausalLM (text).
 #pragma once
 
 #include <cstdint>

@@ -394,6 +394,91 @@ int64_t PermutedSourceRow(int64_t r, int64_t head_dim) {
   return h * head_dim + (w % 2) * (head_dim / 2) + w / 2;
 }
 
+// Gemma3ForCausalLM as llama.cpp's converter writes it: norms + 1, no q/k permutation, the
+// sliding window with the keys llama.cpp reads only where the config departs from its defaults,
+// tied output; configs a gemma3 GGUF cannot express are refused by name.
+TEST(HfConvertTest, Gemma3NormsPlusOneWindowAndKeys) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  LlamaDims m;
+  m.n_layer = 4;
+  m.n_kv = 1;
+  Checkpoint ck(&rng, DType::kF32);
+  ck.Add("model.embed_tokens.weight", {m.vocab, m.d});
+  ck.Add("model.norm.weight", {m.d});
+  for (int64_t l = 0; l < m.n_layer; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    for (const char* n : {"input_layernorm", "post_attention_layernorm",
+                          "pre_feedforward_layernorm", "post_feedforward_layernorm"}) {
+      ck.Add(p + n + ".weight", {m.d});
+    }
+    ck.Add(p + "self_attn.q_norm.weight", {m.head_dim});
+    ck.Add(p + "self_attn.k_norm.weight", {m.head_dim});
+    ck.Add(p + "self_attn.q_proj.weight", {m.n_head * m.head_dim, m.d});
+    ck.Add(p + "self_attn.k_proj.weight", {m.n_kv * m.head_dim, m.d});
+    ck.Add(p + "self_attn.v_proj.weight", {m.n_kv * m.head_dim, m.d});
+    ck.Add(p + "self_attn.o_proj.weight", {m.d, m.n_head * m.head_dim});
+    ck.Add(p + "mlp.gate_proj.weight", {m.ff, m.d});
+    ck.Add(p + "mlp.up_proj.weight", {m.ff, m.d});
+    ck.Add(p + "mlp.down_proj.weight", {m.d, m.ff});
+  }
+  json cfg = LlamaConfig(m, "Gemma3ForCausalLM");
+  cfg.erase("tie_word_embeddings");  // Gemma's default: tied
+  cfg["head_dim"] = m.head_dim;
+  cfg["query_pre_attn_scalar"] = m.head_dim;
+  cfg["sliding_window"] = 32;
+  cfg["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention",
+                        "full_attention"};
+  cfg["rope_local_base_freq"] = 20000.0;
+  cfg["final_logit_softcapping"] = nullptr;
+  {
+    TempDir tmp;
+    ck.Write(tmp.dir(), cfg);
+    auto w = ConvertHfDirectory(tmp.dir(), {DType::kF32});
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    auto g = ToGguf(*w);
+    ASSERT_NE(g, nullptr);
+    EXPECT_EQ(KeyString(*g, "general.architecture"), "gemma3");
+    EXPECT_EQ(KeyInt(*g, "gemma3.attention.key_length"), m.head_dim);
+    EXPECT_EQ(KeyInt(*g, "gemma3.attention.sliding_window"), 32);
+    EXPECT_EQ(KeyInt(*g, "gemma3.attention.sliding_window_pattern"), 2);  // not llama.cpp's 6
+    EXPECT_FLOAT_EQ(KeyFloat(*g, "gemma3.rope.freq_base_swa"), 20000.f);
+    EXPECT_FLOAT_EQ(KeyFloat(*g, "gemma3.rope.freq_base"), 500000.f);
+    EXPECT_FALSE(g->Has("gemma3.final_logit_softcapping"));
+    EXPECT_EQ(g->FindTensor("output.weight"), nullptr);  // tied
+    const std::vector<float> hf = ck.Get("model.layers.1.pre_feedforward_layernorm.weight").values;
+    const std::vector<float> gg = GgufValues(*g, "blk.1.ffn_norm.weight");
+    ASSERT_EQ(gg.size(), hf.size());
+    for (size_t i = 0; i < hf.size(); ++i) EXPECT_EQ(gg[i], hf[i] + 1.f) << i;
+    const std::vector<float> qn = GgufValues(*g, "blk.0.attn_q_norm.weight");
+    EXPECT_EQ(qn[3], ck.Get("model.layers.0.self_attn.q_norm.weight").values[3] + 1.f);
+    // q rows as they are (NEOX RoPE: no permutation).
+    EXPECT_EQ(GgufValues(*g, "blk.0.attn_q.weight"),
+              ck.Get("model.layers.0.self_attn.q_proj.weight").values);
+  }
+  {  // A layer list that is no period cannot be a gemma3 GGUF.
+    TempDir tmp;
+    json bad = cfg;
+    bad["layer_types"] = {"sliding_attention", "full_attention", "full_attention",
+                          "sliding_attention"};
+    ck.Write(tmp.dir(), bad);
+    auto w = ConvertHfDirectory(tmp.dir(), {DType::kF32});
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.status().message().find("layer_types[2]"), std::string::npos)
+        << w.status().message();
+  }
+  {  // Another query_pre_attn_scalar has no key in the file.
+    TempDir tmp;
+    json bad = cfg;
+    bad["query_pre_attn_scalar"] = 7;
+    ck.Write(tmp.dir(), bad);
+    auto w = ConvertHfDirectory(tmp.dir(), {DType::kF32});
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.status().message().find("query_pre_attn_scalar"), std::string::npos);
+  }
+}
+
 TEST(HfConvertTest, LlamaKeysPermutationAndLlama3Rope) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));

@@ -94,6 +94,8 @@ class Tokenizer {
   TokenType token_type(int32_t id) const;           // kUndefined for out-of-range ids
   // The id of an exact token text, or -1.
   int32_t TokenId(const std::string& text) const;
+  // Whether Gemma's turn markers <start_of_turn> / <end_of_turn> are single tokens.
+  bool HasGemmaTurns() const { return TokenId("<start_of_turn>") >= 0 && TokenId("<end_of_turn>") >= 0; }
 
   // Text -> ids. Prepends BOS when add_bos is true and `with_bos` is set. User-defined tokens
   // in the text are always matched verbatim (as llama.cpp does); control tokens such as

@@ -1,4 +1,4 @@
-// Elementwise and small vector kernels (RmsNorm, Rope, Softmax, SwiGlu, Axpy, Dot).
+// Elementwise and small vector kernels (RmsNorm, Rope, Softmax, SwiGlu, GeluTanhGlu, Axpy, Dot).
 //
 // Version log:
 //   v1  Scalar RmsNorm/Rope/Softmax/SwiGlu (not on the bandwidth path: O(d) per token against
@@ -138,6 +138,14 @@ void SwiGlu(float* x, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = x[i];
     x[i] = g / (1.f + std::exp(-g)) * y[i];
+  }
+}
+
+void GeluTanhGlu(float* x, const float* y, int64_t n) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = x[i];
+    x[i] = 0.5f * g * (1.f + std::tanh(kSqrt2OverPi * g * (1.f + 0.044715f * g * g))) * y[i];
   }
 }
 

@@ -31,6 +31,9 @@ void RopeApply(float* x, int dim, RopeStyle style, const float* cs);
 void Softmax(float* x, int64_t n);
 // x = silu(x) * y  (SwiGLU gate), elementwise.
 void SwiGlu(float* x, const float* y, int64_t n);
+// x[i] = gelu_tanh(x[i]) * y[i], gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))
+// (Gemma's GELU-gated FFN; llama.cpp's ggml_geglu with the tanh approximation).
+void GeluTanhGlu(float* x, const float* y, int64_t n);
 // y += a * x
 void Axpy(float a, const float* x, float* y, int64_t n);
 // f32 dot products. Two summation orders, kept apart on purpose because they round differently:

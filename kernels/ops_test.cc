@@ -209,5 +209,24 @@ TEST(OpsTest, SwiGluMatchesFloat64) {
   }
 }
 
+TEST(OpsTest, GeluTanhGluMatchesFloat64) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  const int64_t n = 1000;
+  std::vector<float> x = RandomVec(rng, n), y = RandomVec(rng, n);
+  for (auto& v : x) v *= 8.f;  // both tails and the bend
+  const std::vector<float> x0 = x;
+  GeluTanhGlu(x.data(), y.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = x0[i];
+    const double inner = std::sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g);
+    const double want = 0.5 * g * (1.0 + std::tanh(inner)) * y[i];
+    // f32 tanh (a few ulp) of an argument rounded in f32, times |g| up to 8: an absolute error
+    // of a few ulp of |g y| near the bend, relative elsewhere.
+    ASSERT_NEAR(x[i], want, 16 * kEps * std::fabs(g * y[i]) + 1e-30) << i << " g " << g;
+  }
+}
+
 }  // namespace
 }  // namespace strata

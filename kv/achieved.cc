@@ -64,7 +64,8 @@ bool CacheBlockLevels(const KvCache& cache, std::vector<int>* levels,
   bool any = false;
   for (int l = 0; l < cache.n_layers(); ++l) {
     std::vector<int> lv;
-    if (cache.policy().BlockLevels(l, &lv, &(*blocks)[l])) {
+    if (cache.is_local(l)) continue;  // a sliding-window layer: no policy blocks
+    if (cache.policy().BlockLevels(cache.policy_layer(l), &lv, &(*blocks)[l])) {
       if (!any) *levels = lv;
       any = true;
     }
@@ -112,8 +113,12 @@ ResidentParts ResidentByLayerKind(const KvCache& cache) {
   ResidentParts by;
   for (int l = 0; l < cache.n_layers(); ++l) {
     ResidentParts one;
-    one.parts.push_back({cache.geometry(l).kind == AttnKind::kMla ? "mla" : "gqa",
-                         cache.policy().ResidentBytes(l, cache.store(l))});
+    if (cache.is_local(l)) {
+      one.parts.push_back({"gqa sliding-window", cache.store(l).resident_bytes()});
+    } else {
+      one.parts.push_back({cache.geometry(l).kind == AttnKind::kMla ? "mla" : "gqa",
+                           cache.policy().ResidentBytes(cache.policy_layer(l), cache.store(l))});
+    }
     by.Add(one);
   }
   if (cache.recurrent().n_layers > 0) {

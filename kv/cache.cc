@@ -1,6 +1,7 @@
 #include "kv/cache.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "core/check.h"
@@ -31,6 +32,21 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::Create(std::vector<LayerGeometry> la
       return InvalidArgument("layer " + std::to_string(l) + ": bad cache geometry " + g.ToString());
     }
   }
+  std::vector<LayerGeometry> global;
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const LayerGeometry& g = layers[l];
+    if (g.window < 0 || (g.window > 0 && g.kind != AttnKind::kGqa)) {
+      return InvalidArgument("layer " + std::to_string(l) + ": a sliding window of " +
+                             std::to_string(g.window) + " rows (GQA layers only, > 0)");
+    }
+    if (g.window == 0) global.push_back(g);
+  }
+  if (global.empty() && policy->name() != "full") {
+    return InvalidArgument("policy '" + policy->name() + "' governs a model's global layers, and "
+                           "every layer of this model is a sliding-window layer (" +
+                           std::to_string(layers.size()) + " layers, window " +
+                           std::to_string(layers[0].window) + "); use --policy full");
+  }
   for (const LayerGeometry& g : layers) {
     if (g.kv_type != DType::kBF16 && g.kv_type != DType::kF16 && g.kv_type != DType::kF32) {
       return InvalidArgument("KV cache type " + KvTypeName(g.kv_type) +
@@ -43,7 +59,7 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::Create(std::vector<LayerGeometry> la
                              "; use --kv-type bf16, or the full policy for f32/f16 rows");
     }
   }
-  RETURN_IF_ERROR(policy->Bind(layers).WithContext("policy '" + policy->name() + "'"));
+  RETURN_IF_ERROR(policy->Bind(global).WithContext("policy '" + policy->name() + "'"));
   return std::unique_ptr<KvCache>(
       new KvCache(std::move(layers), std::move(policy), recurrent));
 }
@@ -55,9 +71,11 @@ KvCache::KvCache(std::vector<LayerGeometry> layers, std::unique_ptr<Policy> poli
       recurrent_buf_(static_cast<size_t>(recurrent.n_layers) *
                          static_cast<size_t>(recurrent.state_floats + recurrent.conv_floats),
                      0.f) {
-  int max_heads = 0, max_dv = 0;
+  int max_heads = 0, max_dv = 0, n_global = 0;
   for (const auto& g : layers) {
     stores_.emplace_back(g);
+    policy_layer_.push_back(g.window > 0 ? -1 : n_global++);
+    window_floor_.push_back(0);
     max_heads = std::max(max_heads, g.n_q_heads);
     max_dv = std::max(max_dv, g.v_dim);
   }
@@ -104,8 +122,12 @@ Status KvCache::BeginCall(int64_t n_new, CallKind kind, ThreadPool* pool) {
   counters_.last_step = ReadStats();
   counters_.calls++;
   for (int l = 0; l < n_layers(); ++l) {
+    if (is_local(l)) {
+      if (n_new == 0) sealed_[l] = 1;
+      continue;
+    }
     CachePlan plan;
-    Status s = policy_->BeginCall(l, stores_[l], call_, &plan);
+    Status s = policy_->BeginCall(policy_layer(l), stores_[l], call_, &plan);
     if (!s.ok()) return Fail(s, l, "call start");
     // Before the call's rows exist: a released page lies wholly below its first row.
     RETURN_IF_ERROR(Apply(l, plan, call_.first, "call start"));
@@ -122,7 +144,11 @@ Status KvCache::Append(int layer, const float* k, const float* v) {
                    layer, static_cast<long long>(call_.n_rows()));
   stores_[layer].Append(k, v);
   appended_[layer]++;
-  Status s = policy_->OnAppend(layer, stores_[layer]);
+  if (is_local(layer)) {
+    if (appended_[layer] == call_.n_rows()) sealed_[layer] = 1;
+    return OkStatus();
+  }
+  Status s = policy_->OnAppend(policy_layer(layer), stores_[layer]);
   if (!s.ok()) return Fail(s, layer, "append");
   // The call's last row of this layer: the causal point before its first query.
   if (appended_[layer] == call_.n_rows()) return Seal(layer);
@@ -132,7 +158,7 @@ Status KvCache::Append(int layer, const float* k, const float* v) {
 Status KvCache::Seal(int layer) {
   sealed_[layer] = 1;
   CachePlan plan;
-  Status s = policy_->OnAppended(layer, stores_[layer], call_, &plan, call_pool_);
+  Status s = policy_->OnAppended(policy_layer(layer), stores_[layer], call_, &plan, call_pool_);
   if (!s.ok()) return Fail(s, layer, "block close");
   // The call's queries are still to come: nothing of the call may be released.
   return Apply(layer, plan, call_.first, "block close");
@@ -157,9 +183,15 @@ Status KvCache::Attend(int layer, const float* q, int64_t pos, ThreadPool* pool,
   st.dv = g.v_dim;
   st.Reset();
   ReadStats stats;
-  Status s = policy_->Read(layer, store, q, pos + 1, pool, &st, &stats);
-  if (!s.ok()) {
-    return Fail(s.WithContext("query at position " + std::to_string(pos)), layer, "read");
+  int64_t visible = pos + 1;
+  if (is_local(layer)) {
+    ReadWindow(layer, q, pos, pool, &st, &stats);
+    visible = std::min<int64_t>(pos + 1, g.window);
+  } else {
+    Status s = policy_->Read(policy_layer(layer), store, q, pos + 1, pool, &st, &stats);
+    if (!s.ok()) {
+      return Fail(s.WithContext("query at position " + std::to_string(pos)), layer, "read");
+    }
   }
   FinalizeStates(st, out);
   counters_.reads++;
@@ -167,8 +199,8 @@ Status KvCache::Attend(int layer, const float* q, int64_t pos, ThreadPool* pool,
   counters_.rows_attended_total += stats.rows_attended;
   counters_.rows_fetched_total += stats.rows_fetched;
   counters_.fallbacks_total += stats.fallbacks;
-  counters_.rows_visible_total += (pos + 1) * g.n_kv_heads;
-  counters_.full_bytes_read_total += (pos + 1) * g.bytes_per_token();
+  counters_.rows_visible_total += visible * g.n_kv_heads;
+  counters_.full_bytes_read_total += visible * g.bytes_per_token();
   counters_.last_step.bytes_read += stats.bytes_read;
   counters_.last_step.rows_attended += stats.rows_attended;
   counters_.last_step.rows_fetched += stats.rows_fetched;
@@ -186,7 +218,53 @@ bool KvCache::ClaimStagedReads(int layer, int64_t first_pos, int m, StagedPrefix
 
 void KvCache::StagePrefixRows(int layer, int h, int64_t s0, int64_t sn, float* keys,
                               float* values) const {
-  policy_->StagePrefixRows(layer, h, s0, sn, keys, values);
+  STRATA_CHECK_MSG(!is_local(layer), "layer %d: staged rows of a sliding-window layer", layer);
+  policy_->StagePrefixRows(policy_layer(layer), h, s0, sn, keys, values);
+}
+
+void KvCache::ReadWindow(int layer, const float* q, int64_t pos, ThreadPool* pool,
+                         SoftmaxStates* st, ReadStats* stats) const {
+  const LayerStore& store = stores_[layer];
+  const LayerGeometry& g = store.geometry();
+  const int G = g.group_size();
+  const int64_t P = LayerStore::kPageRows;
+  const int64_t lo = std::max<int64_t>(0, pos - g.window + 1), n = pos + 1 - lo;
+  const int64_t p0 = lo / P, n_pages = pos / P - p0 + 1;
+  std::vector<int64_t> rows(n);
+  for (int64_t i = 0; i < n; ++i) rows[i] = lo - p0 * P + i;
+  std::vector<const uint16_t*> kp(n_pages), vp(n_pages);
+  for (int h = 0; h < g.n_kv_heads; ++h) {
+    KvStreamView v = store.PageView(h, p0);
+    for (int64_t j = 0; j < n_pages; ++j) {
+      const KvStreamView pv = store.PageView(h, p0 + j);
+      kp[j] = pv.keys;
+      vp[j] = pv.vals;
+    }
+    v.keys = v.vals = nullptr;
+    v.key_pages = kp.data();
+    v.val_pages = vp.data();
+    v.page_shift = std::countr_zero(static_cast<uint64_t>(P));
+    v.math = g.attn_math;
+    SoftmaxStates sub = HeadSlice(*st, h * G, G);
+    AttendStream(q + static_cast<int64_t>(h) * G * g.k_dim, G, g.scale, v, rows.data(), n, &sub);
+  }
+  (void)pool;  // a window of <= a few hundred rows per KV head: one thread
+  stats->rows_attended += n * g.n_kv_heads;
+  stats->bytes_read += n * g.bytes_per_token();
+}
+
+void KvCache::SlideWindow(int layer) {
+  LayerStore& store = stores_[layer];
+  const LayerGeometry& g = store.geometry();
+  // The next query (at n_rows or later) reads rows >= n_rows - window + 1.
+  const int64_t keep_from = store.n_rows() - g.window + 1;
+  const int64_t P = LayerStore::kPageRows;
+  int64_t& p = window_floor_[layer];
+  for (; (p + 1) * P <= keep_from; ++p) {
+    for (int h = 0; h < g.n_kv_heads; ++h) {
+      if (store.page_resident(h, p)) store.ReleasePage(h, p);
+    }
+  }
 }
 
 bool KvCache::ClaimReads(int layer, int64_t first_pos, int m, StagedPrefixPlan* plan) {
@@ -197,10 +275,12 @@ bool KvCache::ClaimReads(int layer, int64_t first_pos, int m, StagedPrefixPlan* 
                    "queries at [%lld, %lld) but %lld rows", static_cast<long long>(first_pos),
                    static_cast<long long>(first_pos + m), static_cast<long long>(store.n_rows()));
   CheckSealed(layer, "query");
+  if (is_local(layer)) return false;  // read per query through the window (Attend)
   ReadStats stats;
   const bool claimed =
-      plan == nullptr ? policy_->ClaimDenseReads(layer, store, first_pos + 1, m, &stats)
-                      : policy_->ClaimStagedReads(layer, store, first_pos + 1, m, &stats, plan);
+      plan == nullptr
+          ? policy_->ClaimDenseReads(policy_layer(layer), store, first_pos + 1, m, &stats)
+          : policy_->ClaimStagedReads(policy_layer(layer), store, first_pos + 1, m, &stats, plan);
   if (!claimed) return false;
   const LayerGeometry& g = store.geometry();
   const int64_t rows = int64_t{m} * (first_pos + 1) + int64_t{m} * (m - 1) / 2;  // sum of limits
@@ -228,8 +308,12 @@ Status KvCache::EndCall() {
   in_call_ = false;
   for (int l = 0; l < n_layers(); ++l) {
     CheckSealed(l, "call end");
+    if (is_local(l)) {
+      SlideWindow(l);
+      continue;
+    }
     CachePlan plan;
-    Status s = policy_->EndCall(l, stores_[l], call_, &plan);
+    Status s = policy_->EndCall(policy_layer(l), stores_[l], call_, &plan);
     if (!s.ok()) return Fail(s, l, "call end");
     // Every query of the call has read: any closed page may go.
     RETURN_IF_ERROR(Apply(l, plan, stores_[l].n_rows(), "call end"));
@@ -309,7 +393,7 @@ Status KvCache::ObserveQuery(int layer, int64_t pos, const float* q, ThreadPool*
   RETURN_IF_ERROR(status_);
   STRATA_CHECK_MSG(in_call_, "ObserveQuery outside a call");
   CheckSealed(layer, "observed query");
-  if (!observes(pos)) return OkStatus();
+  if (!observes(pos) || is_local(layer)) return OkStatus();
   // Delivered at once: every row the query may see ([0, pos]) is already appended, so nothing is
   // recorded and memory stays one [n_q_heads, pos + 1] weight buffer whatever the prompt length.
   const LayerStore& store = stores_[layer];
@@ -320,7 +404,7 @@ Status KvCache::ObserveQuery(int layer, int64_t pos, const float* q, ThreadPool*
     ObservationWeights(store, q, pos + 1, pool, obs_w_.data());
     obs.weights = obs_w_.data();
   }
-  Status s = policy_->OnPrefillStats(layer, store, obs);
+  Status s = policy_->OnPrefillStats(policy_layer(layer), store, obs);
   if (!s.ok()) return Fail(s, layer, "prefill statistics");
   return OkStatus();
 }
@@ -340,8 +424,9 @@ Status KvCache::ObserveColumnSums(int layer, int64_t first_query, int64_t end_qu
                        first_query >= call_.first && end_query <= call_.end,
                    "ObserveColumnSums: queries [%lld, %lld) outside the observed window of the call",
                    static_cast<long long>(first_query), static_cast<long long>(end_query));
+  if (is_local(layer)) return OkStatus();
   const PrefillColumnSums cs{first_query, end_query, end_query, sums};
-  Status s = policy_->OnPrefillColumnSums(layer, stores_[layer], cs);
+  Status s = policy_->OnPrefillColumnSums(policy_layer(layer), stores_[layer], cs);
   if (!s.ok()) return Fail(s, layer, "prefill statistics");
   return OkStatus();
 }
@@ -352,23 +437,47 @@ Status KvCache::Compress(ThreadPool* pool) {
   RETURN_IF_ERROR(status_);
   STRATA_CHECK_MSG(!in_call_, "Compress inside a call");
   for (int l = 0; l < n_layers(); ++l) {
+    if (is_local(l)) continue;
     CachePlan plan;
-    Status s = policy_->OnCompress(l, stores_[l], &plan, pool);
+    Status s = policy_->OnCompress(policy_layer(l), stores_[l], &plan, pool);
     if (!s.ok()) return Fail(s, l, "compression point");
     RETURN_IF_ERROR(Apply(l, plan, stores_[l].n_rows(), "compression point"));
   }
   return OkStatus();
 }
 
+int KvCache::n_local_layers() const {
+  int n = 0;
+  for (int l = 0; l < n_layers(); ++l) n += is_local(l);
+  return n;
+}
+
+int64_t KvCache::LocalResidentBytes() const {
+  int64_t b = 0;
+  for (int l = 0; l < n_layers(); ++l) {
+    if (is_local(l)) b += stores_[l].resident_bytes();
+  }
+  return b;
+}
+
 int64_t KvCache::ResidentBytes() const {
   int64_t b = 0;
-  for (int l = 0; l < n_layers(); ++l) b += policy_->ResidentBytes(l, stores_[l]);
-  return b + RecurrentBytes();
+  for (int l = 0; l < n_layers(); ++l) {
+    if (!is_local(l)) b += policy_->ResidentBytes(policy_layer(l), stores_[l]);
+  }
+  return b + LocalResidentBytes() + RecurrentBytes();
 }
 
 ResidentParts KvCache::ResidentBreakdown() const {
   ResidentParts sum;
-  for (int l = 0; l < n_layers(); ++l) sum.Add(policy_->ResidentBreakdown(l, stores_[l]));
+  for (int l = 0; l < n_layers(); ++l) {
+    if (!is_local(l)) sum.Add(policy_->ResidentBreakdown(policy_layer(l), stores_[l]));
+  }
+  if (n_local_layers() > 0) {
+    ResidentParts local;
+    local.parts.push_back({"sliding-window layers", LocalResidentBytes()});
+    sum.Add(local);
+  }
   if (recurrent_.n_layers > 0) {
     ResidentParts rec;
     rec.parts.push_back({"recurrent state", RecurrentBytes()});
@@ -380,26 +489,41 @@ ResidentParts KvCache::ResidentBreakdown() const {
 int64_t KvCache::PeakResidentBytes(int64_t n_rows) const {
   int64_t b = 0;
   for (int l = 0; l < n_layers(); ++l) {
-    b += policy_->PeakResidentBytes(l, stores_[l].geometry(), n_rows);
+    const LayerGeometry& g = stores_[l].geometry();
+    if (!is_local(l)) {
+      b += policy_->PeakResidentBytes(policy_layer(l), g, n_rows);
+      continue;
+    }
+    // The window, the partial page below it, and the rows of a call (up to one prefill chunk:
+    // counted as one more window) before the call's end slides it.
+    const int64_t P = LayerStore::kPageRows;
+    const int64_t rows = std::min(n_rows, (g.window + 2 * P - 1) / P * P + g.window);
+    b += rows * g.bytes_per_token();
   }
   return b + RecurrentBytes();
 }
 
 int64_t KvCache::FullBytesPerToken() const {
   int64_t b = 0;
-  for (const auto& s : stores_) b += s.geometry().bytes_per_token();
+  for (const auto& s : stores_) {
+    if (s.geometry().window == 0) b += s.geometry().bytes_per_token();
+  }
   return b;
 }
 
 int64_t KvCache::FullResidentBytes() const {
   int64_t b = 0;
-  for (const auto& s : stores_) b += s.full_resident_bytes();
-  return b + RecurrentBytes();
+  for (const auto& s : stores_) {
+    if (s.geometry().window == 0) b += s.full_resident_bytes();
+  }
+  return b + LocalResidentBytes() + RecurrentBytes();
 }
 
 PolicySummary KvCache::Summary() const {
   PolicySummary sum = PolicySummary::Identity();
-  for (int l = 0; l < n_layers(); ++l) sum.Add(policy_->Summary(l, stores_[l]));
+  for (int l = 0; l < n_layers(); ++l) {
+    if (!is_local(l)) sum.Add(policy_->Summary(policy_layer(l), stores_[l]));
+  }
   return sum;
 }
 

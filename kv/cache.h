@@ -44,10 +44,17 @@ struct RecurrentGeometry {
   bool operator==(const RecurrentGeometry&) const = default;
 };
 
+// Sliding-window (local) layers (LayerGeometry::window > 0, e.g. gemma3's): the cache holds each
+// such layer's last `window` rows itself (pages wholly older than the next query's window are
+// released at the end of each call, so its memory does not grow with the context), reads them
+// exactly, and never shows them to the policy: the policy is bound to the global layers alone,
+// in model order, and its layer indices count global layers only (policy_layer()). Accounting
+// counts both: resident and read bytes include the local layers' rows (as the full cache's do).
 class KvCache {
  public:
-  // Binds the policy to the layers; errors from Bind are returned as they are. `recurrent`: the
-  // model's recurrent layers (none by default), allocated zeroed.
+  // Binds the policy to the global layers; errors from Bind are returned as they are. A model
+  // whose every layer is local is refused for any policy but full. `recurrent`: the model's
+  // recurrent layers (none by default), allocated zeroed.
   static StatusOr<std::unique_ptr<KvCache>> Create(std::vector<LayerGeometry> layers,
                                                    std::unique_ptr<Policy> policy,
                                                    RecurrentGeometry recurrent = {});
@@ -57,6 +64,11 @@ class KvCache {
   int n_layers() const { return static_cast<int>(stores_.size()); }
   const LayerGeometry& geometry(int layer) const { return stores_[layer].geometry(); }
   const LayerStore& store(int layer) const { return stores_[layer]; }
+  // The policy's index of model layer `layer` (global layers counted in order), or -1 for a
+  // sliding-window layer, which the policy never sees.
+  int policy_layer(int layer) const { return policy_layer_[layer]; }
+  bool is_local(int layer) const { return policy_layer_[layer] < 0; }
+  int n_local_layers() const;
   Policy& policy() { return *policy_; }
   const Policy& policy() const { return *policy_; }
   // Rows appended to layer 0 (every layer holds the same tokens).
@@ -142,12 +154,15 @@ class KvCache {
   // The policy's bound of ResidentBytes while the cache holds at most n_rows rows
   // (Policy::PeakResidentBytes summed over the layers), plus the recurrent state.
   int64_t PeakResidentBytes(int64_t n_rows) const;
-  // Bytes per token of the full (uncompressed) cache, summed over layers.
+  // Bytes per token of the full (uncompressed) cache, summed over the global layers (a local
+  // layer's bytes do not grow with the context: see LocalResidentBytes).
   int64_t FullBytesPerToken() const;
   // Resident bytes the full cache would hold for the same rows (LayerStore::full_resident_bytes),
   // plus the recurrent state (which every policy holds alike).
   int64_t FullResidentBytes() const;
-  // The policy's summaries of every layer, summed (PolicySummary::Add).
+  // Bytes the sliding-window layers hold now (every policy holds them alike).
+  int64_t LocalResidentBytes() const;
+  // The policy's summaries of every global layer, summed (PolicySummary::Add).
   PolicySummary Summary() const;
 
  private:
@@ -165,10 +180,17 @@ class KvCache {
   void CheckSealed(int layer, const char* what) const;
   // ClaimDenseReads (plan null) and ClaimStagedReads.
   bool ClaimReads(int layer, int64_t first_pos, int m, StagedPrefixPlan* plan);
+  // A local layer's exact read of rows [pos - window + 1, pos] into st.
+  void ReadWindow(int layer, const float* q, int64_t pos, ThreadPool* pool, SoftmaxStates* st,
+                  ReadStats* stats) const;
+  // Releases a local layer's pages that no query at position >= n_rows() reads.
+  void SlideWindow(int layer);
   // Records the first error (with the layer and event as context) and returns it.
   Status Fail(const Status& s, int layer, const char* event);
 
   std::vector<LayerStore> stores_;
+  std::vector<int> policy_layer_;       // [n_layers] the policy's layer index, -1 when local
+  std::vector<int64_t> window_floor_;   // [n_layers] local layers: pages below this are released
   std::unique_ptr<Policy> policy_;
   RecurrentGeometry recurrent_;
   std::vector<float> recurrent_buf_;  // [n_layers, state_floats + conv_floats] f32

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/dtype.h"
@@ -36,15 +37,16 @@ LayerGeometry Gqa() {
   return g;
 }
 
-// float64 reference of exact attention over rows [0, limit) for every head.
-std::vector<double> Reference(const LayerStore& s, const std::vector<float>& q, int64_t limit) {
+// float64 reference of exact attention over rows [first, limit) for every head.
+std::vector<double> Reference(const LayerStore& s, const std::vector<float>& q, int64_t limit,
+                              int64_t first = 0) {
   const LayerGeometry& g = s.geometry();
   std::vector<double> out(static_cast<size_t>(g.n_q_heads) * g.v_dim, 0.0);
   for (int h = 0; h < g.n_q_heads; ++h) {
     const int kh = h / g.group_size();
-    std::vector<double> sc(limit);
+    std::vector<double> sc(limit, -1e300);
     double mx = -1e300;
-    for (int64_t u = 0; u < limit; ++u) {
+    for (int64_t u = first; u < limit; ++u) {
       double a = 0;
       const uint16_t* k = s.key_row(kh, u);
       for (int c = 0; c < g.k_dim; ++c) a += static_cast<double>(q[h * g.k_dim + c]) * Bf16ToF32(k[c]);
@@ -52,8 +54,8 @@ std::vector<double> Reference(const LayerStore& s, const std::vector<float>& q, 
       mx = std::max(mx, sc[u]);
     }
     double z = 0;
-    for (int64_t u = 0; u < limit; ++u) z += std::exp(sc[u] - mx);
-    for (int64_t u = 0; u < limit; ++u) {
+    for (int64_t u = first; u < limit; ++u) z += std::exp(sc[u] - mx);
+    for (int64_t u = first; u < limit; ++u) {
       const double w = std::exp(sc[u] - mx) / z;
       const uint16_t* v = s.val_row(kh, u);
       for (int c = 0; c < g.v_dim; ++c) out[h * g.v_dim + c] += w * Bf16ToF32(v[c]);
@@ -410,6 +412,102 @@ TEST(KvCacheTest, CreateErrorsNameTheProblem) {
   EXPECT_NE(b.status().message().find("layer 0"), std::string::npos);
   auto c = KvCache::Create({}, std::make_unique<FullPolicy>());
   EXPECT_FALSE(c.ok());
+}
+
+LayerGeometry Windowed(int window) {
+  LayerGeometry g = Gqa();
+  g.window = window;
+  return g;
+}
+
+// A sliding-window layer reads exactly its last `window` rows (a float64 reference over them),
+// holds no more than the window, a partial page and the running call's rows, and a global layer
+// beside it keeps every row.
+TEST(KvCacheTest, SlidingWindowLayersReadTheirWindowAndHoldNoMore) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  constexpr int kWindow = 100;
+  auto made = KvCache::Create({Windowed(kWindow), Gqa(), Windowed(kWindow)},
+                              std::make_unique<FullPolicy>());
+  ASSERT_OK(made);
+  KvCache& c = **made;
+  EXPECT_EQ(c.n_local_layers(), 2);
+  EXPECT_EQ(c.policy_layer(1), 0);
+  EXPECT_TRUE(c.is_local(0) && c.is_local(2));
+  ThreadPool pool(2);
+  auto check = [&](int64_t pos) {
+    for (int l = 0; l < 3; ++l) {
+      const LayerGeometry& g = c.geometry(l);
+      std::vector<float> q(g.n_q_heads * g.k_dim), out(g.n_q_heads * g.v_dim);
+      for (auto& x : q) x = static_cast<float>(rng.Normal());
+      const int64_t first = g.window > 0 ? std::max<int64_t>(0, pos - g.window + 1) : 0;
+      const std::vector<double> ref = Reference(c.store(l), q, pos + 1, first);
+      ASSERT_OK(c.Attend(l, q.data(), pos, &pool, out.data()));
+      for (size_t i = 0; i < out.size(); ++i) {
+        // f32 scores and an online softmax over <= 300 bf16 rows against float64
+        ASSERT_NEAR(out[i], ref[i], 2e-5) << "layer " << l << " pos " << pos;
+      }
+    }
+  };
+  Fill(&c, rng, 300);  // one prefill call: its queries read across the window's edge
+  for (int64_t pos : {0, 1, 63, 99, 100, 101, 164, 299}) check(pos);
+  ASSERT_OK(c.EndCall());
+  const int64_t row_bytes = Gqa().bytes_per_token() / Gqa().n_kv_heads;
+  const int64_t page_bytes = LayerStore::kPageRows * row_bytes * Gqa().n_kv_heads;
+  for (int step = 0; step < 200; ++step) {
+    Fill(&c, rng, 1);
+    check(c.n_tokens() - 1);
+    ASSERT_OK(c.EndCall());
+    for (int l : {0, 2}) {
+      // The window plus the partial pages at both ends.
+      EXPECT_LE(c.store(l).resident_bytes(), (kWindow / LayerStore::kPageRows + 2) * page_bytes)
+          << "step " << step;
+    }
+  }
+  EXPECT_EQ(c.store(1).resident_bytes(), c.store(1).full_resident_bytes());  // global: every row
+  EXPECT_LT(c.store(0).resident_bytes(), c.store(0).full_resident_bytes() / 2);
+  EXPECT_EQ(c.LocalResidentBytes(), c.store(0).resident_bytes() + c.store(2).resident_bytes());
+  EXPECT_EQ(c.ResidentBytes(), c.store(1).resident_bytes() + c.LocalResidentBytes());
+  EXPECT_EQ(c.FullBytesPerToken(), Gqa().bytes_per_token());  // the global layer's
+  const ResidentParts parts = c.ResidentBreakdown();
+  bool named = false;
+  for (const auto& part : parts.parts) named |= part.first == "sliding-window layers";
+  EXPECT_TRUE(named);
+}
+
+// The policy is bound to the global layers alone and sees them under its own indices; local
+// layers never reach it. Every layer local: any policy but full is refused, naming it.
+TEST(KvCacheTest, PolicySeesOnlyGlobalLayers) {
+  auto policy = std::make_unique<ScriptedPolicy>();
+  ScriptedPolicy* p = policy.get();
+  auto made = KvCache::Create({Windowed(4), Gqa(), Windowed(4)}, std::move(policy));
+  ASSERT_OK(made);
+  KvCache& c = **made;
+  std::vector<float> q(6 * 16, 0.1f), out(6 * 16);
+  ASSERT_OK(c.BeginCall(3, CallKind::kPrefill));
+  for (int l = 0; l < 3; ++l) {
+    AppendRows(&c, l, 3);
+    for (int64_t pos = 0; pos < 3; ++pos) ASSERT_OK(c.Attend(l, q.data(), pos, nullptr, out.data()));
+    if (c.is_local(l)) EXPECT_FALSE(c.ClaimDenseReads(l, 0, 3));  // read per query
+  }
+  ASSERT_OK(c.EndCall());
+  const std::vector<std::string> want = {"begin 0 [0,3) prefill rows 0",
+                                         "appended 0 [0,3) prefill rows 3", "read 0 1",
+                                         "read 0 2", "read 0 3", "end 0 [0,3) prefill rows 3"};
+  EXPECT_EQ(p->events, want);
+  EXPECT_EQ(p->appends, 3);
+
+  auto all_local = KvCache::Create({Windowed(8), Windowed(8)}, std::make_unique<ScriptedPolicy>());
+  ASSERT_FALSE(all_local.ok());
+  EXPECT_NE(all_local.status().message().find("policy 'scripted'"), std::string::npos)
+      << all_local.status().message();
+  EXPECT_NE(all_local.status().message().find("every layer of this model is a sliding-window"),
+            std::string::npos);
+  EXPECT_OK(KvCache::Create({Windowed(8), Windowed(8)}, std::make_unique<FullPolicy>()));
+  LayerGeometry mla_window = Mla(2);
+  mla_window.window = 8;
+  EXPECT_FALSE(KvCache::Create({mla_window, Gqa()}, std::make_unique<FullPolicy>()).ok());
 }
 
 }  // namespace

@@ -33,7 +33,8 @@ std::string LayerGeometry::ToString() const {
            std::to_string(n_q_heads) + " heads" + kv;
   }
   return "GQA " + std::to_string(n_q_heads) + "q/" + std::to_string(n_kv_heads) + "kv heads, k " +
-         std::to_string(k_dim) + ", v " + std::to_string(v_dim) + kv;
+         std::to_string(k_dim) + ", v " + std::to_string(v_dim) + kv +
+         (window > 0 ? ", sliding window " + std::to_string(window) : "");
 }
 
 }  // namespace strata

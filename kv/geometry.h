@@ -29,6 +29,10 @@ struct LayerGeometry {
   int rope_dim = 0;    // MLA: d_r, the branch = the row's last rope_dim columns; GQA: rotated dims
   bool rope = true;    // false: the MLA branch is cached and used unrotated (NoPE)
   float scale = 1.f;   // softmax scale applied to q.k
+  // 0: a global layer (a query reads every earlier row). > 0: a sliding-window (local) layer (GQA
+  // only): a query at position p reads rows [p - window + 1, p]. The cache holds such a layer's
+  // window itself (older pages are released) and no policy ever sees it (kv/cache.h).
+  int window = 0;
   // How the store holds rows (--kv-type): bf16 (the default, which every policy reads), or f32 /
   // f16 for research and parity (read by the full policy only; see Policy::SupportsKvType).
   DType kv_type = DType::kBF16;

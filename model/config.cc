@@ -15,6 +15,7 @@ const char* ArchName(Arch a) {
     case Arch::kQwen2: return "qwen2";
     case Arch::kDeepseek2: return "deepseek2";
     case Arch::kKimiLinear: return "kimi-linear";
+    case Arch::kGemma3: return "gemma3";
   }
   return "?";
 }
@@ -24,14 +25,52 @@ StatusOr<Arch> ParseArch(const std::string& name) {
   if (name == "qwen2") return Arch::kQwen2;
   if (name == "deepseek2") return Arch::kDeepseek2;
   if (name == "kimi-linear") return Arch::kKimiLinear;
+  if (name == "gemma3") return Arch::kGemma3;
   return Unimplemented("unsupported architecture '" + name +
-                       "' (supported: llama, qwen2, deepseek2, kimi-linear)");
+                       "' (supported: llama, qwen2, deepseek2, kimi-linear, gemma3)");
 }
 
 namespace {
 
 // Sizes and counts are held in int: every one is range-checked in 64 bits first.
 constexpr int64_t kMaxInt = INT32_MAX;
+
+// gemma3's sliding-window layers, local RoPE base, attention scale and logit soft-capping, as
+// llama.cpp's loader reads them (src/models/gemma3.cpp): without attention.sliding_window every
+// layer is global; with it, layer l is local unless l % period == period - 1 (period:
+// attention.sliding_window_pattern, default 6); the local RoPE base defaults to 10000.
+Status ReadGemma3(const GgufFile& f, const std::string& a, ModelConfig* c) {
+  ASSIGN_OR_RETURN(const int64_t window, f.GetIntInOr(a + "attention.sliding_window", 0, 0, kMaxInt));
+  c->sliding_window = static_cast<int>(window);
+  if (window > 0) {
+    if (f.Has(a + "attention.sliding_window_pattern") &&
+        f.Find(a + "attention.sliding_window_pattern")->type == GgufType::kArray) {
+      return Unimplemented(a + "attention.sliding_window_pattern is a per-layer array; gemma3 "
+                           "files carry a period (a number)");
+    }
+    ASSIGN_OR_RETURN(const int64_t period,
+                     f.GetIntInOr(a + "attention.sliding_window_pattern", 6, 1, kMaxInt));
+    c->layer_local.assign(c->n_layers, 0);
+    for (int l = 0; l < c->n_layers; ++l) c->layer_local[l] = l % period < period - 1;
+    ASSIGN_OR_RETURN(const double local_base, f.GetFloatOr(a + "rope.freq_base_swa", 10000.0));
+    c->rope_base_local = static_cast<float>(local_base);
+    if (!(c->rope_base_local > 1.f) || !std::isfinite(c->rope_base_local)) {
+      return OutOfRange("metadata " + a + "rope.freq_base_swa = " + std::to_string(local_base) +
+                        " is not a finite number > 1");
+    }
+  }
+  ASSIGN_OR_RETURN(const double cap, f.GetFloatOr(a + "final_logit_softcapping", 0.0));
+  if (!(cap >= 0.0) || !std::isfinite(cap)) {
+    return OutOfRange("metadata " + a + "final_logit_softcapping = " + std::to_string(cap) +
+                      " is not a finite number >= 0");
+  }
+  c->final_logit_softcap = static_cast<float>(cap);
+  // Gemma's query_pre_attn_scalar: head_dim for every size but 27B (llama.cpp types 27B by its
+  // 62 layers and scales by d_model / n_heads there).
+  const int scalar_dim = c->n_layers == 62 ? c->d_model / c->n_heads : c->head_dim;
+  c->attn_scale = 1.f / std::sqrt(static_cast<float>(scalar_dim));
+  return OkStatus();
+}
 
 }  // namespace
 
@@ -232,10 +271,18 @@ StatusOr<ModelConfig> ModelConfig::FromGguf(const GgufFile& f) {
     }
     c.rope_dim = static_cast<int>(rope);
     RETURN_IF_ERROR(req("feed_forward_length", &c.d_ff));
-    c.rope_style = c.arch == Arch::kQwen2 ? RopeStyle::kNeox : RopeStyle::kNorm;
+    c.rope_style = c.arch == Arch::kQwen2 || c.arch == Arch::kGemma3 ? RopeStyle::kNeox
+                                                                      : RopeStyle::kNorm;
   }
+  if (c.arch == Arch::kGemma3) RETURN_IF_ERROR(ReadGemma3(f, a, &c));
   if (c.rope_dim % 2) return OutOfRange("rope dims " + std::to_string(c.rope_dim) + " is odd");
   return c;
+}
+
+int ModelConfig::n_local_layers() const {
+  int n = 0;
+  for (uint8_t k : layer_local) n += k != 0;
+  return n;
 }
 
 int ModelConfig::n_kda_layers() const {
@@ -263,6 +310,10 @@ std::string ModelConfig::Summary() const {
     }
   } else {
     s << " / " << n_kv_heads << " kv heads, head dim " << head_dim;
+    if (!layer_local.empty()) {
+      s << ", " << n_local_layers() << " sliding-window (" << sliding_window << ") + "
+        << (n_layers - n_local_layers()) << " global layers";
+    }
   }
   s << ", ffn " << d_ff << ", vocab " << n_vocab;
   return s.str();

@@ -12,7 +12,7 @@ namespace strata {
 
 class GgufFile;
 
-enum class Arch { kLlama, kQwen2, kDeepseek2, kKimiLinear };
+enum class Arch { kLlama, kQwen2, kDeepseek2, kKimiLinear, kGemma3 };
 const char* ArchName(Arch a);
 StatusOr<Arch> ParseArch(const std::string& name);
 
@@ -61,9 +61,20 @@ struct ModelConfig {
   int kda_heads = 0;               // = attention.head_count (llama.cpp's KDA head count)
   int ssm_conv_kernel = 0;         // {arch}.ssm.conv_kernel (short causal conv taps)
 
+  // gemma3: interleaved sliding-window (local) and global layers. layer_local[l] = 1 where layer l
+  // attends to its last `sliding_window` positions only (llama.cpp's swa pattern: every layer
+  // except each swa_period-th is local); empty when the model has no sliding window.
+  std::vector<uint8_t> layer_local;  // [n_layers] or empty
+  int sliding_window = 0;            // {arch}.attention.sliding_window (positions, the query's own included)
+  float rope_base_local = 10000.f;   // {arch}.rope.freq_base_swa (local layers' RoPE base)
+  float final_logit_softcap = 0.f;   // {arch}.final_logit_softcapping (0: none)
+  float attn_scale = 0.f;            // softmax scale (0: 1/sqrt(head_dim))
+
   bool is_mla() const { return arch == Arch::kDeepseek2 || arch == Arch::kKimiLinear; }
   bool is_kda_layer(int l) const { return !layer_kda.empty() && layer_kda[l] != 0; }
   int n_kda_layers() const;
+  bool is_local_layer(int l) const { return !layer_local.empty() && layer_local[l] != 0; }
+  int n_local_layers() const;
   bool is_moe_layer(int l) const { return n_experts > 0 && l >= n_leading_dense; }
   // Reads and validates every field; errors name the key and the bad value.
   static StatusOr<ModelConfig> FromGguf(const GgufFile& f);

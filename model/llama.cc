@@ -8,7 +8,6 @@
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/arch.h"
-#include "model/gqa_prefill.h"
 
 namespace strata {
 namespace {
@@ -123,27 +122,7 @@ class LlamaModel final : public Model {
         if (!rows.live(i)) continue;
         RETURN_IF_ERROR(rows.Event(i, rows.caches[i]->Append(l, &k[i * kvd], &v[i * kvd])));
       }
-      StagedPrefixPlan plan;
-      const Claim claim = ClaimStaged(rows, l, GqaStagedPays(rows.n), &plan);
-      if (claim == Claim::kDense) {
-        RETURN_IF_ERROR(rows.Event(0, StagedAttention(rows, l, q.data(), pool, att.data())));
-      } else if (claim == Claim::kPrefix) {
-        KvCache* cache = rows.caches[0];
-        StagedPrefix prefix{plan, [cache, l](int h, int64_t s0, int64_t sn, float* k, float* v) {
-                                 cache->StagePrefixRows(l, h, s0, sn, k, v);
-                               }};
-        GqaStagedPrefixAttention(cache->store(l), prefix, rows.pos[0], n, q.data(), pool,
-                                 att.data());
-      } else {
-        for (int i = 0; i < n; ++i) {
-          KvCache* cache = rows.caches[i];
-          const int64_t p = rows.pos[i];
-          if (rows.live(i)) RETURN_IF_ERROR(rows.Event(i, cache->ObserveQuery(l, p, &q[i * qd], pool)));
-          if (rows.live(i)) {
-            RETURN_IF_ERROR(rows.Event(i, cache->Attend(l, &q[i * qd], p, pool, &att[i * qd])));
-          }
-        }
-      }
+      RETURN_IF_ERROR(GqaAttention(rows, l, q.data(), pool, att.data()));
       Project(rows, L.wo, att.data(), qd, o.data(), d, pool);
       for (int64_t j = 0; j < n * d; ++j) x[j] += o[j];
       for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.ffn_norm.data(), d, c.rms_eps, &xn[i * d]);
@@ -161,32 +140,6 @@ class LlamaModel final : public Model {
   }
 
  private:
-  // The claimed chunk's attention, and its observations: the observed queries (a run of
-  // positions) as column sums where the policy takes them, else one by one.
-  static Status StagedAttention(const Rows& rows, int l, const float* q, ThreadPool* pool,
-                                float* att) {
-    KvCache* cache = rows.caches[0];
-    const LayerGeometry& g = cache->geometry(l);
-    const int n = rows.n;
-    const int64_t p0 = rows.pos[0], qd = int64_t{g.n_q_heads} * g.k_dim;
-    int obs_a = n, obs_b = n;
-    for (int i = 0; i < n; ++i) {
-      if (!cache->observes(p0 + i)) continue;
-      obs_a = std::min(obs_a, i);
-      obs_b = i + 1;
-    }
-    if (obs_b > obs_a && cache->takes_column_sums()) {
-      std::vector<double> col(static_cast<size_t>(g.n_kv_heads) * (p0 + obs_b), 0.0);
-      GqaStagedAttention(cache->store(l), p0, n, q, pool, att, obs_a, obs_b, col.data());
-      return cache->ObserveColumnSums(l, p0 + obs_a, p0 + obs_b, col.data());
-    }
-    for (int i = obs_a; i < obs_b; ++i) {
-      RETURN_IF_ERROR(cache->ObserveQuery(l, p0 + i, &q[i * qd], pool));
-    }
-    GqaStagedAttention(cache->store(l), p0, n, q, pool, att);
-    return OkStatus();
-  }
-
   std::vector<LlamaLayer> layers_;
   std::vector<float> rope_freqs_;
   RopeParams rope_;

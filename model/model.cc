@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/quant.h"
@@ -11,6 +12,7 @@
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/arch.h"
+#include "model/gqa_prefill.h"
 
 namespace strata {
 
@@ -49,6 +51,9 @@ StatusOr<std::unique_ptr<Model>> Model::FromGguf(std::unique_ptr<GgufFile> file)
       break;
     case Arch::kDeepseek2:
       m = NewDeepseek2Model(std::move(file), cfg);
+      break;
+    case Arch::kGemma3:
+      m = NewGemma3Model(std::move(file), cfg);
       break;
     case Arch::kKimiLinear:
       m = NewKimiLinearModel(std::move(file), cfg);
@@ -177,6 +182,11 @@ void Model::Logits(const float* hidden, int n, ThreadPool* pool, float* logits,
   } else {
     MatMul(output_, xn.data(), n, d, logits, config_.n_vocab, pool);
   }
+  // Final logit soft-capping (gemma3 files that set it): cap * tanh(z / cap).
+  if (const float cap = config_.final_logit_softcap; cap > 0.f) {
+    const int64_t total = static_cast<int64_t>(n) * config_.n_vocab;
+    for (int64_t i = 0; i < total; ++i) logits[i] = cap * std::tanh(logits[i] / cap);
+  }
 }
 
 Model::Claim Model::ClaimStaged(const Rows& rows, int l, bool pays, StagedPrefixPlan* plan) {
@@ -192,6 +202,63 @@ Model::Claim Model::ClaimStaged(const Rows& rows, int l, bool pays, StagedPrefix
     if (cache->observes(rows.pos[0] + i)) return Claim::kNone;
   }
   return cache->ClaimStagedReads(l, rows.pos[0], rows.n, plan) ? Claim::kPrefix : Claim::kNone;
+}
+
+namespace {
+
+// The claimed chunk's attention, and its observations: the observed queries (a run of
+// positions) as column sums where the policy takes them, else one by one.
+Status StagedGqaAttention(KvCache* cache, int l, int64_t p0, int n, const float* q,
+                          ThreadPool* pool, float* att) {
+  const LayerGeometry& g = cache->geometry(l);
+  const int64_t qd = int64_t{g.n_q_heads} * g.k_dim;
+  int obs_a = n, obs_b = n;
+  for (int i = 0; i < n; ++i) {
+    if (!cache->observes(p0 + i)) continue;
+    obs_a = std::min(obs_a, i);
+    obs_b = i + 1;
+  }
+  if (obs_b > obs_a && cache->takes_column_sums()) {
+    std::vector<double> col(static_cast<size_t>(g.n_kv_heads) * (p0 + obs_b), 0.0);
+    GqaStagedAttention(cache->store(l), p0, n, q, pool, att, obs_a, obs_b, col.data());
+    return cache->ObserveColumnSums(l, p0 + obs_a, p0 + obs_b, col.data());
+  }
+  for (int i = obs_a; i < obs_b; ++i) {
+    RETURN_IF_ERROR(cache->ObserveQuery(l, p0 + i, &q[i * qd], pool));
+  }
+  GqaStagedAttention(cache->store(l), p0, n, q, pool, att);
+  return OkStatus();
+}
+
+}  // namespace
+
+Status Model::GqaAttention(const Rows& rows, int l, const float* q, ThreadPool* pool,
+                           float* att) {
+  const int n = rows.n;
+  const LayerGeometry& g = rows.caches[0]->geometry(l);
+  const int64_t qd = int64_t{g.n_q_heads} * g.k_dim, od = int64_t{g.n_q_heads} * g.v_dim;
+  StagedPrefixPlan plan;
+  const Claim claim = ClaimStaged(rows, l, GqaStagedPays(rows.n), &plan);
+  if (claim == Claim::kDense) {
+    return rows.Event(0, StagedGqaAttention(rows.caches[0], l, rows.pos[0], n, q, pool, att));
+  }
+  if (claim == Claim::kPrefix) {
+    KvCache* cache = rows.caches[0];
+    StagedPrefix prefix{plan, [cache, l](int h, int64_t s0, int64_t sn, float* k, float* v) {
+                          cache->StagePrefixRows(l, h, s0, sn, k, v);
+                        }};
+    GqaStagedPrefixAttention(cache->store(l), prefix, rows.pos[0], n, q, pool, att);
+    return OkStatus();
+  }
+  for (int i = 0; i < n; ++i) {
+    KvCache* cache = rows.caches[i];
+    const int64_t p = rows.pos[i];
+    if (rows.live(i)) RETURN_IF_ERROR(rows.Event(i, cache->ObserveQuery(l, p, &q[i * qd], pool)));
+    if (rows.live(i)) {
+      RETURN_IF_ERROR(rows.Event(i, cache->Attend(l, &q[i * qd], p, pool, &att[i * od])));
+    }
+  }
+  return OkStatus();
 }
 
 void Model::Project(const Rows& rows, const TensorView& w, const float* in, int64_t in_dim,

@@ -129,6 +129,12 @@ class Model {
   // counts them as the chunk's reads of layer l.
   enum class Claim { kNone, kDense, kPrefix };
   static Claim ClaimStaged(const Rows& rows, int l, bool pays, StagedPrefixPlan* plan);
+  // GQA attention of layer l for every row of the pass (q: [n, n_q_heads * k_dim], att: [n,
+  // n_q_heads * v_dim]): a long prefill chunk staged where the cache grants it (dense or a staged
+  // prefix, with the observed queries as column sums where the policy takes them), else each row
+  // observed and read through its cache (sliding-window layers always so).
+  static Status GqaAttention(const Rows& rows, int l, const float* q, ThreadPool* pool,
+                             float* att);
   // The architecture's forward pass inside the rows' open calls: per layer, every row is
   // appended before the first query reads.
   virtual Status ForwardChunk(const Rows& rows, ThreadPool* pool, float* hidden) = 0;

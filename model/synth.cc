@@ -28,7 +28,8 @@ Status SynthOptions::ApplyDims(const std::string& spec) {
       {"experts", &n_experts},      {"experts_used", &n_experts_used},
       {"shared_experts", &n_shared_experts}, {"ff_expert", &d_ff_expert},
       {"dense_layers", &n_leading_dense},    {"gating", &gating},
-      {"kda_dim", &kda_head_dim},   {"conv", &conv_kernel},        {"mla_every", &mla_every}};
+      {"kda_dim", &kda_head_dim},   {"conv", &conv_kernel},        {"mla_every", &mla_every},
+      {"window", &sliding_window},  {"swa_period", &swa_period}};
   std::stringstream ss(spec);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -92,6 +93,10 @@ void SynthOptions::SetArch(Arch a, const std::string& preset) {
   if (a == Arch::kKimiLinear && preset == "tiny" && changed) {
     n_layers = 4; mla_every = 2; gating = 2; routed_scale = 1.5f;
   }
+  // gemma3 tiny: local, global, local (period 2) with an 8-row window, one KV head as the 270M.
+  if (a == Arch::kGemma3 && preset == "tiny" && changed) {
+    n_layers = 3; n_kv_heads = 1; head_dim = 32; tied_embeddings = true;
+  }
 }
 
 Status SynthOptions::Validate() const {
@@ -128,6 +133,10 @@ Status SynthOptions::Validate() const {
       return InvalidArgument("synth: kimi-linear has no q LoRA (q_lora must be 0)");
     }
   } else {
+    if (arch == Arch::kGemma3) {
+      RETURN_IF_ERROR(pos("swa_period", swa_period));
+      if (sliding_window < 0) return InvalidArgument("synth: window must be >= 0");
+    }
     RETURN_IF_ERROR(pos("kv_heads", n_kv_heads));
     RETURN_IF_ERROR(pos("head_dim", head_dim));
     if (n_heads % n_kv_heads) return InvalidArgument("synth: heads must be a multiple of kv_heads");
@@ -212,6 +221,11 @@ Status SynthHf(const SynthOptions& o, const std::string& dir) {
     for (auto& v : t.values) v = static_cast<float>(1.0 + 0.1 * rng.Normal());
     ts.push_back(std::move(t));
   };
+  // Gemma stores a norm's weight w and applies 1 + w: small values around 0.
+  auto gemma_norm = [&](const std::string& name, int64_t n) {
+    norm(name, n);
+    for (auto& v : ts.back().values) v -= 1.f;
+  };
   const int64_t d = o.d_model;
   const float s = o.init_std;
   // Embeddings at unit-ish scale so RMSNorm inputs are well conditioned.
@@ -232,6 +246,23 @@ Status SynthHf(const SynthOptions& o, const std::string& dir) {
   const float sa = 4.f / std::sqrt(static_cast<float>(d));
   for (int l = 0; l < o.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
+    if (o.arch == Arch::kGemma3) {
+      const int64_t qd = int64_t{o.n_heads} * o.head_dim, kvd = int64_t{o.n_kv_heads} * o.head_dim;
+      gemma_norm(p + "input_layernorm.weight", d);
+      mat(p + "self_attn.q_proj.weight", {qd, d}, sa);
+      mat(p + "self_attn.k_proj.weight", {kvd, d}, sa);
+      mat(p + "self_attn.v_proj.weight", {kvd, d}, s * 10);
+      gemma_norm(p + "self_attn.q_norm.weight", o.head_dim);
+      gemma_norm(p + "self_attn.k_norm.weight", o.head_dim);
+      mat(p + "self_attn.o_proj.weight", {d, qd}, s);
+      gemma_norm(p + "post_attention_layernorm.weight", d);
+      gemma_norm(p + "pre_feedforward_layernorm.weight", d);
+      gemma_norm(p + "post_feedforward_layernorm.weight", d);
+      mat(p + "mlp.gate_proj.weight", {o.d_ff, d}, s);
+      mat(p + "mlp.up_proj.weight", {o.d_ff, d}, s);
+      mat(p + "mlp.down_proj.weight", {d, o.d_ff}, s);
+      continue;
+    }
     norm(p + "input_layernorm.weight", d);
     norm(p + "post_attention_layernorm.weight", d);
     if (o.arch == Arch::kKimiLinear) {
@@ -346,7 +377,11 @@ Status SynthHf(const SynthOptions& o, const std::string& dir) {
       mat(p + "mlp.down_proj.weight", {d, o.d_ff}, s);
     }
   }
-  norm("model.norm.weight", d);
+  if (o.arch == Arch::kGemma3) {
+    gemma_norm("model.norm.weight", d);
+  } else {
+    norm("model.norm.weight", d);
+  }
   if (!o.tied_embeddings) mat("lm_head.weight", {o.vocab, d}, s);
   if (o.arch == Arch::kKimiLinear) {
     // The released config.json's keys (docs/reference/kimi-linear.md §1).
@@ -382,6 +417,25 @@ Status SynthHf(const SynthOptions& o, const std::string& dir) {
     cfg["num_expert_group"] = 1;
     cfg["topk_group"] = 1;
     cfg["hidden_act"] = "silu";
+  } else if (o.arch == Arch::kGemma3) {
+    // Gemma3TextConfig's keys (transformers): layer_types spell the period out.
+    cfg["architectures"] = {"Gemma3ForCausalLM"};
+    cfg["model_type"] = "gemma3_text";
+    cfg["num_key_value_heads"] = o.n_kv_heads;
+    cfg["head_dim"] = o.head_dim;
+    cfg["query_pre_attn_scalar"] = o.head_dim;
+    cfg["hidden_activation"] = "gelu_pytorch_tanh";
+    cfg["rms_norm_eps"] = 1e-6;
+    cfg["rope_local_base_freq"] = 10000.0;
+    cfg["final_logit_softcapping"] = nullptr;
+    cfg["attn_logit_softcapping"] = nullptr;
+    cfg["rope_scaling"] = nullptr;
+    cfg["sliding_window"] = o.sliding_window;
+    nlohmann::json types = nlohmann::json::array();
+    for (int l = 0; l < o.n_layers; ++l) {
+      types.push_back(l % o.swa_period == o.swa_period - 1 ? "full_attention" : "sliding_attention");
+    }
+    cfg["layer_types"] = types;
   } else if (o.arch == Arch::kDeepseek2) {
     cfg["architectures"] = {"DeepseekV2ForCausalLM"};
     cfg["num_key_value_heads"] = o.n_heads;

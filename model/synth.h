@@ -41,6 +41,9 @@ struct SynthOptions {
   int conv_kernel = 4;
   int mla_every = 2;
   float routed_scale = 1.f;  // kimi-linear: routed_scaling_factor
+  // gemma3: sliding window (positions) and period (every swa_period-th layer global).
+  int sliding_window = 8;
+  int swa_period = 2;
   bool tied_embeddings = false;
   float rope_base = 10000.f;
   float init_std = 0.02f;
@@ -52,14 +55,16 @@ struct SynthOptions {
 
   // "key=value,key=value" over the field names above (d_model, layers, heads, kv_heads,
   // head_dim, ff, vocab, q_lora, kv_lora, nope_dim, rope_dim, v_dim, experts, experts_used,
-  // shared_experts, ff_expert, dense_layers, gating, kda_dim, conv, mla_every, tied, seed).
+  // shared_experts, ff_expert, dense_layers, gating, kda_dim, conv, mla_every, window,
+  // swa_period, tied, seed).
   // Unknown keys are errors.
   Status ApplyDims(const std::string& spec);
   // Named shapes: "tiny" (tests), "125m" (llama-shaped ~125M), "150m" (deepseek2-shaped ~150M),
   // "48b-shape" (kimi-linear with Kimi Linear 48B-A3B's layer geometry, few layers and experts).
   Status ApplyPreset(const std::string& name);
   // Sets the architecture; kimi-linear with the tiny preset also takes its tiny hybrid shape
-  // (4 layers KDA, MLA, KDA, MLA; sigmoid routing with a selection bias).
+  // (4 layers KDA, MLA, KDA, MLA; sigmoid routing with a selection bias), gemma3 its (3 layers:
+  // local, global, local; one KV head of 32, tied output).
   void SetArch(Arch a, const std::string& preset);
   bool is_mla_layer(int l) const {
     return arch != Arch::kKimiLinear || (l + 1) % mla_every == 0 || l == n_layers - 1;

@@ -89,7 +89,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Model* model, ServerOptions o) 
     StatusOr<ChatTemplate> t = ChatTemplate::ByName(s->o_.chat_template);
     if (!t.ok()) return InvalidArgument("--chat-template: " + t.status().message());
     s->chat_ = *t;
-  } else if (tok->chat_template().empty()) {
+  } else if (tok->chat_template().empty() && !tok->HasGemmaTurns()) {
     std::string names;
     for (const auto& n : ChatTemplate::BuiltinNames()) names += (names.empty() ? "" : ", ") + n;
     s->chat_error_ =
@@ -97,7 +97,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Model* model, ServerOptions o) 
         "with --chat-template NAME (one of " +
         names + ")";
   } else {
-    StatusOr<ChatTemplate> t = ChatTemplate::Detect(tok->chat_template());
+    StatusOr<ChatTemplate> t = ChatTemplate::ForModel(tok->chat_template(), tok->HasGemmaTurns());
     if (t.ok()) {
       s->chat_ = *t;
     } else {
