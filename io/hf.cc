@@ -741,6 +741,14 @@ Status CopyIfPresent(TensorSource* src, Emitter* em, const std::string& hf, cons
   return src->Has(hf) ? Copy(src, em, hf, gg, shape) : OkStatus();
 }
 
+// The gated FFN of one layer: mlp.{gate,up,down}_proj -> ffn_{gate,up,down}.
+Status CopyDenseFfn(TensorSource* src, Emitter* em, const std::string& hf, const std::string& gg,
+                    int64_t n_ff, int64_t d) {
+  RETURN_IF_ERROR(Copy(src, em, hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", {n_ff, d}));
+  RETURN_IF_ERROR(Copy(src, em, hf + "mlp.up_proj.weight", gg + "ffn_up.weight", {n_ff, d}));
+  return Copy(src, em, hf + "mlp.down_proj.weight", gg + "ffn_down.weight", {d, n_ff});
+}
+
 Status ConvertLlamaLike(const Config& cfg, const Common& c, TensorSource* src, Emitter* em,
                         GgufWriter* w) {
   const std::string& a = c.arch_name;
@@ -802,12 +810,7 @@ Status ConvertLlamaLike(const Config& cfg, const Common& c, TensorSource* src, E
         CopyIfPresent(src, em, hf + "self_attn.o_proj.bias", gg + "attn_output.bias", {c.n_embd}));
     RETURN_IF_ERROR(
         Copy(src, em, hf + "post_attention_layernorm.weight", gg + "ffn_norm.weight", {c.n_embd}));
-    RETURN_IF_ERROR(
-        Copy(src, em, hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", {c.n_ff, c.n_embd}));
-    RETURN_IF_ERROR(
-        Copy(src, em, hf + "mlp.up_proj.weight", gg + "ffn_up.weight", {c.n_ff, c.n_embd}));
-    RETURN_IF_ERROR(
-        Copy(src, em, hf + "mlp.down_proj.weight", gg + "ffn_down.weight", {c.n_embd, c.n_ff}));
+    RETURN_IF_ERROR(CopyDenseFfn(src, em, hf, gg, c.n_ff, c.n_embd));
   }
   return OkStatus();
 }
@@ -908,12 +911,7 @@ Status ConvertGemma3(const Config& cfg, const Common& c, TensorSource* src, Emit
     RETURN_IF_ERROR(norm(hf + "pre_feedforward_layernorm.weight", gg + "ffn_norm.weight", c.n_embd));
     RETURN_IF_ERROR(
         norm(hf + "post_feedforward_layernorm.weight", gg + "post_ffw_norm.weight", c.n_embd));
-    RETURN_IF_ERROR(
-        Copy(src, em, hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", {c.n_ff, c.n_embd}));
-    RETURN_IF_ERROR(
-        Copy(src, em, hf + "mlp.up_proj.weight", gg + "ffn_up.weight", {c.n_ff, c.n_embd}));
-    RETURN_IF_ERROR(
-        Copy(src, em, hf + "mlp.down_proj.weight", gg + "ffn_down.weight", {c.n_embd, c.n_ff}));
+    RETURN_IF_ERROR(CopyDenseFfn(src, em, hf, gg, c.n_ff, c.n_embd));
   }
   return OkStatus();
 }
@@ -981,12 +979,7 @@ struct FfnDims {
 Status ConvertFfn(TensorSource* src, Emitter* em, const std::string& hf, const std::string& gg,
                   bool moe, const FfnDims& f, const MoeNames& names) {
   const int64_t d = f.d, n_expert = f.n_expert, moe_ff = f.moe_ff;
-  if (!moe) {
-    RETURN_IF_ERROR(
-        Copy(src, em, hf + "mlp.gate_proj.weight", gg + "ffn_gate.weight", {f.n_ff, d}));
-    RETURN_IF_ERROR(Copy(src, em, hf + "mlp.up_proj.weight", gg + "ffn_up.weight", {f.n_ff, d}));
-    return Copy(src, em, hf + "mlp.down_proj.weight", gg + "ffn_down.weight", {d, f.n_ff});
-  }
+  if (!moe) return CopyDenseFfn(src, em, hf, gg, f.n_ff, d);
   const std::string router = hf + names.router;
   RETURN_IF_ERROR(Copy(src, em, router + ".weight", gg + "ffn_gate_inp.weight", {n_expert, d}));
   RETURN_IF_ERROR(CopyIfPresent(src, em, router + ".e_score_correction_bias",

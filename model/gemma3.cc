@@ -135,14 +135,8 @@ class Gemma3Model final : public Model {
       }
       for (int64_t j = 0; j < n * d; ++j) x[j] += on[j];
       for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.ffn_norm.data(), d, c.rms_eps, &xn[i * d]);
-      const MatVecBatchJob gate_up[] = {{L.gate, g.data(), ff}, {L.up, u.data(), ff}};
-      ProjectMany(rows, gate_up, 2, xn.data(), d, pool);
-      if (rows.independent) {
-        for (int i = 0; i < n; ++i) GeluTanhGlu(&g[i * ff], &u[i * ff], ff);  // as each solo row
-      } else {
-        GeluTanhGlu(g.data(), u.data(), n * ff);
-      }
-      Project(rows, L.down, g.data(), ff, o.data(), d, pool);
+      GatedFfn(rows, L.gate, L.up, L.down, Glu::kGeluTanh, xn.data(), d, ff, g.data(), u.data(),
+               pool, o.data());
       for (int i = 0; i < n; ++i) {
         RmsNorm(&o[i * d], L.post_ffn_norm.data(), d, c.rms_eps, &on[i * d]);
       }

@@ -126,14 +126,8 @@ class LlamaModel final : public Model {
       Project(rows, L.wo, att.data(), qd, o.data(), d, pool);
       for (int64_t j = 0; j < n * d; ++j) x[j] += o[j];
       for (int i = 0; i < n; ++i) RmsNorm(x + i * d, L.ffn_norm.data(), d, c.rms_eps, &xn[i * d]);
-      const MatVecBatchJob gate_up[] = {{L.gate, g.data(), ff}, {L.up, u.data(), ff}};
-      ProjectMany(rows, gate_up, 2, xn.data(), d, pool);
-      if (rows.independent) {
-        for (int i = 0; i < n; ++i) SwiGlu(&g[i * ff], &u[i * ff], ff);  // as each solo row
-      } else {
-        SwiGlu(g.data(), u.data(), n * ff);
-      }
-      Project(rows, L.down, g.data(), ff, o.data(), d, pool);
+      GatedFfn(rows, L.gate, L.up, L.down, Glu::kSilu, xn.data(), d, ff, g.data(), u.data(), pool,
+               o.data());
       for (int64_t j = 0; j < n * d; ++j) x[j] += o[j];
     }
     return OkStatus();

@@ -261,6 +261,22 @@ Status Model::GqaAttention(const Rows& rows, int l, const float* q, ThreadPool* 
   return OkStatus();
 }
 
+void Model::GatedFfn(const Rows& rows, const TensorView& gate, const TensorView& up,
+                     const TensorView& down, Glu act, const float* x, int64_t d, int64_t ff,
+                     float* g, float* u, ThreadPool* pool, float* out) {
+  const MatVecBatchJob gate_up[] = {{gate, g, ff}, {up, u, ff}};
+  ProjectMany(rows, gate_up, 2, x, d, pool);
+  auto glu = [act](float* a, const float* b, int64_t m) {
+    act == Glu::kSilu ? SwiGlu(a, b, m) : GeluTanhGlu(a, b, m);
+  };
+  if (rows.independent) {
+    for (int i = 0; i < rows.n; ++i) glu(g + i * ff, u + i * ff, ff);
+  } else {
+    glu(g, u, rows.n * ff);
+  }
+  Project(rows, down, g, ff, out, d, pool);
+}
+
 void Model::Project(const Rows& rows, const TensorView& w, const float* in, int64_t in_dim,
                     float* out, int64_t out_dim, ThreadPool* pool) {
   if (rows.n == 1) {

@@ -129,6 +129,12 @@ class Model {
   // counts them as the chunk's reads of layer l.
   enum class Claim { kNone, kDense, kPrefix };
   static Claim ClaimStaged(const Rows& rows, int l, bool pays, StagedPrefixPlan* plan);
+  // The gated FFN of every row: out = down(act(gate x) * (up x)) (x: [n, d]; g, u: [n, ff]
+  // scratch; out: [n, d]); the activation row by row for independent rows (as each solo row).
+  enum class Glu { kSilu, kGeluTanh };
+  static void GatedFfn(const Rows& rows, const TensorView& gate, const TensorView& up,
+                       const TensorView& down, Glu act, const float* x, int64_t d, int64_t ff,
+                       float* g, float* u, ThreadPool* pool, float* out);
   // GQA attention of layer l for every row of the pass (q: [n, n_q_heads * k_dim], att: [n,
   // n_q_heads * v_dim]): a long prefill chunk staged where the cache grants it (dense or a staged
   // prefix, with the observed queries as column sums where the policy takes them), else each row
