@@ -489,7 +489,9 @@ TEST(KvCacheTest, PolicySeesOnlyGlobalLayers) {
   for (int l = 0; l < 3; ++l) {
     AppendRows(&c, l, 3);
     for (int64_t pos = 0; pos < 3; ++pos) ASSERT_OK(c.Attend(l, q.data(), pos, nullptr, out.data()));
-    if (c.is_local(l)) EXPECT_FALSE(c.ClaimDenseReads(l, 0, 3));  // read per query
+    if (c.is_local(l)) {
+      EXPECT_FALSE(c.ClaimDenseReads(l, 0, 3));  // read per query
+    }
   }
   ASSERT_OK(c.EndCall());
   const std::vector<std::string> want = {"begin 0 [0,3) prefill rows 0",
