@@ -167,6 +167,11 @@ int RunStrata(const std::vector<std::string>& args, std::istream& in, std::ostre
   // the command tree, less those that run no model; a command with its own, such as bench
   // attention's list, keeps that). It sets the process default that caches are built with.
   std::string attn_math = "auto";
+  // llama.cpp's flags that mean nothing here (NormalizeLlamaCppFlags): accepted by the same
+  // commands, each given one noted on stderr after parsing.
+  std::string n_gpu_layers, flash_attn;
+  bool mlock = false, conversation = false;
+  std::vector<std::pair<CLI::Option*, std::string>> no_effect;  // option, what to say
   {
     const std::vector<std::string> no_model = {"tokenize", "policies", "inspect", "synth",
                                                "quantize"};
@@ -180,6 +185,32 @@ int RunStrata(const std::vector<std::string>& args, std::istream& in, std::ostre
         continue;
       }
       if (a == &app || IsKnown(no_model, a->get_name())) continue;
+      if (a->get_name() != "convert") {  // convert runs no inference
+        no_effect.push_back(
+            {a->add_option("--n-gpu-layers", n_gpu_layers,
+                           "Accepted as llama.cpp's -ngl N; no effect (Strata runs on the CPU)"),
+             "-ngl/--n-gpu-layers has no effect in Strata (a CPU engine): every layer runs on the "
+             "CPU"});
+        no_effect.push_back(
+            {a->add_option("--flash-attn", flash_attn,
+                           "Accepted as llama.cpp's -fa [on|off|auto]; no effect (the attention "
+                           "kernels always compute softmax online, tile by tile)")
+                 ->expected(0, 1),
+             "-fa/--flash-attn has no effect in Strata (a CPU engine): its attention kernels "
+             "always compute the softmax online"});
+        no_effect.push_back(
+            {a->add_flag("--mlock", mlock,
+                         "Accepted as llama.cpp's --mlock; no effect (--no-mmap reads the model "
+                         "into memory)"),
+             "--mlock has no effect in Strata (a CPU engine); --no-mmap reads the model into "
+             "memory"});
+        no_effect.push_back(
+            {a->add_flag("--conversation", conversation,
+                         "Accepted as llama.cpp's -cnv; no effect (`strata chat` is the "
+                         "conversation command)"),
+             "-cnv/--conversation has no effect in Strata; `strata chat` is the conversation "
+             "command"});
+      }
       if (a->get_option_no_throw("--attn-math") != nullptr) continue;
       a->add_option("--attn-math", attn_math, kAttnMathHelp)->capture_default_str();
     }
@@ -212,7 +243,8 @@ int RunStrata(const std::vector<std::string>& args, std::istream& in, std::ostre
   }
 
   try {
-    std::vector<std::string> reversed(args.rbegin(), args.rend());
+    const std::vector<std::string> normalized = NormalizeLlamaCppFlags(args);
+    std::vector<std::string> reversed(normalized.rbegin(), normalized.rend());
     app.parse(reversed);
   } catch (const CLI::ExtrasError& e) {
     return usage_error(ExtrasMessage(&app, args));
@@ -220,6 +252,16 @@ int RunStrata(const std::vector<std::string>& args, std::istream& in, std::ostre
     if (e.get_exit_code() == 0) return app.exit(e, out, err);  // --help, --version
     return usage_error(e.what());
   }
+
+  if (!flash_attn.empty() && flash_attn != "on" && flash_attn != "off" && flash_attn != "auto") {
+    return usage_error("-fa/--flash-attn takes on, off or auto (or nothing), got '" + flash_attn +
+                       "'");
+  }
+  for (const auto& [opt, note] : no_effect) {
+    if (opt->count() > 0) err << "note: " << note << "\n";
+  }
+  generate.in = &in;
+  tokenize.in = &in;
 
   if (auto m = ParseAttnMath(attn_math); m.ok()) {
     SetDefaultAttnMath(*m);

@@ -106,7 +106,7 @@ void AddBenchAttentionCommand(CLI::App* bench, BenchAttentionOptions* o) {
   AddPolicyFlags(cmd, &o->policy_flags);
   cmd->add_option("--steps", o->steps, "Timed decode steps")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "Untimed decode steps first")->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the synthetic rows and queries")
       ->capture_default_str();
   cmd->add_option("--attn-math", o->attn_math,

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <limits>
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -254,7 +255,7 @@ void AddBenchDecodeCommand(CLI::App* bench, BenchDecodeOptions* o) {
                   "Model (.gguf or HF directory); default: the built-in model");
   cmd->add_option("--ctx", o->ctx, "Context lengths (comma-separated) the cache is filled to")
       ->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Thread counts (comma-separated)")
+  cmd->add_option("-t,--threads", o->threads, "Thread counts (comma-separated)")
       ->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "Timed decode steps per configuration")
       ->capture_default_str();
@@ -299,6 +300,22 @@ int RunBenchDecode(const BenchDecodeOptions& o, std::ostream& out, std::ostream&
   auto loaded = LoadCommandModel(o.model, o.no_mmap, o.models_dir, o.cache_dir, err, &path);
   if (!loaded.ok()) return fail(loaded.status().message());
   Model& m = **loaded;
+  {
+    // The largest --ctx must fit in memory: refused now with the bytes it needs, not by
+    // std::bad_alloc (or the OOM killer) while the cache fills.
+    auto probe = m.NewCache(std::make_unique<FullPolicy>());
+    if (!probe.ok()) return fail(probe.status().ToString());
+    const int64_t max_ctx = *std::max_element(ctxs->begin(), ctxs->end());
+    const int64_t rows = max_ctx > std::numeric_limits<int64_t>::max() - o.warmup - o.tokens
+                             ? max_ctx
+                             : max_ctx + o.warmup + o.tokens;
+    if (Status st = CheckKvFitsMemory("--ctx", max_ctx, KvCacheBytesAt(**probe, rows),
+                                      static_cast<double>((*probe)->FullBytesPerToken()),
+                                      AvailableMemoryBytes());
+        !st.ok()) {
+      return fail(st.message());
+    }
+  }
   {
     // Every page of the model is read once before timing (a mapped file may not be in memory:
     // the first steps would measure the disk).

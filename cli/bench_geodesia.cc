@@ -106,7 +106,7 @@ void AddBenchCapacityCommand(CLI::App* bench, BenchCapacityOptions* o) {
   cmd->add_option("--archive-dir", o->archive_dir,
                   "mla: folder for VestigeKV's archive files (default: a temporary folder, "
                   "removed at the end)");
-  cmd->add_option("--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
   cmd->add_option("--seed", o->seed, "Seed of the synthetic rows")->capture_default_str();
   cmd->add_option("--json", o->json_path, "Also write the results as JSON to this file");
 }

@@ -66,7 +66,7 @@ void AddBenchPrefillCommand(CLI::App* bench, BenchPrefillOptions* o) {
       ->capture_default_str();
   cmd->add_option("--rounds", o->rounds, "Rounds: every policy prefills the prompt once per round")
       ->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Worker threads (default: the hardware threads)");
+  cmd->add_option("-t,--threads", o->threads, "Worker threads (default: the hardware threads)");
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens (as generate --chunk)")
       ->capture_default_str();
   cmd->add_option("--kv-type", o->kv_type, kKvTypeHelp)->capture_default_str();

@@ -595,7 +595,7 @@ void AddBenchServeCommand(CLI::App* bench, BenchServeOptions* o) {
                   "In-process server: prefill step budget(s) in tokens, comma-separated; every "
                   "level runs once per value (default " +
                       std::to_string(serve::kDefaultPrefillChunk) + ")");
-  cmd->add_option("--threads", o->threads,
+  cmd->add_option("-t,--threads", o->threads,
                   "In-process server / --capacity fill: worker threads (default: all cores)");
   cmd->add_option("--api-key", o->api_key, "Sent as Authorization: Bearer KEY (--url)");
   cmd->add_option("--seed", o->seed, "Seed of the prompts and the synthetic rows")

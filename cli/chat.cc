@@ -56,6 +56,12 @@ void AddChatCommand(CLI::App* app, ChatOptions* o) {
       "kept across turns (/reset starts over, /stats shows the cache, Ctrl-D quits)");
   cmd->add_option("-m,--model", o->model, "Model (.gguf or HF directory)")->required();
   cmd->add_option("--system", o->system, "System message that opens the conversation");
+  cmd->add_flag_callback(
+      "-e,--escape", [o] { o->escape = true; },
+      "Process escapes in --system: \\n, \\r, \\t, \\\\, \\\", \\' and \\xNN (the default, as in "
+      "llama.cpp)");
+  cmd->add_flag_callback("--no-escape", [o] { o->escape = false; },
+                         "Take --system as written (no escapes)");
   std::string templates;
   for (const auto& n : ChatTemplate::BuiltinNames()) {
     templates += (templates.empty() ? "" : ", ") + n;
@@ -67,7 +73,7 @@ void AddChatCommand(CLI::App* app, ChatOptions* o) {
                   "size)")
       ->capture_default_str();
   AddSamplerFlags(cmd, &o->sampling);
-  cmd->add_option("--threads", o->threads,
+  cmd->add_option("-t,--threads", o->threads,
                   "Worker threads (default: the hardware threads; more are capped to them)")
       ->capture_default_str();
   cmd->add_option("--chunk", o->chunk,
@@ -100,8 +106,15 @@ int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostre
         CheckAtLeast("--chunk", o.chunk, 1), CheckAtLeast("-c", o.ctx_size, 0)}) {
     if (!st.ok()) return fail(st.message());
   }
-  const SamplerOptions so = ToSamplerOptions(o.sampling);
-  if (Status st = so.Validate(); !st.ok()) return fail(st.message());
+  std::string system = o.system;
+  if (o.escape) {
+    auto t = ProcessEscapes("--system", o.system);
+    if (!t.ok()) return fail(t.status().message());
+    system = std::move(*t);
+  }
+  const StatusOr<SamplerOptions> so_or = ResolveSamplerOptions(o.sampling, err);
+  if (!so_or.ok()) return fail(so_or.status().message());
+  const SamplerOptions& so = *so_or;
   const auto kv_type = ParseKvType(o.kv_type);
   if (!kv_type.ok()) return fail(kv_type.status().message());
   auto spec = CliPolicySpec(o.policy, "", &o.policy_flags);
@@ -136,7 +149,7 @@ int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostre
   Session s;
   auto reset = [&]() -> Status {
     s.messages.clear();
-    if (!o.system.empty()) s.messages.push_back({"system", o.system});
+    if (!system.empty()) s.messages.push_back({"system", system});
     s.cached_text.clear();
     s.turns = 0;
     s.last_prefill = 0;
@@ -150,6 +163,13 @@ int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostre
     return OkStatus();
   };
   if (Status st = reset(); !st.ok()) return fail(st.message());
+  // A -c the cache could never hold is refused before the first message (the trained length
+  // taken by default is not: a short conversation needs little of it).
+  if (o.ctx_size > 0) {
+    if (Status st = CheckContextFitsMemory("-c", ctx, *s.cache); !st.ok()) {
+      return fail(st.message());
+    }
+  }
   err << "policy: " << s.cache->policy().describe() << "\n"
       << "type a message and Enter; /reset, /stats, Ctrl-D to quit\n";
 
@@ -260,7 +280,13 @@ int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostre
         full = true;
         break;
       }
-      const int32_t id = sampler.Sample(logits.data(), n_vocab);
+      const StatusOr<int32_t> next = sampler.Next(logits.data(), n_vocab, s.cache->n_tokens());
+      if (!next.ok()) {
+        out << "\n" << std::flush;
+        err << "error: " << next.status().message() << "\n";
+        return kExitFailed;
+      }
+      const int32_t id = *next;
       if (IsEndOfGeneration(*tok, id)) break;
       sampler.Accept(id);
       const std::string piece = tok->DecodeToken(id, /*render_special=*/true);

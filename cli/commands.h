@@ -35,7 +35,9 @@ struct SamplerFlags {
   float min_p = 0.f;
   float repeat_penalty = 1.f;
   int32_t repeat_last_n = 64;
-  uint64_t seed = 0;
+  // --seed as given: an integer in [0, 2^64 - 1], or -1 (the default) for a random seed, which
+  // the command prints so the run can be repeated (ResolveSamplerOptions).
+  std::string seed = "-1";
 };
 void AddSamplerFlags(CLI::App* cmd, SamplerFlags* f);
 
@@ -60,6 +62,7 @@ struct GenerateOptions {
   int64_t n_predict = 32;
   SamplerFlags sampling;
   std::vector<std::string> stop;  // --stop: end the text where any of these appears
+  bool escape = true;             // -e/--escape (--no-escape): \n, \t, \xNN... in -p and --stop
   bool special = false;           // --special: control tokens written in the prompt are parsed
   int threads = 0;  // 0 means "not given": hardware concurrency
   int chunk = kPromptChunk;
@@ -74,6 +77,7 @@ struct GenerateOptions {
   // Where the built-in default model lives (set from the build; tests override them).
   std::string models_dir;
   std::string cache_dir;
+  std::istream* in = nullptr;  // what `-f -` reads (null: std::cin)
 };
 void AddGenerateCommand(CLI::App* app, GenerateOptions* o);
 int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err);
@@ -90,6 +94,7 @@ struct TokenizeOptions {
   bool json = false;
   bool special = false;  // parse control tokens written in the text
   bool no_bos = false;
+  std::istream* in = nullptr;  // what `-f -` reads (null: std::cin)
 };
 void AddTokenizeCommand(CLI::App* app, TokenizeOptions* o);
 int RunTokenize(const TokenizeOptions& o, std::ostream& out, std::ostream& err);
@@ -99,6 +104,7 @@ int RunTokenize(const TokenizeOptions& o, std::ostream& out, std::ostream& err);
 struct ChatOptions {
   std::string model;
   std::string system;         // --system: the conversation's first message
+  bool escape = true;         // -e/--escape (--no-escape): \n, \t, \xNN... in --system
   std::string chat_template;  // empty: recognise the model's tokenizer.chat_template
   int64_t n_predict = -1;     // per reply; -1: until end of generation or the context size
   SamplerFlags sampling;
@@ -233,6 +239,7 @@ struct ConvertOptions {
   std::string dir;
   std::string out_path;
   std::string dtype = "f16";
+  bool overwrite = false;  // --overwrite: replace an existing output file
 };
 void AddConvertCommand(CLI::App* app, ConvertOptions* o);
 int RunConvert(const ConvertOptions& o, std::ostream& out, std::ostream& err);
@@ -244,6 +251,7 @@ struct QuantizeOptions {
   std::string type_positional;
   int threads = 0;         // 0: not given (hardware threads)
   bool allow_requantize = false;
+  bool overwrite = false;  // --overwrite: replace an existing output file
 };
 void AddQuantizeCommand(CLI::App* app, QuantizeOptions* o);
 int RunQuantize(const QuantizeOptions& o, std::ostream& out, std::ostream& err);

@@ -15,6 +15,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -529,11 +531,34 @@ void AddSamplerFlags(CLI::App* cmd, SamplerFlags* f) {
                   "Tokens the repetition penalty looks back over (0 = off, -1 = the whole "
                   "context)")
       ->capture_default_str();
-  cmd->add_option("--seed", f->seed, "Sampler seed")->capture_default_str();
+  cmd->add_option("--seed", f->seed,
+                  "Sampler seed, an integer in [0, 2^64-1]; -1: a random seed, printed on stderr "
+                  "(\"seed: N\") so that --seed N repeats the run")
+      ->capture_default_str();
   // The chain runs in llama.cpp's order: penalty, top-k, top-p, min-p, temperature.
 }
 
-SamplerOptions ToSamplerOptions(const SamplerFlags& f) {
+StatusOr<uint64_t> ResolveSeed(const std::string& flag, const std::string& text, bool* random) {
+  if (random) *random = false;
+  if (text == "-1") {
+    if (random) *random = true;
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ static_cast<uint64_t>(rd());
+  }
+  const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c));
+  });
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long v = digits ? std::strtoull(text.c_str(), &end, 10) : 0;
+  if (!digits || errno == ERANGE || *end != '\0') {
+    return InvalidArgument(flag + " must be an integer in [0, 18446744073709551615] or -1 (a "
+                           "random seed), got '" + text + "'");
+  }
+  return static_cast<uint64_t>(v);
+}
+
+StatusOr<SamplerOptions> ResolveSamplerOptions(const SamplerFlags& f, std::ostream& err) {
   SamplerOptions so;
   so.temperature = f.temperature;
   so.top_k = f.top_k;
@@ -541,8 +566,75 @@ SamplerOptions ToSamplerOptions(const SamplerFlags& f) {
   so.min_p = f.min_p;
   so.repeat_penalty = f.repeat_penalty;
   so.repeat_last_n = f.repeat_last_n;
-  so.seed = f.seed;
+  RETURN_IF_ERROR(so.Validate());
+  bool random = false;
+  ASSIGN_OR_RETURN(so.seed, ResolveSeed("--seed", f.seed, &random));
+  err << "seed: " << so.seed << (random ? " (random; --seed " + std::to_string(so.seed) +
+                                              " repeats this run)"
+                                        : "")
+      << "\n";
   return so;
+}
+
+StatusOr<std::string> ProcessEscapes(const std::string& flag, const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '\\' || i + 1 == text.size()) {
+      out += text[i];
+      continue;
+    }
+    const char c = text[++i];
+    switch (c) {
+      case 'n': out += '\n'; break;
+      case 'r': out += '\r'; break;
+      case 't': out += '\t'; break;
+      case '\\': out += '\\'; break;
+      case '"': out += '"'; break;
+      case '\'': out += '\''; break;
+      case 'x': {
+        const int hi = i + 1 < text.size() ? hex(text[i + 1]) : -1;
+        const int lo = i + 2 < text.size() ? hex(text[i + 2]) : -1;
+        if (hi < 0 || lo < 0) {
+          return InvalidArgument(flag + ": malformed escape '" +
+                                 text.substr(i - 1, std::min<size_t>(4, text.size() - i + 1)) +
+                                 "' at byte " + std::to_string(i - 1) +
+                                 ": \\x takes two hex digits (\\x0a); write \\\\ for a "
+                                 "backslash, or pass --no-escape to take the text as it is");
+        }
+        out += static_cast<char>(hi * 16 + lo);
+        i += 2;
+        break;
+      }
+      default:  // not an escape: kept as written
+        out += '\\';
+        out += c;
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> NormalizeLlamaCppFlags(const std::vector<std::string>& args) {
+  std::vector<std::string> out;
+  out.reserve(args.size());
+  for (const std::string& a : args) {
+    if (a == "-ngl") {
+      out.push_back("--n-gpu-layers");
+    } else if (a == "-fa") {
+      out.push_back("--flash-attn");
+    } else if (a == "-cnv") {
+      out.push_back("--conversation");
+    } else {
+      out.push_back(a);
+    }
+  }
+  return out;
 }
 
 bool IsEndOfGeneration(const Tokenizer& tok, int32_t id) {
@@ -551,7 +643,15 @@ bool IsEndOfGeneration(const Tokenizer& tok, int32_t id) {
   return tok.IsEog(id);
 }
 
-StatusOr<std::string> ReadPromptFile(const std::string& flag, const std::string& path) {
+StatusOr<std::string> ReadPromptFile(const std::string& flag, const std::string& path,
+                                     std::istream* in) {
+  if (path == "-") {
+    std::istream& is = in ? *in : std::cin;
+    std::ostringstream ss;
+    ss << is.rdbuf();
+    if (is.bad()) return IoError(flag + " -: error reading standard input");
+    return ss.str();
+  }
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) {
     return InvalidArgument(flag + " '" + path + "' is a directory, not a prompt file");
@@ -564,6 +664,108 @@ StatusOr<std::string> ReadPromptFile(const std::string& flag, const std::string&
   ss << f.rdbuf();
   if (f.bad()) return IoError(flag + ": error reading '" + path + "'");
   return ss.str();
+}
+
+double AvailableMemoryBytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (f >> key >> kib) {
+    std::getline(f, unit);
+    if (key == "MemAvailable:") return kib * 1024.0;
+  }
+  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<double>(pages) * static_cast<double>(page) : 0;
+}
+
+double KvCacheBytesAt(const KvCache& cache, int64_t ctx) {
+  const double per_token = static_cast<double>(cache.FullBytesPerToken());
+  // The policy's bound in int64 while the full cache's bytes stay far from overflowing (a policy
+  // holds at most a few times the full cache's rows beside them); past that, no machine has the
+  // memory and the full cache's figure says so.
+  if (per_token * static_cast<double>(ctx) < 0x1p58) {
+    return static_cast<double>(cache.PeakResidentBytes(ctx));
+  }
+  return per_token * static_cast<double>(ctx) + static_cast<double>(cache.RecurrentBytes());
+}
+
+Status CheckKvFitsMemory(const std::string& flag, int64_t ctx, double need, double per_token,
+                         double available) {
+  if (available <= 0 || need <= available) return OkStatus();
+  char need_text[64], avail_text[64];
+  std::snprintf(need_text, sizeof need_text, "%.0f", need);
+  std::snprintf(avail_text, sizeof avail_text, "%.0f", available);
+  return InvalidArgument(flag + " " + std::to_string(ctx) +
+                         ": one sequence's KV cache would need " + need_text + " bytes (" +
+                         FormatBytes(need) + ") at " + std::to_string(ctx) + " tokens (" +
+                         FormatBytes(per_token) + " per token), more than the " + avail_text +
+                         " bytes (" + FormatBytes(available) +
+                         ") of memory available (MemAvailable); lower " + flag);
+}
+
+Status CheckContextFitsMemory(const std::string& flag, int64_t ctx, const KvCache& cache) {
+  if (ctx <= 0) return OkStatus();
+  return CheckKvFitsMemory(flag, ctx, KvCacheBytesAt(cache, ctx),
+                           static_cast<double>(cache.FullBytesPerToken()),
+                           AvailableMemoryBytes());
+}
+
+Status CheckModelOutput(const std::string& out, const std::vector<std::string>& inputs,
+                        bool overwrite) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path folder = fs::path(out).parent_path();
+  if (!folder.empty() && !fs::is_directory(folder, ec)) {
+    return InvalidArgument("the output's folder '" + folder.string() + "' does not exist");
+  }
+  const bool exists = fs::exists(out, ec);
+  if (exists) {
+    for (const std::string& in : inputs) {
+      std::error_code e2;
+      if (fs::equivalent(in, out, e2)) {
+        return InvalidArgument("the output '" + out + "' is the input '" + in +
+                               "' (the same file); write to another file");
+      }
+    }
+    if (fs::is_directory(out, ec)) {
+      return InvalidArgument("the output '" + out + "' is a directory; name a file");
+    }
+    if (!overwrite) {
+      return InvalidArgument("the output '" + out +
+                             "' exists; pass --overwrite to replace it, or write to another file");
+    }
+  }
+  return OkStatus();
+}
+
+std::string ModelOutputTemp(const std::string& out) {
+  namespace fs = std::filesystem;
+  const fs::path p(out);
+  const std::string name = "." + p.filename().string() + ".strata-" + std::to_string(getpid()) +
+                           ".tmp";
+  return (p.parent_path() / name).string();
+}
+
+Status CommitModelOutput(const std::string& tmp, const std::string& out, bool overwrite) {
+  // Checked again at the end: a file that appeared under the name while this run wrote is not
+  // replaced without --overwrite either.
+  if (Status st = CheckModelOutput(out, {}, overwrite); !st.ok()) {
+    RemoveModelOutputTemp(tmp);
+    return st;
+  }
+  if (std::rename(tmp.c_str(), out.c_str()) != 0) {
+    const int e = errno;
+    RemoveModelOutputTemp(tmp);
+    return IoError("cannot rename '" + tmp + "' to '" + out + "': " + std::strerror(e));
+  }
+  return OkStatus();
+}
+
+void RemoveModelOutputTemp(const std::string& tmp) {
+  std::error_code ec;
+  std::filesystem::remove(tmp, ec);
+  std::filesystem::remove(tmp + ".tmp", ec);  // GgufWriter::WriteFile's own, after a crash
 }
 
 Status StopStrings::Check(const std::vector<std::string>& stops) {

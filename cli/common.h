@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <istream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -165,14 +166,64 @@ StatusOr<std::unique_ptr<Model>> LoadCommandModel(const std::string& model, bool
 std::string DefaultModelsDir();
 std::string DefaultCacheDir();
 
-// The sampler options of the shared sampler flags (not validated: SamplerOptions::Validate).
-SamplerOptions ToSamplerOptions(const SamplerFlags& f);
+// The sampler options of the shared sampler flags, validated (SamplerOptions::Validate), with the
+// seed resolved (ResolveSeed) and printed on `err` as "seed: N".
+StatusOr<SamplerOptions> ResolveSamplerOptions(const SamplerFlags& f, std::ostream& err);
+// A seed flag's text: an integer in [0, 2^64 - 1], or -1 for a random seed (from
+// std::random_device), which *random is set for. Anything else (-2, 18446744073709551616, abc) is
+// InvalidArgument naming `flag`.
+StatusOr<uint64_t> ResolveSeed(const std::string& flag, const std::string& text,
+                               bool* random = nullptr);
+
+// The escapes llama.cpp's -e/--escape processes, in `text` given by `flag`: \n, \r, \t, \\, \",
+// \' and \xNN (two hex digits: one byte). A backslash before any other character stays as it
+// is (with that character), as does a trailing one; a malformed \x (\x4, \xZZ) is
+// InvalidArgument naming the flag.
+StatusOr<std::string> ProcessEscapes(const std::string& flag, const std::string& text);
+
+// Flags llama.cpp's tools take that mean nothing on this engine: -ngl/--n-gpu-layers N,
+// -fa/--flash-attn [on|off|auto], --mlock, -cnv/--conversation. Every command that runs a model
+// accepts them (app.cc), and each one given prints a note that it has no effect.
+// CLI11's short names are one character, so the llama.cpp spellings are rewritten to the long
+// ones before parsing ("-ngl" read as -n with the value "gl"); NormalizeLlamaCppFlags does that.
+std::vector<std::string> NormalizeLlamaCppFlags(const std::vector<std::string>& args);
 
 // Whether `id` ends a generated reply (generate and chat stop there without printing it).
 bool IsEndOfGeneration(const Tokenizer& tok, int32_t id);
 
 // A prompt file's bytes (generate/tokenize -f); errors name the flag, the path and the reason.
-StatusOr<std::string> ReadPromptFile(const std::string& flag, const std::string& path);
+// The path "-" reads `in` (std::cin when null) to its end, as llama.cpp's -f - does.
+StatusOr<std::string> ReadPromptFile(const std::string& flag, const std::string& path,
+                                     std::istream* in = nullptr);
+
+// Memory present for a new allocation: /proc/meminfo's MemAvailable, else the free pages
+// (sysconf), in bytes; 0 when unknown.
+double AvailableMemoryBytes();
+// The KV cache one sequence needs at `ctx` tokens in `cache`'s geometry and policy: the
+// policy's bound (KvCache::PeakResidentBytes, what the server reserves by), or, for a context so
+// large that the bound would overflow, the full cache's bytes per token times ctx.
+double KvCacheBytesAt(const KvCache& cache, int64_t ctx);
+// The up-front size check of a context flag: OK when `need` bytes of KV cache fit in `available`
+// (unknown: 0, always OK). Else InvalidArgument naming the flag, the context, the bytes needed
+// and the memory present, e.g. "-c 1000000000000: one sequence's KV cache would need
+// 1024000000000000 bytes (931.32 TiB) at 1000000000000 tokens (1.00 KiB per token), more than
+// the 33285996544 bytes (31.00 GiB) of memory available (MemAvailable); lower -c".
+Status CheckKvFitsMemory(const std::string& flag, int64_t ctx, double need, double per_token,
+                         double available);
+// The same for `cache` at `ctx` against AvailableMemoryBytes() (ctx 0, no limit: OK).
+Status CheckContextFitsMemory(const std::string& flag, int64_t ctx, const KvCache& cache);
+
+// Commands that write a model file (quantize, convert). CheckModelOutput: `out` may not be any of
+// `inputs` (compared as files: device and inode, so another spelling, a hard link or a symlink of
+// an input is caught), and an existing `out` is refused unless `overwrite` (--overwrite); errors
+// name the paths. ModelOutputTemp: a new file name in `out`'s folder to write to and then
+// CommitModelOutput (rename over `out`), so that a failed run leaves neither a partial output nor
+// the temporary file (RemoveModelOutputTemp).
+Status CheckModelOutput(const std::string& out, const std::vector<std::string>& inputs,
+                        bool overwrite);
+std::string ModelOutputTemp(const std::string& out);
+Status CommitModelOutput(const std::string& tmp, const std::string& out, bool overwrite);
+void RemoveModelOutputTemp(const std::string& tmp);
 
 // Streams generated text while watching for stop strings (--stop): Push() returns what may be
 // printed now. A tail that could be the start of a stop string is held back until the next

@@ -81,6 +81,9 @@ void AddConvertCommand(CLI::App* app, ConvertOptions* o) {
                   "Storage of weight matrices: f32, f16, bf16, or a llama.cpp file type (q8_0, "
                   "q4_k_m, q6_k, ...; see `strata quantize --help`)")
       ->capture_default_str();
+  cmd->add_flag("--overwrite", o->overwrite,
+                "Replace an existing output file (without it an existing output is refused, so "
+                "that no model file is lost by accident)");
 }
 
 int RunConvert(const ConvertOptions& o, std::ostream& out, std::ostream& err) {
@@ -91,6 +94,17 @@ int RunConvert(const ConvertOptions& o, std::ostream& out, std::ostream& err) {
   auto ft = ParseWeightFileType(o.dtype);
   if (!ft.ok()) return fail(ft.status().message());
   const bool quantize = IsQuantized(ft->base);
+  {
+    // The output may not be one of the files the conversion reads.
+    std::vector<std::string> inputs = {o.dir};
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(o.dir, ec)) {
+      inputs.push_back(e.path().string());
+    }
+    if (Status st = CheckModelOutput(o.out_path, inputs, o.overwrite); !st.ok()) {
+      return fail(st.message());
+    }
+  }
   HfConvertOptions co;
   co.out_dtype = quantize ? DType::kF32 : ft->base;  // quantized types: built in f32 first
   auto w = ConvertHfDirectory(o.dir, co);
@@ -111,21 +125,32 @@ int RunConvert(const ConvertOptions& o, std::ostream& out, std::ostream& err) {
     // (it then makes vocab_size dummy tokens), and Strata reads it as no tokenizer.
     w->Set("tokenizer.ggml.model", GgufValue::String("none"));
   }
+  // Written beside the output under a temporary name and renamed over it only once it loads, so
+  // a failed run leaves neither a partial output nor the temporary file.
+  const std::string tmp = ModelOutputTemp(o.out_path);
   if (quantize) {
     QuantizeFileOptions qo;
     qo.type = *ft;
     qo.threads = HardwareThreads();
     err << "convert: quantizing to " << ft->name << " ...\n";
-    if (auto rep = WriteQuantized(*w, o.out_path, qo); !rep.ok()) {
+    if (auto rep = WriteQuantized(*w, tmp, qo); !rep.ok()) {
+      RemoveModelOutputTemp(tmp);
       return fail(rep.status().ToString());
     }
-  } else if (Status st = w->WriteFile(o.out_path); !st.ok()) {
+  } else if (Status st = w->WriteFile(tmp); !st.ok()) {
+    RemoveModelOutputTemp(tmp);
     return fail(st.ToString());
   }
   // Read the result back through the engine's own loader: a conversion that the engine cannot
   // load is an error here, not at the first generate.
-  auto m = Model::Load(o.out_path);
-  if (!m.ok()) return fail("converted file does not load: " + m.status().ToString());
+  auto m = Model::Load(tmp);
+  if (!m.ok()) {
+    RemoveModelOutputTemp(tmp);
+    return fail("converted file does not load: " + m.status().ToString());
+  }
+  if (Status st = CommitModelOutput(tmp, o.out_path, o.overwrite); !st.ok()) {
+    return fail(st.message());
+  }
   out << "wrote " << o.out_path << ": " << (*m)->config().Summary() << "; "
       << FormatBytes(static_cast<double>((*m)->total_weight_bytes())) << " of weights ("
       << o.dtype << "), tokenizer: " << tok_desc << "\n";

@@ -123,7 +123,7 @@ void AddDemoCommand(CLI::App* app, DemoOptions* o) {
                   "Compression ratio R, given to every policy that declares a ratio (the "
                   "row-budget policies keep 1/R of the prefix rows)")
       ->capture_default_str();
-  cmd->add_option("--threads", o->threads, "Worker threads (more than the hardware threads are "
+  cmd->add_option("-t,--threads", o->threads, "Worker threads (more than the hardware threads are "
                   "capped to them)")
       ->capture_default_str();
   cmd->add_option("-c,--ctx-size", o->ctx_size,

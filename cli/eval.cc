@@ -105,7 +105,7 @@ void AddShared(CLI::App* cmd, EvalCliOptions* o, const std::string& policy_defau
     cmd->add_option("--" + key, o->flags.values[key], SharedSettingHelp(key))
         ->default_str(SharedSettingDefault(key));
   }
-  cmd->add_option("--threads", o->threads,
+  cmd->add_option("-t,--threads", o->threads,
                   "Worker threads (default: the hardware threads; more are capped to them)")
       ->capture_default_str();
   cmd->add_option("--chunk", o->chunk, "Prefill chunk size in tokens")->capture_default_str();

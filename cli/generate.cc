@@ -30,7 +30,8 @@ void AddGenerateCommand(CLI::App* app, GenerateOptions* o) {
   cmd->add_option("-p,--prompt", o->prompt, "Prompt text (BOS is prepended)")
       ->capture_default_str()
       ->each([o](const std::string&) { o->prompt_given = true; });
-  cmd->add_option("-f,--file", o->prompt_file, "Read the prompt from this file (instead of -p)");
+  cmd->add_option("-f,--file", o->prompt_file,
+                  "Read the prompt from this file (instead of -p); - reads standard input");
   cmd->add_option("-n,--n-predict", o->n_predict,
                   "Tokens to generate (stops early at an end-of-generation token)")
       ->capture_default_str();
@@ -39,8 +40,14 @@ void AddGenerateCommand(CLI::App* app, GenerateOptions* o) {
                 "ids");
   cmd->add_option("--stop", o->stop,
                   "Stop when the generated text contains STR (not printed; repeatable)");
+  cmd->add_flag_callback(
+      "-e,--escape", [o] { o->escape = true; },
+      "Process escapes in -p and --stop: \\n, \\r, \\t, \\\\, \\\", \\' and \\xNN (the default, as in "
+      "llama.cpp; -f files are never processed)");
+  cmd->add_flag_callback("--no-escape", [o] { o->escape = false; },
+                         "Take -p and --stop as written (no escapes)");
   AddSamplerFlags(cmd, &o->sampling);
-  cmd->add_option("--threads", o->threads,
+  cmd->add_option("-t,--threads", o->threads,
                   "Worker threads (default: the hardware threads; more are capped to them)")
       ->capture_default_str();
   cmd->add_option("--chunk", o->chunk,
@@ -81,19 +88,32 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
         CheckAtLeast("--chunk", o.chunk, 1), CheckAtLeast("-c", o.ctx_size, 0)}) {
     if (!st.ok()) return fail(st.message());
   }
-  const SamplerOptions so = ToSamplerOptions(o.sampling);
-  if (Status st = so.Validate(); !st.ok()) return fail(st.message());
-  if (Status st = StopStrings::Check(o.stop); !st.ok()) return fail(st.message());
   std::string prompt_text = o.prompt;
+  std::vector<std::string> stop_strings = o.stop;
+  if (o.escape) {
+    auto p = ProcessEscapes("-p", o.prompt);
+    if (!p.ok()) return fail(p.status().message());
+    prompt_text = std::move(*p);
+    for (std::string& s : stop_strings) {
+      auto t = ProcessEscapes("--stop", s);
+      if (!t.ok()) return fail(t.status().message());
+      s = std::move(*t);
+    }
+  }
+  if (Status st = StopStrings::Check(stop_strings); !st.ok()) return fail(st.message());
   if (o.prompt_given && !o.prompt_file.empty()) {
     return fail("-p and -f both give the prompt; use one");
   }
+  const StatusOr<SamplerOptions> so_or = ResolveSamplerOptions(o.sampling, err);
+  if (!so_or.ok()) return fail(so_or.status().message());
+  const SamplerOptions& so = *so_or;
   if (!o.prompt_file.empty()) {
-    auto text = ReadPromptFile("-f", o.prompt_file);
+    auto text = ReadPromptFile("-f", o.prompt_file, o.in);
     if (!text.ok()) return fail(text.status().message());
     prompt_text = std::move(*text);
   }
-  const std::string prompt_flag = o.prompt_file.empty() ? "-p" : "-f " + o.prompt_file;
+  const std::string prompt_flag =
+      o.prompt_file.empty() ? "-p" : o.prompt_file == "-" ? "-f - (stdin)" : "-f " + o.prompt_file;
   const auto kv_type = ParseKvType(o.kv_type);
   if (!kv_type.ok()) return fail(kv_type.status().message());
   auto policy = MakeCliPolicy(o.policy, o.policy_settings, &o.policy_flags);
@@ -124,6 +144,11 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   if (!cache_or.ok()) return fail("--policy " + o.policy + ": " + cache_or.status().message());
   err << "KV cache: " << KvTypeName(*kv_type) << " rows (--kv-type)\n";
   KvCache& cache = **cache_or;
+  // A -c the cache could never hold is refused now, not by std::bad_alloc mid-run (the trained
+  // length taken by default is not: a short run of a long-context model needs little of it).
+  if (o.ctx_size > 0) {
+    if (Status st = CheckContextFitsMemory("-c", ctx, cache); !st.ok()) return fail(st.message());
+  }
   const int threads = CapThreads("--threads", o.threads, err);
   ThreadPool pool(threads);
   Sampler sampler(so);
@@ -141,7 +166,7 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   const CacheCounters counters0 = cache.counters();  // the decode steps are measured
   out << prompt_text << std::flush;
 
-  StopStrings stops(o.stop);
+  StopStrings stops(stop_strings);
   int64_t generated = 0, decode_steps = 0;
   double decode_s = 0;
   bool hit_eos = false, hit_ctx = false;
@@ -152,7 +177,13 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
       hit_ctx = true;
       break;
     }
-    const int32_t id = sampler.Sample(logits.data(), n_vocab);
+    const StatusOr<int32_t> next = sampler.Next(logits.data(), n_vocab, n_prompt + i);
+    if (!next.ok()) {
+      out << stops.Flush() << "\n" << std::flush;
+      err << "error: " << next.status().message() << "\n";
+      return kExitFailed;
+    }
+    const int32_t id = *next;
     if (IsEndOfGeneration(*tok, id)) {
       hit_eos = true;
       eog_id = id;

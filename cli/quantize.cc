@@ -33,6 +33,10 @@ void AddQuantizeCommand(CLI::App* app, QuantizeOptions* o) {
   cmd->add_option("--type", o->type, TypesHelp());
   cmd->add_option("-t,--threads", o->threads,
                   "Worker threads (default: the hardware threads; more are capped to them)");
+  cmd->add_flag("--overwrite", o->overwrite,
+                "Replace an existing output file. Without it an existing output is refused, so "
+                "that no model file is lost by accident (llama-quantize overwrites silently); "
+                "the input itself is never accepted as the output, in any spelling");
   cmd->add_flag("--allow-requantize", o->allow_requantize,
                 "Accept an input whose matrices are already quantized (they are dequantized and "
                 "quantized again, losing precision twice)");
@@ -56,8 +60,8 @@ int RunQuantize(const QuantizeOptions& o, std::ostream& out, std::ostream& err) 
   if (o.threads < 0) return fail("--threads " + std::to_string(o.threads) + " must be >= 1");
   const int threads =
       o.threads == 0 ? HardwareThreads() : CapThreads("--threads", o.threads, err);
-  if (o.in_path == o.out_path) {
-    return fail("the output '" + o.out_path + "' is the input; write to another file");
+  if (Status st = CheckModelOutput(o.out_path, {o.in_path}, o.overwrite); !st.ok()) {
+    return fail(st.message());
   }
   auto in = GgufFile::Open(o.in_path);
   if (!in.ok()) return fail("cannot read '" + o.in_path + "': " + in.status().ToString());
@@ -79,12 +83,23 @@ int RunQuantize(const QuantizeOptions& o, std::ostream& out, std::ostream& err) 
   };
   err << "quantize: " << o.in_path << " -> " << o.out_path << " as " << ft->name << " ("
       << threads << " thread" << (threads == 1 ? "" : "s") << ")\n";
-  auto rep = QuantizeGguf(**in, o.out_path, qo);
-  if (!rep.ok()) return fail(rep.status().ToString());
+  // Written beside the output under a temporary name and renamed over it only once it loads, so
+  // a failed run leaves neither a partial output nor the temporary file.
+  const std::string tmp = ModelOutputTemp(o.out_path);
+  auto rep = QuantizeGguf(**in, tmp, qo);
+  if (!rep.ok()) {
+    RemoveModelOutputTemp(tmp);
+    return fail(rep.status().ToString());
+  }
   // Read the result back through the engine's loader: a file the engine cannot load is an error
   // here, not at the first generate.
-  auto m = Model::Load(o.out_path);
-  if (!m.ok()) return fail("quantized file does not load: " + m.status().ToString());
+  if (auto m = Model::Load(tmp); !m.ok()) {
+    RemoveModelOutputTemp(tmp);
+    return fail("quantized file does not load: " + m.status().ToString());
+  }
+  if (Status st = CommitModelOutput(tmp, o.out_path, o.overwrite); !st.ok()) {
+    return fail(st.message());
+  }
   const double bpw = rep->n_weights > 0 ? 8.0 * rep->bytes_out / rep->n_weights : 0;
   out << "wrote " << o.out_path << " (" << ft->name << "): " << rep->n_quantized << " of "
       << rep->n_tensors << " tensors quantized";

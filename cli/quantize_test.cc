@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <set>
 #include <map>
 
 #include "cli/cli_testing.h"
@@ -156,7 +159,7 @@ TEST_F(QuantizeCliTest, NanWeightIsRefusedNamingTheTensor) {
     ASSERT_OK(w.AddTensorF32(t.name, DType::kF32, t.shape, vals.data()));
   }
   ASSERT_OK(w.WriteFile(Path("nan.gguf")));
-  CliResult r = Strata({"quantize", Path("nan.gguf"), Path("x.gguf"), "Q4_K_M"});
+  CliResult r = Strata({"quantize", Path("nan.gguf"), Path("nan-q4.gguf"), "Q4_K_M"});
   EXPECT_EQ(r.code, kExitUsage);
   EXPECT_NE(r.err.find("blk.1.ffn_up.weight"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("is nan (not finite)"), std::string::npos) << r.err;
@@ -189,6 +192,80 @@ TEST_F(QuantizeCliTest, SynthAndConvertTakeQuantizedTypes) {
     ASSERT_OK(c);
     EXPECT_EQ(*(*c)->GetInt("general.file_type"), std::string(t) == "q8_0" ? 7 : 15);
   }
+}
+
+// The output is compared with the input as a file (device and inode), not as a string: another
+// spelling or a hard link of the input is refused and the input is left as it was; an existing
+// output needs --overwrite; the file is written under a temporary name beside the output and
+// renamed into place, so neither a failed nor a successful run leaves a temporary file.
+TEST_F(QuantizeCliTest, OutputIsNeverTheInputAndIsReplacedOnlyWithOverwrite) {
+  namespace fs = std::filesystem;
+  const std::string dir = Path("safety");
+  fs::create_directories(dir);
+  const std::string in = dir + "/same.gguf";
+  fs::copy_file(Path("f32.gguf"), in);
+  const auto size = fs::file_size(in);
+  const auto listing = [&] {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+    return names;
+  };
+  fs::create_hard_link(in, dir + "/link.gguf");
+  for (const std::string& out : {dir + "/./same.gguf", dir + "/../safety/same.gguf",
+                                 dir + "/link.gguf"}) {
+    SCOPED_TRACE(out);
+    for (const bool overwrite : {false, true}) {
+      std::vector<std::string> args = {"quantize", in, out, "Q8_0"};
+      if (overwrite) args.push_back("--overwrite");
+      CliResult r = Strata(args);
+      EXPECT_EQ(r.code, kExitUsage);
+      EXPECT_NE(r.err.find("the output '" + out + "' is the input '" + in + "' (the same file)"),
+                std::string::npos)
+          << r.err;
+    }
+  }
+  EXPECT_EQ(fs::file_size(in), size);
+  EXPECT_EQ(listing(), (std::set<std::string>{"same.gguf", "link.gguf"}));
+
+  // An existing output is kept unless --overwrite.
+  const std::string out = dir + "/out.gguf";
+  std::ofstream(out) << "keep me";
+  CliResult r = Strata({"quantize", in, out, "Q8_0"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_NE(r.err.find("the output '" + out + "' exists; pass --overwrite to replace it"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(fs::file_size(out), 7u);
+  r = Strata({"quantize", in, out, "Q8_0", "--overwrite"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto q = GgufFile::Open(out);
+  ASSERT_OK(q);
+  EXPECT_EQ(*(*q)->GetInt("general.file_type"), 7);
+  EXPECT_EQ(listing(), (std::set<std::string>{"same.gguf", "link.gguf", "out.gguf"}));
+
+  // A run that fails leaves no output and no temporary file.
+  r = Strata({"quantize", out, dir + "/again.gguf", "Q4_K_M"});  // needs --allow-requantize
+  EXPECT_EQ(r.code, kExitUsage);
+  r = Strata({"quantize", in, dir + "/missing/x.gguf", "Q8_0"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_NE(r.err.find("the output's folder '" + dir + "/missing' does not exist"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(listing(), (std::set<std::string>{"same.gguf", "link.gguf", "out.gguf"}));
+
+  // convert: the same rules; one of the checkpoint's own files is never the output.
+  const std::string hf = dir + "/hf";
+  ASSERT_EQ(Strata({"synth", "--arch", "llama", "--format", "safetensors", "-o", hf}).code, 0);
+  r = Strata({"convert", hf, "-o", hf + "/model.safetensors"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_NE(r.err.find("is the input"), std::string::npos) << r.err;
+  EXPECT_TRUE(Model::Load(in).ok());
+  r = Strata({"convert", hf, "-o", out});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_NE(r.err.find("exists; pass --overwrite"), std::string::npos) << r.err;
+  r = Strata({"convert", hf, "-o", out, "--overwrite", "--dtype", "q8_0"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(listing(), (std::set<std::string>{"same.gguf", "link.gguf", "out.gguf", "hf"}));
 }
 
 // The shipped testbeds quantized to Q8_0 give the same greedy text as the f32 files.

@@ -68,7 +68,7 @@ void AddServeCommand(CLI::App* app, ServeOptions* o) {
                       templates + ")");
   cmd->add_option("--api-key", o->api_key,
                   "Require Authorization: Bearer KEY on /v1/* and /metrics");
-  cmd->add_option("--threads", o->threads,
+  cmd->add_option("-t,--threads", o->threads,
                   "Worker threads (default: the hardware threads; more are capped to them)")
       ->capture_default_str();
   cmd->add_option("-c,--ctx-size", o->ctx_size,
@@ -103,6 +103,18 @@ int RunServe(const ServeOptions& o, std::ostream& out, std::ostream& err) {
   }
   Model& m = **loaded;
   err << "model: " << o.model << "\n" << m.config().Summary() << "\n";
+  // A -c that one sequence's cache could never reach in this machine's memory is refused now
+  // (--kv-budget bounds all sequences together; this is the one sequence -c promises), sized by
+  // the default policy (an unknown one is left for the server to report).
+  if (o.ctx_size > 0) {
+    if (auto p = MakeCliPolicy(o.policy, ""); p.ok()) {
+      if (auto c = m.NewCache(std::move(p).value()); c.ok()) {
+        if (Status st = CheckContextFitsMemory("-c", o.ctx_size, **c); !st.ok()) {
+          return fail(st.message());
+        }
+      }
+    }
+  }
   serve::ServerOptions so;
   so.host = o.host;
   so.port = static_cast<int>(o.port);

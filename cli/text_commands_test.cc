@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -599,6 +601,270 @@ TEST_F(TextCommandsTest, ChatErrorsAndTheContextLimit) {
   EXPECT_NE(c.err.find("error: the context is full: this message needs"), std::string::npos)
       << c.err;
   EXPECT_EQ(Row(c.out, "tokens in context"), ctx + " of " + ctx) << c.out;
+}
+
+// ---- llama.cpp habits: escapes, -f -, seeds, -t, flags with no effect here ----
+
+TEST(Escapes, ProcessedAsLlamaCppDoesAndMalformedOnesNameTheFlag) {
+  const std::pair<std::string, std::string> ok[] = {
+      {"a\\nb", "a\nb"},        {"tab\\tend", "tab\tend"}, {"cr\\r", "cr\r"},
+      {"back\\\\slash", "back\\slash"}, {"\\\"q\\'", "\"q'"},  {"\\x41\\x62", "Ab"},
+      {"\\xe2\\x96\\x81", "\xe2\x96\x81"}, {"keep \\d", "keep \\d"}, {"end\\", "end\\"},
+      {"plain", "plain"},       {"", ""}};
+  for (const auto& [in, want] : ok) {
+    const StatusOr<std::string> got = ProcessEscapes("-p", in);
+    ASSERT_TRUE(got.ok()) << in << ": " << got.status().ToString();
+    EXPECT_EQ(*got, want) << in;
+  }
+  for (const std::string bad : {"\\x4", "ab\\xZZ", "\\x", "\\xg1"}) {
+    const StatusOr<std::string> got = ProcessEscapes("--stop", bad);
+    ASSERT_FALSE(got.ok()) << bad;
+    EXPECT_EQ(got.status().message().rfind("--stop: malformed escape '\\x", 0), 0u)
+        << got.status().message();
+    EXPECT_NE(got.status().message().find("--no-escape"), std::string::npos);
+  }
+}
+
+TEST_F(TextCommandsTest, GenerateProcessesEscapesInThePromptAndStopStrings) {
+  const std::string m = Path("tiny.gguf");
+  CliResult esc = Strata({"generate", "-m", m, "-p", "line one\\nline\\x20two", "-n", "4"});
+  ASSERT_EQ(esc.code, 0) << esc.err;
+  EXPECT_EQ(esc.out.rfind("line one\nline two", 0), 0u) << esc.out;
+  // -e is the default, as in llama.cpp.
+  CliResult e = Strata({"generate", "-m", m, "-e", "-p", "line one\\nline\\x20two", "-n", "4"});
+  EXPECT_EQ(e.out, esc.out);
+  CliResult raw =
+      Strata({"generate", "-m", m, "--no-escape", "-p", "line one\\nline\\x20two", "-n", "4"});
+  ASSERT_EQ(raw.code, 0) << raw.err;
+  EXPECT_EQ(raw.out.rfind("line one\\nline\\x20two", 0), 0u) << raw.out;
+  for (const auto& [args, expect] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"-p", "bad \\x4"}, "-p: malformed escape '\\x4'"},
+           {{"-p", "bad \\xZZ"}, "-p: malformed escape '\\xZZ'"},
+           {{"--stop", "\\xq"}, "--stop: malformed escape '\\xq'"}}) {
+    std::vector<std::string> a = {"generate", "-m", m, "-n", "2"};
+    a.insert(a.end(), args.begin(), args.end());
+    CliResult r = Strata(a);
+    EXPECT_EQ(r.code, 2) << expect;
+    EXPECT_NE(r.err.find(expect), std::string::npos) << r.err;
+  }
+  // A stop string's escapes are processed too: the greedy text cut at its first character,
+  // written as \xNN, ends before it.
+  const std::string cont = Continuation(m, "hello there", {"-n", "12"});
+  ASSERT_FALSE(cont.empty());
+  char hex[8];
+  std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(cont[0]));
+  CliResult stop = Strata({"generate", "-m", m, "-p", "hello there", "--special", "-n", "12",
+                           "--stop", hex});
+  ASSERT_EQ(stop.code, 0) << stop.err;
+  EXPECT_EQ(stop.out, "hello there\n") << stop.out;
+  // chat: --system.
+  CliResult sys = Strata({"chat", "-m", Path("chat.gguf"), "--system", "be \\xZ"}, "hi\n");
+  EXPECT_EQ(sys.code, 2);
+  EXPECT_NE(sys.err.find("--system: malformed escape"), std::string::npos) << sys.err;
+}
+
+TEST_F(TextCommandsTest, DashFReadsThePromptFromStandardInput) {
+  const std::string m = Path("tiny.gguf");
+  const std::string prompt = "Once upon a time\nthere was";
+  CliResult p = Strata({"generate", "-m", m, "--no-escape", "-p", prompt, "-n", "6"});
+  CliResult f = Strata({"generate", "-m", m, "-f", "-", "-n", "6"}, prompt);
+  ASSERT_EQ(p.code, 0) << p.err;
+  ASSERT_EQ(f.code, 0) << f.err;
+  EXPECT_EQ(f.out, p.out);
+  CliResult t1 = Strata({"tokenize", "-m", m, "--ids", "-p", prompt});
+  CliResult t2 = Strata({"tokenize", "-m", m, "--ids", "-f", "-"}, prompt);
+  ASSERT_EQ(t2.code, 0) << t2.err;
+  EXPECT_EQ(t2.out, t1.out);
+}
+
+TEST_F(TextCommandsTest, DefaultSeedIsRandomPrintedAndRepeatable) {
+  const std::string m = Path("tiny.gguf");
+  const std::vector<std::string> base = {"generate", "-m", m, "-p", "hello", "-n", "10",
+                                         "--temp", "1.5"};
+  auto seed_of = [](const std::string& err) -> std::string {
+    const size_t at = err.find("seed: ");
+    if (at == std::string::npos) return "";
+    const size_t end = err.find_first_not_of("0123456789", at + 6);
+    return err.substr(at + 6, end - at - 6);
+  };
+  for (const std::vector<std::string>& extra :
+       std::vector<std::vector<std::string>>{{}, {"--seed", "-1"}}) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    CliResult r = Strata(a);
+    ASSERT_EQ(r.code, 0) << r.err;
+    const std::string seed = seed_of(r.err);
+    ASSERT_FALSE(seed.empty()) << r.err;
+    EXPECT_NE(r.err.find("seed: " + seed + " (random; --seed " + seed + " repeats this run)"),
+              std::string::npos)
+        << r.err;
+    // The printed seed repeats the run.
+    std::vector<std::string> again = base;
+    again.insert(again.end(), {"--seed", seed});
+    CliResult r2 = Strata(again);
+    ASSERT_EQ(r2.code, 0) << r2.err;
+    EXPECT_EQ(r2.out, r.out);
+    EXPECT_NE(r2.err.find("seed: " + seed + "\n"), std::string::npos) << r2.err;
+  }
+  std::vector<std::string> top = base;
+  top.insert(top.end(), {"--seed", "18446744073709551615"});
+  EXPECT_EQ(Strata(top).code, 0);
+  for (const std::string bad : {"-2", "18446744073709551616", "abc", "1.5", ""}) {
+    for (const char* cmd : {"generate", "chat"}) {
+      CliResult r = Strata({cmd, "-m", Path("chat.gguf"), "--seed", bad}, "hi\n");
+      EXPECT_EQ(r.code, 2) << cmd << " " << bad;
+      EXPECT_NE(r.err.find("--seed must be an integer in [0, 18446744073709551615] or -1 (a "
+                           "random seed), got '" + bad + "'"),
+                std::string::npos)
+          << r.err;
+    }
+  }
+}
+
+TEST_F(TextCommandsTest, DashTIsThreadsOnEveryCommandThatHasThreads) {
+  const std::vector<std::vector<std::string>> commands = {
+      {"demo"},          {"generate"},          {"quantize"},       {"serve"},
+      {"chat"},          {"eval", "needle"},    {"eval", "ppl"},    {"eval", "kl"},
+      {"bench", "decode"}, {"bench", "capacity"}, {"bench", "attention"}, {"bench", "serve"},
+      {"bench", "prefill"}};
+  for (const auto& c : commands) {
+    std::vector<std::string> a = c;
+    a.push_back("--help");
+    CliResult h = Strata(a);
+    ASSERT_EQ(h.code, 0) << c[0];
+    ASSERT_NE(h.out.find("--threads"), std::string::npos) << c[0] << " has no --threads";
+    EXPECT_NE(h.out.find("  -t,--threads"), std::string::npos) << c[0] << (c.size() > 1 ? " " + c[1] : "");
+  }
+  const std::string m = Path("tiny.gguf");
+  CliResult t = Strata({"generate", "-m", m, "-p", "hi", "-n", "3", "-t", "1"});
+  ASSERT_EQ(t.code, 0) << t.err;
+  EXPECT_EQ(Strata({"generate", "-m", m, "-p", "hi", "-n", "3", "--threads", "1"}).out, t.out);
+  CliResult zero = Strata({"generate", "-m", m, "-t", "0"});
+  EXPECT_EQ(zero.code, 2);
+  EXPECT_NE(zero.err.find("--threads must be >= 1, got 0"), std::string::npos) << zero.err;
+}
+
+// -ngl N, -fa [on|off|auto], --mlock and -cnv are accepted with a note, and consume exactly their
+// own arguments: -ngl 99 was read as -n "gl" ("Could not convert: --n-predict = gl"), -fa on as
+// -f "a".
+TEST_F(TextCommandsTest, LlamaCppGpuFlagsAreAcceptedWithANote) {
+  const std::string m = Path("tiny.gguf");
+  CliResult plain = Strata({"generate", "-m", m, "-p", "hi", "-n", "5"});
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  for (const std::vector<std::string>& extra : std::vector<std::vector<std::string>>{
+           {"-ngl", "99"},
+           {"--n-gpu-layers", "99"},
+           {"-fa", "on"},
+           {"-fa", "auto"},
+           {"--flash-attn", "off"},
+           {"-fa"},
+           {"--mlock"},
+           {"-cnv"},
+           {"-ngl", "99", "-fa", "-cnv", "--mlock"}}) {
+    std::string what;
+    for (const auto& e : extra) what += e + " ";
+    SCOPED_TRACE(what);
+    // Before the other flags and after them (a bare -fa followed by -n takes no value).
+    std::vector<std::string> a = {"generate"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.insert(a.end(), {"-m", m, "-p", "hi", "-n", "5"});
+    std::vector<std::string> b = {"generate", "-m", m, "-p", "hi", "-n", "5"};
+    b.insert(b.end(), extra.begin(), extra.end());
+    for (const auto& args : {a, b}) {
+      CliResult r = Strata(args);
+      ASSERT_EQ(r.code, 0) << r.err;
+      EXPECT_EQ(r.out, plain.out);
+      EXPECT_NE(r.err.find("has no effect in Strata"), std::string::npos) << r.err;
+    }
+  }
+  CliResult ngl = Strata({"generate", "-m", m, "-p", "hi", "-n", "5", "-ngl", "99"});
+  EXPECT_NE(ngl.err.find("note: -ngl/--n-gpu-layers has no effect in Strata (a CPU engine)"),
+            std::string::npos)
+      << ngl.err;
+  EXPECT_EQ(std::count(ngl.err.begin(), ngl.err.end(), '\n'),
+            std::count(plain.err.begin(), plain.err.end(), '\n') + 1);
+  CliResult fa = Strata({"generate", "-m", m, "-fa", "maybe"});
+  EXPECT_EQ(fa.code, 2);
+  EXPECT_NE(fa.err.find("-fa/--flash-attn takes on, off or auto"), std::string::npos) << fa.err;
+  // Other commands that run a model take them too.
+  CliResult chat = Strata({"chat", "-m", Path("chat.gguf"), "-ngl", "99", "-cnv", "-n", "2"}, "hi\n");
+  EXPECT_EQ(chat.code, 0) << chat.err;
+  EXPECT_NE(chat.err.find("-cnv/--conversation has no effect"), std::string::npos) << chat.err;
+}
+
+// A model whose logits are NaN (its output norm's weights NaN, as in a corrupt file) stops
+// generate with an error naming the position instead of printing token 0 again and again.
+TEST_F(TextCommandsTest, NonFiniteLogitsStopGenerateNamingThePosition) {
+  auto f = GgufFile::Open(Path("tiny.gguf"));
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  GgufWriter w;
+  for (const auto& [k, v] : (*f)->metadata()) {
+    if (k != "general.alignment") w.Set(k, v);
+  }
+  bool poisoned = false;
+  for (const GgufTensorInfo& t : (*f)->tensors()) {
+    auto v = (*f)->Tensor(t.name);
+    ASSERT_TRUE(v.ok());
+    std::vector<uint8_t> bytes(static_cast<const uint8_t*>(v->data),
+                               static_cast<const uint8_t*>(v->data) + t.n_bytes);
+    if (t.name == "output_norm.weight") {
+      ASSERT_EQ(t.dtype, DType::kF32);
+      const float nan = std::nanf("");
+      for (size_t i = 0; i + sizeof(float) <= bytes.size(); i += sizeof(float)) {
+        std::memcpy(&bytes[i], &nan, sizeof(float));
+      }
+      poisoned = true;
+    }
+    ASSERT_TRUE(w.AddTensor(t.name, t.dtype, t.shape, bytes.data(), bytes.size()).ok());
+  }
+  ASSERT_TRUE(poisoned);
+  ASSERT_TRUE(w.WriteFile(Path("nan.gguf")).ok());
+  const size_t n_prompt = Encode(Path("tiny.gguf"), "hello", true, false).size();
+  for (const char* temp : {"0", "0.8"}) {
+    CliResult r = Strata({"generate", "-m", Path("nan.gguf"), "-p", "hello", "-n", "8", "--temp",
+                          temp});
+    EXPECT_EQ(r.code, 1) << r.err;
+    EXPECT_NE(r.err.find("error: non-finite logits at position " + std::to_string(n_prompt) +
+                         " "),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.out, "hello\n");  // nothing generated
+  }
+}
+
+// -c / --ctx sizes that no machine holds are refused up front, naming the KV cache bytes and the
+// memory present, instead of being accepted (chat, serve) or failing mid-run (bench decode).
+TEST_F(TextCommandsTest, ContextSizesAreCheckedAgainstMemoryUpFront) {
+  const std::string huge = "1000000000000";
+  for (const auto& [args, flag] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"generate", "-m", Path("tiny.gguf"), "-c", huge}, "-c"},
+           {{"chat", "-m", Path("chat.gguf"), "-c", huge}, "-c"},
+           {{"serve", "-m", Path("tiny.gguf"), "--port", "0", "-c", huge}, "-c"},
+           {{"bench", "decode", "-m", Path("tiny.gguf"), "--ctx", "0," + huge}, "--ctx"}}) {
+    SCOPED_TRACE(args[0]);
+    CliResult r = Strata(args, "hi\n");
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_NE(r.err.find("error: " + flag + " " + huge + ": one sequence's KV cache would need "),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find(" bytes ("), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("of memory available (MemAvailable); lower " + flag), std::string::npos)
+        << r.err;
+  }
+  // A size that fits runs.
+  CliResult ok = Strata({"generate", "-m", Path("tiny.gguf"), "-p", "hi", "-n", "2", "-c", "64"});
+  EXPECT_EQ(ok.code, 0) << ok.err;
+}
+
+TEST(KvFitsMemory, MessageNamesTheBytesNeededAndPresent) {
+  EXPECT_TRUE(CheckKvFitsMemory("-c", 100, 1000, 10, 2000).ok());
+  EXPECT_TRUE(CheckKvFitsMemory("-c", 100, 1000, 10, 0).ok());  // memory unknown
+  const Status st = CheckKvFitsMemory("-c", 1000000000000, 1024e12, 1024, 32.0 * (1 << 30));
+  EXPECT_EQ(st.message(),
+            "-c 1000000000000: one sequence's KV cache would need 1024000000000000 bytes "
+            "(931.32 TiB) at 1000000000000 tokens (1.00 KiB per token), more than the "
+            "34359738368 bytes (32.00 GiB) of memory available (MemAvailable); lower -c");
+  EXPECT_GT(AvailableMemoryBytes(), 0);
 }
 
 }  // namespace

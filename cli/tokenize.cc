@@ -106,7 +106,8 @@ void AddTokenizeCommand(CLI::App* app, TokenizeOptions* o) {
         o->has_prompt = true;
       },
       "Text to tokenize");
-  cmd->add_option("-f,--file", o->prompt_file, "Read the text to tokenize from this file");
+  cmd->add_option("-f,--file", o->prompt_file,
+                  "Read the text to tokenize from this file; - reads standard input");
   cmd->add_flag("--ids", o->ids, "Print only the ids, as a Python-style list: [1, 2, 3]");
   cmd->add_flag("--pieces", o->pieces,
                 "Print only the pieces, as a Python-style list: ['Hello', ' world']");
@@ -135,7 +136,7 @@ int RunTokenize(const TokenizeOptions& o, std::ostream& out, std::ostream& err) 
   }
   std::string text = o.prompt;
   if (!o.prompt_file.empty()) {
-    auto t = ReadPromptFile("-f", o.prompt_file);
+    auto t = ReadPromptFile("-f", o.prompt_file, o.in);
     if (!t.ok()) return fail(t.status().message());
     text = std::move(*t);
   }

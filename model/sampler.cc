@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 namespace strata {
@@ -134,6 +135,35 @@ double Sampler::RunChain(const float* logits, int64_t n) {
     total += weights_[i];
   }
   return total;
+}
+
+Status Sampler::CheckLogits(const float* logits, int64_t n, int64_t position) {
+  // The common case in one branch-free pass that vectorizes: a float is NaN or infinite exactly
+  // when its exponent bits are all ones.
+  uint32_t any = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &logits[i], sizeof bits);
+    any |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+  }
+  if (any == 0) return OkStatus();
+  int64_t first = -1, bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(logits[i])) continue;
+    if (first < 0) first = i;
+    ++bad;
+  }
+  return DataLoss("non-finite logits at position " + std::to_string(position) +
+                  " (the token index in the sequence, prompt included): token " +
+                  std::to_string(first) + "'s logit is " + Num(logits[first]) + ", " +
+                  std::to_string(bad) + " of " + std::to_string(n) +
+                  " logits are NaN or infinite; the model file is likely corrupt (e.g. NaN "
+                  "block scales in a quantized tensor)");
+}
+
+StatusOr<int32_t> Sampler::Next(const float* logits, int64_t n, int64_t position) {
+  RETURN_IF_ERROR(CheckLogits(logits, n, position));
+  return Sample(logits, n);
 }
 
 int32_t Sampler::Sample(const float* logits, int64_t n) {

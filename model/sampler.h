@@ -27,7 +27,9 @@ struct SamplerOptions {
   int32_t repeat_last_n = 64;  // -1 = the whole context, 0 = off
   uint64_t seed = 0;
   // temperature >= 0 and finite; top_k >= 0; top_p in (0, 1]; min_p in [0, 1]; repeat_penalty
-  // finite and > 0; repeat_last_n >= -1.
+  // finite and > 0; repeat_last_n >= -1. The checks are on these float fields, so a value that
+  // narrowing from a double made 0 or infinite (top_p 1e-300 -> 0, temperature 1e300 -> inf) is
+  // refused like one given so; the errors name the llama.cpp flag and the value.
   Status Validate() const;
   bool penalizes() const { return repeat_penalty != 1.f && repeat_last_n != 0; }
 };
@@ -48,8 +50,17 @@ class Sampler {
   void ResetHistory();
 
   // The next token. Greedy (temperature 0) is the argmax of the logits, after the penalty when
-  // one is set; with no penalty it reads `logits` only and allocates nothing.
+  // one is set; with no penalty it reads `logits` only and allocates nothing. The logits must be
+  // finite (a NaN makes every comparison false: the argmax would be token 0 and a draw the last
+  // candidate); Next checks that first.
   int32_t Sample(const float* logits, int64_t n_vocab);
+  // Sample, after CheckLogits: the token that goes at `position` (its index in the sequence,
+  // prompt included), or the error of a non-finite logit.
+  StatusOr<int32_t> Next(const float* logits, int64_t n_vocab, int64_t position);
+  // OK when every logit is finite. Else DataLoss naming `position`, the first bad token id and
+  // value and how many there are: a forward pass gives NaN or infinite logits only from a
+  // corrupt or broken model file (e.g. NaN block scales in a quantized tensor).
+  static Status CheckLogits(const float* logits, int64_t n_vocab, int64_t position);
 
   // What Sample draws from: the tokens left after the chain, most likely first (ties by id),
   // with probabilities summing to 1. Greedy: the argmax token with probability 1. Draws nothing.

@@ -226,5 +226,61 @@ TEST(Sampler, ValidationNamesTheFlagAndTheValue) {
   EXPECT_TRUE(SamplerOptions{}.Validate().ok());
 }
 
+// Values that are legal as doubles but not after narrowing to the float fields (an HTTP request's
+// JSON numbers are doubles) are refused by the same checks.
+TEST(Sampler, ValidateChecksTheNarrowedFloats) {
+  SamplerOptions o;
+  const double tiny = 1e-300, huge = 1e300;
+  o.top_p = static_cast<float>(tiny);
+  EXPECT_EQ(o.Validate().message(), "--top-p must be in (0, 1], got 0");
+  o = {};
+  o.temperature = static_cast<float>(huge);
+  EXPECT_EQ(o.Validate().message(), "--temp must be a finite number >= 0 (0 = greedy), got inf");
+  o = {};
+  o.repeat_penalty = static_cast<float>(tiny);
+  EXPECT_FALSE(o.Validate().ok());
+  o = {};
+  o.repeat_penalty = static_cast<float>(huge);
+  EXPECT_FALSE(o.Validate().ok());
+}
+
+// A NaN or infinite logit is an error naming the position, never a token: with the old argmax a
+// NaN at id 0 won every comparison (token 0), and a draw over NaN weights took the last
+// candidate.
+TEST(Sampler, NonFiniteLogitsAreAnErrorNamingThePosition) {
+  for (float temp : {0.f, 0.8f}) {
+    SCOPED_TRACE(temp);
+    for (float bad : {NAN, INFINITY, -INFINITY}) {
+      Sampler s(Opts(temp));
+      std::vector<float> logits = kLogits;
+      logits[1] = bad;
+      const StatusOr<int32_t> got = s.Next(logits.data(), 4, 17);
+      ASSERT_FALSE(got.ok());
+      EXPECT_EQ(got.status().code(), StatusCode::kDataLoss);
+      EXPECT_NE(got.status().message().find("non-finite logits at position 17"),
+                std::string::npos)
+          << got.status().message();
+      EXPECT_NE(got.status().message().find("token 1's logit is"), std::string::npos)
+          << got.status().message();
+      EXPECT_NE(got.status().message().find("1 of 4 logits"), std::string::npos)
+          << got.status().message();
+    }
+    // Every logit NaN (a NaN norm weight): the first is named.
+    Sampler s(Opts(temp));
+    const std::vector<float> all_nan(1000, NAN);
+    const Status st = Sampler::CheckLogits(all_nan.data(), 1000, 3);
+    EXPECT_NE(st.message().find("token 0's logit is nan, 1000 of 1000"), std::string::npos)
+        << st.message();
+    EXPECT_FALSE(s.Next(all_nan.data(), 1000, 3).ok());
+    // Finite logits: Next is Sample.
+    Sampler a(Opts(temp)), b(Opts(temp));
+    for (int i = 0; i < 8; ++i) {
+      const StatusOr<int32_t> n = a.Next(kLogits.data(), 4, i);
+      ASSERT_TRUE(n.ok()) << n.status().ToString();
+      EXPECT_EQ(*n, b.Sample(kLogits.data(), 4));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -248,7 +248,13 @@ void Scheduler::Step() {
       End(s, "length", "the context size " + std::to_string(o_.ctx) + " is reached");
       continue;
     }
-    const int32_t id = s->sampler_->Sample(s->logits_.data(), n_vocab_);
+    const StatusOr<int32_t> next =
+        s->sampler_->Next(s->logits_.data(), n_vocab_, n_prompt + s->generated_);
+    if (!next.ok()) {  // non-finite logits: a failed generation, never a made-up token
+      End(s, "length", "", next.status());
+      continue;
+    }
+    const int32_t id = *next;
     if (!s->ignore_eos && tok_->IsEog(id)) {
       End(s, "stop", "");
       continue;

@@ -7,11 +7,14 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <thread>
 
 #include "core/status_testing.h"
+#include "io/gguf.h"
 #include "kv/registry.h"
 #include "model/synth.h"
 
@@ -181,6 +184,56 @@ TEST_F(SchedulerTest, ChunkedPrefillGivesTheSoloTokens) {
     EXPECT_EQ(r.completion_tokens, 6);
     EXPECT_EQ(r.text, solo_text);
   }
+}
+
+// A model whose logits are NaN (its output norm's weights NaN, as a corrupt file's would be): the
+// sequence ends as a failed generation whose error names the position, not with tokens made up
+// from NaN logits (the old argmax returned token 0 every step).
+TEST_F(SchedulerTest, NonFiniteLogitsFailTheGenerationNamingThePosition) {
+  auto f = GgufFile::Open(*dir_ + "/tiny.gguf");
+  ASSERT_OK(f);
+  GgufWriter w;
+  for (const auto& [k, v] : (*f)->metadata()) {
+    if (k != "general.alignment") w.Set(k, v);
+  }
+  bool poisoned = false;
+  for (const GgufTensorInfo& t : (*f)->tensors()) {
+    auto v = (*f)->Tensor(t.name);
+    ASSERT_OK(v);
+    std::vector<uint8_t> bytes(static_cast<const uint8_t*>(v->data),
+                               static_cast<const uint8_t*>(v->data) + t.n_bytes);
+    if (t.name == "output_norm.weight") {
+      ASSERT_EQ(t.dtype, DType::kF32);
+      const float nan = std::nanf("");
+      for (size_t i = 0; i + sizeof(float) <= bytes.size(); i += sizeof(float)) {
+        std::memcpy(&bytes[i], &nan, sizeof(float));
+      }
+      poisoned = true;
+    }
+    ASSERT_OK(w.AddTensor(t.name, t.dtype, t.shape, bytes.data(), bytes.size()));
+  }
+  ASSERT_TRUE(poisoned);
+  ASSERT_OK(w.WriteFile(*dir_ + "/nan.gguf"));
+  auto m = Model::Load(*dir_ + "/nan.gguf");
+  ASSERT_OK(m);
+  Metrics metrics;
+  ThreadPool pool(1);
+  Scheduler sched(m->get(), &pool, SchedulerOptions{}, &metrics);
+  auto s = std::make_shared<Sequence>();
+  s->prompt = Prompt(5, 1);
+  s->max_tokens = 4;
+  s->ignore_eos = true;
+  auto c = (*m)->NewCache(MakePolicy(PolicySpec{"full", {}}).value());
+  ASSERT_OK(c);
+  s->policy_name = "full";
+  s->cache = std::move(c).value();
+  ASSERT_EQ(sched.Submit(s), Scheduler::Admission::kQueued);
+  const Sequence::Result r = s->Wait();
+  ASSERT_FALSE(r.error.ok());
+  EXPECT_EQ(r.error.code(), StatusCode::kDataLoss);
+  EXPECT_NE(r.error.message().find("non-finite logits at position 5"), std::string::npos)
+      << r.error.ToString();
+  EXPECT_EQ(r.completion_tokens, 0);
 }
 
 }  // namespace

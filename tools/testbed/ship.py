@@ -66,7 +66,8 @@ def main() -> int:
         print(f"shipped {a.name}: {out_dir} (no GGUF: --no-gguf)")
         return 0
     gguf = os.path.join(REPO, "models", a.name + ".gguf")
-    r = subprocess.run([a.strata, "convert", out_dir, "-o", gguf, "--dtype", "f32"])
+    r = subprocess.run([a.strata, "convert", out_dir, "-o", gguf, "--dtype", "f32",
+                        "--overwrite"])
     if r.returncode != 0:
         return r.returncode
     print(f"shipped {a.name}: {out_dir}, {gguf}")
