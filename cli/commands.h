@@ -284,6 +284,8 @@ struct ServeOptions {
   std::string api_key;
   int threads = 0;  // 0: not given (hardware threads)
   int64_t ctx_size = 0;
+  int64_t header_timeout = 10, read_timeout = 30, write_timeout = 30;  // seconds
+  int64_t max_connections = 0, max_connections_per_peer = 0;  // 0: the defaults
 };
 void AddServeCommand(CLI::App* app, ServeOptions* o);
 int RunServe(const ServeOptions& o, std::ostream& out, std::ostream& err);

@@ -71,6 +71,23 @@ void AddServeCommand(CLI::App* app, ServeOptions* o) {
   cmd->add_option("-t,--threads", o->threads,
                   "Worker threads (default: the hardware threads; more are capped to them)")
       ->capture_default_str();
+  cmd->add_option("--header-timeout", o->header_timeout,
+                  "Seconds within which a request's headers must arrive (a deadline, not an "
+                  "idle timeout; else 408)")
+      ->capture_default_str();
+  cmd->add_option("--read-timeout", o->read_timeout,
+                  "Seconds within which a request's body must arrive after its headers (else 408)")
+      ->capture_default_str();
+  cmd->add_option("--write-timeout", o->write_timeout,
+                  "Seconds a client may read nothing of a response before it is dropped")
+      ->capture_default_str();
+  cmd->add_option("--max-connections", o->max_connections,
+                  "Connections held at once; beyond them a new one is answered 503 (0: "
+                  "2 x (parallel + queue) + 16)")
+      ->capture_default_str();
+  cmd->add_option("--max-connections-per-peer", o->max_connections_per_peer,
+                  "Connections held at once from one client address (0: parallel + queue + 8)")
+      ->capture_default_str();
   cmd->add_option("-c,--ctx-size", o->ctx_size,
                   "Context size per sequence, prompt included (0: the model's trained context "
                   "length)")
@@ -86,7 +103,11 @@ int RunServe(const ServeOptions& o, std::ostream& out, std::ostream& err) {
        {CheckAtLeast("--parallel", o.parallel, 1), CheckAtLeast("--queue", o.queue, 0),
         CheckAtLeast("--prefill-chunk", o.prefill_chunk, 1),
         CheckAtLeast("--threads", o.threads, 1), CheckAtLeast("--port", o.port, 0),
-        CheckAtLeast("-c", o.ctx_size, 0)}) {
+        CheckAtLeast("-c", o.ctx_size, 0), CheckAtLeast("--header-timeout", o.header_timeout, 1),
+        CheckAtLeast("--read-timeout", o.read_timeout, 1),
+        CheckAtLeast("--write-timeout", o.write_timeout, 1),
+        CheckAtLeast("--max-connections", o.max_connections, 0),
+        CheckAtLeast("--max-connections-per-peer", o.max_connections_per_peer, 0)}) {
     if (!st.ok()) return fail(st.message());
   }
   if (o.port > 65535) return fail("--port must be <= 65535, got " + std::to_string(o.port));
@@ -131,6 +152,18 @@ int RunServe(const ServeOptions& o, std::ostream& out, std::ostream& err) {
   so.api_key = o.api_key;
   so.threads = CapThreads("--threads", o.threads, err);
   so.ctx = o.ctx_size;
+  for (const auto& [flag, v] : {std::pair<const char*, int64_t>{"--header-timeout", o.header_timeout},
+                                {"--read-timeout", o.read_timeout},
+                                {"--write-timeout", o.write_timeout},
+                                {"--max-connections", o.max_connections},
+                                {"--max-connections-per-peer", o.max_connections_per_peer}}) {
+    if (v > 1000000) return fail(std::string(flag) + " must be <= 1000000, got " + std::to_string(v));
+  }
+  so.header_timeout_s = static_cast<int>(o.header_timeout);
+  so.read_timeout_s = static_cast<int>(o.read_timeout);
+  so.write_timeout_s = static_cast<int>(o.write_timeout);
+  so.max_connections = static_cast<int>(o.max_connections);
+  so.max_connections_per_peer = static_cast<int>(o.max_connections_per_peer);
 
   // SIGINT and SIGTERM go to a handler that writes the signal's number to a pipe, which this
   // thread reads. Blocking them and calling sigwait is not enough: threads started before this

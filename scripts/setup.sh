@@ -10,7 +10,8 @@ PKGS=(
   nlohmann-json3-dev             # config.json, JSON reports
   libpcre2-dev libutf8proc-dev pkgconf  # tokenizer regexes, Unicode normalization (pkg-config)
   libcli11-dev                   # command-line flags
-  libcpp-httplib-dev             # the HTTP server (serve/, `strata serve`)
+  libboost-dev                   # the HTTP server's transport (Boost.Beast + Asio, header-only)
+  libcpp-httplib-dev             # HTTP client of `strata bench serve` and the server tests
   python3-torch libopenblas0-serial python3-numpy  # testbed trainer and the logit-parity test
   bible-kjv bible-kjv-text       # the testbed's filler text (the `bible` program and its data)
   librsvg2-bin zlib1g-dev        # chart tests: rsvg-convert renders the SVGs, zlib reads the PNGs

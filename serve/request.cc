@@ -73,10 +73,34 @@ ApiError BadRequest(const std::string& param, const std::string& message) {
   return e;
 }
 
+namespace {
+std::optional<ApiError> ParseChecked(const std::string& body, Endpoint endpoint,
+                                     const RequestContext& ctx, GenerationRequest* out);
+}  // namespace
+
 std::optional<ApiError> ParseGenerationRequest(const std::string& body, Endpoint endpoint,
                                                const RequestContext& ctx, GenerationRequest* out) {
   *out = GenerationRequest{};
   out->endpoint = endpoint;
+  // The nesting limit of every untrusted JSON text, before a node is built: a body of nested
+  // brackets would otherwise cost ~30x its size in nodes before it is refused.
+  if (const int64_t at = JsonDepthExceededAt(body); at >= 0) {
+    return BadRequest("", "the request body nests deeper than " + std::to_string(kMaxJsonDepth) +
+                              " levels (at byte " + std::to_string(at) + ")");
+  }
+  try {
+    return ParseChecked(body, endpoint, ctx, out);
+  } catch (const json::exception& e) {
+    // Every field is type-checked before it is read; this is the net under a missed check, so
+    // that a wrong type is a 400 and never a 500.
+    return BadRequest("", std::string("the request does not have the expected shape: ") + e.what());
+  }
+}
+
+namespace {
+
+std::optional<ApiError> ParseChecked(const std::string& body, Endpoint endpoint,
+                                     const RequestContext& ctx, GenerationRequest* out) {
   // Not the exception-throwing parse: a malformed body is a request error, not an exception.
   const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
@@ -173,7 +197,9 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, Endpoint
         for (size_t k = 0; k < content->size(); ++k) {
           const json& part = (*content)[k];
           const std::string pat = at + ".content[" + std::to_string(k) + "]";
-          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+          const auto type = part.is_object() ? part.find("type") : part.end();
+          if (!part.is_object() || type == part.end() || !type->is_string() ||
+              type->get<std::string>() != "text" || !part.contains("text") ||
               !part["text"].is_string()) {
             return BadRequest(pat, "'" + pat +
                                        "' must be {\"type\": \"text\", \"text\": ...} "
@@ -300,8 +326,23 @@ std::optional<ApiError> ParseGenerationRequest(const std::string& body, Endpoint
       }
     }
   }
+  // The sampler's own checks on the values as it will hold them (a top_p of 1e-300 is > 0 as a
+  // double and 0 as a float).
+  if (Status st = out->sampler.Validate(); !st.ok()) {
+    std::string m = st.message(), param;
+    for (const auto& [flag, name] : {std::pair<const char*, const char*>{"--temp", "temperature"},
+                                     {"--top-p", "top_p"}}) {
+      if (m.rfind(flag, 0) == 0) {
+        param = name;
+        m = "'" + param + "'" + m.substr(std::string(flag).size());
+      }
+    }
+    return BadRequest(param, m + " (as the sampler's 32-bit float)");
+  }
   return std::nullopt;
 }
+
+}  // namespace
 
 StatusOr<int64_t> ParseByteSize(const std::string& flag, const std::string& text) {
   const std::string example = " (e.g. " + flag + " 8GiB; units B, KiB, MiB, GiB, TiB)";

@@ -130,6 +130,14 @@ Sequence::Result Sequence::Wait() {
   return *result_;
 }
 
+bool Sequence::WaitFor(std::chrono::milliseconds timeout, Result* out) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (!cv_.wait_for(l, timeout, [&] { return result_.has_value(); })) return false;
+  deltas_.clear();
+  *out = *result_;
+  return true;
+}
+
 Status DecodeBatch(Model* model, const int32_t* tokens, int batch, KvCache* const* caches,
                    ThreadPool* pool, float* logits) {
   // One step for the whole batch: each weight matrix is read once, and every sequence's logits

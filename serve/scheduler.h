@@ -84,6 +84,9 @@ class Sequence {
             int64_t* tokens = nullptr);
   // Blocks until the end and returns it.
   Result Wait();
+  // Waits up to `timeout` for the end: true with `*out` set when it came (the deltas are dropped,
+  // as Wait does).
+  bool WaitFor(std::chrono::milliseconds timeout, Result* out);
   void Cancel() { cancelled_.store(true); }
   bool cancelled() const { return cancelled_.load(); }
 

@@ -1,14 +1,12 @@
 // The HTTP routes of `strata serve` (OpenAI's wire format: response objects, SSE chunks, errors).
 #include "serve/server.h"
 
-#include <httplib.h>
-#include <sys/socket.h>
-
 #include <chrono>
 #include <ctime>
 #include <random>
 
 #include "kv/registry.h"
+#include "serve/http.h"
 
 namespace strata::serve {
 
@@ -19,9 +17,16 @@ using nlohmann::json;
 // Generated text may hold invalid UTF-8 (a byte token cut by max_tokens): replaced, never thrown.
 std::string Dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-void SendError(httplib::Response& res, const ApiError& e) {
+void SendError(http::Response& res, const ApiError& e) {
   res.status = e.http_status;
-  res.set_content(Dump(ErrorJson(e)), "application/json");
+  res.stream = nullptr;
+  res.content_type = "application/json";
+  res.body = Dump(ErrorJson(e));
+}
+
+void SendJson(http::Response& res, const json& j) {
+  res.content_type = "application/json";
+  res.body = Dump(j);
 }
 
 ApiError Error(int status, const std::string& type, const std::string& code,
@@ -37,15 +42,12 @@ ApiError Error(int status, const std::string& type, const std::string& code,
 // The metrics label of a path: the known endpoints, else "other" (a client probing random paths
 // must not grow the label set without bound).
 std::string EndpointLabel(const std::string& path) {
-  for (const char* p :
-       {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}) {
+  for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
+                        "/metrics", "/tokenize", "/detokenize", "/props"}) {
     if (path == p) return p;
   }
   return "other";
 }
-
-// Connections waiting to be accepted (the kernel caps it at net.core.somaxconn).
-constexpr int kListenBacklog = 1024;
 
 std::string SseEvent(const json& j) { return "data: " + Dump(j) + "\n\n"; }
 
@@ -71,6 +73,17 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Model* model, ServerOptions o) 
   if (o.kv_budget < 1) return InvalidArgument("--kv-budget must be at least 1 byte");
   if (o.port < 0 || o.port > 65535) {
     return InvalidArgument("--port must be in [0, 65535], got " + std::to_string(o.port));
+  }
+  for (const auto& [flag, v] : {std::pair<const char*, int>{"--header-timeout", o.header_timeout_s},
+                                {"--read-timeout", o.read_timeout_s},
+                                {"--write-timeout", o.write_timeout_s}}) {
+    if (v < 1) return InvalidArgument(std::string(flag) + " must be >= 1 s, got " + std::to_string(v));
+  }
+  if (o.max_connections < 0 || o.max_connections_per_peer < 0) {
+    return InvalidArgument("--max-connections and --max-connections-per-peer must be >= 0 (0: "
+                           "the default), got " +
+                           std::to_string(o.max_connections) + " and " +
+                           std::to_string(o.max_connections_per_peer));
   }
   if (o.ctx < 0) return InvalidArgument("--ctx-size must be >= 0, got " + std::to_string(o.ctx));
   if (o.ctx == 0) o.ctx = model->config().n_ctx_train;  // 0 there too: no limit
@@ -112,32 +125,30 @@ StatusOr<std::unique_ptr<Server>> Server::Create(Model* model, ServerOptions o) 
   so.prefill_chunk = o.prefill_chunk;
   so.ctx = s->o_.ctx;
   s->scheduler_ = std::make_unique<Scheduler>(model, s->pool_.get(), so, &s->metrics_);
-  s->http_ = std::make_unique<httplib::Server>();
+  http::Options ho;
+  ho.host = o.host;
+  ho.port = o.port;
+  ho.max_body_bytes = o.max_body_bytes;
+  ho.header_timeout_s = o.header_timeout_s;
+  ho.body_timeout_s = o.read_timeout_s;
+  ho.write_timeout_s = o.write_timeout_s;
+  ho.max_connections =
+      o.max_connections > 0 ? o.max_connections : 2 * (o.parallel + o.queue) + 16;
+  ho.max_connections_per_peer =
+      o.max_connections_per_peer > 0 ? o.max_connections_per_peer : o.parallel + o.queue + 8;
+  s->http_ = std::make_unique<http::Server>(ho);
   s->Routes();
   return s;
 }
 
 StatusOr<int> Server::Start() {
-  // Debian's cpp-httplib 0.11 listens with a backlog of 5 (compiled into the library): a burst of
-  // clients overflows it, and the kernel drops their SYNs (a 1 s retry) or, worse, the handshakes
-  // it completed. The listening socket is remembered when httplib creates it and listen() is
-  // called again after the bind, which on Linux raises the backlog of a listening socket.
-  http_->set_socket_options([this](socket_t sock) {
-    httplib::default_socket_options(sock);
-    listen_fd_ = static_cast<int>(sock);
-  });
-  int port = o_.port;
-  if (port == 0) {
-    port = http_->bind_to_any_port(o_.host);
-    if (port < 0) return IoError("cannot bind to " + o_.host + " (any port)");
-  } else if (!http_->bind_to_port(o_.host, port)) {
-    return IoError("cannot bind to " + o_.host + ":" + std::to_string(port) +
-                   " (in use, or not an address of this machine)");
-  }
-  if (listen_fd_ >= 0) ::listen(listen_fd_, kListenBacklog);
-  listener_ = std::thread([this] { http_->listen_after_bind(); });
-  return port;
+  StatusOr<int> port = http_->Bind();
+  if (!port.ok()) return port.status();
+  http_->Start();
+  return *port;
 }
+
+int64_t Server::refused_connections() const { return http_ ? http_->refused_connections() : 0; }
 
 void Server::Stop() {
   std::lock_guard<std::mutex> l(stop_mu_);
@@ -147,91 +158,73 @@ void Server::Stop() {
   // Sequences first (their streams end with a final chunk and [DONE], their caches go), then
   // the listener, whose worker threads are joined when listen_after_bind returns.
   if (scheduler_) scheduler_->Stop();
-  if (http_) http_->stop();
-  if (listener_.joinable()) listener_.join();
+  if (http_) http_->Stop();
 }
 
 void Server::Routes() {
-  httplib::Server& h = *http_;
-  h.set_payload_max_length(static_cast<size_t>(o_.max_body_bytes));
-  h.set_read_timeout(o_.read_timeout_s, 0);
-  h.set_write_timeout(o_.write_timeout_s, 0);
-  h.set_keep_alive_timeout(5);
-  // A handler thread per connection that waits (queued or streaming), plus a few for quick
-  // requests (health, metrics, refusals), so a full queue is answered 429 and not left waiting.
-  const size_t threads = static_cast<size_t>(o_.parallel + o_.queue + 8);
-  h.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-
-  h.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
+  http::Server& h = *http_;
+  h.SetLogger([this](const http::Request& req, const http::Response& res) {
     metrics_.CountRequest(EndpointLabel(req.path), res.status);
   });
-  h.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 413) {
-      SendError(res, Error(413, "invalid_request_error", "request_too_large",
-                           "the request body is larger than the server's limit of " +
-                               std::to_string(o_.max_body_bytes) + " bytes"));
-    } else if (res.status == 404) {
-      SendError(res, Error(404, "invalid_request_error", "not_found",
-                           "no route " + req.method + " " + req.path +
-                               " (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, "
-                               "GET /health, GET /metrics)"));
-    } else {
-      SendError(
-          res, Error(res.status, "invalid_request_error", "",
-                     "HTTP " + std::to_string(res.status) + " for " + req.method + " " + req.path));
-    }
+  h.SetErrorFormatter([](http::Response& res, int status, const std::string& code,
+                         const std::string& message) {
+    SendError(res, Error(status, status >= 500 ? "server_error" : "invalid_request_error", code,
+                         message));
   });
-  h.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown exception";
-        try {
-          std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        SendError(res, Error(500, "server_error", "", "internal error: " + what));
-      });
-  h.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (o_.api_key.empty() || req.path == "/health")
-      return httplib::Server::HandlerResponse::Unhandled;
-    const std::string auth = req.get_header_value("Authorization");
+  h.SetPreRouting([this](const http::Request& req, http::Response& res) {
+    if (o_.api_key.empty() || req.path == "/health") return false;
+    const std::string auth = req.Header("authorization");
     if (auth != "Bearer " + o_.api_key) {
       SendError(res, Error(401, "invalid_request_error", "invalid_api_key",
                            auth.empty() ? "no API key: send the header Authorization: Bearer KEY"
                                         : "the API key is not valid"));
-      return httplib::Server::HandlerResponse::Handled;
+      return true;
     }
-    return httplib::Server::HandlerResponse::Unhandled;
+    return false;
   });
 
-  h.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  h.Route("GET", "/health", [this](const http::Request&, http::Response& res, http::Connection&) {
     if (stopping_) {
       res.status = 503;
-      res.set_content(R"({"status":"shutting down"})", "application/json");
+      res.body = R"({"status":"shutting down"})";
       return;
     }
-    res.set_content(Dump({{"status", "ok"},
-                          {"slots", o_.parallel},
-                          {"active", scheduler_->active()},
-                          {"queue", scheduler_->queue_depth()}}),
-                    "application/json");
+    SendJson(res, {{"status", "ok"},
+                   {"slots", o_.parallel},
+                   {"active", scheduler_->active()},
+                   {"queue", scheduler_->queue_depth()},
+                   {"connections", http_->active_connections()}});
   });
-  h.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(metrics_.Text(), "text/plain; version=0.0.4");
+  h.Route("GET", "/metrics", [this](const http::Request&, http::Response& res, http::Connection&) {
+    res.content_type = "text/plain; version=0.0.4";
+    res.body = metrics_.Text();
   });
-  h.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-    json model = {{"id", o_.model_name},
-                  {"object", "model"},
-                  {"created", 0},
-                  {"owned_by", "strata"},
-                  {"meta", {{"n_ctx", o_.ctx}, {"n_vocab", model_->config().n_vocab}}}};
-    res.set_content(Dump({{"object", "list"}, {"data", json::array({model})}}), "application/json");
-  });
+  auto model_json = [this] {
+    return json{{"id", o_.model_name},
+                {"object", "model"},
+                {"created", 0},
+                {"owned_by", "strata"},
+                {"meta", {{"n_ctx", o_.ctx}, {"n_vocab", model_->config().n_vocab}}}};
+  };
+  h.Route("GET", "/v1/models",
+          [model_json](const http::Request&, http::Response& res, http::Connection&) {
+            SendJson(res, {{"object", "list"}, {"data", json::array({model_json()})}});
+          });
+  h.RoutePrefix("GET", "/v1/models/",
+                [this, model_json](const http::Request& req, http::Response& res,
+                                   http::Connection&) {
+                  const std::string id = req.path.substr(std::string("/v1/models/").size());
+                  if (id != o_.model_name) {
+                    return SendError(res, Error(404, "invalid_request_error", "model_not_found",
+                                                "The model '" + id +
+                                                    "' does not exist; this server serves '" +
+                                                    o_.model_name + "'"));
+                  }
+                  SendJson(res, model_json());
+                });
 
   auto generate = [this](Endpoint ep) {
-    return [this, ep](const httplib::Request& req, httplib::Response& res) {
+    return [this, ep](const http::Request& req, http::Response& res, http::Connection& conn) {
       if (stopping_) {
         SendError(res, Error(503, "server_error", "shutting_down", "the server is shutting down"));
         return;
@@ -328,7 +321,7 @@ void Server::Routes() {
         case Scheduler::Admission::kQueued:
           break;
         case Scheduler::Admission::kQueueFull:
-          res.set_header("Retry-After", "1");
+          res.SetHeader("Retry-After", "1");
           return SendError(res, Error(429, "rate_limit_exceeded", "queue_full",
                                       "the server is busy: " + std::to_string(o_.parallel) +
                                           " sequences are running and " + std::to_string(o_.queue) +
@@ -352,7 +345,17 @@ void Server::Routes() {
       };
 
       if (!g.stream) {
-        const Sequence::Result r = seq->Wait();
+        // The client may hang up while it waits: checked every 100 ms, and its sequence is
+        // cancelled (its slot and cache freed at the next step), as a stream's is.
+        Sequence::Result r;
+        while (!seq->WaitFor(std::chrono::milliseconds(100), &r)) {
+          if (conn.ClientGone()) {
+            seq->Cancel();
+            r = seq->Wait();
+            res.status = 499;  // nobody reads it; the metrics count a client that left
+            return;
+          }
+        }
         if (!r.error.ok()) {
           return SendError(
               res, Error(500, "server_error", "", "generation failed: " + r.error.ToString()));
@@ -373,7 +376,7 @@ void Server::Routes() {
                     {"choices", json::array({choice})},
                     {"usage", usage(r)}};
         extension(r, &out);
-        res.set_content(Dump(out), "application/json");
+        SendJson(res, out);
         return;
       }
 
@@ -386,82 +389,76 @@ void Server::Routes() {
                     {"model", model_name},
                     {"choices", json::array({choice})}};
       };
-      auto sent_role = std::make_shared<bool>(false);
-      res.set_header("Cache-Control", "no-cache");
-      res.set_chunked_content_provider(
-          "text/event-stream",
-          [=](size_t, httplib::DataSink& sink) {
-            auto write = [&](const std::string& s) {
-              if (sink.write(s.data(), s.size())) return true;
-              seq->Cancel();  // the client went away: its slot is freed at the next step
-              return false;
-            };
-            if (chat && !*sent_role) {
-              *sent_role = true;
-              if (!write(SseEvent(chunk({{"index", 0},
-                                         {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                         {"logprobs", nullptr},
-                                         {"finish_reason", nullptr}})))) {
-                return false;
-              }
+      res.SetHeader("Cache-Control", "no-cache");
+      res.content_type = "text/event-stream";
+      res.stream = [=](http::StreamSink& sink) {
+        auto write = [&](const std::string& s) {
+          if (sink.Write(s)) return true;
+          seq->Cancel();  // the client went away: its slot is freed at the next step
+          return false;
+        };
+        if (chat && !write(SseEvent(chunk({{"index", 0},
+                                           {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                           {"logprobs", nullptr},
+                                           {"finish_reason", nullptr}})))) {
+          return;
+        }
+        for (;;) {
+          std::string delta;
+          std::optional<Sequence::Result> r;
+          int64_t tokens = 0;
+          while (!seq->Next(std::chrono::milliseconds(100), &delta, &r, &tokens)) {
+            if (sink.ClientGone()) {
+              seq->Cancel();
+              return;
             }
-            std::string delta;
-            std::optional<Sequence::Result> r;
-            int64_t tokens = 0;
-            while (!seq->Next(std::chrono::milliseconds(100), &delta, &r, &tokens)) {
-              if (!sink.is_writable()) {
-                seq->Cancel();
-                return false;
-              }
-            }
-            if (!delta.empty()) {
-              json c = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
-              if (chat) {
-                c["delta"] = {{"content", delta}};
-              } else {
-                c["text"] = delta;
-              }
-              // The extension: tokens generated so far (a chunk may carry several), so a client
-              // can time tokens, not chunks (`strata bench serve`).
-              json ev = chunk(c);
-              ev["strata"] = {{"completion_tokens", tokens}};
-              if (!write(SseEvent(ev))) return false;
-            }
-            if (!r) return true;  // more to come
-            if (!r->error.ok()) {
-              ApiError e =
-                  Error(500, "server_error", "", "generation failed: " + r->error.ToString());
-              write(SseEvent(ErrorJson(e)));
+          }
+          if (!delta.empty()) {
+            json c = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+            if (chat) {
+              c["delta"] = {{"content", delta}};
             } else {
-              json c = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", r->finish_reason}};
-              if (chat) {
-                c["delta"] = json::object();
-              } else {
-                c["text"] = "";
-              }
-              json last = chunk(c);
-              extension(*r, &last);
-              // All the tokens, also those whose text was empty (no chunk carried their count).
-              last["strata"]["completion_tokens"] = r->completion_tokens;
-              if (!write(SseEvent(last))) return false;
-              if (include_usage) {
-                json u = chunk(c);
-                u["choices"] = json::array();
-                u["usage"] = usage(*r);
-                if (!write(SseEvent(u))) return false;
-              }
+              c["text"] = delta;
             }
-            if (!write("data: [DONE]\n\n")) return false;
-            sink.done();
-            return true;
-          },
-          [seq](bool success) {
-            if (!success) seq->Cancel();
-          });
+            // The extension: tokens generated so far (a chunk may carry several), so a client
+            // can time tokens, not chunks (`strata bench serve`).
+            json ev = chunk(c);
+            ev["strata"] = {{"completion_tokens", tokens}};
+            if (!write(SseEvent(ev))) return;
+          }
+          if (!r) continue;  // more to come
+          if (!r->error.ok()) {
+            ApiError e =
+                Error(500, "server_error", "", "generation failed: " + r->error.ToString());
+            write(SseEvent(ErrorJson(e)));
+          } else {
+            json c = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", r->finish_reason}};
+            if (chat) {
+              c["delta"] = json::object();
+            } else {
+              c["text"] = "";
+            }
+            json last = chunk(c);
+            extension(*r, &last);
+            // All the tokens, also those whose text was empty (no chunk carried their count).
+            last["strata"]["completion_tokens"] = r->completion_tokens;
+            if (!write(SseEvent(last))) return;
+            if (include_usage) {
+              json u = chunk(c);
+              u["choices"] = json::array();
+              u["usage"] = usage(*r);
+              if (!write(SseEvent(u))) return;
+            }
+          }
+          write("data: [DONE]\n\n");
+          return;
+        }
+      };
     };
   };
-  h.Post("/v1/completions", generate(Endpoint::kCompletions));
-  h.Post("/v1/chat/completions", generate(Endpoint::kChat));
+  LlamaRoutes();
+  h.Route("POST", "/v1/completions", generate(Endpoint::kCompletions));
+  h.Route("POST", "/v1/chat/completions", generate(Endpoint::kChat));
 }
 
 }  // namespace strata::serve

@@ -1,5 +1,5 @@
-// `strata serve`'s HTTP server: the OpenAI-compatible endpoints over cpp-httplib, one model, the
-// scheduler behind them, and a graceful stop.
+// `strata serve`'s HTTP server: the OpenAI-compatible endpoints over the transport in http.h, one
+// model, the scheduler behind them, and a graceful stop.
 #pragma once
 
 #include <atomic>
@@ -18,7 +18,7 @@
 #include "serve/request.h"
 #include "serve/scheduler.h"
 
-namespace httplib {
+namespace strata::serve::http {
 class Server;
 }
 
@@ -38,8 +38,14 @@ struct ServerOptions {
   int threads = 1;
   int64_t ctx = 0;  // context size (0: the model's trained length; none there: no limit)
   int64_t max_body_bytes = int64_t{4} << 20;
-  int read_timeout_s = 30;   // a client that sends nothing for this long is dropped
-  int write_timeout_s = 30;  // a client that reads nothing for this long is dropped
+  int header_timeout_s = 10;  // a request's headers must arrive within this (else 408)
+  int read_timeout_s = 30;    // and its body within this after the headers (else 408)
+  int write_timeout_s = 30;   // a client that reads nothing for this long is dropped
+  // Connections held at once, in all and from one client address (0: the defaults,
+  // 2 x (parallel + queue) + 16 in all, parallel + queue + 8 per address); beyond them a new
+  // connection is answered 503.
+  int max_connections = 0;
+  int max_connections_per_peer = 0;
 };
 
 class Server {
@@ -57,6 +63,8 @@ class Server {
   void Stop();
 
   Metrics& metrics() { return metrics_; }
+  // Connections answered 503 at once because they were over the caps.
+  int64_t refused_connections() const;
   const ServerOptions& options() const { return o_; }
   // The chat template in use; null when none (chat requests then get an error naming
   // --chat-template).
@@ -65,6 +73,8 @@ class Server {
  private:
   Server(Model* model, ServerOptions o);
   void Routes();
+  // llama-server's own endpoints (llama_routes.cc): /tokenize, /detokenize, /props.
+  void LlamaRoutes();
 
   Model* model_;
   ServerOptions o_;
@@ -73,9 +83,7 @@ class Server {
   std::string chat_error_;  // why there is no template
   std::unique_ptr<ThreadPool> pool_;
   std::unique_ptr<Scheduler> scheduler_;
-  std::unique_ptr<httplib::Server> http_;
-  std::thread listener_;
-  int listen_fd_ = -1;                 // the listening socket (owned by httplib), for its backlog
+  std::unique_ptr<http::Server> http_;
   std::atomic<bool> stopping_{false};  // refuse new requests
   std::mutex stop_mu_;                 // Stop() runs once, to the end, whoever calls it
   bool stopped_ = false;

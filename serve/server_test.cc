@@ -689,6 +689,8 @@ TEST_F(ServeTest, TheServeCommandRefusesBadFlagsByName) {
       {{"--policy", "vestige"}, "none of the model's 2 attention layers is MLA"},
       {{"--chat-template", "jinja"}, "unknown chat template \"jinja\""},
       {{"--port", "70000"}, "--port must be <= 65535"},
+      {{"--header-timeout", "0"}, "--header-timeout must be >= 1, got 0"},
+      {{"--max-connections-per-peer", "-1"}, "--max-connections-per-peer must be >= 0, got -1"},
   };
   for (const auto& [flags, says] : cases) {
     std::string cmd = std::string(STRATA_BIN) + " serve -m " + Path("tiny.gguf");
