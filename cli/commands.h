@@ -35,6 +35,9 @@ struct SamplerFlags {
   float min_p = 0.f;
   float repeat_penalty = 1.f;
   int32_t repeat_last_n = 64;
+  float presence_penalty = 0.f;
+  float frequency_penalty = 0.f;
+  std::vector<std::string> logit_bias;  // llama.cpp's TOKEN_ID(+/-)BIAS, repeatable
   // --seed as given: an integer in [0, 2^64 - 1], or -1 (the default) for a random seed, which
   // the command prints so the run can be repeated (ResolveSamplerOptions).
   std::string seed = "-1";

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <iostream>
 #include <random>
@@ -531,6 +532,17 @@ void AddSamplerFlags(CLI::App* cmd, SamplerFlags* f) {
                   "Tokens the repetition penalty looks back over (0 = off, -1 = the whole "
                   "context)")
       ->capture_default_str();
+  cmd->add_option("--presence-penalty", f->presence_penalty,
+                  "Subtracted from the logit of every token in the --repeat-last-n window "
+                  "(0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", f->frequency_penalty,
+                  "Subtracted from a token's logit once per occurrence in the --repeat-last-n "
+                  "window (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("-l,--logit-bias", f->logit_bias,
+                  "TOKEN_ID(+/-)BIAS added to that token's logit, e.g. 15043+1 or 2-inf (a ban); "
+                  "repeatable");
   cmd->add_option("--seed", f->seed,
                   "Sampler seed, an integer in [0, 2^64-1]; -1: a random seed, printed on stderr "
                   "(\"seed: N\") so that --seed N repeats the run")
@@ -566,6 +578,33 @@ StatusOr<SamplerOptions> ResolveSamplerOptions(const SamplerFlags& f, std::ostre
   so.min_p = f.min_p;
   so.repeat_penalty = f.repeat_penalty;
   so.repeat_last_n = f.repeat_last_n;
+  so.presence_penalty = f.presence_penalty;
+  so.frequency_penalty = f.frequency_penalty;
+  for (const std::string& b : f.logit_bias) {
+    // TOKEN_ID then a sign then the bias: "15043+1", "15043-0.5", "2-inf".
+    const size_t sign = b.find_first_of("+-", 1);
+    char* end = nullptr;
+    errno = 0;
+    const long long id = sign == std::string::npos ? -1 : std::strtoll(b.c_str(), &end, 10);
+    if (sign == std::string::npos || !std::isdigit(static_cast<unsigned char>(b[0])) ||
+        end != b.c_str() + sign || errno == ERANGE || id > INT32_MAX) {
+      return InvalidArgument("--logit-bias '" + b +
+                             "' is not TOKEN_ID(+/-)BIAS (e.g. 15043+1, 15043-0.5, 2-inf)");
+    }
+    const std::string rest = b.substr(sign);
+    float bias = 0.f;
+    if (rest == "-inf") {
+      bias = -std::numeric_limits<float>::infinity();
+    } else {
+      char* e2 = nullptr;
+      bias = std::strtof(rest.c_str(), &e2);
+      if (e2 == rest.c_str() || *e2 != '\0' || !std::isfinite(bias)) {
+        return InvalidArgument("--logit-bias '" + b + "': the bias '" + rest +
+                               "' is not a finite number (or -inf)");
+      }
+    }
+    so.logit_bias.emplace_back(static_cast<int32_t>(id), bias);
+  }
   RETURN_IF_ERROR(so.Validate());
   bool random = false;
   ASSIGN_OR_RETURN(so.seed, ResolveSeed("--seed", f.seed, &random));

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 
 namespace strata {
@@ -39,6 +40,16 @@ Status SamplerOptions::Validate() const {
         "--repeat-last-n must be >= -1 (-1 = the whole context, 0 = off), got " +
         std::to_string(repeat_last_n));
   }
+  if (!std::isfinite(presence_penalty) || !std::isfinite(frequency_penalty)) {
+    return InvalidArgument("--presence-penalty and --frequency-penalty must be finite, got " +
+                           Num(presence_penalty) + " and " + Num(frequency_penalty));
+  }
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0 || std::isnan(bias) || bias == std::numeric_limits<float>::infinity()) {
+      return InvalidArgument("--logit-bias: token " + std::to_string(id) + " bias " + Num(bias) +
+                             ": the id must be >= 0 and the bias finite or -inf (a ban)");
+    }
+  }
   return OkStatus();
 }
 
@@ -59,9 +70,25 @@ void Sampler::ResetHistory() {
 }
 
 float Sampler::Penalized(int32_t id, float logit) const {
-  if (seen_.find(id) == seen_.end()) return logit;
+  auto it = seen_.find(id);
+  if (it == seen_.end()) return logit;
   // Dividing a negative logit would raise it; multiplying lowers it (llama.cpp's rule, <= 0).
-  return logit <= 0.f ? logit * o_.repeat_penalty : logit / o_.repeat_penalty;
+  if (o_.repeat_penalty != 1.f) {
+    logit = logit <= 0.f ? logit * o_.repeat_penalty : logit / o_.repeat_penalty;
+  }
+  if (o_.frequency_penalty != 0.f || o_.presence_penalty != 0.f) {
+    logit -= static_cast<float>(it->second) * o_.frequency_penalty + o_.presence_penalty;
+  }
+  return logit;
+}
+
+const float* Sampler::Biased(const float* logits, int64_t n) {
+  if (o_.logit_bias.empty()) return logits;
+  biased_.assign(logits, logits + n);
+  for (const auto& [id, bias] : o_.logit_bias) {
+    if (id < n) biased_[id] += bias;
+  }
+  return biased_.data();
 }
 
 int32_t Sampler::Argmax(const float* logits, int64_t n) {
@@ -103,6 +130,8 @@ double Sampler::RunChain(const float* logits, int64_t n) {
   } else {
     std::sort(scratch_.begin(), scratch_.end(), before);
   }
+  // Banned tokens (a logit of -inf, from logit_bias) are no candidates at all.
+  while (keep > 1 && scratch_[keep - 1].first == -std::numeric_limits<float>::infinity()) --keep;
   const float max_logit = scratch_[0].first;
   // 3. Top-p, on the softmax of the (penalized) logits at temperature 1, as llama.cpp's chain
   // applies the temperature last.
@@ -167,6 +196,7 @@ StatusOr<int32_t> Sampler::Next(const float* logits, int64_t n, int64_t position
 }
 
 int32_t Sampler::Sample(const float* logits, int64_t n) {
+  logits = Biased(logits, n);
   if (o_.temperature == 0.f) return Argmax(logits, n);
   const double total = RunChain(logits, n);
   const double r = rng_.Uniform() * total;
@@ -179,6 +209,7 @@ int32_t Sampler::Sample(const float* logits, int64_t n) {
 }
 
 std::vector<Sampler::Candidate> Sampler::Distribution(const float* logits, int64_t n) {
+  logits = Biased(logits, n);
   if (o_.temperature == 0.f) return {{Argmax(logits, n), 1.0}};
   const double total = RunChain(logits, n);
   std::vector<Candidate> out;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/rng.h"
@@ -25,13 +26,25 @@ struct SamplerOptions {
   // distinct token once, however often it occurs. 1 = off.
   float repeat_penalty = 1.f;
   int32_t repeat_last_n = 64;  // -1 = the whole context, 0 = off
+  // OpenAI's and llama.cpp's additive penalties over the same window: a token seen c > 0 times
+  // in the last repeat_last_n context tokens has frequency_penalty * c + presence_penalty
+  // subtracted from its logit (after the repetition penalty). 0 = off.
+  float presence_penalty = 0.f;
+  float frequency_penalty = 0.f;
+  // (token id, bias) added to the logit before every stage (OpenAI's logit_bias; -inf bans).
+  std::vector<std::pair<int32_t, float>> logit_bias;
   uint64_t seed = 0;
   // temperature >= 0 and finite; top_k >= 0; top_p in (0, 1]; min_p in [0, 1]; repeat_penalty
   // finite and > 0; repeat_last_n >= -1. The checks are on these float fields, so a value that
   // narrowing from a double made 0 or infinite (top_p 1e-300 -> 0, temperature 1e300 -> inf) is
-  // refused like one given so; the errors name the llama.cpp flag and the value.
+  // refused like one given so; the errors name the llama.cpp flag and the value. Presence and
+  // frequency penalties must be finite; logit_bias ids >= 0 with finite or -inf biases (the caller
+  // checks the ids against the vocabulary).
   Status Validate() const;
-  bool penalizes() const { return repeat_penalty != 1.f && repeat_last_n != 0; }
+  bool penalizes() const {
+    return repeat_last_n != 0 &&
+           (repeat_penalty != 1.f || presence_penalty != 0.f || frequency_penalty != 0.f);
+  }
 };
 
 class Sampler {
@@ -71,13 +84,16 @@ class Sampler {
   // their weight sum.
   double RunChain(const float* logits, int64_t n);
   int32_t Argmax(const float* logits, int64_t n);
-  // The logit after the repetition penalty.
+  // The logit after the repetition, frequency and presence penalties.
   float Penalized(int32_t id, float logit) const;
+  // `logits` with logit_bias added (a copy), or `logits` itself when there is none.
+  const float* Biased(const float* logits, int64_t n);
 
   SamplerOptions o_;
   Rng rng_;
   std::deque<int32_t> window_;                // the last repeat_last_n accepted tokens
   std::unordered_map<int32_t, int32_t> seen_;  // token -> occurrences in window_
+  std::vector<float> biased_;
   std::vector<std::pair<float, int32_t>> scratch_;
   std::vector<double> weights_;
 };

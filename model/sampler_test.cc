@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -107,6 +108,51 @@ TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegativeLogits) {
   // ResetHistory forgets the tokens.
   n.ResetHistory();
   EXPECT_EQ(n.Sample(neg.data(), 3), 0);
+}
+
+TEST(Sampler, PresenceAndFrequencyPenaltiesSubtractPerWindowCount) {
+  SamplerOptions o = Opts(1.f);
+  o.presence_penalty = 0.5f;
+  o.frequency_penalty = 0.25f;
+  Sampler s(o);
+  s.Accept(2);
+  s.Accept(2);
+  s.Accept(0);
+  // id 2: 3 - (2 * 0.25 + 0.5) = 2; id 0: 1 - (0.25 + 0.5) = 0.25; ids 1, 3 unchanged (2, 0).
+  std::vector<double> w = {std::exp(0.25), std::exp(2.0), std::exp(2.0), std::exp(0.0)};
+  const double sum = w[0] + w[1] + w[2] + w[3];
+  ExpectDistribution(s.Distribution(kLogits.data(), 4),
+                     {{1, w[1] / sum}, {2, w[2] / sum}, {0, w[0] / sum}, {3, w[3] / sum}});
+  // Off (0, 0) with the repetition penalty off too: nothing is recorded, nothing changes.
+  SamplerOptions off = Opts(1.f);
+  EXPECT_FALSE(off.penalizes());
+  off.frequency_penalty = 1.f;
+  EXPECT_TRUE(off.penalizes());
+}
+
+TEST(Sampler, LogitBiasIsAddedBeforeEveryStage) {
+  SamplerOptions o = Opts(0.f);  // greedy: the argmax of the biased logits
+  o.logit_bias = {{2, -10.f}, {3, 2.5f}};
+  Sampler g(o);
+  EXPECT_EQ(g.Sample(kLogits.data(), 4), 3);  // 0 + 2.5 beats 2 (id 1) and 3 - 10
+  o.logit_bias = {{2, -10.f}};
+  Sampler g2(o);
+  EXPECT_EQ(g2.Sample(kLogits.data(), 4), 1);
+  // The caller's logits are not modified.
+  EXPECT_EQ(kLogits[2], 3.f);
+  o.logit_bias = {{-1, 1.f}};
+  EXPECT_FALSE(o.Validate().ok());
+  o.logit_bias = {{1, std::nanf("")}};
+  EXPECT_FALSE(o.Validate().ok());
+  o.logit_bias = {{1, std::numeric_limits<float>::infinity()}};
+  EXPECT_FALSE(o.Validate().ok());
+  o.logit_bias = {{1, -std::numeric_limits<float>::infinity()}, {3, 0.f}};  // a ban
+  ASSERT_TRUE(o.Validate().ok());
+  Sampler ban(o);
+  EXPECT_EQ(ban.Sample(kLogits.data(), 4), 2);
+  o.temperature = 1.f;
+  Sampler ban_draw(o);
+  for (const auto& c : ban_draw.Distribution(kLogits.data(), 4)) EXPECT_NE(c.id, 1);
 }
 
 TEST(Sampler, RepetitionPenaltyWindow) {

@@ -214,11 +214,48 @@ std::optional<ApiError> ParseChecked(const std::string& body, Endpoint endpoint,
     }
   }
 
-  const char* max_name = "max_tokens";
-  const json* mt = field("max_tokens");
-  if (!mt && endpoint == Endpoint::kChat) {
-    mt = field("max_completion_tokens");
-    max_name = "max_completion_tokens";
+  // Every field is one this server implements (or `user`, which changes no output); any other
+  // is refused by name, so that no setting a client relies on is silently dropped.
+  {
+    static const char* const kCommon[] = {
+        "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
+        "repeat_penalty", "repeat_last_n", "presence_penalty", "frequency_penalty", "logit_bias",
+        "seed", "n", "best_of", "echo", "stop", "stream", "stream_options", "ignore_eos",
+        "strata", "user", "logprobs"};
+    static const char* const kChatOnly[] = {"messages", "top_logprobs", "response_format",
+                                            "tools"};
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      const std::string& k = it.key();
+      bool known = k == (endpoint == Endpoint::kCompletions ? "prompt" : "");
+      for (const char* c : kCommon) known = known || k == c;
+      if (endpoint == Endpoint::kChat) {
+        for (const char* c : kChatOnly) known = known || k == c;
+      }
+      if (!known) {
+        return BadRequest(k, "'" + k + "' is not implemented by this server" +
+                                 (endpoint == Endpoint::kChat ? " for chat completions"
+                                                              : " for completions") +
+                                 " (docs/serve.md lists the fields it takes)");
+      }
+    }
+    if (const json* v = field("response_format")) {
+      if (!v->is_object() || v->value("type", json()) != json("text") || v->size() != 1) {
+        return BadRequest("response_format",
+                          "'response_format' other than {\"type\": \"text\"} is not "
+                          "implemented by this server (no JSON mode or schema)");
+      }
+    }
+    if (const json* v = field("tools"); v && !(v->is_array() && v->empty())) {
+      return BadRequest("tools", "'tools' is not implemented by this server (no tool calls)");
+    }
+  }
+
+  // max_completion_tokens wins over max_tokens (OpenAI's newer name for it).
+  const char* max_name = "max_completion_tokens";
+  const json* mt = field("max_completion_tokens");
+  if (!mt) {
+    mt = field("max_tokens");
+    max_name = "max_tokens";
   }
   if (mt) {
     int64_t v = 0;
@@ -246,6 +283,96 @@ std::optional<ApiError> ParseChecked(const std::string& body, Endpoint endpoint,
     if (auto e = GetReal(*v, "top_p", &p)) return e;
     if (!(p > 0 && p <= 1)) return BadRequest("top_p", "'top_p' must be in (0, 1], got " + Num(p));
     out->sampler.top_p = static_cast<float>(p);
+  }
+  if (const json* v = field("top_k")) {
+    int64_t k = 0;
+    if (auto e = GetInt(*v, "top_k", &k)) return e;
+    if (k < 0 || k > INT32_MAX) {
+      return BadRequest("top_k", "'top_k' must be >= 0 (0 = off), got " + std::to_string(k));
+    }
+    out->sampler.top_k = static_cast<int32_t>(k);
+  }
+  // A real-valued field checked in [lo, hi] (as a double; Validate checks it again as a float).
+  auto real = [&](const char* name, double lo, double hi, bool lo_open, float* dst,
+                  const char* meaning) -> std::optional<ApiError> {
+    const json* v = field(name);
+    if (!v) return std::nullopt;
+    double x = 0;
+    if (auto e = GetReal(*v, name, &x)) return e;
+    if (!(lo_open ? x > lo : x >= lo) || !(x <= hi)) {
+      return BadRequest(name, std::string("'") + name + "' must be in " + (lo_open ? "(" : "[") +
+                                  Num(lo) + ", " + Num(hi) + "] (" + meaning + "), got " + Num(x));
+    }
+    *dst = static_cast<float>(x);
+    return std::nullopt;
+  };
+  if (auto e = real("min_p", 0, 1, false, &out->sampler.min_p, "0 = off")) return e;
+  if (auto e = real("repeat_penalty", 0, 1e6, true, &out->sampler.repeat_penalty, "1 = off")) {
+    return e;
+  }
+  if (auto e = real("presence_penalty", -2, 2, false, &out->sampler.presence_penalty, "0 = off")) {
+    return e;
+  }
+  if (auto e =
+          real("frequency_penalty", -2, 2, false, &out->sampler.frequency_penalty, "0 = off")) {
+    return e;
+  }
+  if (const json* v = field("repeat_last_n")) {
+    int64_t n = 0;
+    if (auto e = GetInt(*v, "repeat_last_n", &n)) return e;
+    if (n < -1 || n > INT32_MAX) {
+      return BadRequest("repeat_last_n", "'repeat_last_n' must be >= -1 (-1 = the whole context, "
+                                         "0 = off), got " + std::to_string(n));
+    }
+    out->sampler.repeat_last_n = static_cast<int32_t>(n);
+  }
+  if (const json* v = field("logit_bias")) {
+    if (!v->is_object()) return WrongType("logit_bias", *v, "an object of token id -> bias");
+    for (auto it = v->begin(); it != v->end(); ++it) {
+      const std::string at = "logit_bias." + it.key();
+      const std::string& k = it.key();
+      char* end = nullptr;
+      const long long id = std::strtoll(k.c_str(), &end, 10);
+      if (k.empty() || *end != '\0' || !std::isdigit(static_cast<unsigned char>(k[0])) ||
+          id < 0 || (ctx.n_vocab > 0 && id >= ctx.n_vocab)) {
+        return BadRequest(at, "'logit_bias' keys must be token ids in [0, " +
+                                  std::to_string(ctx.n_vocab) + "), got '" + k + "'");
+      }
+      double b = 0;
+      if (auto e = GetReal(*it, at, &b)) return e;
+      if (!(b >= -100 && b <= 100)) {
+        return BadRequest(at, "'" + at + "' must be in [-100, 100], got " + Num(b));
+      }
+      out->sampler.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+    }
+  }
+  if (const json* v = field("logprobs")) {
+    if (endpoint == Endpoint::kChat) {
+      if (!v->is_boolean()) return WrongType("logprobs", *v, "a boolean");
+      if (v->get<bool>()) out->top_logprobs = 0;
+    } else {
+      int64_t n = 0;
+      if (auto e = GetInt(*v, "logprobs", &n)) return e;
+      if (n < 0 || n > kMaxTopLogprobs) {
+        return BadRequest("logprobs", "'logprobs' must be in [0, " +
+                                          std::to_string(kMaxTopLogprobs) + "], got " +
+                                          std::to_string(n));
+      }
+      out->top_logprobs = static_cast<int>(n);
+    }
+  }
+  if (const json* v = field("top_logprobs")) {
+    int64_t n = 0;
+    if (auto e = GetInt(*v, "top_logprobs", &n)) return e;
+    if (n < 0 || n > kMaxTopLogprobs) {
+      return BadRequest("top_logprobs", "'top_logprobs' must be in [0, " +
+                                            std::to_string(kMaxTopLogprobs) + "], got " +
+                                            std::to_string(n));
+    }
+    if (out->top_logprobs < 0) {
+      return BadRequest("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    }
+    out->top_logprobs = static_cast<int>(n);
   }
   if (const json* v = field("seed")) {
     int64_t s = 0;
@@ -330,8 +457,11 @@ std::optional<ApiError> ParseChecked(const std::string& body, Endpoint endpoint,
   // double and 0 as a float).
   if (Status st = out->sampler.Validate(); !st.ok()) {
     std::string m = st.message(), param;
-    for (const auto& [flag, name] : {std::pair<const char*, const char*>{"--temp", "temperature"},
-                                     {"--top-p", "top_p"}}) {
+    for (const auto& [flag, name] :
+         {std::pair<const char*, const char*>{"--temp", "temperature"},
+          {"--top-p", "top_p"},
+          {"--min-p", "min_p"},
+          {"--repeat-penalty", "repeat_penalty"}}) {
       if (m.rfind(flag, 0) == 0) {
         param = name;
         m = "'" + param + "'" + m.substr(std::string(flag).size());

@@ -40,7 +40,10 @@ struct GenerationRequest {
   bool prompt_ids_given = false;
   std::vector<ChatMessage> messages;  // chat
   std::optional<int64_t> max_tokens;  // absent: the endpoint's default (see the server)
-  SamplerOptions sampler;             // temperature, top_p, seed (validated)
+  // temperature, top_p, top_k, min_p, repeat_penalty, repeat_last_n, presence_penalty,
+  // frequency_penalty, logit_bias, seed (validated)
+  SamplerOptions sampler;
+  int top_logprobs = -1;  // -1: no logprobs; else the alternatives per token (0..20)
   bool seed_given = false;
   std::vector<std::string> stop;  // up to kMaxStops non-empty strings
   bool stream = false;
@@ -50,6 +53,8 @@ struct GenerationRequest {
 };
 
 inline constexpr int kMaxStops = 4;
+// The most alternatives a token's log-probabilities may list (OpenAI's top_logprobs limit).
+inline constexpr int kMaxTopLogprobs = 20;
 // max_tokens above this is refused whatever the context (a guard for models with no context
 // limit in their metadata).
 inline constexpr int64_t kMaxTokensCap = int64_t{1} << 24;
@@ -64,10 +69,15 @@ struct RequestContext {
 // wrong type names the field and the type it has; max_tokens in [1, kMaxTokensCap]; temperature
 // in [0, 2]; top_p in (0, 1]; n and best_of only 1; stop a string or a list of at most 4 non-empty
 // strings; a completions prompt a string, a list of one string, a non-empty list of token ids in
-// [0, n_vocab) or a list of one such list; messages a non-empty list of {role, content} with a known role); an unknown model is
-// a 404 (code model_not_found); a policy that the registry refuses is a 400 naming it
-// (param strata.policy). Fields OpenAI defines that do not change the output here (user,
-// presence_penalty 0, ...) are accepted and ignored; unknown fields are ignored, as OpenAI does.
+// [0, n_vocab) or a list of one such list; messages a non-empty list of {role, content} with a
+// known role; top_k >= 0; min_p in [0, 1]; repeat_penalty > 0; repeat_last_n >= -1;
+// presence_penalty and frequency_penalty in [-2, 2]; logit_bias an object of token id -> bias in
+// [-100, 100]; logprobs (completions: an integer 0..20; chat: a boolean, with top_logprobs
+// 0..20)); max_completion_tokens wins over max_tokens; an unknown model is a 404 (code
+// model_not_found); a policy that the registry refuses is a 400 naming it (param strata.policy).
+// `user` is accepted (it changes no output). Every other field, including those OpenAI defines
+// that this server does not implement (response_format other than text, tools, suffix, ...), is
+// a 400 naming it: never a silent 200.
 // The prompt's length against the context is checked by the server once it is tokenized.
 std::optional<ApiError> ParseGenerationRequest(const std::string& body, Endpoint endpoint,
                                                const RequestContext& ctx, GenerationRequest* out);

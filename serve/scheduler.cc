@@ -11,6 +11,30 @@ namespace strata::serve {
 
 namespace {
 
+// The model's log-softmax at `id`, and the `top` most likely tokens' (ties by id), in float64.
+Sequence::TokenLogprob Logprobs(const float* logits, int64_t n, int32_t id, int top) {
+  double max = logits[0];
+  for (int64_t i = 1; i < n; ++i) max = std::max(max, double(logits[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += std::exp(double(logits[i]) - max);
+  const double log_z = max + std::log(sum);
+  Sequence::TokenLogprob out;
+  out.id = id;
+  out.logprob = static_cast<float>(double(logits[id]) - log_z);
+  if (top > 0) {
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>(i);
+    const int64_t k = std::min<int64_t>(top, n);
+    std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](int32_t a, int32_t b) {
+      return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+    });
+    for (int64_t i = 0; i < k; ++i) {
+      out.top.emplace_back(ids[i], static_cast<float>(double(logits[ids[i]]) - log_z));
+    }
+  }
+  return out;
+}
+
 // The most a decode step can add to a cache's resident bytes: one row per layer, or a whole new
 // page of them when the row starts one (the store allocates LayerStore::kPageRows rows at once).
 int64_t StepGrowth(const KvCache& c) {
@@ -107,7 +131,8 @@ void Sequence::Finish(Result r) {
 }
 
 bool Sequence::Next(std::chrono::milliseconds timeout, std::string* delta,
-                    std::optional<Result>* result, int64_t* tokens) {
+                    std::optional<Result>* result, int64_t* tokens,
+                    std::vector<TokenLogprob>* logprobs) {
   std::unique_lock<std::mutex> l(mu_);
   if (!cv_.wait_for(l, timeout, [&] { return !deltas_.empty() || result_.has_value(); })) {
     return false;
@@ -118,6 +143,11 @@ bool Sequence::Next(std::chrono::milliseconds timeout, std::string* delta,
     deltas_.pop_front();
   }
   if (tokens) *tokens = pushed_tokens_;
+  if (logprobs) {
+    logprobs->assign(logprobs_.begin() + static_cast<std::ptrdiff_t>(logprobs_taken_),
+                     logprobs_.end());
+    logprobs_taken_ = logprobs_.size();
+  }
   // The end is reported once every delta before it is taken.
   if (result_.has_value()) *result = result_;
   return true;
@@ -220,9 +250,14 @@ void Scheduler::End(Sequence* s, std::string finish_reason, std::string message,
   r.error = std::move(error);
   r.prompt_tokens = static_cast<int64_t>(s->prompt.size());
   r.completion_tokens = s->generated_;
+  r.stopped_by_text = s->stopped_by_text_;
   if (s->text_) {
     s->Push(s->text_->TakeRest(), s->generated_);
     r.text = s->text_->text();
+  }
+  {
+    std::lock_guard<std::mutex> l(s->mu_);
+    r.logprobs = s->logprobs_;
   }
   metrics_->AddTokens(0, s->generated_);
   // The cache (and any archive file of its policy) goes now, not when the handler lets go.
@@ -267,6 +302,12 @@ void Scheduler::Step() {
       End(s, "stop", "");
       continue;
     }
+    s->sampler_->Accept(id);  // the penalties' window (a no-op when they are off)
+    if (s->top_logprobs >= 0) {
+      Sequence::TokenLogprob lp = Logprobs(s->logits_.data(), n_vocab_, id, s->top_logprobs);
+      std::lock_guard<std::mutex> l(s->mu_);
+      s->logprobs_.push_back(std::move(lp));
+    }
     ++s->generated_;
     if (s->generated_ == 1) {
       metrics_->ObserveTimeToFirstToken(Seconds(s->arrival, now));
@@ -277,6 +318,7 @@ void Scheduler::Step() {
     const bool stopped = s->text_->Append(tok_->DecodeToken(id));
     s->Push(s->text_->TakeReady(), s->generated_);
     if (stopped) {
+      s->stopped_by_text_ = true;
       End(s, "stop", "");
       continue;
     }
@@ -343,6 +385,11 @@ void Scheduler::Step() {
   UpdateGauges();
 }
 
+std::vector<SlotInfo> Scheduler::Slots() const {
+  std::lock_guard<std::mutex> l(slots_mu_);
+  return slots_;
+}
+
 void Scheduler::UpdateGauges() {
   Metrics::Gauges g;
   {
@@ -359,6 +406,22 @@ void Scheduler::UpdateGauges() {
     g.sequences_by_policy[s->policy_name] += 1;
   }
   metrics_->SetGauges(std::move(g));
+  std::vector<SlotInfo> slots;
+  auto add = [&](const Sequence& s, bool prefilling) {
+    SlotInfo i;
+    i.id = s.order_;
+    i.policy = s.policy_name;
+    i.prompt_tokens = static_cast<int64_t>(s.prompt.size());
+    i.generated_tokens = s.generated_;
+    i.resident_bytes = s.cache ? s.cache->ResidentBytes() : 0;
+    i.read_bytes_step = s.cache ? s.cache->counters().last_step.bytes_read : 0;
+    i.prefilling = prefilling;
+    slots.push_back(std::move(i));
+  };
+  for (const auto& s : running_) add(*s, false);
+  if (prefilling_) add(*prefilling_, true);
+  std::lock_guard<std::mutex> l(slots_mu_);
+  slots_ = std::move(slots);
 }
 
 void Scheduler::Loop() {
@@ -392,6 +455,8 @@ void Scheduler::Loop() {
       Sequence* s = prefilling_.get();
       s->order_ = next_order_++;
       s->sampler_ = std::make_unique<Sampler>(s->sampler);
+      // The penalty window spans the prompt, as `strata generate` (and llama.cpp) count it.
+      for (const int32_t id : s->prompt) s->sampler_->Accept(id);
       s->text_ = std::make_unique<StopText>(s->stop);
       s->logits_.assign(n_vocab_, 0.f);
       const int64_t n = static_cast<int64_t>(s->prompt.size());

@@ -63,10 +63,19 @@ class Sequence {
   SamplerOptions sampler;
   std::vector<std::string> stop;
   bool ignore_eos = false;         // end-of-generation tokens do not end it (fixed-length runs)
+  // Log-probabilities: -1 off; else each generated token's and that many of the most likely
+  // alternatives' (at most kMaxTopLogprobs), from the model's distribution (the softmax of its
+  // logits, before bias, penalties, truncation and temperature).
+  int top_logprobs = -1;
   std::unique_ptr<KvCache> cache;  // bound to its policy; released by the scheduler at the end
   std::string policy_name;         // Policy::name(), the metrics label
   Clock::time_point arrival = Clock::now();
 
+  struct TokenLogprob {
+    int32_t id = 0;
+    float logprob = 0.f;
+    std::vector<std::pair<int32_t, float>> top;  // most likely first (ties by id)
+  };
   // The end of a sequence.
   struct Result {
     std::string finish_reason;  // "stop" | "length"
@@ -75,13 +84,16 @@ class Sequence {
     int64_t prompt_tokens = 0, completion_tokens = 0;
     std::string text;       // all of it (the concatenation of the deltas)
     bool shutdown = false;  // ended by Scheduler::Stop (the server is shutting down)
+    std::vector<TokenLogprob> logprobs;  // every generated token's, when asked
+    bool stopped_by_text = false;        // finish_reason "stop" from a stop string, not EOS
   };
   // Waits up to `timeout` for output. Returns true with `delta` set (possibly empty) when there
   // was some or the sequence ended (then `*result` is set); false on timeout.
   // `tokens` (may be null): the tokens generated up to the end of `delta` (a delta may carry
   // several tokens, and a token whose text is held back arrives with a later delta).
+  // `logprobs` (may be null): the generated tokens' log-probabilities not yet taken.
   bool Next(std::chrono::milliseconds timeout, std::string* delta, std::optional<Result>* result,
-            int64_t* tokens = nullptr);
+            int64_t* tokens = nullptr, std::vector<TokenLogprob>* logprobs = nullptr);
   // Blocks until the end and returns it.
   Result Wait();
   // Waits up to `timeout` for the end: true with `*out` set when it came (the deltas are dropped,
@@ -99,6 +111,8 @@ class Sequence {
   std::condition_variable cv_;
   std::deque<std::string> deltas_;
   int64_t pushed_tokens_ = 0;  // the tokens generated up to the last delta pushed
+  std::vector<TokenLogprob> logprobs_;  // all so far (scheduler appends under mu_)
+  size_t logprobs_taken_ = 0;
   std::optional<Result> result_;
   std::atomic<bool> cancelled_{false};
 
@@ -109,7 +123,18 @@ class Sequence {
   std::unique_ptr<StopText> text_;
   std::vector<float> logits_;  // [n_vocab] of the last forward
   int64_t generated_ = 0;
+  bool stopped_by_text_ = false;
   Clock::time_point last_token_;
+};
+
+// One running sequence as GET /slots shows it (a snapshot the scheduler publishes each step).
+struct SlotInfo {
+  int64_t id = 0;  // admission order
+  std::string policy;
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+  int64_t resident_bytes = 0;     // its cache's ResidentBytes
+  int64_t read_bytes_step = 0;    // bytes its last decode step read
+  bool prefilling = false;
 };
 
 // What one scheduler step did (SchedulerOptions::on_event): a decode step of the running
@@ -175,6 +200,8 @@ class Scheduler {
 
   int64_t queue_depth() const;
   int64_t active() const;
+  // The running sequences (and the one being prefilled) as of the last step.
+  std::vector<SlotInfo> Slots() const;
 
  private:
   void Loop();
@@ -199,6 +226,8 @@ class Scheduler {
   std::deque<std::shared_ptr<Sequence>> queue_;
   bool stopping_ = false;
   std::atomic<int64_t> active_{0};
+  mutable std::mutex slots_mu_;
+  std::vector<SlotInfo> slots_;
   // Scheduler-thread state.
   std::vector<std::shared_ptr<Sequence>> running_;
   std::shared_ptr<Sequence> prefilling_;  // admitted, its prompt not yet in the cache

@@ -43,7 +43,8 @@ ApiError Error(int status, const std::string& type, const std::string& code,
 // must not grow the label set without bound).
 std::string EndpointLabel(const std::string& path) {
   for (const char* p : {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health",
-                        "/metrics", "/tokenize", "/detokenize", "/props"}) {
+                        "/metrics", "/tokenize", "/detokenize", "/props", "/completion",
+                        "/slots"}) {
     if (path == p) return p;
   }
   return "other";
@@ -52,6 +53,49 @@ std::string EndpointLabel(const std::string& path) {
 std::string SseEvent(const json& j) { return "data: " + Dump(j) + "\n\n"; }
 
 int64_t Now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+json Bytes(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(c);
+  return b;
+}
+
+// Log-probabilities in OpenAI's shapes: chat's {"content": [{token, logprob, bytes,
+// top_logprobs}]}, completions' {tokens, token_logprobs, top_logprobs, text_offset}.
+// `offset` is the text offset of the first token (completions), advanced past the last.
+json LogprobsJson(const std::vector<Sequence::TokenLogprob>& lps, const Tokenizer& tok, bool chat,
+                  size_t* offset) {
+  if (chat) {
+    json content = json::array();
+    for (const auto& lp : lps) {
+      json top = json::array();
+      for (const auto& [id, l] : lp.top) {
+        const std::string t = tok.DecodeToken(id);
+        top.push_back({{"token", t}, {"logprob", l}, {"bytes", Bytes(t)}});
+      }
+      const std::string t = tok.DecodeToken(lp.id);
+      content.push_back(
+          {{"token", t}, {"logprob", lp.logprob}, {"bytes", Bytes(t)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top = json::array(),
+       text_offset = json::array();
+  for (const auto& lp : lps) {
+    const std::string t = tok.DecodeToken(lp.id);
+    tokens.push_back(t);
+    token_logprobs.push_back(lp.logprob);
+    json alt = json::object();
+    for (const auto& [id, l] : lp.top) alt[tok.DecodeToken(id)] = l;
+    top.push_back(alt);
+    text_offset.push_back(*offset);
+    *offset += t.size();
+  }
+  return {{"tokens", tokens},
+          {"token_logprobs", token_logprobs},
+          {"top_logprobs", top},
+          {"text_offset", text_offset}};
+}
 
 }  // namespace
 
@@ -161,6 +205,116 @@ void Server::Stop() {
   if (http_) http_->Stop();
 }
 
+std::shared_ptr<Sequence> Server::Admit(const GenerationRequest& g, Endpoint ep, bool native,
+                                        http::Response& res) {
+  auto Refuse = [](http::Response& r, const ApiError& e) -> std::shared_ptr<Sequence> {
+    SendError(r, e);
+    return nullptr;
+  };
+  const Tokenizer& tok = *model_->tokenizer();
+
+  std::vector<int32_t> prompt;
+  if (ep == Endpoint::kCompletions && g.prompt_ids_given) {
+    prompt = g.prompt_ids;  // token ids are the prompt as given (no BOS added)
+  } else if (ep == Endpoint::kCompletions) {
+    prompt = tok.Encode(g.prompt, /*with_bos=*/true);
+  } else {
+    if (!chat_) return Refuse(res, BadRequest("messages", chat_error_));
+    if (Status st = chat_->Validate(g.messages); !st.ok()) {
+      return Refuse(res, BadRequest("messages", st.message()));
+    }
+    const std::string bos = tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : "";
+    const std::string eos = tok.eos_id() >= 0 ? tok.token_text(tok.eos_id()) : "";
+    // The rendering carries BOS where the family wants it: no second one.
+    prompt = tok.Encode(chat_->Render(g.messages, /*add_generation_prompt=*/true, bos, eos),
+                        /*with_bos=*/false, /*parse_special=*/true);
+  }
+  const char* prompt_param = ep == Endpoint::kCompletions ? "prompt" : "messages";
+  if (prompt.empty()) {
+    return Refuse(res, BadRequest(prompt_param, "the prompt is empty (0 tokens)"));
+  }
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  const int64_t ctx = o_.ctx;
+  if (ctx > 0 && n_prompt >= ctx) {
+    ApiError e =
+        BadRequest(prompt_param, "the prompt is " + std::to_string(n_prompt) +
+                                     " tokens; this model's context is " + std::to_string(ctx) +
+                                     " tokens, which leaves no room to generate");
+    e.code = "context_length_exceeded";
+    return Refuse(res, e);
+  }
+  int64_t max_tokens = 0;
+  if (g.max_tokens) {
+    max_tokens = *g.max_tokens;
+    if (ctx > 0 && n_prompt + max_tokens > ctx) {
+      ApiError e = BadRequest(
+          "max_tokens", "this model's maximum context length is " + std::to_string(ctx) +
+                            " tokens; you requested " + std::to_string(n_prompt + max_tokens) +
+                            " tokens (" + std::to_string(n_prompt) + " in the prompt, " +
+                            std::to_string(max_tokens) + " in the completion)");
+      e.code = "context_length_exceeded";
+      return Refuse(res, e);
+    }
+  } else {
+    // OpenAI's defaults: 16 for completions; chat runs to the end of the context (4096
+    // tokens when the model states none).
+    // (llama-server's /completion: n_predict -1, to the end of the context.)
+    max_tokens = native ? kMaxTokensCap : ep == Endpoint::kCompletions ? 16 : 4096;
+    if (ctx > 0) max_tokens = std::min(max_tokens, ctx - n_prompt);
+  }
+
+  const std::string policy_text = g.policy.empty() ? o_.policy : g.policy;
+  StatusOr<PolicySpec> spec = ParsePolicySpec(policy_text);
+  StatusOr<std::unique_ptr<Policy>> policy =
+      spec.ok() ? MakePolicy(*spec) : StatusOr<std::unique_ptr<Policy>>(spec.status());
+  StatusOr<std::unique_ptr<KvCache>> cache =
+      policy.ok() ? model_->NewCache(std::move(policy).value())
+                  : StatusOr<std::unique_ptr<KvCache>>(policy.status());
+  if (!cache.ok()) {
+    return Refuse(res, BadRequest("strata.policy", "policy '" + policy_text +
+                                                          "' cannot run on this model: " +
+                                                          cache.status().message()));
+  }
+  const int64_t reserve = Scheduler::PromptReserve(**cache, n_prompt);
+  if (reserve > o_.kv_budget) {
+    return Refuse(
+        res, BadRequest(prompt_param, "the prompt's " + std::to_string(n_prompt) +
+                                          " tokens need " + std::to_string(reserve) +
+                                          " bytes of KV cache while prefilled, more than the "
+                                          "server's whole --kv-budget (" +
+                                          std::to_string(o_.kv_budget) + " bytes)"));
+  }
+
+  auto seq = std::make_shared<Sequence>();
+  seq->prompt = std::move(prompt);
+  seq->max_tokens = max_tokens;
+  seq->sampler = g.sampler;
+  if (!g.seed_given)
+    seq->sampler.seed = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  seq->stop = g.stop;
+  seq->ignore_eos = g.ignore_eos;
+  seq->top_logprobs = g.top_logprobs;
+  seq->policy_name = (*cache)->policy().name();
+  seq->cache = std::move(cache).value();
+  seq->arrival = Clock::now();
+
+  switch (scheduler_->Submit(seq)) {
+    case Scheduler::Admission::kQueued:
+      break;
+    case Scheduler::Admission::kQueueFull:
+      res.SetHeader("Retry-After", "1");
+      return Refuse(res, Error(429, "rate_limit_exceeded", "queue_full",
+                                  "the server is busy: " + std::to_string(o_.parallel) +
+                                      " sequences are running and " + std::to_string(o_.queue) +
+                                      " requests are waiting (--queue); retry later"));
+    case Scheduler::Admission::kStopping:
+      return Refuse(
+          res, Error(503, "server_error", "shutting_down", "the server is shutting down"));
+  }
+
+  return seq;
+}
+
 void Server::Routes() {
   http::Server& h = *http_;
   h.SetLogger([this](const http::Request& req, const http::Response& res) {
@@ -232,105 +386,9 @@ void Server::Routes() {
       GenerationRequest g;
       RequestContext rc{o_.model_name, model_->config().n_vocab};
       if (auto e = ParseGenerationRequest(req.body, ep, rc, &g)) return SendError(res, *e);
+      std::shared_ptr<Sequence> seq = Admit(g, ep, /*native=*/false, res);
+      if (!seq) return;
       const Tokenizer& tok = *model_->tokenizer();
-
-      std::vector<int32_t> prompt;
-      if (ep == Endpoint::kCompletions && g.prompt_ids_given) {
-        prompt = g.prompt_ids;  // token ids are the prompt as given (no BOS added)
-      } else if (ep == Endpoint::kCompletions) {
-        prompt = tok.Encode(g.prompt, /*with_bos=*/true);
-      } else {
-        if (!chat_) return SendError(res, BadRequest("messages", chat_error_));
-        if (Status st = chat_->Validate(g.messages); !st.ok()) {
-          return SendError(res, BadRequest("messages", st.message()));
-        }
-        const std::string bos = tok.bos_id() >= 0 ? tok.token_text(tok.bos_id()) : "";
-        const std::string eos = tok.eos_id() >= 0 ? tok.token_text(tok.eos_id()) : "";
-        // The rendering carries BOS where the family wants it: no second one.
-        prompt = tok.Encode(chat_->Render(g.messages, /*add_generation_prompt=*/true, bos, eos),
-                            /*with_bos=*/false, /*parse_special=*/true);
-      }
-      const char* prompt_param = ep == Endpoint::kCompletions ? "prompt" : "messages";
-      if (prompt.empty()) {
-        return SendError(res, BadRequest(prompt_param, "the prompt is empty (0 tokens)"));
-      }
-      const int64_t n_prompt = static_cast<int64_t>(prompt.size());
-      const int64_t ctx = o_.ctx;
-      if (ctx > 0 && n_prompt >= ctx) {
-        ApiError e =
-            BadRequest(prompt_param, "the prompt is " + std::to_string(n_prompt) +
-                                         " tokens; this model's context is " + std::to_string(ctx) +
-                                         " tokens, which leaves no room to generate");
-        e.code = "context_length_exceeded";
-        return SendError(res, e);
-      }
-      int64_t max_tokens = 0;
-      if (g.max_tokens) {
-        max_tokens = *g.max_tokens;
-        if (ctx > 0 && n_prompt + max_tokens > ctx) {
-          ApiError e = BadRequest(
-              "max_tokens", "this model's maximum context length is " + std::to_string(ctx) +
-                                " tokens; you requested " + std::to_string(n_prompt + max_tokens) +
-                                " tokens (" + std::to_string(n_prompt) + " in the prompt, " +
-                                std::to_string(max_tokens) + " in the completion)");
-          e.code = "context_length_exceeded";
-          return SendError(res, e);
-        }
-      } else {
-        // OpenAI's defaults: 16 for completions; chat runs to the end of the context (4096
-        // tokens when the model states none).
-        max_tokens = ep == Endpoint::kCompletions ? 16 : 4096;
-        if (ctx > 0) max_tokens = std::min(max_tokens, ctx - n_prompt);
-      }
-
-      const std::string policy_text = g.policy.empty() ? o_.policy : g.policy;
-      StatusOr<PolicySpec> spec = ParsePolicySpec(policy_text);
-      StatusOr<std::unique_ptr<Policy>> policy =
-          spec.ok() ? MakePolicy(*spec) : StatusOr<std::unique_ptr<Policy>>(spec.status());
-      StatusOr<std::unique_ptr<KvCache>> cache =
-          policy.ok() ? model_->NewCache(std::move(policy).value())
-                      : StatusOr<std::unique_ptr<KvCache>>(policy.status());
-      if (!cache.ok()) {
-        return SendError(res, BadRequest("strata.policy", "policy '" + policy_text +
-                                                              "' cannot run on this model: " +
-                                                              cache.status().message()));
-      }
-      const int64_t reserve = Scheduler::PromptReserve(**cache, n_prompt);
-      if (reserve > o_.kv_budget) {
-        return SendError(
-            res, BadRequest(prompt_param, "the prompt's " + std::to_string(n_prompt) +
-                                              " tokens need " + std::to_string(reserve) +
-                                              " bytes of KV cache while prefilled, more than the "
-                                              "server's whole --kv-budget (" +
-                                              std::to_string(o_.kv_budget) + " bytes)"));
-      }
-
-      auto seq = std::make_shared<Sequence>();
-      seq->prompt = std::move(prompt);
-      seq->max_tokens = max_tokens;
-      seq->sampler = g.sampler;
-      if (!g.seed_given)
-        seq->sampler.seed = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
-      seq->stop = g.stop;
-      seq->ignore_eos = g.ignore_eos;
-      seq->policy_name = (*cache)->policy().name();
-      seq->cache = std::move(cache).value();
-      seq->arrival = Clock::now();
-
-      switch (scheduler_->Submit(seq)) {
-        case Scheduler::Admission::kQueued:
-          break;
-        case Scheduler::Admission::kQueueFull:
-          res.SetHeader("Retry-After", "1");
-          return SendError(res, Error(429, "rate_limit_exceeded", "queue_full",
-                                      "the server is busy: " + std::to_string(o_.parallel) +
-                                          " sequences are running and " + std::to_string(o_.queue) +
-                                          " requests are waiting (--queue); retry later"));
-        case Scheduler::Admission::kStopping:
-          return SendError(
-              res, Error(503, "server_error", "shutting_down", "the server is shutting down"));
-      }
-
       const bool chat = ep == Endpoint::kChat;
       const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id_++);
       const int64_t created = Now();
@@ -363,7 +421,11 @@ void Server::Routes() {
         if (r.shutdown) {
           return SendError(res, Error(503, "server_error", "shutting_down", r.message));
         }
-        json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", r.finish_reason}};
+        size_t offset = 0;
+        json choice = {{"index", 0},
+                       {"logprobs", g.top_logprobs >= 0 ? LogprobsJson(r.logprobs, tok, chat, &offset)
+                                                        : json()},
+                       {"finish_reason", r.finish_reason}};
         if (chat) {
           choice["message"] = {{"role", "assistant"}, {"content", r.text}};
         } else {
@@ -391,7 +453,12 @@ void Server::Routes() {
       };
       res.SetHeader("Cache-Control", "no-cache");
       res.content_type = "text/event-stream";
+      const bool want_logprobs = g.top_logprobs >= 0;
+      const Tokenizer* tokp = &tok;
       res.stream = [=](http::StreamSink& sink) {
+        const Tokenizer& tok = *tokp;
+        size_t offset = 0;
+        std::vector<Sequence::TokenLogprob> lps;
         auto write = [&](const std::string& s) {
           if (sink.Write(s)) return true;
           seq->Cancel();  // the client went away: its slot is freed at the next step
@@ -407,14 +474,18 @@ void Server::Routes() {
           std::string delta;
           std::optional<Sequence::Result> r;
           int64_t tokens = 0;
-          while (!seq->Next(std::chrono::milliseconds(100), &delta, &r, &tokens)) {
+          while (!seq->Next(std::chrono::milliseconds(100), &delta, &r, &tokens,
+                            want_logprobs ? &lps : nullptr)) {
             if (sink.ClientGone()) {
               seq->Cancel();
               return;
             }
           }
-          if (!delta.empty()) {
-            json c = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+          if (!delta.empty() || !lps.empty()) {
+            json c = {{"index", 0},
+                      {"logprobs", want_logprobs ? LogprobsJson(lps, tok, chat, &offset) : json()},
+                      {"finish_reason", nullptr}};
+            lps.clear();
             if (chat) {
               c["delta"] = {{"content", delta}};
             } else {

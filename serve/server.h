@@ -20,6 +20,7 @@
 
 namespace strata::serve::http {
 class Server;
+struct Response;
 }
 
 namespace strata::serve {
@@ -73,7 +74,13 @@ class Server {
  private:
   Server(Model* model, ServerOptions o);
   void Routes();
-  // llama-server's own endpoints (llama_routes.cc): /tokenize, /detokenize, /props.
+  // Checks a parsed request against the model and the server (prompt length, context, policy,
+  // budget) and queues its sequence; null with `res` holding the error otherwise. `native`:
+  // llama-server's /completion (no max_tokens given: to the end of the context).
+  std::shared_ptr<Sequence> Admit(const GenerationRequest& g, Endpoint ep, bool native,
+                                  http::Response& res);
+  // llama-server's own endpoints (llama_routes.cc): /completion, /tokenize, /detokenize,
+  // /props, /slots.
   void LlamaRoutes();
 
   Model* model_;
