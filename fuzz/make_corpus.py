@@ -9,6 +9,16 @@ DIR/<target>/ holds the inputs of one fuzz target (fuzz/fuzz_<target>.cc):
   hf_dir/       HF directories packed into one file: config.json, model.safetensors and
                 strata_tokenizer.json joined by SEPARATOR (fuzz/fuzz_util.h kFileSeparator)
   archive/      one mode byte (bit 0: the harness recomputes checksums) + a VestigeKV archive
+  tokenizer/    tokenizer.json, the text to encode and optionally tokenizer_config.json, joined
+                by SEPARATOR: small synthetic pipelines (byte-level BPE, SentencePiece-style BPE
+                with byte fallback, Unigram, normalizers) and the real tokenizer.json files of
+                $STRATA_FIXTURES/tokenizers (default ../shared/fixtures) trimmed to their first
+                merges (the full files are MBs: slow under ASan)
+  request/      one mode byte (bit 0: chat endpoint; see fuzz/fuzz_request.cc) + a request body
+  chat_template/ a template text (testdata/chat/*.jinja), SEPARATOR, then a flag byte and
+                messages (role byte + content, separated by 0x1E; see fuzz/fuzz_chat_template.cc)
+  quant_dot/    four header bytes (type, blocks per row, rows/tokens, activation mode) + weight
+                and activation bytes (see fuzz/fuzz_quant_dot.cc)
 Names: seed-* are valid files (`strata synth` outputs and the shipped models); d1-* .. d6-* and
 minor-* reproduce the defects of issue 13, each named after what it claims.
 --big also writes DIR/big/: the GGUF reproducers of D4 (sparse files of 16 MiB to 1 GiB that
@@ -225,6 +235,320 @@ def archive(row_bytes, page_rows, pages, committed=None, n_records=None, record_
     return h + struct.pack("<Q", fnv64(h)) + recs
 
 
+# ---- tokenizer.json -------------------------------------------------------------------------
+
+def byte_chars():
+    """GPT-2's bytes_to_unicode: the character standing for each byte in byte-level vocabularies."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return [out[b] for b in range(256)]
+
+
+GPT2_REGEX = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+")
+TOKENIZER_TEXT = ("Hello world! The 12345 cats' naps\n\n\tcaf\u00e9 na\u00efve \u65e5\u672c\u8a9e "
+                  "\U0001F600  <|im_start|>user\nhi<|im_end|> <s></s><unk> \u2581x").encode()
+TOKENIZER_TEXT_BAD = b"ok \xff\xfe \xc3 \xe6\x97 end"  # invalid UTF-8
+
+
+def tok_base():
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+            "normalizer": None, "pre_tokenizer": None, "post_processor": None, "decoder": None}
+
+
+def added(i, content, special=True, normalized=False, lstrip=False, rstrip=False):
+    return {"id": i, "content": content, "single_word": False, "lstrip": lstrip, "rstrip": rstrip,
+            "normalized": normalized, "special": special}
+
+
+def byte_level_bpe_json():
+    """A GPT-2 style byte-level BPE (a pipeline whose round trip the harness checks)."""
+    bc = byte_chars()
+    vocab = {c: i for i, c in enumerate(bc)}
+    merges = []
+    G = bc[ord(" ")]
+    for a, b in [(G, "t"), ("h", "e"), (G + "t", "he"), ("i", "n"), (G, "a"), ("e", "r"),
+                 ("o", "n"), (G, "w"), ("l", "l"), ("H", "e"), ("He", "ll"), ("Hell", "o"),
+                 ("o", "r"), (G + "w", "or"), ("l", "d"), (G + "wor", "ld"), ("1", "2"),
+                 ("12", "3"), ("c", "a"), ("ca", "t"), (G, "ca"), (G + "ca", "t"),
+                 (bc[10], bc[10])]:
+        if a + b not in vocab:
+            vocab[a + b] = len(vocab)
+        merges.append([a, b])
+    j = tok_base()
+    n = len(vocab)
+    j["added_tokens"] = [added(n, "<|endoftext|>"), added(n + 1, "<|im_start|>"),
+                         added(n + 2, "<|im_end|>"), added(n + 3, "<tool>", special=False)]
+    j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": GPT2_REGEX}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    j["post_processor"] = {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+                                    {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>",
+                                                                "ids": [n],
+                                                                "tokens": ["<|endoftext|>"]}}}
+    j["decoder"] = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                    "use_regex": True}
+    j["model"] = {"type": "BPE", "dropout": None, "unk_token": None,
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": merges}
+    return j
+
+
+def spm_bpe_json():
+    """A Llama 2 style SentencePiece BPE: byte fallback, U+2581 word marker, unk."""
+    sp = "\u2581"
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab["<0x%02X>" % b] = len(vocab)
+    for c in [sp, "a", "b", "c", "d", "e", "h", "l", "o", "r", "w", "t", "H", "1", "2"]:
+        vocab[c] = len(vocab)
+    merges = []
+    for a, b in [(sp, "t"), ("h", "e"), ("l", "l"), ("H", "e"), ("He", "ll"), ("Hell", "o"),
+                 (sp, "w"), ("o", "r"), (sp + "w", "or"), ("l", "d"), (sp + "wor", "ld"),
+                 ("1", "2"), (sp, "Hello")]:
+        if a + b not in vocab:
+            vocab[a + b] = len(vocab)
+        merges.append(a + " " + b)  # the older string form
+    j = tok_base()
+    j["added_tokens"] = [added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")]
+    j["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": sp}, {"type": "Replace", "pattern": {"String": " "},
+                                             "content": sp}]}
+    j["post_processor"] = {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+                           "special_tokens": {"<s>": {"id": "<s>", "ids": [1],
+                                                      "tokens": ["<s>"]}}}
+    j["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": sp}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    j["model"] = {"type": "BPE", "dropout": None, "unk_token": "<unk>",
+                  "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                  "fuse_unk": True, "byte_fallback": True, "vocab": vocab, "merges": merges}
+    return j
+
+
+def unigram_json():
+    """A Unigram model (T5 / Gemma style) with Metaspace, byte fallback and a normalizer chain."""
+    sp = "\u2581"
+    pieces = [["<pad>", 0.0], ["</s>", 0.0], ["<unk>", 0.0]]
+    pieces += [["<0x%02X>" % b, 0.0] for b in range(256)]
+    for i, w in enumerate([sp, sp + "the", sp + "a", "a", "b", "c", "e", "h", "l", "o", "r",
+                           "t", "w", sp + "hello", sp + "world", "ll", "or", "1", "2", "3"]):
+        pieces.append([w, -1.0 - 0.5 * i])
+    j = tok_base()
+    j["added_tokens"] = [added(0, "<pad>"), added(1, "</s>"), added(2, "<unk>"),
+                         added(len(pieces), "<start_of_turn>"),
+                         added(len(pieces) + 1, "<end_of_turn>")]
+    j["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "NFKC"}, {"type": "Replace", "pattern": {"Regex": " {2,}"}, "content": " "}]}
+    j["pre_tokenizer"] = {"type": "Metaspace", "replacement": sp, "prepend_scheme": "always",
+                          "split": True}
+    j["post_processor"] = {"type": "TemplateProcessing",
+                           "single": [{"Sequence": {"id": "A", "type_id": 0}},
+                                      {"SpecialToken": {"id": "</s>", "type_id": 0}}],
+                           "pair": [{"Sequence": {"id": "A", "type_id": 0}}],
+                           "special_tokens": {"</s>": {"id": "</s>", "ids": [1],
+                                                       "tokens": ["</s>"]}}}
+    j["decoder"] = {"type": "Metaspace", "replacement": sp, "prepend_scheme": "always",
+                    "split": True}
+    j["model"] = {"type": "Unigram", "unk_id": 2, "vocab": pieces, "byte_fallback": True}
+    return j
+
+
+def normalizing_bpe_json():
+    """A BPE with the other components: lowercase and accent stripping, whitespace, digit and
+    punctuation splitting, an end-of-word suffix and its decoder, BERT-style specials."""
+    chars = "abcdefghijklmnopqrstuvwxyz0123456789!?.,'"
+    vocab = {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2}
+    for c in chars:
+        vocab[c] = len(vocab)
+        vocab[c + "</w>"] = len(vocab)
+    merges = []
+    for a, b in [("h", "e"), ("l", "l"), ("he", "ll"), ("hell", "o</w>"), ("w", "o"),
+                 ("r", "l"), ("wo", "rl"), ("worl", "d</w>")]:
+        if a + b not in vocab:
+            vocab[a + b] = len(vocab)
+        merges.append([a, b])
+    j = tok_base()
+    j["added_tokens"] = [added(0, "[UNK]"), added(1, "[CLS]"), added(2, "[SEP]"),
+                         added(len(vocab), "[MASK]", lstrip=True, normalized=True)]
+    j["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "NFD"}, {"type": "StripAccents"}, {"type": "Lowercase"},
+        {"type": "Strip", "left": True, "right": True}]}
+    j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "WhitespaceSplit"}, {"type": "Punctuation", "behavior": "Isolated"},
+        {"type": "Digits", "individual_digits": True}]}
+    j["post_processor"] = {"type": "BertProcessing", "sep": ["[SEP]", 2], "cls": ["[CLS]", 1]}
+    j["decoder"] = {"type": "BPEDecoder", "suffix": "</w>"}
+    j["model"] = {"type": "BPE", "dropout": None, "unk_token": "[UNK]",
+                  "continuing_subword_prefix": None, "end_of_word_suffix": "</w>",
+                  "fuse_unk": False, "byte_fallback": False, "vocab": vocab, "merges": merges}
+    return j
+
+
+def trim_tokenizer_json(j, n_merges):
+    """A real BPE tokenizer.json cut to its first n_merges usable merges: the single-character
+    tokens, the merges whose parts are kept, their results, and every added token, renumbered
+    densely (the post-processor's ids follow). None for a model that is not BPE."""
+    m = j["model"]
+    if m.get("type") != "BPE":
+        return None
+    by_id = sorted(m["vocab"].items(), key=lambda kv: kv[1])
+    kept = {t for t, _ in by_id if len(t) == 1}
+    merges = []
+    for mg in m["merges"]:
+        a, b = mg if isinstance(mg, list) else mg.split(" ", 1)
+        if a in kept and b in kept and a + b in m["vocab"]:
+            kept.add(a + b)
+            merges.append(mg)
+            if len(merges) >= n_merges:
+                break
+    remap, vocab = {}, {}
+    for t, i in by_id:
+        if t in kept:
+            remap[i] = vocab[t] = len(vocab)
+    out = dict(j)
+    out["model"] = dict(m, vocab=vocab, merges=merges)
+    added_tokens = []
+    for a in sorted(j["added_tokens"], key=lambda a: a["id"]):
+        if a["id"] not in remap:
+            remap[a["id"]] = len(vocab) + len(added_tokens)
+        added_tokens.append(dict(a, id=remap[a["id"]]))
+    out["added_tokens"] = added_tokens
+
+    def fix_ids(p):
+        if isinstance(p, dict):
+            r = {}
+            for k, v in p.items():
+                if k == "ids" and isinstance(v, list):
+                    r[k] = [remap.get(i, i) for i in v]
+                elif k in ("sep", "cls") and isinstance(v, list) and len(v) == 2:
+                    r[k] = [v[0], remap.get(v[1], v[1])]
+                else:
+                    r[k] = fix_ids(v)
+            return r
+        if isinstance(p, list):
+            return [fix_ids(x) for x in p]
+        return p
+    out["post_processor"] = fix_ids(j.get("post_processor"))
+    return out
+
+
+def trim_tokenizer_config(cfg):
+    keep = ("bos_token", "eos_token", "pad_token", "unk_token", "add_bos_token", "add_eos_token",
+            "chat_template")
+    return {k: cfg[k] for k in keep if k in cfg}
+
+
+def tokenizer_input(tok, text, config=None):
+    parts = [json.dumps(tok).encode() if not isinstance(tok, bytes) else tok, text]
+    if config is not None:
+        parts.append(json.dumps(config).encode() if not isinstance(config, bytes) else config)
+    return SEPARATOR.join(parts)
+
+
+# ---- request bodies ------------------------------------------------------------------------
+
+REQUESTS = {
+    # name: (mode byte, body); mode bit 0 chat, bit 1 vocabulary checked, bit 2 BOS/EOS texts,
+    # bit 3 Qwen3 thinking off
+    "completion-full": (0, {"model": "strata-fuzz", "prompt": "Hello", "max_tokens": 16,
+                            "temperature": 0.7, "top_p": 0.9, "seed": 42, "stop": ["\n", "END"],
+                            "stream": True, "stream_options": {"include_usage": True},
+                            "n": 1, "best_of": 1.0, "echo": False, "user": "u",
+                            "presence_penalty": 0, "ignore_eos": False}),
+    "completion-token-ids": (2, {"prompt": [1, 2, 999], "max_tokens": 4}),
+    "completion-batch-of-one": (2, {"prompt": [[5, 6, 7]], "stop": "x"}),
+    "completion-list-of-one": (0, {"prompt": ["one"], "strata": {"policy": "full"}}),
+    "completion-policy": (0, {"prompt": "p", "strata": {"policy": "geodesia@2.5:rd-frac=0.03"}}),
+    "chat-full": (7, {"model": "strata-fuzz", "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "developer", "content": [{"type": "text", "text": "part 1"},
+                                          {"type": "text", "text": " part 2"}]},
+        {"role": "user", "content": "caf\u00e9 \U0001F600 <|im_start|>"}],
+        "max_completion_tokens": 8, "temperature": 0, "strata": {"policy": "kivi4"}}),
+    "chat-one-user": (9, {"messages": [{"role": "user", "content": ""}], "seed": -1}),
+    "chat-assistant-first": (5, {"messages": [{"role": "assistant", "content": "<think>x</think>y"},
+                                              {"role": "user", "content": "z"}],
+                                 "policy": None, "stream": False}),
+    # Refusals.
+    "bad-not-json": (0, b"{\"prompt\": \"x\""),
+    "bad-not-object": (1, [1, 2]),
+    "bad-model": (0, {"model": "other", "prompt": "x"}),
+    "bad-temperature": (0, {"prompt": "x", "temperature": 3}),
+    "bad-top-p-tiny": (0, {"prompt": "x", "top_p": 1e-300}),
+    "bad-max-tokens": (1, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1.5}),
+    "bad-role": (1, {"messages": [{"role": "tool", "content": "x"}]}),
+    "bad-empty-messages": (1, {"messages": []}),
+    "bad-image-part": (1, {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}),
+    "bad-stops": (0, {"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}),
+    "bad-token-id": (2, {"prompt": [1000]}),
+    "bad-policy": (0, {"prompt": "x", "strata": {"policy": "geodesia:nope=1"}}),
+    "bad-strata-key": (0, {"prompt": "x", "strata": {"policy": "full", "other": 1}}),
+    "bad-deep": (1, b"{\"messages\": " + b"[" * 100 + b"]" * 100 + b"}"),
+    "bad-huge-int": (0, b"{\"prompt\": \"x\", \"seed\": 18446744073709551615}"),
+}
+
+
+def request_input(mode, body):
+    return bytes([mode]) + (body if isinstance(body, bytes) else json.dumps(body).encode())
+
+
+# ---- chat templates ------------------------------------------------------------------------
+
+def conversation(flags, messages):
+    """messages: [(role byte, text)] for fuzz_chat_template.cc."""
+    return bytes([flags]) + b"\x1e".join(bytes([r]) + t.encode() for r, t in messages)
+
+
+CONVERSATIONS = [
+    (2, [(0, "You are helpful."), (1, "Hi"), (2, "Hello! <think>hm</think>How can I help?"),
+         (1, "2 + 2?")]),
+    (4 | 8, [(1, "caf\u00e9 \U0001F600"), (2, "<think>\nx\n</think>\n\ny")]),
+    (0, [(2, "assistant first"), (0, "late system"), (3, "developer")]),
+    (2, [(7, "a tool turn")]),
+]
+
+
+# ---- quantized blocks ----------------------------------------------------------------------
+
+# kernels/quant_testing.h BlockInfo: f16 scale offsets and the block size, per type, in the
+# kQuantTypes order of fuzz/fuzz_quant_dot.cc.
+QUANT_BLOCKS = [  # (name, block bytes, f16 offsets)
+    ("q4_0", 18, [0]), ("q4_1", 20, [0, 2]), ("q5_0", 22, [0]), ("q5_1", 24, [0, 2]),
+    ("q8_0", 34, [0]), ("q2_k", 84, [80, 82]), ("q3_k", 110, [108]), ("q4_k", 144, [0, 2]),
+    ("q5_k", 176, [0, 2]), ("q6_k", 210, [208]), ("iq4_nl", 18, [0]), ("iq4_xs", 136, [0]),
+]
+
+
+def prng_bytes(n, seed):
+    out, x = bytearray(), (seed * 2654435761 + 12345) & 0xFFFFFFFF
+    for _ in range(n):
+        x = (x * 1103515245 + 12345) & 0x7FFFFFFF
+        out.append((x >> 16) & 0xFF)
+    return bytes(out)
+
+
+def quant_input(type_index, nb, rows, tokens, amode, shift, weights, acts):
+    header = bytes([type_index, nb - 1, (rows - 1) | ((tokens - 1) << 3), amode | (shift << 2)])
+    return header + weights + acts
+
+
 # ---- corpus --------------------------------------------------------------------------------
 
 def write(path, data):
@@ -269,6 +593,93 @@ SYNTH_VARIANTS = {
 }
 
 
+def write_tokenizer_seeds(td):
+    synthetic = {"byte-level-bpe": byte_level_bpe_json(), "spm-bpe": spm_bpe_json(),
+                 "unigram": unigram_json(), "normalizing-bpe": normalizing_bpe_json()}
+    config = {"bos_token": "<|endoftext|>", "eos_token": {"content": "<|im_end|>"},
+              "add_bos_token": True, "add_eos_token": False,
+              "chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}"}
+    for name, tok in synthetic.items():
+        write(os.path.join(td, "seed-%s" % name), tokenizer_input(tok, TOKENIZER_TEXT))
+        write(os.path.join(td, "seed-%s-invalid-utf8" % name),
+              tokenizer_input(tok, TOKENIZER_TEXT_BAD))
+    write(os.path.join(td, "seed-byte-level-bpe-config"),
+          tokenizer_input(synthetic["byte-level-bpe"], TOKENIZER_TEXT, config))
+    fixtures = os.environ.get("STRATA_FIXTURES",
+                              os.path.join(os.path.dirname(ROOT), "shared", "fixtures"))
+    tok_root = os.path.join(fixtures, "tokenizers")
+    if not os.path.isdir(tok_root):
+        return
+    for name in sorted(os.listdir(tok_root)):
+        path = os.path.join(tok_root, name, "tokenizer.json")
+        if not os.path.exists(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            trimmed = trim_tokenizer_json(json.load(f), 1000)
+        if trimmed is None:
+            continue
+        cfg_path = os.path.join(tok_root, name, "tokenizer_config.json")
+        cfg = None
+        if os.path.exists(cfg_path):
+            with open(cfg_path, encoding="utf-8") as f:
+                cfg = trim_tokenizer_config(json.load(f))
+        write(os.path.join(td, "seed-trimmed-%s" % name),
+              tokenizer_input(trimmed, TOKENIZER_TEXT, cfg))
+
+
+def write_chat_template_seeds(cd):
+    chat_dir = os.path.join(ROOT, "testdata", "chat")
+    for f in sorted(os.listdir(chat_dir)):
+        if not f.endswith(".jinja"):
+            continue
+        src = read(os.path.join(chat_dir, f))
+        for i, (flags, msgs) in enumerate(CONVERSATIONS):
+            write(os.path.join(cd, "seed-%s-%d" % (f[:-len(".jinja")], i)),
+                  src + SEPARATOR + conversation(flags, msgs))
+    write(os.path.join(cd, "seed-empty-gemma-turns"),
+          SEPARATOR + conversation(1 | 2, CONVERSATIONS[0][1]))
+    write(os.path.join(cd, "seed-unrecognised"),
+          b"{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}" + SEPARATOR +
+          conversation(2, CONVERSATIONS[0][1]))
+
+
+def write_quant_dot_seeds(qd):
+    for i, (name, bb, f16s) in enumerate(QUANT_BLOCKS):
+        nb_max = 40 if bb in (18, 20, 22, 24, 34) else 6
+        for v, (nb, rows, tokens, amode, shift) in enumerate(
+                [(1, 1, 1, 0, 0), (9, 3, 2, 1, 16), (nb_max, 5, 4, 2, 0)]):
+            # Random blocks whose f16 scales are ordinary numbers (random bytes there would be
+            # Inf/NaN one time in 32), then f16 activations of a few magnitudes.
+            w = bytearray(prng_bytes(nb * rows * bb, 1000 * i + v))
+            for b in range(nb * rows):
+                for off in f16s:
+                    w[b * bb + off:b * bb + off + 2] = struct.pack("<e", 0.01 * (1 + (b % 7)))
+            k = nb * (32 if nb_max == 40 else 256)
+            acts = b"".join(struct.pack("<e", ((j * 37) % 201 - 100) / 16.0)
+                            for j in range(k * tokens))
+            if amode == 1:
+                acts = prng_bytes(k * tokens, v)
+            elif amode == 2:
+                acts = b"".join(struct.pack("<f", ((j * 53) % 401 - 200) * 0.37)
+                                for j in range(k * tokens))
+            write(os.path.join(qd, "seed-%s-%d" % (name, v)),
+                  quant_input(i, nb, rows, tokens, amode, shift, bytes(w), acts))
+        # Extremes: every code and integer scale at its maximum, scales 1.0, activations +-1.
+        nb = 8 if nb_max == 40 else 2
+        w = bytearray(b"\xff" * (nb * bb))
+        for b in range(nb):
+            for off in f16s:
+                w[b * bb + off:b * bb + off + 2] = struct.pack("<e", 1.0)
+        k = nb * (32 if nb_max == 40 else 256)
+        acts = b"".join(struct.pack("<e", 1.0 if j % 3 else -1.0) for j in range(k))
+        write(os.path.join(qd, "seed-%s-extreme" % name),
+              quant_input(i, nb, 1, 1, 0, 0, bytes(w), acts))
+        # A NaN activation: every row's result is NaN.
+        acts = struct.pack("<e", float("nan")) + acts[2:]
+        write(os.path.join(qd, "seed-%s-nan" % name),
+              quant_input(i, nb, 2, 1, 0, 0, bytes(w) * 2, acts))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--strata", required=True, help="the strata binary (for `strata synth`)")
@@ -276,7 +687,9 @@ def main():
     ap.add_argument("--big", action="store_true", help="also write DIR/big (sparse D4 files)")
     a = ap.parse_args()
     out = a.out
-    dirs = {k: os.path.join(out, k) for k in ("gguf", "safetensors", "hf_dir", "archive")}
+    dirs = {k: os.path.join(out, k) for k in ("gguf", "safetensors", "hf_dir", "archive",
+                                               "tokenizer", "request", "chat_template",
+                                               "quant_dot")}
     for d in dirs.values():
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
@@ -399,6 +812,13 @@ def main():
         d6 = archive(2**31, 2**32 - 1, [], committed=16, n_records=1,
                      record_override=struct.pack("<QII", 0, 2**32 - 1, 0))
         write(os.path.join(ad, "d6-record-bytes-overflow"), bytes([0]) + d6)
+
+        write_tokenizer_seeds(dirs["tokenizer"])
+        rd = dirs["request"]
+        for name, (mode, body) in REQUESTS.items():
+            write(os.path.join(rd, "seed-" + name), request_input(mode, body))
+        write_chat_template_seeds(dirs["chat_template"])
+        write_quant_dot_seeds(dirs["quant_dot"])
 
         if a.big:
             big = os.path.join(out, "big")

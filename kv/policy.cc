@@ -183,12 +183,14 @@ int64_t ResidentParts::total() const {
 }
 
 void ResidentParts::Add(const ResidentParts& other) {
-  for (const auto& [name, bytes] : other.parts) {
+  for (const auto& part : other.parts) {
+    // (A named element, not a structured binding: clang before 16 cannot capture those.)
+    const std::string& name = part.first;
     auto it = std::find_if(parts.begin(), parts.end(), [&](const auto& p) { return p.first == name; });
     if (it == parts.end()) {
-      parts.push_back({name, bytes});
+      parts.push_back(part);
     } else {
-      it->second += bytes;
+      it->second += part.second;
     }
   }
   file_bytes += other.file_bytes;

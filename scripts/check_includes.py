@@ -32,7 +32,7 @@ MODULE_DEPS = {
     "eval": {"core", "kernels", "kv", "io", "model"},
     "serve": {"core", "kernels", "kv", "io", "model"},
     "cli": {"core", "kernels", "kv", "io", "model", "eval", "serve"},
-    "fuzz": {"core", "kernels", "kv", "io", "model"},
+    "fuzz": {"core", "kernels", "kv", "io", "model", "serve"},
 }
 SOURCE_EXTS = (".h", ".hpp", ".cc", ".cpp", ".cu", ".cuh", ".inl")
 SKIP_DIRS = {"build", ".git", "models", "third_party"}

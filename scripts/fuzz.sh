@@ -4,7 +4,8 @@
 # generates (from `strata synth` and the shipped models; a release `strata` is built when absent).
 #
 # Usage: bash scripts/fuzz.sh [--seeds-only] [SECONDS] [TARGET...]
-#   SECONDS   time per target (default 60); TARGETs: gguf safetensors hf_dir archive (default all)
+#   SECONDS   time per target (default 60); TARGETs: gguf safetensors hf_dir archive tokenizer
+#             request chat_template quant_dot (default all)
 #   --seeds-only  start from the seed-* inputs only, leaving out the defect reproducers (d*-*,
 #                 minor-*): for a long run while a reproducer's fix is still pending
 # New inputs the fuzzer finds go to build/fuzz/work/TARGET (kept between runs, so a later run goes
@@ -21,7 +22,8 @@ fi
 secs=${1:-60}
 shift || true
 targets=("$@")
-((${#targets[@]})) || targets=(gguf safetensors hf_dir archive)
+all_targets=(gguf safetensors hf_dir archive tokenizer request chat_template quant_dot)
+((${#targets[@]})) || targets=("${all_targets[@]}")
 if ! command -v clang++ >/dev/null; then
   echo "fuzz: clang++ not found, fuzz targets not built (scripts/setup.sh installs clang)" >&2
   exit 0
@@ -40,7 +42,7 @@ status=0
 mkdir -p build/fuzz/artifacts
 for t in "${targets[@]}"; do
   bin=build/fuzz/fuzz/fuzz_$t
-  [ -x "$bin" ] || { echo "fuzz: no target '$t' (gguf safetensors hf_dir archive)" >&2; exit 2; }
+  [ -x "$bin" ] || { echo "fuzz: no target '$t' (${all_targets[*]})" >&2; exit 2; }
   work=build/fuzz/work/$t
   mkdir -p "$work"
   inputs=("$corpus/$t")
@@ -50,14 +52,21 @@ for t in "${targets[@]}"; do
     cp "$corpus/$t"/seed-* "${inputs[0]}/"
   fi
   log=build/fuzz/$t.log
-  # fuzz_hf_dir's scratch directory: libFuzzer ends with _Exit, so no destructor removes it.
+  # fuzz_hf_dir's and fuzz_tokenizer's scratch directory: libFuzzer ends with _Exit, so no
+  # destructor removes it.
   export TMPDIR=$PWD/build/fuzz/tmp
   rm -rf "$TMPDIR" && mkdir -p "$TMPDIR"
-  # -max_len: the shipped models (1.3-1.5 MiB) are seeds too; -timeout: an input that runs 25 s
-  # is a finding (a hang); -rss_limit_mb: an input that makes a harness use more is a finding
-  # (ASan's own overhead included).
+  # -max_len: the shipped models (1.3-1.5 MiB) are seeds of the file readers, trimmed real
+  # tokenizer.json files (up to 200 KiB) of fuzz_tokenizer; request bodies, chat templates and
+  # quantized rows stay far below 64 KiB. -timeout: an input that runs 25 s is a finding (a
+  # hang); -rss_limit_mb: an input that makes a harness use more is a finding (ASan's own
+  # overhead included).
+  case $t in
+    request | chat_template | quant_dot) max_len=65536 ;;
+    *) max_len=2097152 ;;
+  esac
   set +e
-  "$bin" "$work" "${inputs[@]}" -max_total_time="$secs" -max_len=2097152 -timeout=25 \
+  "$bin" "$work" "${inputs[@]}" -max_total_time="$secs" -max_len=$max_len -timeout=25 \
     -rss_limit_mb=2560 -print_final_stats=1 -artifact_prefix=build/fuzz/artifacts/"$t"- \
     > "$log" 2>&1
   rc=$?
