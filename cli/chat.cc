@@ -1,6 +1,11 @@
 // `strata chat`: an interactive multi-turn conversation over one KV cache kept across turns,
 // rendered with a built-in chat template (io/chat_template.h), each reply streamed to stdout.
 #include <CLI/CLI.hpp>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <iostream>
 #include <istream>
 
 #include "cli/commands.h"
@@ -14,6 +19,75 @@
 namespace strata::cli {
 
 namespace {
+
+// Ctrl-C (SIGINT), as llama.cpp's llama-cli takes it: during a reply it stops the reply (checked
+// between tokens; the part already printed stays in the conversation and the cache) and returns
+// to the prompt; at the prompt, or a second time before the reply has stopped, it quits.
+// `g_at_prompt` is set only while chat waits for a line, so the handler can quit there at once
+// (a read restarted by SA_RESTART would otherwise wait for Enter).
+std::atomic<bool> g_interrupted{false};
+std::atomic<bool> g_at_prompt{false};
+static_assert(std::atomic<bool>::is_always_lock_free, "used in a signal handler");
+
+extern "C" void OnChatSigint(int) {
+  const bool at_prompt = g_at_prompt.load();
+  if (at_prompt || g_interrupted.load()) {
+    // Async-signal-safe calls only: end the line, leave. 0 at the prompt (a way to quit, like
+    // Ctrl-D); 130 (128 + SIGINT) when a reply did not stop in time, as llama-cli exits.
+    const char nl = '\n';
+    if (write(STDOUT_FILENO, &nl, 1) < 0) {
+    }
+    _exit(at_prompt ? kExitOk : 128 + SIGINT);
+  }
+  g_interrupted.store(true);
+}
+
+// Installs OnChatSigint for the lifetime of an interactive session on std::cin and restores the
+// previous disposition after (in-process tests feed a string stream and keep theirs).
+class SigintScope {
+ public:
+  explicit SigintScope(bool install) {
+    g_interrupted.store(false);
+    g_at_prompt.store(false);
+    if (!install) return;
+    struct sigaction sa = {};
+    sa.sa_handler = OnChatSigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // a write to stdout in progress is not cut short
+    installed_ = sigaction(SIGINT, &sa, &old_) == 0;
+  }
+  ~SigintScope() {
+    g_at_prompt.store(false);
+    if (installed_) sigaction(SIGINT, &old_, nullptr);
+  }
+  SigintScope(const SigintScope&) = delete;
+  SigintScope& operator=(const SigintScope&) = delete;
+
+ private:
+  bool installed_ = false;
+  struct sigaction old_ = {};
+};
+
+// The chat commands; any other line that starts with '/' is refused (a message that starts with
+// '/' is written with "//").
+constexpr const char* kCommandHelp =
+    "/reset (start a new conversation and cache), /stats (the cache's statistics)";
+
+// The text the template writes between its generation prompt and an assistant message's content
+// (DeepSeek V2: the prompt ends "Assistant:", a reply is rendered "Assistant: " + content), ""
+// when there is none or the template renders the turn otherwise.
+std::string AssistantLead(const ChatTemplate& t, std::vector<ChatMessage> messages,
+                          const std::string& bos, const std::string& eos) {
+  static constexpr char kMark[] = "\x01strata-reply\x01";
+  const std::string open = t.Render(messages, /*add_generation_prompt=*/true, bos, eos);
+  messages.push_back({"assistant", kMark});
+  const std::string done = t.Render(messages, /*add_generation_prompt=*/false, bos, eos);
+  const size_t at = done.find(kMark);
+  if (at == std::string::npos || at < open.size() || done.compare(0, open.size(), open) != 0) {
+    return "";
+  }
+  return done.substr(open.size(), at - open.size());
+}
 
 // The template: --chat-template NAME, else the model's tokenizer.chat_template recognised by
 // fingerprint.
@@ -53,7 +127,8 @@ void AddChatCommand(CLI::App* app, ChatOptions* o) {
   CLI::App* cmd = app->add_subcommand(
       "chat",
       "Chat with a model: one user message per stdin line, replies streamed; the KV cache is "
-      "kept across turns (/reset starts over, /stats shows the cache, Ctrl-D quits)");
+      "kept across turns (/reset starts over, /stats shows the cache; Ctrl-C stops a reply, "
+      "Ctrl-C at the prompt or Ctrl-D quits)");
   cmd->add_option("-m,--model", o->model, "Model (.gguf or HF directory)")->required();
   cmd->add_option("--system", o->system, "System message that opens the conversation");
   cmd->add_flag_callback(
@@ -69,8 +144,9 @@ void AddChatCommand(CLI::App* app, ChatOptions* o) {
   cmd->add_option("--chat-template", o->chat_template,
                   "Built-in chat template to use instead of the model's (" + templates + ")");
   cmd->add_option("-n,--n-predict", o->n_predict,
-                  "Most tokens per reply (-1: until an end-of-generation token or the context "
-                  "size)")
+                  "Most tokens per reply (the default is strata serve's chat default; -1: until an "
+                  "end-of-generation token or the context size; Ctrl-C stops a reply, keeping "
+                  "its printed part in the conversation)")
       ->capture_default_str();
   AddSamplerFlags(cmd, &o->sampling);
   cmd->add_option("-t,--threads", o->threads,
@@ -134,6 +210,17 @@ int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostre
   if (!tmpl_or.ok()) return fail(tmpl_or.status().message());
   const ChatTemplate& tmpl = *tmpl_or;
   err << m.config().Summary() << "\n" << "chat template: " << tmpl.name() << "\n";
+  // A turn marker the vocabulary splits into several tokens is read by the model as text (the
+  // template chosen by --chat-template for another family, or a file whose markers are not
+  // control tokens): the conversation still runs, but the model sees no turns.
+  for (const std::string& marker : tmpl.TurnMarkers()) {
+    const size_t n = tok->Encode(marker, /*with_bos=*/false, /*parse_special=*/true).size();
+    if (n != 1) {
+      err << "warning: the " << tmpl.name() << " template's turn marker '" << marker
+          << "' is not a single token in this model's vocabulary (" << n
+          << " tokens): the model reads it as plain text\n";
+    }
+  }
   auto ctx_or = ResolveCtxSize(o.ctx_size, m.config(), err);
   if (!ctx_or.ok()) return fail(ctx_or.status().message());
   const int64_t ctx = *ctx_or;  // 0: no limit
@@ -171,7 +258,8 @@ int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostre
     }
   }
   err << "policy: " << s.cache->policy().describe() << "\n"
-      << "type a message and Enter; /reset, /stats, Ctrl-D to quit\n";
+      << "type a message and Enter; /reset, /stats; Ctrl-C stops a reply; Ctrl-C at the "
+         "prompt or Ctrl-D quits\n";
 
   auto print_stats = [&]() {
     const KvCache& cache = *s.cache;
@@ -222,20 +310,36 @@ int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostre
     return OkStatus();
   };
 
+  SigintScope sigint(&in == &std::cin);
   std::string line;
   for (;;) {
     if (interactive) out << "> " << std::flush;
-    if (!std::getline(in, line)) break;  // EOF (Ctrl-D) quits
+    // A Ctrl-C that came since the last reply ended quits here; one that comes while waiting
+    // quits from the handler.
+    g_at_prompt.store(true);
+    if (g_interrupted.load()) break;
+    const bool got = static_cast<bool>(std::getline(in, line));
+    g_at_prompt.store(false);
+    if (!got) break;  // EOF (Ctrl-D) quits
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
-    if (line == "/reset") {
-      if (Status st = reset(); !st.ok()) return fail(st.message());
-      err << "(conversation and cache cleared)\n";
-      continue;
-    }
-    if (line == "/stats") {
-      print_stats();
-      continue;
+    if (line[0] == '/') {
+      if (line.size() > 1 && line[1] == '/') {
+        line.erase(0, 1);  // "//text": the message "/text"
+      } else {
+        const std::string cmd = line.substr(0, line.find_last_not_of(" \t") + 1);
+        if (cmd == "/reset") {
+          if (Status st = reset(); !st.ok()) return fail(st.message());
+          err << "(conversation and cache cleared)\n";
+        } else if (cmd == "/stats") {
+          print_stats();
+        } else {
+          err << "error: unknown command '" << cmd.substr(0, cmd.find_first_of(" \t"))
+              << "'; the commands are " << kCommandHelp
+              << " (start a line with // to send a message that begins with /)\n";
+        }
+        continue;
+      }
     }
 
     s.messages.push_back({"user", line});
@@ -274,8 +378,12 @@ int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostre
     // The reply: streamed pieces; `reply` is the assistant message as the template will
     // render it (a control token other than end-of-generation kept as its text, unprinted).
     std::string reply;
-    bool full = false;
+    bool full = false, stopped = false;
     for (int64_t i = 0; o.n_predict < 0 || i < o.n_predict; ++i) {
+      if (g_interrupted.load()) {  // Ctrl-C: every token printed so far is in the cache
+        stopped = true;
+        break;
+      }
       if (ctx > 0 && s.cache->n_tokens() >= ctx) {
         full = true;
         break;
@@ -304,10 +412,21 @@ int RunChat(const ChatOptions& o, std::istream& in, bool interactive, std::ostre
       s.cached_text += piece;
     }
     out << "\n" << std::flush;
+    if (stopped) {
+      g_interrupted.store(false);
+      err << "(reply stopped by Ctrl-C; its printed part stays in the conversation; Ctrl-C at "
+             "the prompt quits)\n";
+    }
     if (full) {
       err << "note: the context is full (" << ctx
           << " tokens, -c/--ctx-size): the reply was cut; /reset starts a new conversation\n";
     }
+    // A template that writes text of its own between the generation prompt and the reply
+    // (DeepSeek V2's "Assistant:" + " " + content) would render a reply that begins with that
+    // text with it twice; the message drops it, so the next rendering repeats the cached text
+    // and only the new turn is prefilled.
+    const std::string lead = AssistantLead(tmpl, s.messages, bos_text, eos_text);
+    if (!lead.empty() && reply.rfind(lead, 0) == 0) reply.erase(0, lead.size());
     s.messages.push_back({"assistant", reply});
     ++s.turns;
   }

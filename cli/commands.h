@@ -109,7 +109,8 @@ struct ChatOptions {
   std::string system;         // --system: the conversation's first message
   bool escape = true;         // -e/--escape (--no-escape): \n, \t, \xNN... in --system
   std::string chat_template;  // empty: recognise the model's tokenizer.chat_template
-  int64_t n_predict = -1;     // per reply; -1: until end of generation or the context size
+  int64_t n_predict = 4096;   // per reply (strata serve's chat default); -1: until end of
+                              // generation or the context size
   SamplerFlags sampling;
   int threads = 0;
   int chunk = kPromptChunk;

@@ -1,6 +1,10 @@
 // In-process tests of the text-facing commands: `strata tokenize`, `generate -f / --stop /
 // --special` and the sampler flags, and `strata chat` driven through a pipe.
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -8,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -41,8 +46,12 @@ constexpr const char* kChatMlJinja =
 // are zeroed, so greedy decoding never picks them (some other logit is above 0). Then every
 // generated token is the canonical tokenization of its text, and a conversation fed turn by
 // turn is the same token sequence as its whole rendering, which is what the tests compare.
-// `eos`: the EOS id (-1: <|im_end|>).
-Status WriteChatModel(const std::string& from, const std::string& out, int eos = -1) {
+// `eos`: the EOS id (-1: <|im_end|>). `endless`: <|im_end|>'s output row is zeroed too, so with
+// a dead EOS (e.g. 1, <s>) no reply ever ends by itself. `printable`: the byte tokens of control
+// characters are zeroed too, so replies hold printable characters and spaces only.
+// `space_boost`: the output row of the space "▁" is scaled by it (an f16 row).
+Status WriteChatModel(const std::string& from, const std::string& out, int eos = -1,
+                      bool endless = false, bool printable = false, float space_boost = 1.f) {
   ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> f, GgufFile::Open(from));
   ASSIGN_OR_RETURN(std::vector<std::string> tokens, f->GetStringArray("tokenizer.ggml.tokens"));
   const int n = static_cast<int>(tokens.size());
@@ -54,7 +63,7 @@ Status WriteChatModel(const std::string& from, const std::string& out, int eos =
   dead[0] = dead[1] = dead[2] = true;
   for (int b = 0; b < 256; ++b) {
     types[3 + b] = 6;  // BYTE
-    dead[3 + b] = b >= 0x20 && b < 0x7f;
+    dead[3 + b] = (b >= 0x20 && b < 0x7f) || (printable && b < 0x20);
   }
   int id = 259;
   tokens[id] = "\xE2\x96\x81";  // the SentencePiece space
@@ -68,6 +77,7 @@ Status WriteChatModel(const std::string& from, const std::string& out, int eos =
   tokens[im_end] = "<|im_end|>";
   types[im_start] = types[im_end] = 3;
   dead[im_start] = true;
+  dead[im_end] = endless;
   for (int i = id; i < n; ++i) {
     tokens[i] = "<unused" + std::to_string(i) + ">";
     dead[i] = true;
@@ -91,6 +101,11 @@ Status WriteChatModel(const std::string& from, const std::string& out, int eos =
       const size_t row = t.n_bytes / n;
       for (int i = 0; i < n; ++i) {
         if (dead[i]) std::fill(bytes.begin() + i * row, bytes.begin() + (i + 1) * row, 0);
+      }
+      if (space_boost != 1.f) {
+        if (t.dtype != DType::kF16) return InvalidArgument("space_boost: output.weight not f16");
+        uint16_t* r = reinterpret_cast<uint16_t*>(bytes.data() + 259 * row);
+        for (size_t k = 0; k < row / 2; ++k) r[k] = F32ToF16(F16ToF32(r[k]) * space_boost);
       }
     }
     RETURN_IF_ERROR(w.AddTensor(t.name, t.dtype, t.shape, bytes.data(), bytes.size()));
@@ -602,6 +617,207 @@ TEST_F(TextCommandsTest, ChatErrorsAndTheContextLimit) {
       << c.err;
   EXPECT_EQ(Row(c.out, "tokens in context"), ctx + " of " + ctx) << c.out;
 }
+
+// The chat commands are /reset and /stats; any other /word is an error that lists them and
+// reaches neither the model nor the conversation; "//" sends a message that begins with "/".
+TEST_F(TextCommandsTest, ChatRefusesAnUnknownCommand) {
+  const std::string m = Path("chat.gguf");
+  CliResult c = Strata({"chat", "-m", m, "-n", "6"}, "/frobnicate now\n/stats\n");
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_NE(c.err.find("error: unknown command '/frobnicate'; the commands are /reset"),
+            std::string::npos)
+      << c.err;
+  EXPECT_NE(c.err.find("/stats"), std::string::npos) << c.err;
+  EXPECT_EQ(Row(c.out, "turns"), "0") << c.out;  // nothing was sent to the model
+  EXPECT_EQ(Row(c.out, "tokens in context").rfind("0 of ", 0), 0u) << c.out;
+  // "//x" is the message "/x".
+  CliResult s = Strata({"chat", "-m", m, "-n", "6"}, "//frobnicate\n");
+  ASSERT_EQ(s.code, 0) << s.err;
+  EXPECT_EQ(s.err.find("unknown command"), std::string::npos) << s.err;
+  EXPECT_EQ(s.out, Continuation(m, ChatMl({{"user", "/frobnicate"}}), {"-n", "6"}) + "\n");
+}
+
+// A reply is bounded by default (-n 4096, strata serve's chat default), and --help says so.
+TEST_F(TextCommandsTest, ChatBoundsAReplyByDefault) {
+  CliResult h = Strata({"chat", "--help"});
+  ASSERT_EQ(h.code, 0) << h.err;
+  const std::string help = h.out;
+  EXPECT_NE(help.find("-n,--n-predict INT=4096"), std::string::npos) << help;
+  EXPECT_NE(help.find("Ctrl-C"), std::string::npos) << help;
+  ChatOptions defaults;
+  EXPECT_EQ(defaults.n_predict, 4096);
+}
+
+// A template whose turn markers the vocabulary does not hold as single tokens gets a warning
+// naming each; a model that has them gets none.
+TEST_F(TextCommandsTest, ChatWarnsWhenATurnMarkerIsNotOneToken) {
+  CliResult plain = Strata({"chat", "-m", Path("tiny.gguf"), "--chat-template", "chatml", "-n",
+                            "2"},
+                           "hi\n");
+  ASSERT_EQ(plain.code, 0) << plain.err;
+  for (const char* marker : {"'<|im_start|>'", "'<|im_end|>'"}) {
+    EXPECT_NE(plain.err.find(std::string("warning: the chatml template's turn marker ") + marker +
+                             " is not a single token in this model's vocabulary"),
+              std::string::npos)
+        << plain.err;
+  }
+  CliResult gemma = Strata({"chat", "-m", Path("tiny.gguf"), "--chat-template", "gemma", "-n",
+                            "2"},
+                           "hi\n");
+  EXPECT_NE(gemma.err.find("turn marker '<start_of_turn>'"), std::string::npos) << gemma.err;
+  CliResult fits = Strata({"chat", "-m", Path("chat.gguf"), "-n", "2"}, "hi\n");
+  ASSERT_EQ(fits.code, 0) << fits.err;
+  EXPECT_EQ(fits.err.find("warning"), std::string::npos) << fits.err;
+}
+
+// DeepSeek V2's template ends the generation prompt with "Assistant:" and renders a reply as
+// "Assistant: " + content: a reply the model begins with a space is kept without it, so the next
+// rendering extends the cached text and turn 2 prefills only its new tokens (it used to re-read
+// the whole conversation every turn). The replies equal a fresh generate of each rendering.
+TEST_F(TextCommandsTest, ChatDeepSeek2KeepsTheCacheAcrossTurns) {
+  const std::string m = Path("chat_printable.gguf");
+  const Status st =
+      WriteChatModel(Path("tiny.gguf"), m, -1, false, /*printable=*/true, /*space_boost=*/8.f);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  auto t = ChatTemplate::ByName("deepseek2");
+  ASSERT_TRUE(t.ok());
+  // generate prepends BOS itself, so its renderings get no BOS text.
+  auto render = [&](const std::vector<ChatMessage>& msgs) {
+    return t->Render(msgs, true, "", "<|im_end|>");
+  };
+  // The space's boosted logit wins where it is positive, except right after a space (the
+  // repetition penalty over the last token), so replies mix spaces and characters.
+  const std::vector<std::string> n = {"-n", "12", "--repeat-penalty", "100", "--repeat-last-n",
+                                      "1"};
+  // A first message whose greedy reply begins with a space (as real models answer after
+  // "Assistant:"): the random model does for some messages; take the first of a fixed list.
+  std::string u1, r1;
+  for (int i = 0; i < 400 && u1.empty(); ++i) {
+    const std::string u = "Question " + std::to_string(i) + "?";
+    const std::string r = Continuation(m, render({{"user", u}}), n);
+    if (r.size() > 1 && r[0] == ' ' && r.find_first_not_of(' ') != std::string::npos) {
+      u1 = u;
+      r1 = r;
+    }
+  }
+  ASSERT_FALSE(u1.empty()) << "the premise: some message gets a reply that begins with a space";
+  const std::string u2 = "And then?";
+  std::vector<std::string> args = {"chat", "-m", m, "--chat-template", "deepseek2"};
+  args.insert(args.end(), n.begin(), n.end());
+  CliResult c = Strata(args, u1 + "\n/stats\n" + u2 + "\n/stats\n");
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_EQ(c.err.find("re-renders"), std::string::npos) << c.err;
+  const size_t second = c.out.find("statistic", c.out.find("statistic") + 1);
+  ASSERT_NE(second, std::string::npos) << c.out;
+  const std::string t1 = c.out.substr(0, second), t2 = c.out.substr(second);
+  auto count = [](const std::string& v) { return std::stoll(v.substr(0, v.find(' '))); };
+  const int64_t ctx1 = count(Row(t1, "tokens in context"));
+  const int64_t new2 = count(Row(t2, "tokens prefilled, last message"));
+  // The conversation as the template renders it: the reply without the space it writes itself.
+  const std::vector<ChatMessage> whole = {{"user", u1}, {"assistant", r1.substr(1)}, {"user", u2}};
+  EXPECT_EQ(render(whole).find(render({{"user", u1}}) + r1), 0u);
+  EXPECT_EQ(new2, static_cast<int64_t>(Encode(m, render(whole), true, true).size()) - ctx1);
+  EXPECT_LT(new2, ctx1);
+  // The text: each reply equals a fresh run's on the whole rendering.
+  EXPECT_EQ(c.out.rfind(r1 + "\n", 0), 0u) << c.out;
+  const std::string r2 = Continuation(m, render(whole), n);
+  EXPECT_EQ(t2.rfind("statistic", 0), 0u);
+  EXPECT_NE(c.out.find("\n" + r2 + "\nstatistic"), std::string::npos) << c.out << "\n" << r2;
+}
+
+#ifdef STRATA_BIN
+// Feeds a chat process and reads its stdout and stderr until `done` holds for them (false when
+// the process closed both first). The long poll cap only keeps a broken binary from hanging the
+// test; nothing waits on it.
+bool Pump(int out_fd, int err_fd, std::string* out, std::string* err,
+          const std::function<bool()>& done) {
+  while (!done()) {
+    pollfd fds[2] = {{out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}};
+    if (poll(fds, 2, 120000) <= 0) return false;
+    bool open = false;
+    for (int k = 0; k < 2; ++k) {
+      if (!(fds[k].revents & (POLLIN | POLLHUP))) {
+        open = true;
+        continue;
+      }
+      char buf[4096];
+      const ssize_t n = read(fds[k].fd, buf, sizeof(buf));
+      if (n > 0) {
+        (k == 0 ? out : err)->append(buf, n);
+        open = true;
+      }
+    }
+    if (!open) return false;
+  }
+  return true;
+}
+
+// Ctrl-C during a reply stops it and returns to the prompt (the part printed stays in the
+// conversation: /stats counts the turn), and the next line is answered; Ctrl-C at the prompt
+// quits with status 0. The real binary, its stdin a pipe; the model never ends a reply by
+// itself and the context is far larger than any reply gets before the signal.
+TEST_F(TextCommandsTest, ChatCtrlCStopsTheReplyAndCtrlCAtThePromptQuits) {
+  const std::string m = Path("chat_endless.gguf");
+  const Status st = WriteChatModel(Path("tiny.gguf"), m, /*eos=*/1, /*endless=*/true);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  int in_p[2], out_p[2], err_p[2];
+  ASSERT_EQ(pipe(in_p), 0);
+  ASSERT_EQ(pipe(out_p), 0);
+  ASSERT_EQ(pipe(err_p), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    dup2(in_p[0], 0);
+    dup2(out_p[1], 1);
+    dup2(err_p[1], 2);
+    for (int fd : {in_p[0], in_p[1], out_p[0], out_p[1], err_p[0], err_p[1]}) close(fd);
+    execl(STRATA_BIN, STRATA_BIN, "chat", "-m", m.c_str(), "-n", "-1", "-c", "1000000",
+          "--threads", "1", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(in_p[0]);
+  close(out_p[1]);
+  close(err_p[1]);
+  signal(SIGPIPE, SIG_IGN);
+  std::string out, err;
+  auto say = [&](const std::string& line) {
+    ASSERT_EQ(write(in_p[1], line.data(), line.size()), static_cast<ssize_t>(line.size()));
+  };
+  const std::string stopped = "(reply stopped by Ctrl-C";
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = err.find(what); at != std::string::npos; at = err.find(what, at + 1)) ++n;
+    return n;
+  };
+  say("Hello, who are you?\n");
+  // The reply is streaming: stop it.
+  ASSERT_TRUE(Pump(out_p[0], err_p[0], &out, &err, [&] { return out.size() >= 8; })) << err;
+  kill(pid, SIGINT);
+  ASSERT_TRUE(Pump(out_p[0], err_p[0], &out, &err, [&] { return count(stopped) == 1; })) << err;
+  // Back at the prompt: /stats shows the stopped reply's turn, then a message is answered.
+  say("/stats\n");
+  ASSERT_TRUE(Pump(out_p[0], err_p[0], &out, &err,
+                   [&] { return out.find("rows kept (of visible)") != std::string::npos; }))
+      << out << err;
+  EXPECT_EQ(Row(out.substr(out.find("statistic")), "turns"), "1") << out;
+  const size_t before = out.size();
+  say("Tell me more.\n");
+  ASSERT_TRUE(Pump(out_p[0], err_p[0], &out, &err, [&] { return out.size() >= before + 8; }))
+      << err;
+  kill(pid, SIGINT);
+  ASSERT_TRUE(Pump(out_p[0], err_p[0], &out, &err, [&] { return count(stopped) == 2; })) << err;
+  // Ctrl-C at the prompt quits.
+  kill(pid, SIGINT);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  close(in_p[1]);
+  close(out_p[0]);
+  close(err_p[0]);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << err;
+  EXPECT_EQ(err.find("error"), std::string::npos) << err;
+}
+#endif
 
 // ---- llama.cpp habits: escapes, -f -, seeds, -t, flags with no effect here ----
 

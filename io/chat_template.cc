@@ -372,6 +372,28 @@ Status ChatTemplate::Validate(const std::vector<ChatMessage>& messages) const {
   return OkStatus();
 }
 
+std::vector<std::string> ChatTemplate::TurnMarkers() const {
+  switch (kind_) {
+    case Kind::kChatMl:
+    case Kind::kQwen2:
+    case Kind::kQwen25:
+    case Kind::kQwen3:
+      return {"<|im_start|>", "<|im_end|>"};
+    case Kind::kLlama3:
+    case Kind::kLlama31:
+      return {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+    case Kind::kDeepSeek2:
+      return {};
+    case Kind::kDeepSeek3:
+      return {kDsUser, kDsAssistant, kDsEndOfSentence};
+    case Kind::kKimiK2:
+      return {"<|im_system|>", "<|im_user|>", "<|im_assistant|>", "<|im_middle|>", "<|im_end|>"};
+    case Kind::kGemma:
+      return {"<start_of_turn>", "<end_of_turn>"};
+  }
+  return {};
+}
+
 std::string ChatTemplate::Render(const std::vector<ChatMessage>& messages,
                                  bool add_generation_prompt, std::string_view bos_text,
                                  std::string_view eos_text) const {

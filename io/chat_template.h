@@ -59,6 +59,12 @@ class ChatTemplate {
 
   const std::string& name() const { return name_; }
 
+  // The control-token texts this family writes around turns ("<|im_start|>", "<|im_end|>" for
+  // ChatML), each meant to be one token of the model's vocabulary; BOS and EOS, which come from
+  // the tokenizer, are not listed. Empty for DeepSeek V2, whose turns are plain text. A chat
+  // front end warns when one of them is not a single token: the model would read it as text.
+  std::vector<std::string> TurnMarkers() const;
+
   // Qwen3's `enable_thinking` switch. Left unset (the default, as apply_chat_template leaves it)
   // or set to true, the model decides whether to think; set to false, the generation prompt is
   // followed by an empty "<think>\n\n</think>\n\n" block so the model answers directly. The

@@ -303,5 +303,27 @@ TEST(ChatTemplateTest, GemmaVocabularyWithoutTemplateGetsGemma) {
   EXPECT_NE(bad.message().find("message 1"), std::string::npos) << bad.message();
 }
 
+// TurnMarkers lists the control texts each family writes around its turns: every one appears in
+// the rendering of a short conversation, and what remains once they, BOS and EOS are taken out
+// holds no other "<|...|>"-style marker.
+TEST(ChatTemplateTest, TurnMarkersAreTheControlTextsTheRenderingWrites) {
+  const std::vector<ChatMessage> msgs = {
+      {"system", "S"}, {"user", "U"}, {"assistant", "A"}, {"user", "V"}};
+  for (const std::string& name : ChatTemplate::BuiltinNames()) {
+    auto t = ChatTemplate::ByName(name);
+    ASSERT_OK(t);
+    std::string text = t->Render(msgs, true, "[BOS]", "[EOS]");
+    for (const std::string& marker : t->TurnMarkers()) {
+      EXPECT_NE(text.find(marker), std::string::npos) << name << ": " << marker;
+      for (size_t at; (at = text.find(marker)) != std::string::npos;) text.erase(at, marker.size());
+    }
+    EXPECT_EQ(text.find("<|"), std::string::npos) << name << ": " << text;
+    EXPECT_EQ(text.find("_of_turn>"), std::string::npos) << name << ": " << text;
+    // DeepSeek's full-width bar.
+    EXPECT_EQ(text.find("\xEF\xBD\x9C"), std::string::npos) << name << ": " << text;
+  }
+  EXPECT_TRUE(ChatTemplate::ByName("deepseek2")->TurnMarkers().empty());
+}
+
 }  // namespace
 }  // namespace strata
