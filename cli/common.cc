@@ -83,29 +83,34 @@ void Table::Print(std::ostream& out) const {
       for (const auto& l : r[c]) width[c] = std::max(width[c], l.size());
     }
   }
-  auto print_row = [&](const std::vector<std::string>& r, bool is_header) {
+  // `wrapped[c]`: column c's cell spans several lines, which are text and left-aligned under
+  // the column, whatever a line starts with.
+  auto print_row = [&](const std::vector<std::string>& r, bool is_header,
+                       const std::vector<bool>& wrapped) {
     std::string line;
     for (size_t c = 0; c < n_cols; ++c) {
       const std::string cell = c < r.size() ? r[c] : "";
       const std::string pad(width[c] - cell.size(), ' ');
       if (c) line += "  ";
-      const bool right = !is_header && LooksNumeric(cell);
+      const bool right = !is_header && !wrapped[c] && LooksNumeric(cell);
       line += right ? pad + cell : cell + pad;
     }
     while (!line.empty() && line.back() == ' ') line.pop_back();
     out << line << "\n";
   };
-  print_row(header_, true);
+  print_row(header_, true, std::vector<bool>(n_cols, false));
   std::string rule;
   for (size_t c = 0; c < n_cols; ++c) rule += (c ? "  " : "") + std::string(width[c], '-');
   out << rule << "\n";
   for (const auto& r : rows) {
     size_t n_lines = 1;
     for (const auto& cell : r) n_lines = std::max(n_lines, cell.size());
+    std::vector<bool> wrapped(n_cols);
+    for (size_t c = 0; c < n_cols; ++c) wrapped[c] = r[c].size() > 1;
     for (size_t i = 0; i < n_lines; ++i) {
       std::vector<std::string> line(n_cols);
       for (size_t c = 0; c < n_cols; ++c) line[c] = i < r[c].size() ? r[c][i] : "";
-      print_row(line, false);
+      print_row(line, false, wrapped);
     }
   }
 }

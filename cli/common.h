@@ -29,7 +29,8 @@ inline constexpr int kExitFailed = 1;
 inline constexpr int kExitUsage = 2;
 
 // A plain text table: a header row, then rows; columns are padded to their widest cell, numbers
-// (cells that start with a digit, '-' or '.') right-aligned.
+// (cells that start with a digit, '-' or '.') right-aligned, and the lines of a wrapped cell
+// (WrapColumn) left-aligned, being text.
 class Table {
  public:
   explicit Table(std::vector<std::string> header) : header_(std::move(header)) {}

@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "io/chat_template.h"
 #include "io/tokenizer_json.h"
 #include "model/model.h"
 #include "model/quantize.h"
@@ -25,6 +26,22 @@ bool SameGeometry(const LayerGeometry& a, const LayerGeometry& b) {
   return a.kind == b.kind && a.n_q_heads == b.n_q_heads && a.n_kv_heads == b.n_kv_heads &&
          a.k_dim == b.k_dim && a.v_dim == b.v_dim && a.rope_dim == b.rope_dim && a.rope == b.rope &&
          a.scale == b.scale && a.window == b.window;
+}
+
+// The model's numbers of cache layers [b, e): "0-3", or "1,3" where the cache skips layers
+// (kimi-linear caches its MLA layers only); consecutive numbers join into a range.
+std::string LayerSpan(const std::vector<LayerGeometry>& layers, size_t b, size_t e) {
+  auto number = [&](size_t i) { return layers[i].model_layer >= 0 ? layers[i].model_layer
+                                                                   : static_cast<int>(i); };
+  std::string out;
+  for (size_t i = b; i < e;) {
+    size_t j = i + 1;
+    while (j < e && number(j) == number(j - 1) + 1) ++j;
+    out += (out.empty() ? "" : ",") + std::to_string(number(i));
+    if (j - i > 1) out += "-" + std::to_string(number(j - 1));
+    i = j;
+  }
+  return out;
 }
 
 // A metadata value for the listing: scalars in full (strings up to 80 characters, escaped),
@@ -313,9 +330,19 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
     out << "tokenizer: none (no tokenizer.ggml.* metadata)\n";
     j["tokenizer"] = nullptr;
   }
+  // strata chat and strata serve's /v1/chat/completions render conversations with the built-in
+  // renderer the template is recognised as (generate takes its prompt as raw text).
+  std::string use;
+  if (has_template) {
+    auto builtin = ChatTemplate::Detect(tmpl->s);
+    use = builtin.ok() ? "recognised as the built-in " + builtin->name() +
+                             " template, which strata chat and serve apply"
+                       : "not recognised by a built-in renderer: strata chat and serve need "
+                         "--chat-template NAME";
+  }
   out << "chat template: "
       << (has_template ? "yes (tokenizer.chat_template, " + std::to_string(tmpl->s.size()) +
-                             " chars; not applied by strata: prompts are raw text)"
+                             " chars; " + use + ")"
                        : "none (no tokenizer.chat_template)")
       << "\n";
   j["chat_template"] = has_template;
@@ -361,9 +388,7 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
     size_t e = l + 1;
     while (e < layers.size() && SameGeometry(layers[l], layers[e])) ++e;
     const LayerGeometry& g = layers[l];
-    const std::string span =
-        e - l == 1 ? std::to_string(l) : std::to_string(l) + "-" + std::to_string(e - 1);
-    kt.AddRow({span, KindName(g.kind),
+    kt.AddRow({LayerSpan(layers, l, e), KindName(g.kind),
                g.window > 0 ? "window " + std::to_string(g.window) : std::string("global"),
                std::to_string(g.n_q_heads), std::to_string(g.n_kv_heads),
                std::to_string(g.k_dim), std::to_string(g.v_dim), std::to_string(g.rope_dim),
@@ -378,7 +403,7 @@ int RunInspect(const InspectOptions& o, std::ostream& out, std::ostream& err) {
     } else {
       total += g.bytes_per_token();
     }
-    jl.push_back({{"layer", l},
+    jl.push_back({{"layer", g.model_layer >= 0 ? static_cast<size_t>(g.model_layer) : l},
                   {"kind", KindName(g.kind)},
                   {"window", g.window},
                   {"n_q_heads", g.n_q_heads},

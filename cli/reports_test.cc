@@ -328,5 +328,103 @@ TEST_F(ReportsTest, EvalTakesKvType) {
   EXPECT_NE(n.out.find("KV cache: f32 rows"), std::string::npos) << n.out;
 }
 
+// A wrapped cell's lines are text, left-aligned under their column, even a line that starts
+// with a digit (it used to be right-aligned like a number); a one-line number stays right-aligned.
+TEST(TableTest, WrappedCellsAreLeftAligned) {
+  Table t({"name", "value"});
+  t.AddRow({"a", "12"});
+  t.AddRow({"b", "words that wrap here 0)"});
+  t.WrapColumn(1, 21);
+  std::ostringstream out;
+  t.Print(out);
+  EXPECT_EQ(out.str(),
+            "name  value\n"
+            "----  --------------------\n"
+            "a                       12\n"
+            "b     words that wrap here\n"
+            "      0)\n");
+}
+
+// The same in `strata policies`: every line of a table starts its text where a column starts.
+TEST_F(ReportsTest, PoliciesTablesAlignWrappedTextUnderItsColumn) {
+  CliResult r = Strata({"policies"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::vector<std::string> lines = Lines(r.out);
+  int continuation_lines = 0;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    if (lines[i].rfind("--", 0) != 0) continue;
+    std::set<size_t> starts;  // the columns' starts, from the rule under the header
+    for (size_t at = 0; at < lines[i].size(); ++at) {
+      if (lines[i][at] == '-' && (at == 0 || lines[i][at - 1] == ' ')) starts.insert(at);
+    }
+    for (size_t k = i + 1; k < lines.size() && !lines[k].empty(); ++k) {
+      if (lines[k][0] != ' ') continue;  // a row's first line
+      ++continuation_lines;
+      const size_t text = lines[k].find_first_not_of(' ');
+      EXPECT_TRUE(starts.count(text)) << "line " << k << " starts at column " << text << ":\n"
+                                      << lines[k];
+    }
+  }
+  EXPECT_GT(continuation_lines, 0) << r.out;
+}
+
+// inspect says what strata does with a model's chat template: chat and serve apply it through
+// the built-in renderer it is recognised as (it used to say strata never applies one).
+TEST_F(ReportsTest, InspectSaysChatAndServeApplyTheChatTemplate) {
+  const std::string chatml = Path("chatml.gguf");
+  CopyGgufWith(Path("tiny.gguf"), chatml,
+               {{"tokenizer.chat_template",
+                 GgufValue::String("{% for message in messages %}{{'<|im_start|>' + "
+                                   "message['role'] + '\\n' + message['content'] + "
+                                   "'<|im_end|>' + '\\n'}}{% endfor %}")}});
+  CliResult r = Strata({"inspect", chatml});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.find("not applied"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("recognised as the built-in chatml template, which strata chat and serve "
+                       "apply)"),
+            std::string::npos)
+      << r.out;
+  const std::string odd = Path("odd_template.gguf");
+  CopyGgufWith(Path("tiny.gguf"), odd,
+               {{"tokenizer.chat_template", GgufValue::String("{{ messages }}")}});
+  CliResult o = Strata({"inspect", odd});
+  ASSERT_EQ(o.code, 0) << o.err;
+  EXPECT_NE(o.out.find("not recognised by a built-in renderer: strata chat and serve need "
+                       "--chat-template NAME"),
+            std::string::npos)
+      << o.out;
+}
+
+// kimi-linear caches its MLA layers only (1 and 3 of the synthesized 4-layer model; 0 and 2 are
+// KDA): inspect's KV table and JSON name those layers, not the cache's own 0 and 1, and so does
+// a policy's error about a layer.
+TEST_F(ReportsTest, KimiLinearKvLayersAreTheModelsLayerNumbers) {
+  const std::string kimi = Path("kimi.gguf");
+  ASSERT_EQ(Strata({"synth", "--arch", "kimi-linear", "-o", kimi}).code, 0);
+  const std::string json = Path("inspect_kimi.json");
+  CliResult r = Strata({"inspect", kimi, "--json", json});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("layer kinds (K = KDA, M = MLA)  KMKM"), std::string::npos) << r.out;
+  const std::vector<std::string> lines = Lines(r.out);
+  bool found = false;
+  for (const std::string& l : lines) {
+    if (l.find("MLA") != std::string::npos && l.find("global") != std::string::npos) {
+      EXPECT_EQ(l.substr(0, l.find("MLA")), "   1,3  ") << l;
+      found = true;
+    }
+  }
+  EXPECT_TRUE(found) << r.out;
+  std::ifstream jf(json);
+  const nlohmann::json j = nlohmann::json::parse(jf);
+  ASSERT_EQ(j["kv_layers"].size(), 2u);
+  EXPECT_EQ(j["kv_layers"][0]["layer"], 1);
+  EXPECT_EQ(j["kv_layers"][1]["layer"], 3);
+  // geodesia needs GQA layers: the error names the first MLA layer, 1.
+  CliResult g = Strata({"generate", "-m", kimi, "--policy", "geodesia", "-p", "hi", "-n", "1"});
+  EXPECT_EQ(g.code, kExitUsage) << g.err;
+  EXPECT_NE(g.err.find("layer 1 (MLA"), std::string::npos) << g.err;
+  EXPECT_EQ(g.err.find("layer 0"), std::string::npos) << g.err;
+}
+
 }  // namespace
 }  // namespace strata::cli

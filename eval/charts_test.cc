@@ -198,7 +198,14 @@ TEST_F(ChartsTest, NeedleChartsAreLegibleAndRender) {
   ExpectLegible(c, "comparison");
   EXPECT_NE(c.find("answered: greedy answer exactly right"), std::string::npos);
   EXPECT_NE(c.find("95% Wilson intervals"), std::string::npos);
-  for (const auto& cfg : r->configs) EXPECT_NE(c.find(">" + cfg.Label() + "<"), std::string::npos);
+  // Every row is labelled; the uncompressed reference, which has no ratio, is marked as such.
+  for (const auto& cfg : r->configs) {
+    const std::string label = cfg.policy == "full" ? "full (uncompressed)" : cfg.Label();
+    EXPECT_NE(c.find(">" + label + "<"), std::string::npos) << label;
+  }
+  EXPECT_EQ(c.find(">full<"), std::string::npos);
+  EXPECT_NE(NeedleHeatmapSvg(*r, "full").find(">uncompressed<"), std::string::npos);
+  EXPECT_EQ(NeedleHeatmapSvg(*r, "destroy").find(">uncompressed<"), std::string::npos);
   EXPECT_NE(c.find("T = 128"), std::string::npos);
   ExpectRendersNonBlank(c, "needle_comparison");
 }

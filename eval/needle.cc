@@ -591,6 +591,27 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
   return j;
 }
 
+namespace {
+
+// Whether config `c` ran as the uncompressed reference (`full`: PolicySummary::reference on its
+// measured cells), which the charts mark as such: it has no ratio to label it like the others.
+bool IsUncompressed(const NeedleReport& r, size_t c) {
+  bool any = false, reference = true;
+  for (const NeedleCell& cell : r.cells) {
+    if (cell.config != c || cell.achieved.runs == 0) continue;
+    any = true;
+    reference = reference && cell.achieved.policy.reference;
+  }
+  return any && reference;
+}
+
+// A config's row label in the comparison chart: "vestige@32", or "full (uncompressed)".
+std::string ChartLabel(const NeedleReport& r, size_t c) {
+  return r.configs[c].Label() + (IsUncompressed(r, c) ? " (uncompressed)" : "");
+}
+
+}  // namespace
+
 std::string NeedleHeatmapSvg(const NeedleReport& r, const std::string& policy) {
   const NeedleOptions& o = r.options;
   std::vector<size_t> cfgs;
@@ -640,7 +661,10 @@ std::string NeedleHeatmapSvg(const NeedleReport& r, const std::string& policy) {
     for (size_t ci = 0; ci < cfgs.size(); ++ci) {
       const PolicyConfig& pc = r.configs[cfgs[ci]];
       svg.Text(x0 + col_w * ci + col_w / 2, top - 8,
-               pc.ratio ? "r=" + *pc.ratio : std::string("no ratio"), "middle", 11);
+               pc.ratio                        ? "r=" + *pc.ratio
+               : IsUncompressed(r, cfgs[ci]) ? std::string("uncompressed")
+                                               : std::string("no ratio"),
+               "middle", 11);
       for (const auto& b : r.buckets) {
         if (b.config != cfgs[ci] || b.length != len) continue;
         const double x = x0 + col_w * ci, y = top + ch * b.bucket;
@@ -669,7 +693,9 @@ std::string NeedleComparisonSvg(const NeedleReport& r) {
   const std::string answered_key = "answered: greedy answer exactly right";
   const std::string ci_key = "whiskers: 95% Wilson intervals; n = kept trials";
   double label_w = 60;
-  for (const auto& c : r.configs) label_w = std::max(label_w, TextWidth(c.Label(), 11));
+  for (size_t c = 0; c < r.configs.size(); ++c) {
+    label_w = std::max(label_w, TextWidth(ChartLabel(r, c), 11));
+  }
   const double left = label_w + 24, panel_w = 240, gap = 36, row_h = 36, top = 124;
   const size_t n_len = std::max<size_t>(1, r.lengths.size());
   const double plot_h = row_h * std::max<size_t>(1, r.configs.size());
@@ -686,7 +712,7 @@ std::string NeedleComparisonSvg(const NeedleReport& r) {
   svg.Text(44, 67, answered_key, "start", 11);
   svg.Text(24, 85, ci_key, "start", 11);
   for (size_t ci = 0; ci < r.configs.size(); ++ci) {
-    svg.Text(left - 10, top + row_h * ci + row_h / 2 + 4, r.configs[ci].Label(), "end", 11);
+    svg.Text(left - 10, top + row_h * ci + row_h / 2 + 4, ChartLabel(r, ci), "end", 11);
   }
   for (size_t li = 0; li < r.lengths.size(); ++li) {
     const auto& ls = r.lengths[li];

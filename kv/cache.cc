@@ -25,18 +25,23 @@ StatusOr<std::unique_ptr<KvCache>> KvCache::Create(std::vector<LayerGeometry> la
                            std::to_string(recurrent.conv_floats) + ") floats)");
   }
   if (layers.empty()) return InvalidArgument("KvCache::Create: model has no attention layers");
+  // Every layer carries its model number from here on, so that the policies (which see the
+  // global layers only) and every message name the model's layer.
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (layers[l].model_layer < 0) layers[l].model_layer = static_cast<int>(l);
+  }
   for (size_t l = 0; l < layers.size(); ++l) {
     const LayerGeometry& g = layers[l];
     if (g.n_kv_heads <= 0 || g.n_q_heads <= 0 || g.n_q_heads % g.n_kv_heads != 0 ||
         g.k_dim <= 0 || g.v_dim <= 0) {
-      return InvalidArgument("layer " + std::to_string(l) + ": bad cache geometry " + g.ToString());
+      return InvalidArgument(LayerName(g, l) + ": bad cache geometry " + g.ToString());
     }
   }
   std::vector<LayerGeometry> global;
   for (size_t l = 0; l < layers.size(); ++l) {
     const LayerGeometry& g = layers[l];
     if (g.window < 0 || (g.window > 0 && g.kind != AttnKind::kGqa)) {
-      return InvalidArgument("layer " + std::to_string(l) + ": a sliding window of " +
+      return InvalidArgument(LayerName(g, l) + ": a sliding window of " +
                              std::to_string(g.window) + " rows (GQA layers only, > 0)");
     }
     if (g.window == 0) global.push_back(g);
@@ -83,8 +88,9 @@ KvCache::KvCache(std::vector<LayerGeometry> layers, std::unique_ptr<Policy> poli
 }
 
 Status KvCache::Fail(const Status& s, int layer, const char* event) {
-  Status e = layer >= 0 ? s.WithContext("layer " + std::to_string(layer) + ", " + event)
-                        : s.WithContext(event);
+  Status e = layer >= 0
+                 ? s.WithContext(LayerName(stores_[layer].geometry(), layer) + ", " + event)
+                 : s.WithContext(event);
   e = e.WithContext("policy '" + policy_->name() + "'");
   if (status_.ok()) status_ = e;
   return e;

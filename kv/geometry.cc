@@ -23,6 +23,10 @@ StatusOr<DType> ParseKvType(const std::string& text) {
   return InvalidArgument("--kv-type '" + text + "' must be f32, f16 or bf16");
 }
 
+std::string LayerName(const LayerGeometry& g, size_t index) {
+  return "layer " + std::to_string(g.model_layer >= 0 ? static_cast<size_t>(g.model_layer) : index);
+}
+
 std::string LayerGeometry::ToString() const {
   // The default bf16 storage is not named (the text predates --kv-type); others are.
   const std::string kv =

@@ -39,6 +39,11 @@ struct LayerGeometry {
   // The dot-product arithmetic of this layer's reads (--attn-math; each kernel resolves it, auto
   // included): every view the store hands out and every read of kv/policy.cc carries it.
   AttnMath attn_math = AttnMath::kF32;
+  // The model's number of this layer: the cache holds some of a model's layers only (kimi-linear
+  // caches its MLA layers, and a policy sees a model's global layers only), so a layer's place
+  // in a list of geometries is not its number. -1: not set (KvCache::Create sets it to the
+  // layer's index in the model's list where the model left it unset).
+  int model_layer = -1;
 
   int group_size() const { return n_q_heads / n_kv_heads; }
   // Bytes of one stored value: 2 (bf16, f16) or 4 (f32).
@@ -50,5 +55,8 @@ struct LayerGeometry {
   }
   std::string ToString() const;
 };
+
+// "layer N" for the geometry at `index` of its list: its model_layer when set, else the index.
+std::string LayerName(const LayerGeometry& g, size_t index);
 
 }  // namespace strata

@@ -72,7 +72,13 @@ class KimiLinearModel final : public MlaModel {
 
   std::vector<LayerGeometry> CacheLayers() const override {
     const ModelConfig& c = config_;
-    return std::vector<LayerGeometry>(c.n_layers - c.n_kda_layers(), MlaGeometry());
+    std::vector<LayerGeometry> layers;
+    for (int l = 0; l < c.n_layers; ++l) {
+      if (c.is_kda_layer(l)) continue;
+      layers.push_back(MlaGeometry());
+      layers.back().model_layer = l;  // cache layer i is not model layer i
+    }
+    return layers;
   }
 
   RecurrentGeometry RecurrentLayers() const override {

@@ -390,6 +390,10 @@ TEST(KimiLinearModelTest, LayoutAndRecurrentGeometry) {
   EXPECT_FLOAT_EQ(c.expert_weights_scale, 1.5f);
   const std::vector<LayerGeometry> layers = m->CacheLayers();
   ASSERT_EQ(layers.size(), 2u);  // the MLA layers only
+  // Each carries its model layer number: messages and reports name layers 1 and 3, not 0 and 1.
+  EXPECT_EQ(layers[0].model_layer, 1);
+  EXPECT_EQ(layers[1].model_layer, 3);
+  EXPECT_EQ(LayerName(layers[1], 1), "layer 3");
   EXPECT_FALSE(layers[0].rope);
   EXPECT_FLOAT_EQ(layers[0].scale, 1.f / std::sqrt(24.f));  // 1/sqrt(nope 16 + rope 8)
   const RecurrentGeometry r = m->RecurrentLayers();

@@ -385,7 +385,7 @@ std::string GeometryMismatch(const KvCache& cache, const std::vector<LayerGeomet
     if (g.kind != w.kind || g.n_q_heads != w.n_q_heads || g.n_kv_heads != w.n_kv_heads ||
         g.k_dim != w.k_dim || g.v_dim != w.v_dim || g.rope_dim != w.rope_dim ||
         g.rope != w.rope || g.scale != w.scale) {
-      return "layer " + std::to_string(l) + " is " + g.ToString() + ", the model's " +
+      return LayerName(w, l) + " is " + g.ToString() + ", the model's " +
              w.ToString();
     }
   }

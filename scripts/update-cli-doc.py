@@ -23,28 +23,56 @@ COMMANDS = [
     ["eval", "needle"], ["eval", "ppl"], ["eval", "kl"],
     ["bench", "decode"], ["bench", "capacity"], ["bench", "attention"], ["bench", "serve"], ["bench", "prefill"],
 ]
-OPTION_RE = re.compile(r"^  (-[\w-]+(?:,--?[\w-]+)*)(?: ([A-Z]+)(?:=(\S.*?))?((?: REQUIRED| \.\.\.)*))?"
-                       r"(?:\s{2,}(.*))?$")
-POSITIONAL_RE = re.compile(r"^  (\w[\w-]*) ([A-Z]+(?: REQUIRED| \.\.\.)*)(?:\s{2,}(.*))?$")
+# An option's head (names, type, default, flags) once its help text is split off; a default may
+# hold spaces ("3.4 (geodesia); 16 (cquest)").
+OPTION_RE = re.compile(r"^  (-[\w-]+(?:,--?[\w-]+)*)(?: ([A-Z]+)(?:=(\S.*?))?((?: REQUIRED| \.\.\.)*))?$")
+POSITIONAL_RE = re.compile(r"^  (\w[\w-]*) ([A-Z]+(?: REQUIRED| \.\.\.)*)$")
+HELP_COLUMN_RE = re.compile(r"^  -h,--help +(?=Print)")
+
+
+def split_head(line, column, next_line):
+    """(head, help) of an option or positional line. CLI11 pads the head to `column` (that of
+    -h,--help's help) and starts the help there, its further lines (a help with newlines)
+    indented to the column; a head too long for the column ends its line, and all of its help
+    follows on the indented lines. A head may fill the column but for one space, and a default
+    may hold single spaces, so the split is by position, not by a run of spaces: a line whose
+    next line is indented is split only where two spaces of padding show it (a head holds no
+    two spaces in a row)."""
+    continued = next_line is not None and next_line.startswith(" " * column) and \
+        next_line.strip() != ""
+    padded = line[column - 2:column] == "  " if continued else line[column - 1:column] == " "
+    if len(line) > column > 0 and padded and line[column] != " ":
+        return line[:column].rstrip(), line[column:]
+    return line.rstrip(), ""
 
 
 def parse_help(text):
     """[(names, type, default, help)] from one command's help; positionals have no dash."""
     rows, section = [], None
-    for line in text.splitlines():
+    lines = text.splitlines()
+    column = 0  # where CLI11 starts the help texts: that of -h,--help
+    for line in lines:
+        m = HELP_COLUMN_RE.match(line)
+        if m:
+            column = m.end()
+            break
+    for i, line in enumerate(lines):
         if line.endswith(":") and not line.startswith(" "):
             section = line[:-1]
             continue
         if section not in ("Options", "Positionals"):
             continue
-        m = OPTION_RE.match(line) if section == "Options" else POSITIONAL_RE.match(line)
+        if line.startswith("    ") or not line.strip():
+            if rows and line.strip():
+                rows[-1][3] = (rows[-1][3] + " " + line.strip()).strip()
+            continue
+        head, help_text = split_head(line, column, lines[i + 1] if i + 1 < len(lines) else None)
+        m = OPTION_RE.match(head) if section == "Options" else POSITIONAL_RE.match(head)
         if m and section == "Options":
             rows.append([m.group(1), ((m.group(2) or "") + (m.group(4) or "")).strip(),
-                         m.group(3) or "", m.group(5) or ""])
+                         m.group(3) or "", help_text.strip()])
         elif m:
-            rows.append([m.group(1), m.group(2), "", m.group(3) or ""])
-        elif line.startswith("    ") and rows:
-            rows[-1][3] = (rows[-1][3] + " " + line.strip()).strip()
+            rows.append([m.group(1), m.group(2), "", help_text.strip()])
     return rows
 
 

@@ -328,7 +328,7 @@ Status GeodesiaPolicy::Bind(const std::vector<LayerGeometry>& layers) {
   layers_.clear();
   for (size_t l = 0; l < layers.size(); ++l) {
     const LayerGeometry& g = layers[l];
-    const std::string where = "layer " + std::to_string(l) + " (" + g.ToString() + ")";
+    const std::string where = LayerName(g, l) + " (" + g.ToString() + ")";
     if (g.kind != AttnKind::kGqa) {
       return InvalidArgument(name_ + " needs GQA/MHA layers (per-KV-head K/V rows); " + where +
                              " is MLA");

@@ -33,7 +33,7 @@ class TierHook final : public VestigeRecallHook {
       if (layers[l].kind != AttnKind::kMla) continue;
       Status s = tiers_[l].Configure(layers[l], opt);
       if (!s.ok()) {
-        Note(s.WithContext("layer " + std::to_string(l)));
+        Note(s.WithContext(LayerName(layers[l], l)));
         continue;
       }
       ok_[l] = 1;
@@ -275,9 +275,9 @@ Status VestigePolicy::Bind(const std::vector<LayerGeometry>& layers) {
     if (g.kind != AttnKind::kMla) continue;
     ++n_mla;
     if (g.rope_dim < 1 || g.rope_dim >= g.k_dim) {
-      return InvalidArgument("layer " + std::to_string(l) +
-                             ": MLA branch width rope_dim = " + std::to_string(g.rope_dim) +
-                             " must be in [1, k_dim = " + std::to_string(g.k_dim) + ")");
+      return InvalidArgument(LayerName(g, l) + ": MLA branch width rope_dim = " +
+                             std::to_string(g.rope_dim) + " must be in [1, k_dim = " +
+                             std::to_string(g.k_dim) + ")");
     }
     Layer& L = layers_[l];
     L.mla = true;
@@ -311,7 +311,7 @@ Status VestigePolicy::Bind(const std::vector<LayerGeometry>& layers) {
     for (size_t l = 0; l < layers.size(); ++l) {
       if (layers[l].kind == AttnKind::kMla) {
         RETURN_IF_ERROR(cfg_.recall_options.Validate(layers[l].k_dim - layers[l].rope_dim)
-                            .WithContext("layer " + std::to_string(l)));
+                            .WithContext(LayerName(layers[l], l)));
       }
     }
     auto hook = std::make_unique<TierHook>(cfg_.recall_options, layers);
@@ -461,7 +461,7 @@ Status VestigePolicy::ArchivePages(int layer, const LayerStore& store, CachePlan
     Status s = L.file->AppendPage(p, store.key_row(0, p * P), P);
     if (!s.ok()) {
       // Exact fallback: the pages stay in RAM (reported by recovered_error()).
-      NoteRecovered(s.WithContext("layer " + std::to_string(layer) +
+      NoteRecovered(s.WithContext(LayerName(store.geometry(), layer) +
                                   ": archive write failed, archived rows stay in RAM"));
       L.file_ok = false;
       return OkStatus();
@@ -471,7 +471,7 @@ Status VestigePolicy::ArchivePages(int layer, const LayerStore& store, CachePlan
   if (to_release.empty()) return OkStatus();
   Status s = L.file->Commit();
   if (!s.ok()) {
-    NoteRecovered(s.WithContext("layer " + std::to_string(layer) +
+    NoteRecovered(s.WithContext(LayerName(store.geometry(), layer) +
                                 ": archive commit failed, archived rows stay in RAM"));
     L.file_ok = false;
     return OkStatus();
