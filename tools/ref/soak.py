@@ -257,11 +257,16 @@ class Soak:
             # SIGTERM while STREAMS streams run.
             ends = []
 
+            # The streams SIGTERM meets hold the file archive when one is among the policies
+            # (whichever of them the scheduler admits first), else the policies in turn.
+            policies = a.policies.split(",")
+            archived = [p for p in policies if "ARCHIVE" in p]
+
             def long_stream(j):
+                policy = archived[0] if archived else policies[j % len(policies)]
                 req = dict(prompt=f"term {j}", max_tokens=2000, temperature=0.0,
                            extra_body={"ignore_eos": True,
-                                       "strata": {"policy": self.policy(
-                                           a.policies.split(",")[j % len(a.policies.split(","))])}})
+                                       "strata": {"policy": self.policy(policy)}})
                 try:
                     _, finish, message = self.run_one(req, stream=True)
                     with self.lock:
@@ -288,7 +293,7 @@ class Soak:
             # left" below means they were removed, not never written).
             archive_seen = 0
             if "ARCHIVE" in a.policies:
-                for _ in range(500):
+                for _ in range(3000):
                     archive_seen = len(os.listdir(self.archive))
                     if archive_seen:
                         break
