@@ -40,10 +40,12 @@ class ChatTemplate {
 
   // Checks what the templates accept: at least one message (the Jinja originals index
   // messages[0]) and every role one of system/user/assistant (tool turns are not supported).
-  // Errors name the message index and the bad role. None of the built-in families rejects an
-  // order: like their Jinja originals they render a system message anywhere (DeepSeek V3 moves
-  // every system text to the front), repeated roles, and a conversation that starts with the
-  // assistant. Render() never fails; on messages that fail Validate() it renders what it can.
+  // Errors name the message index and the bad role. Gemma alone rejects an order, as its Jinja
+  // original raises: after an optional first system message the turns must alternate user /
+  // assistant, starting with the user. The other built-in families, like their originals, render
+  // a system message anywhere (DeepSeek V3 moves every system text to the front), repeated
+  // roles, and a conversation that starts with the assistant. Render() never fails; on messages
+  // that fail Validate() it renders what it can.
   Status Validate(const std::vector<ChatMessage>& messages) const;
 
   // The prompt text for `messages`; with add_generation_prompt, the assistant header is appended.

@@ -20,8 +20,10 @@
 //
 // Invalid UTF-8 in the input: a tokenizer.json pipeline sees what HF would be given, the text
 // with each maximal invalid subsequence replaced by U+FFFD (Python's errors="replace", the JS
-// TextDecoder). The GGUF "gpt2" pipeline keeps the raw bytes instead (they never match a regex
-// and become byte-level characters of their own), so Decode(Encode(x)) == x for any bytes there.
+// TextDecoder). An HfTokenizer built for a GGUF "gpt2" vocabulary keeps the raw bytes (they never
+// match a regex and become byte-level characters of their own, so they round-trip here), but
+// Tokenizer::Encode, the one every command uses, replaces them with U+FFFD before it calls this
+// pipeline, as llama.cpp does (io/tokenizer.h).
 //
 // Deliberate differences from HF: decoding never replaces invalid UTF-8 with U+FFFD (byte
 // tokens and byte-level characters give back the exact bytes); BPE dropout is refused; Lowercase
