@@ -395,7 +395,16 @@ int RunLoadMode(const BenchServeOptions& o, std::ostream& out, std::ostream& err
                              " requests hung up at --duration");
         }
         if (r->decode_window_tokens <= 0) {
-          problems.push_back(label + " no moment with all streams generating (raise --max-tokens)");
+          // No decode rate: the window needs two chunks that arrived while every stream was
+          // generating. With one stream that fails only when the reply reached the client in one
+          // read (a model that generates faster than the client reads).
+          problems.push_back(
+              label + (k == 1 ? " no decode rate: the stream's chunks reached the client in one "
+                                "read (the model generates faster than they are read); raise "
+                                "--max-tokens"
+                              : " no decode rate: no two chunks arrived while all " +
+                                    std::to_string(k) +
+                                    " streams were generating; raise --max-tokens"));
         }
         auto pj = [](const serve::Percentiles& p) {
           return nlohmann::json{{"n", p.n},     {"mean", p.mean}, {"p50", p.p50},
