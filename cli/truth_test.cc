@@ -397,9 +397,9 @@ TEST(Docs, DocsAndHelpNameTheSameFlags) {
     }
   }
   // The prose: README, docs/, models/ and the testbed README. A flag there must be a strata
-  // flag, or one of the scripts it documents (scripts/*.sh, tools/testbed/*).
+  // flag, or one of the scripts it documents (scripts/*.sh, tools/testbed/*, tools/ref/*).
   std::string scripts;
-  for (const char* dir : {"scripts", "tools/testbed"}) {
+  for (const char* dir : {"scripts", "tools/testbed", "tools/ref"}) {
     for (const auto& e : fs::directory_iterator(Source(dir))) scripts += ReadAll(e.path());
   }
   std::vector<std::string> prose = {"README.md", "models/README.md", "tools/testbed/README.md"};
