@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -275,27 +276,32 @@ TEST_F(ServeFieldsTest, LlamaServerCompletionAndSlots) {
   EXPECT_EQ(s4, 400);
   EXPECT_EQ(bad2["error"]["param"], "n_predict");
 
-  // /slots while a long request runs: its policy, tokens and bytes.
-  std::thread runner([&] {
-    Post("/v1/completions", {{"prompt", prompt},
-                             {"max_tokens", 400},
-                             {"ignore_eos", true},
-                             {"temperature", 0},
-                             {"strata", {{"policy", "streaming:ratio=2"}}}});
-  });
+  // /slots while a long request runs: its policy, tokens and bytes. The synthetic model decodes
+  // a request in milliseconds, so each try polls until it sees the slot or the request ends, and
+  // tries again in the rare case it ended first.
   json seen;
-  for (int i = 0; i < 2000 && seen.is_null(); ++i) {
+  for (int attempt = 0; attempt < 50 && seen.is_null(); ++attempt) {
+    std::atomic<bool> done{false};
+    std::thread runner([&] {
+      Post("/v1/completions", {{"prompt", prompt},
+                               {"max_tokens", 1500},
+                               {"ignore_eos", true},
+                               {"temperature", 0},
+                               {"strata", {{"policy", "streaming:ratio=2"}}}});
+      done = true;
+    });
     httplib::Client c("127.0.0.1", port_);
-    auto r = c.Get("/slots");
-    ASSERT_TRUE(r);
-    const json slots = json::parse(r->body);
-    ASSERT_EQ(slots.size(), 2u);
-    for (const json& s : slots) {
-      if (s["is_processing"].get<bool>() && s.value("n_decoded", 0) > 0) seen = s;
+    while (!done && seen.is_null()) {
+      auto r = c.Get("/slots");
+      ASSERT_TRUE(r);
+      const json slots = json::parse(r->body);
+      ASSERT_EQ(slots.size(), 2u);
+      for (const json& s : slots) {
+        if (s["is_processing"].get<bool>() && s.value("n_decoded", 0) > 0) seen = s;
+      }
     }
-    if (seen.is_null()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    runner.join();
   }
-  runner.join();
   ASSERT_FALSE(seen.is_null()) << "no running slot seen";
   EXPECT_TRUE(Has(seen["policy"], "streaming")) << seen.dump();
   EXPECT_GT(seen["kv_resident_bytes"].get<int64_t>(), 0);
