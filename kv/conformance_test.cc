@@ -87,6 +87,8 @@ const std::map<std::string, Entry>& Table() {
       {"random", {{{"ratio", "4"}}, {{"ratio", "1"}}, "", 0}},
       {"kivi2", {{}, {}, "the rate is set by its bits: every complete group is quantized", 0}},
       {"kivi4", {{}, {}, "the rate is set by its bits: every complete group is quantized", 0}},
+      {"q8_0", {{}, {}, "llama.cpp's cache: every row is quantized at any setting", 0}},
+      {"q4_0", {{}, {}, "llama.cpp's cache: every row is quantized at any setting", 0}},
   };
   return t;
 }

@@ -84,6 +84,16 @@ const std::vector<Entry>& Entries() {
       {{"kivi4", "KIVI 4-bit: keys per channel, values per token, group 32, 32+ exact recent",
         baselines::KiviSettings(4)},
        [](const PolicySpec& s) { return baselines::MakeKiviPolicy(s, 4); }},
+      {{"q8_0", "llama.cpp's q8_0 KV cache (-ctk/-ctv q8_0): every K and V row quantized "
+                "(no exact recent rows) in 32-value blocks, int8 + f16 scale (8.5 bits/value), "
+                "Walsh-Hadamard-rotated unless rotate=0",
+        baselines::LlamaCppKvSettings(DType::kQ8_0)},
+       [](const PolicySpec& s) { return baselines::MakeLlamaCppKvPolicy(s, DType::kQ8_0); }},
+      {{"q4_0", "llama.cpp's q4_0 KV cache (-ctk/-ctv q4_0): every K and V row quantized "
+                "(no exact recent rows) in 32-value blocks, 4-bit + f16 scale (4.5 bits/value), "
+                "Walsh-Hadamard-rotated unless rotate=0",
+        baselines::LlamaCppKvSettings(DType::kQ4_0)},
+       [](const PolicySpec& s) { return baselines::MakeLlamaCppKvPolicy(s, DType::kQ4_0); }},
       {{"random", "uniform random m = prefix/ratio rows + rows after the compression point",
         baselines::EvictionSettings(baselines::EvictionKind::kRandom)},
        [](const PolicySpec& s) {

@@ -568,6 +568,8 @@ TEST(KimiLinearModelTest, EveryPolicyOnTheMlaLayers) {
       {"random", {{{"ratio", "4"}}, {{"ratio", "1"}}, 0}},
       {"kivi2", {{}, {}, -1}},
       {"kivi4", {{}, {}, -1}},
+      {"q8_0", {{}, {}, -1}},
+      {"q4_0", {{}, {}, -1}},
   };
   auto fc = Cache(*m, "full");
   const std::vector<float> ref = RunSeq(*m, fc.get(), toks, prompt, 64, &pool);
