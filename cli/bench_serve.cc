@@ -378,30 +378,40 @@ int RunLoadMode(const BenchServeOptions& o, std::ostream& out, std::ostream& err
           return fail(r.status().message());
         }
         model_name = r->model;
-        if (k == 1) single = r->decode_tok_s;
-        const double ratio = single > 0 ? r->decode_tok_s / single : 0;
+        // The decode rate: the client's window; with one stream whose chunks reached the client
+        // in one read (a model faster than the client reads), the server's timings instead.
+        double decode = r->decode_window_tokens > 0 ? r->decode_tok_s : 0;
+        std::string source = r->decode_window_tokens > 0 ? "client" : "";
+        if (decode == 0 && k == 1 && r->server_decode_s > 0) {
+          decode = static_cast<double>(r->server_decode_tokens) / r->server_decode_s;
+          source = "server timings";
+        }
+        if (k == 1) single = decode;
+        const double ratio = single > 0 && decode > 0 ? decode / single : 0;
         auto pct = [](const serve::Percentiles& p) {
           return Ms(p.p50) + " / " + Ms(p.p90) + " / " + Ms(p.p99);
         };
         t.AddRow({chunk_label, std::to_string(ctx), std::to_string(k),
                   std::to_string(r->ok) + " / " + std::to_string(r->requests),
                   std::to_string(r->streamed_tokens), FormatFixed(r->aggregate_tok_s, 1),
-                  r->decode_window_tokens > 0 ? FormatFixed(r->decode_tok_s, 1) : "-",
-                  single > 0 && r->decode_window_tokens > 0 ? FormatFixed(ratio, 2) : "-",
-                  pct(r->ttft_s), pct(r->itl_s)});
+                  decode > 0 ? FormatFixed(decode, 1) + (source == "client" ? "" : " (s)") : "-",
+                  ratio > 0 ? FormatFixed(ratio, 2) : "-", pct(r->ttft_s), pct(r->itl_s)});
         for (const auto& e : r->errors) problems.push_back(label + " " + e);
         if (r->cut > 0) {
           problems.push_back(label + " " + std::to_string(r->cut) +
                              " requests hung up at --duration");
         }
-        if (r->decode_window_tokens <= 0) {
+        if (source == "server timings") {
+          problems.push_back(label +
+                             " decode tok/s (s) is the server's timings: the stream's chunks "
+                             "reached the client in one read (the model generates faster than "
+                             "they are read)");
+        } else if (decode == 0) {
           // No decode rate: the window needs two chunks that arrived while every stream was
-          // generating. With one stream that fails only when the reply reached the client in one
-          // read (a model that generates faster than the client reads).
+          // generating, and with one stream the server sent no timings either.
           problems.push_back(
               label + (k == 1 ? " no decode rate: the stream's chunks reached the client in one "
-                                "read (the model generates faster than they are read); raise "
-                                "--max-tokens"
+                                "read and the server sent no timings; raise --max-tokens"
                               : " no decode rate: no two chunks arrived while all " +
                                     std::to_string(k) +
                                     " streams were generating; raise --max-tokens"));
@@ -425,7 +435,10 @@ int RunLoadMode(const BenchServeOptions& o, std::ostream& out, std::ostream& err
                           {"streamed_tokens", r->streamed_tokens},
                           {"wall_seconds", r->wall_s},
                           {"aggregate_tok_s", r->aggregate_tok_s},
-                          {"decode_tok_s", r->decode_tok_s},
+                          {"decode_tok_s", decode},
+                          {"decode_source", source.empty() ? "none" : source},
+                          {"server_decode_tokens", r->server_decode_tokens},
+                          {"server_decode_seconds", r->server_decode_s},
                           {"decode_window_seconds", r->decode_window_s},
                           {"decode_window_tokens", r->decode_window_tokens},
                           {"decode_ratio_to_1_stream", ratio},
@@ -443,10 +456,10 @@ int RunLoadMode(const BenchServeOptions& o, std::ostream& out, std::ostream& err
   for (const auto& p : problems) out << "note: " << p << "\n";
   out << "Legend: prefill chunk = the in-process server's --prefill-chunk (new-prompt tokens "
          "prefilled per step between decode steps); ctx = prompt + generated tokens of each "
-         "request; aggregate tok/s = streamed "
-         "tokens / the level's wall time (prefills and queueing included); decode tok/s = tokens "
-         "that arrived while every stream was generating / that time (no prefill runs then); "
-         "x 1 stream = decode tok/s / the 1-stream row's at the same ctx; TTFT = send to first "
+         "request; aggregate tok/s = streamed tokens / the level's wall time (prefills and "
+         "queueing included); decode tok/s = tokens that arrived while every stream was "
+         "generating / that time (no prefill runs then), or, marked (s), the server's timings "
+         "(one stream whose chunks the client read at once); x 1 stream = decode tok/s / the 1-stream row's at the same ctx; TTFT = send to first "
          "token; ITL = gap between chunks shared by the tokens a chunk carries.\n";
   if (!o.json_path.empty()) {
     nlohmann::json j = {{"mode", "load"},

@@ -62,6 +62,13 @@ TEST_F(BenchServeTest, LoadLevelsAgainstAnInProcessServer) {
       EXPECT_LE(l[p]["p99"].get<double>(), l[p]["max"].get<double>());
     }
     EXPECT_EQ(l["ttft_seconds"]["n"].get<int64_t>(), 2 * k);
+    // One stream always has a decode rate: the client's window, or the server's timings when
+    // the tiny model's chunks reached the client in one read.
+    if (k == 1) {
+      EXPECT_GT(l["decode_tok_s"].get<double>(), 0) << l.dump();
+      EXPECT_NE(l["decode_source"], "none") << l.dump();
+      EXPECT_EQ(l["server_decode_tokens"].get<int64_t>(), 2 * 15);
+    }
   }
 }
 

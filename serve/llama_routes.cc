@@ -260,7 +260,8 @@ void Server::LlamaRoutes() {
                   {"stop_type", r.finish_reason == "length" ? "limit"
                                 : r.stopped_by_text         ? "word"
                                                             : "eos"},
-                  {"truncated", false}};
+                  {"truncated", false},
+                  {"timings", TimingsJson(r)}};
       if (probs) out["completion_probabilities"] = NativeProbs(r.logprobs, *tok);
       json ext = json::object();
       if (!r.message.empty()) ext["message"] = r.message;

@@ -36,6 +36,9 @@ struct Record {
   std::string error;                                // "" when none
   std::string finish_reason, message;
   int64_t usage_prompt = -1, usage_completion = -1;
+  // The server's "timings" of the final chunk (llama-server's; -1 when absent).
+  int64_t predicted_n = -1;
+  double predicted_ms = -1;
 };
 
 // Reads SSE events out of the bytes of a stream as they come.
@@ -72,6 +75,14 @@ class SseReader {
     if (j.contains("usage") && j["usage"].is_object()) {
       r_->usage_prompt = j["usage"].value("prompt_tokens", int64_t{-1});
       r_->usage_completion = j["usage"].value("completion_tokens", int64_t{-1});
+    }
+    if (j.contains("timings") && j["timings"].is_object()) {
+      const json& tm = j["timings"];
+      if (tm.contains("predicted_n") && tm["predicted_n"].is_number_integer() &&
+          tm.contains("predicted_ms") && tm["predicted_ms"].is_number()) {
+        r_->predicted_n = tm["predicted_n"].get<int64_t>();
+        r_->predicted_ms = tm["predicted_ms"].get<double>();
+      }
     }
     if (j.contains("strata") && j["strata"].is_object()) {
       const json& s = j["strata"];
@@ -427,6 +438,10 @@ StatusOr<LoadResult> RunLoad(const LoadOptions& o) {
       continue;
     }
     ++res.ok;
+    if (r.predicted_n > 1 && r.predicted_ms > 0) {
+      res.server_decode_tokens += r.predicted_n - 1;
+      res.server_decode_s += r.predicted_ms * 1e-3;
+    }
     res.prompt_tokens += r.usage_prompt;
     res.completion_tokens += r.usage_completion;
   }

@@ -74,6 +74,12 @@ struct LoadResult {
   double decode_tok_s = 0;
   double decode_window_s = 0;
   int64_t decode_window_tokens = 0;
+  // The server's own count (its "timings", when it sends them, as strata and llama-server do),
+  // summed over the completed requests: tokens after each request's first, and the time from
+  // its first token to its last. With one stream this is the decode rate the client could not
+  // time when a reply's chunks reached it in one read. 0 when the server sent no timings.
+  int64_t server_decode_tokens = 0;
+  double server_decode_s = 0;
   // Per request: the send to the first token. Per token after the first: the gap since the
   // previous chunk, shared equally by the tokens a chunk carries.
   Percentiles ttft_s, itl_s;

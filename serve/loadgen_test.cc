@@ -155,6 +155,9 @@ TEST_F(LoadgenTest, EveryRequestStreamsTheTokensItAskedFor) {
   if (r->decode_window_s > 0) {
     EXPECT_NEAR(r->decode_tok_s, r->decode_window_tokens / r->decode_window_s, 1e-6 * r->decode_tok_s);
   }
+  // The server's timings: every token after each request's first, in a positive time.
+  EXPECT_EQ(r->server_decode_tokens, 8 * 39);
+  EXPECT_GT(r->server_decode_s, 0);
   // The server counted the same tokens.
   EXPECT_TRUE(Has(server->metrics().Text(), "strata_completion_tokens_total 320\n"))
       << server->metrics().Text();

@@ -251,6 +251,10 @@ void Scheduler::End(Sequence* s, std::string finish_reason, std::string message,
   r.prompt_tokens = static_cast<int64_t>(s->prompt.size());
   r.completion_tokens = s->generated_;
   r.stopped_by_text = s->stopped_by_text_;
+  if (s->generated_ > 0) {
+    r.prompt_s = Seconds(s->prefill_start_, s->first_token_);
+    r.predicted_s = Seconds(s->first_token_, s->last_token_);
+  }
   if (s->text_) {
     s->Push(s->text_->TakeRest(), s->generated_);
     r.text = s->text_->text();
@@ -310,6 +314,7 @@ void Scheduler::Step() {
     }
     ++s->generated_;
     if (s->generated_ == 1) {
+      s->first_token_ = now;
       metrics_->ObserveTimeToFirstToken(Seconds(s->arrival, now));
     } else {
       metrics_->ObserveInterToken(Seconds(s->last_token_, now));
@@ -453,6 +458,7 @@ void Scheduler::Loop() {
     active_.store(static_cast<int64_t>(running_.size()) + (prefilling_ ? 1 : 0));
     if (prefilling_) {
       Sequence* s = prefilling_.get();
+      s->prefill_start_ = Clock::now();
       s->order_ = next_order_++;
       s->sampler_ = std::make_unique<Sampler>(s->sampler);
       // The penalty window spans the prompt, as `strata generate` (and llama.cpp) count it.

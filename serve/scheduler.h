@@ -86,6 +86,10 @@ class Sequence {
     bool shutdown = false;  // ended by Scheduler::Stop (the server is shutting down)
     std::vector<TokenLogprob> logprobs;  // every generated token's, when asked
     bool stopped_by_text = false;        // finish_reason "stop" from a stop string, not EOS
+    // Server-side times, as llama-server's "timings" reports them: prompt = admission (the
+    // prefill's start) to the first token; predicted = the first token to the last, in which
+    // completion_tokens - 1 tokens were made. 0 when there was no token.
+    double prompt_s = 0, predicted_s = 0;
   };
   // Waits up to `timeout` for output. Returns true with `delta` set (possibly empty) when there
   // was some or the sequence ended (then `*result` is set); false on timeout.
@@ -125,6 +129,7 @@ class Sequence {
   int64_t generated_ = 0;
   bool stopped_by_text_ = false;
   Clock::time_point last_token_;
+  Clock::time_point prefill_start_, first_token_;
 };
 
 // One running sequence as GET /slots shows it (a snapshot the scheduler publishes each step).

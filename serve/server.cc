@@ -60,6 +60,24 @@ json Bytes(const std::string& s) {
   return b;
 }
 
+}  // namespace
+
+nlohmann::json TimingsJson(const Sequence::Result& r) {
+  const double prompt_ms = r.prompt_s * 1e3, predicted_ms = r.predicted_s * 1e3;
+  const int64_t after_first = std::max<int64_t>(r.completion_tokens - 1, 0);
+  auto per = [](double n, double ms) { return ms > 0 ? n / ms * 1e3 : 0.0; };
+  return json{{"prompt_n", r.prompt_tokens},
+              {"prompt_ms", prompt_ms},
+              {"prompt_per_second", per(static_cast<double>(r.prompt_tokens), prompt_ms)},
+              {"predicted_n", r.completion_tokens},
+              {"predicted_ms", predicted_ms},
+              {"predicted_per_token_ms",
+               after_first > 0 ? predicted_ms / static_cast<double>(after_first) : 0.0},
+              {"predicted_per_second", per(static_cast<double>(after_first), predicted_ms)}};
+}
+
+namespace {
+
 // Log-probabilities in OpenAI's shapes: chat's {"content": [{token, logprob, bytes,
 // top_logprobs}]}, completions' {tokens, token_logprobs, top_logprobs, text_offset}.
 // `offset` is the text offset of the first token (completions), advanced past the last.
@@ -436,7 +454,8 @@ void Server::Routes() {
                     {"created", created},
                     {"model", model_name},
                     {"choices", json::array({choice})},
-                    {"usage", usage(r)}};
+                    {"usage", usage(r)},
+                    {"timings", TimingsJson(r)}};
         extension(r, &out);
         SendJson(res, out);
         return;
@@ -510,6 +529,7 @@ void Server::Routes() {
               c["text"] = "";
             }
             json last = chunk(c);
+            last["timings"] = TimingsJson(*r);
             extension(*r, &last);
             // All the tokens, also those whose text was empty (no chunk carried their count).
             last["strata"]["completion_tokens"] = r->completion_tokens;

@@ -25,6 +25,11 @@ struct Response;
 
 namespace strata::serve {
 
+// llama-server's "timings" object of a finished sequence, measured by the scheduler: prompt_ms =
+// admission to the first token (the prefill), predicted_ms = the first token to the last;
+// predicted_per_second = (predicted_n - 1) / predicted_ms, the tokens made in that time.
+nlohmann::json TimingsJson(const Sequence::Result& r);
+
 struct ServerOptions {
   std::string host = "127.0.0.1";  // loopback unless asked
   int port = 8080;                 // 0: any free port (Start returns it)

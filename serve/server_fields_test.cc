@@ -308,5 +308,49 @@ TEST_F(ServeFieldsTest, LlamaServerCompletionAndSlots) {
   EXPECT_EQ(seen["n_prompt_tokens"].get<size_t>(), model_->tokenizer()->Encode(prompt, true).size());
 }
 
+// llama-server's "timings": in a non-streamed response, the last chunk of a stream and
+// /completion's answer; the counts are the usage's and the times those of the scheduler.
+TEST_F(ServeFieldsTest, TimingsAsLlamaServerReportsThem) {
+  const json body = {{"prompt", "The quick brown fox"},
+                     {"max_tokens", 200},
+                     {"temperature", 0},
+                     {"ignore_eos", true}};
+  auto check = [](const json& t, int64_t prompt_n, int64_t predicted_n) {
+    ASSERT_TRUE(t.is_object()) << t.dump();
+    EXPECT_EQ(t["prompt_n"].get<int64_t>(), prompt_n);
+    EXPECT_EQ(t["predicted_n"].get<int64_t>(), predicted_n);
+    EXPECT_GE(t["prompt_ms"].get<double>(), 0);
+    const double ms = t["predicted_ms"].get<double>();
+    EXPECT_GT(ms, 0) << t.dump();  // 199 decode steps take some time
+    EXPECT_NEAR(t["predicted_per_second"].get<double>(), (predicted_n - 1) / ms * 1e3,
+                1e-9 * t["predicted_per_second"].get<double>());
+    EXPECT_NEAR(t["predicted_per_token_ms"].get<double>(), ms / (predicted_n - 1), 1e-9 * ms);
+  };
+  auto [status, j] = Post("/v1/completions", body);
+  ASSERT_EQ(status, 200) << j.dump();
+  check(j["timings"], j["usage"]["prompt_tokens"], 200);
+  const std::string sse = RawPost("/v1/completions",
+                                  {{"prompt", "hi"},
+                                   {"max_tokens", 50},
+                                   {"ignore_eos", true},
+                                   {"stream", true}});
+  json last;
+  size_t at = 0;
+  while ((at = sse.find("data: {", at)) != std::string::npos) {
+    const size_t end = sse.find("\n\n", at);
+    const json ev = json::parse(sse.substr(at + 6, end - at - 6));
+    at = end;
+    if (ev.contains("timings")) last = ev;
+  }
+  ASSERT_FALSE(last.is_null()) << sse;
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(last["timings"]["predicted_n"], 50);
+  auto [s2, native] = Post("/completion", {{"prompt", "The quick brown fox"},
+                                           {"n_predict", 200},
+                                           {"ignore_eos", true}});
+  ASSERT_EQ(s2, 200) << native.dump();
+  check(native["timings"], native["tokens_evaluated"], 200);
+}
+
 }  // namespace
 }  // namespace strata::serve
