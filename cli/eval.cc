@@ -13,6 +13,7 @@
 #include "eval/corpus.h"
 #include "eval/needle.h"
 #include "eval/report.h"
+#include "eval/stats.h"
 #include "eval/svg.h"
 #include "eval/windows.h"
 #include "model/model.h"
@@ -278,7 +279,11 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
               "end, [layer][KV head][block]; the per-layer, per-head histograms are always there");
 
   CLI::App* k = eval->add_subcommand(
-      "kl", "KL(full || policy) of next-token distributions over the scored positions");
+      "kl",
+      "KL(full || policy) of next-token distributions over the scored positions (mean, median, "
+      "p99, max), top-1 agreement and perplexity, as llama-perplexity --kl-divergence reports "
+      "them (also: eval kld)");
+  k->alias("kld");
   o->kl_cmd = k;
   AddShared(k, o.get(), "all", true);
   AddWindowFlags(k, o.get());
@@ -693,13 +698,23 @@ int RunKlCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
   if (k.w.kv_type != DType::kBF16) {
     out << "KV cache: " << KvTypeName(k.w.kv_type) << " rows (--kv-type)\n";
   }
-  Table t({"policy", "ratio", "mean KL", "max KL", "positions", "rows kept", "compressed"});
+  out << "reference " << k.reference << ": PPL " << Fixed(r.reference_ppl, 4) << "\n";
+  Table t({"policy", "ratio", "mean KL", "median KL", "p99 KL", "max KL", "same top-1", "PPL",
+           "positions", "rows kept", "compressed"});
   for (const auto& c : r.configs) {
-    t.AddRow({c.config.Name(), c.config.RatioText(), Fixed(c.mean_kl, 6), Fixed(c.max_kl, 6),
-              std::to_string(c.n_positions), eval::KeptText(c.achieved),
+    const eval::Interval top1 = eval::WilsonInterval(c.same_top1, c.n_positions);
+    t.AddRow({c.config.Name(), c.config.RatioText(), Fixed(c.mean_kl, 6), Fixed(c.median_kl, 6),
+              Fixed(c.p99_kl, 6), Fixed(c.max_kl, 6),
+              Fixed(100.0 * top1.point, 2) + " % [" + Fixed(100.0 * top1.lo, 1) + ", " +
+                  Fixed(100.0 * top1.hi, 1) + "]",
+              Fixed(c.ppl, 4), std::to_string(c.n_positions), eval::KeptText(c.achieved),
               eval::CompressedText(c.achieved, c.check)});
   }
   t.Print(out);
+  out << "Legend: KL in nats, per scored position (the reference's next-token distribution "
+         "against the policy's); p99 = the 99th percentile over all positions; same top-1 = "
+         "positions whose most likely token is the reference's, with its 95% Wilson interval; "
+         "PPL = exp(mean -log p(next token)) with the policy's cache.\n";
   PrintWarnings(r.warnings, out, err);
   for (const auto& s : r.skipped) out << "skipped " << s.config.Label() << ": " << s.reason << "\n";
   const nlohmann::json report =

@@ -438,6 +438,15 @@ std::string KlSvg(const KlReport& r) {
   return svg.Finish();
 }
 
+double Quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double at = std::clamp(q, 0.0, 1.0) * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(at));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (at - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
 StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const KlOptions& o,
                          std::ostream* progress) {
   KlReport r;
@@ -484,29 +493,48 @@ StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const
     return OkStatus();
   };
   const auto t0 = std::chrono::steady_clock::now();
+  auto argmax = [v](const float* x) {
+    return static_cast<int64_t>(std::max_element(x, x + v) - x);
+  };
   std::vector<std::vector<float>> ref(r.offsets.size());
+  double ref_nll = 0;
   for (size_t wi = 0; wi < r.offsets.size(); ++wi) {
     RETURN_IF_ERROR(run(reference, r.offsets[wi], &ref[wi], nullptr));
+    const int32_t* targets = tokens.data() + r.offsets[wi] + n_prefix;
+    for (int64_t i = 0; i < n_scored; ++i) {
+      ref_nll += TokenNll(ref[wi].data() + i * v, v, targets[i + 1]);
+    }
   }
+  r.reference_ppl =
+      std::exp(ref_nll / static_cast<double>(n_scored * static_cast<int64_t>(r.offsets.size())));
   for (const auto& c : configs) {
     KlConfigResult cr;
     cr.config = c;
-    double sum = 0;
+    double sum = 0, nll_sum = 0;
+    std::vector<double> all_kl;
     std::vector<float> pol;
     for (size_t wi = 0; wi < r.offsets.size(); ++wi) {
       RETURN_IF_ERROR(run(c, r.offsets[wi], &pol, &cr.achieved));
       KlWindow kw;
       kw.offset = r.offsets[wi];
+      const int32_t* targets = tokens.data() + r.offsets[wi] + n_prefix;
       double ws = 0;
       for (int64_t i = 0; i < n_scored; ++i) {
-        const double kl = KlDivergence(ref[wi].data() + i * v, pol.data() + i * v, v);
+        const float* p = ref[wi].data() + i * v;
+        const float* q = pol.data() + i * v;
+        const double kl = KlDivergence(p, q, v);
         kw.kl.push_back(kl);
         ws += kl;
         kw.max_kl = std::max(kw.max_kl, kl);
+        kw.nll.push_back(TokenNll(q, v, targets[i + 1]));
+        nll_sum += kw.nll.back();
+        if (argmax(p) == argmax(q)) ++kw.same_top1;
       }
       kw.mean_kl = ws / n_scored;
       sum += ws;
+      all_kl.insert(all_kl.end(), kw.kl.begin(), kw.kl.end());
       cr.n_positions += n_scored;
+      cr.same_top1 += kw.same_top1;
       cr.max_kl = std::max(cr.max_kl, kw.max_kl);
       prog.Line("kl: " + c.Label() + " window " + std::to_string(wi + 1) + "/" +
                 std::to_string(r.offsets.size()) + ": mean KL " + FormatNum(kw.mean_kl, 5) + " [" +
@@ -514,6 +542,9 @@ StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const
       cr.windows.push_back(std::move(kw));
     }
     cr.mean_kl = sum / static_cast<double>(cr.n_positions);
+    cr.median_kl = Quantile(all_kl, 0.5);
+    cr.p99_kl = Quantile(all_kl, 0.99);
+    cr.ppl = std::exp(nll_sum / static_cast<double>(cr.n_positions));
     cr.check = CheckAchieved(c.Label(), cr.achieved);
     if (!cr.check.warning.empty()) r.warnings.push_back(cr.check.warning);
     r.configs.push_back(std::move(cr));
@@ -526,18 +557,29 @@ nlohmann::json KlJson(const KlReport& r) {
   j["text"] = r.options.text_name;
   j["corpus_tokens"] = r.corpus_tokens;
   j["reference"] = r.options.reference;
+  j["reference_ppl"] = r.reference_ppl;
   j["warnings"] = r.warnings;
   j["configs"] = nlohmann::json::array();
   for (const auto& c : r.configs) {
     nlohmann::json cj = ConfigJson(c.config);
     cj["mean_kl"] = c.mean_kl;
+    cj["median_kl"] = c.median_kl;
+    cj["p99_kl"] = c.p99_kl;
     cj["max_kl"] = c.max_kl;
     cj["n_positions"] = c.n_positions;
+    cj["same_top1"] = c.same_top1;
+    cj["same_top1_fraction"] =
+        c.n_positions > 0 ? static_cast<double>(c.same_top1) / c.n_positions : 0.0;
+    cj["ppl"] = c.ppl;
     AddAchievedFields(c.achieved, c.check, &cj);
     cj["windows"] = nlohmann::json::array();
     for (const auto& w : c.windows) {
-      cj["windows"].push_back(
-          {{"offset", w.offset}, {"mean_kl", w.mean_kl}, {"max_kl", w.max_kl}, {"kl", w.kl}});
+      cj["windows"].push_back({{"offset", w.offset},
+                               {"mean_kl", w.mean_kl},
+                               {"max_kl", w.max_kl},
+                               {"same_top1", w.same_top1},
+                               {"kl", w.kl},
+                               {"nll", w.nll}});
     }
     j["configs"].push_back(cj);
   }

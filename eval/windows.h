@@ -123,17 +123,23 @@ struct KlOptions {
 
 struct KlWindow {
   int64_t offset = 0;
-  std::vector<double> kl;  // [E - 1]
+  std::vector<double> kl;   // [E - 1]
+  std::vector<double> nll;  // [E - 1]: the policy's -log p of the next token
   double mean_kl = 0;
   double max_kl = 0;
+  int64_t same_top1 = 0;  // positions whose most likely token is the reference's
 };
 
 struct KlConfigResult {
   PolicyConfig config;
   std::vector<KlWindow> windows;
   double mean_kl = 0;
+  double p99_kl = 0;     // the 99th percentile over every scored position (linear interpolation)
+  double median_kl = 0;  // the 50th
   double max_kl = 0;
   int64_t n_positions = 0;
+  int64_t same_top1 = 0;  // over every window
+  double ppl = 0;         // exp(mean nll) of the policy's next-token predictions
   AchievedCompression achieved;  // summed over windows (reads: the scored steps)
   CompressionCheck check;        // of `achieved`, labelled with the config's label
 };
@@ -145,10 +151,17 @@ struct KlReport {
   std::vector<SkippedConfig> skipped;
   std::vector<KlConfigResult> configs;
   std::vector<std::string> warnings;  // the configs' CompressionCheck warnings
+  double reference_ppl = 0;           // the reference's perplexity over the same targets
 };
 
-// KL(p_reference || p_policy) at each scored position of each window; the reference and the
-// policy caches are fed the same tokens in lockstep.
+// The q-th quantile (0 <= q <= 1) of `v` by linear interpolation between closest ranks (0 for an
+// empty `v`).
+double Quantile(std::vector<double> v, double q);
+
+// As llama-perplexity --kl-divergence reports it: KL(p_reference || p_policy) at each scored
+// position of each window (mean, median, p99, max), the share of positions whose most likely
+// token is the reference's, and both perplexities; the reference and the policy caches are fed
+// the same tokens.
 StatusOr<KlReport> RunKl(Model& model, const std::vector<int32_t>& tokens, const KlOptions& o,
                          std::ostream* progress);
 nlohmann::json KlJson(const KlReport& r);

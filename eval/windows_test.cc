@@ -114,8 +114,36 @@ TEST_F(WindowsTest, GateIdentityPolicyIsExactlyNeutral) {
   ASSERT_TRUE(kl.ok()) << kl.status().ToString();
   ASSERT_EQ(kl->configs.size(), 1u);
   EXPECT_EQ(kl->configs[0].mean_kl, 0.0);
+  EXPECT_EQ(kl->configs[0].median_kl, 0.0);
+  EXPECT_EQ(kl->configs[0].p99_kl, 0.0);
   EXPECT_EQ(kl->configs[0].max_kl, 0.0);
   EXPECT_EQ(kl->configs[0].n_positions, 3 * (k.w.eval_tokens - 1));
+  EXPECT_EQ(kl->configs[0].same_top1, kl->configs[0].n_positions);
+  // The perplexities: the policy's equals the reference's, and both equal eval ppl's.
+  EXPECT_EQ(kl->configs[0].ppl, kl->reference_ppl);
+  EXPECT_DOUBLE_EQ(kl->reference_ppl, r->configs[0].ppl);
+  // A policy that changes nothing (Quest with a page budget over every page attends to every
+  // row) is exactly 0 too.
+  KlOptions q = k;
+  q.policies = {"quest:quest-pages=1000"};
+  auto ql = RunKl(*model_, *tokens_, q, nullptr);
+  ASSERT_TRUE(ql.ok()) << ql.status().ToString();
+  EXPECT_EQ(ql->configs[0].max_kl, 0.0);
+  EXPECT_EQ(ql->configs[0].same_top1, ql->configs[0].n_positions);
+  EXPECT_EQ(ql->configs[0].ppl, ql->reference_ppl);
+}
+
+TEST(QuantileTest, LinearInterpolationBetweenClosestRanks) {
+  EXPECT_EQ(Quantile({}, 0.99), 0.0);
+  EXPECT_EQ(Quantile({3.0}, 0.99), 3.0);
+  // 101 values 0..100: the p-th quantile is p.
+  std::vector<double> v;
+  for (int i = 100; i >= 0; --i) v.push_back(i);
+  EXPECT_DOUBLE_EQ(Quantile(v, 0.99), 99.0);
+  EXPECT_DOUBLE_EQ(Quantile(v, 0.5), 50.0);
+  EXPECT_DOUBLE_EQ(Quantile(v, 1.0), 100.0);
+  // Between ranks: {0, 10}: 0.25 -> 2.5.
+  EXPECT_DOUBLE_EQ(Quantile({10.0, 0.0}, 0.25), 2.5);
 }
 
 // The destroying policy changes the distributions: positive KL, a different PPL, and far fewer
@@ -127,7 +155,12 @@ TEST_F(WindowsTest, DestroyedCacheShowsUpInKlAndReadBits) {
   k.factory = testing::FactoryWithDestroy();
   auto kl = RunKl(*model_, *tokens_, k, nullptr);
   ASSERT_TRUE(kl.ok()) << kl.status().ToString();
-  EXPECT_GT(kl->configs[0].mean_kl, 0.0);
+  const KlConfigResult& d = kl->configs[0];
+  EXPECT_GT(d.mean_kl, 0.0);
+  EXPECT_LE(d.median_kl, d.p99_kl);
+  EXPECT_LE(d.p99_kl, d.max_kl);
+  EXPECT_LT(d.same_top1, d.n_positions);
+  EXPECT_NE(d.ppl, kl->reference_ppl);
 
   PplOptions p;
   p.w = SmallWindows();

@@ -325,8 +325,9 @@ TEST(KiviTest, AttnMathFollowsTheCacheUnlessSet) {
     for (const char* setting : {"cache", "f32", "int8"}) {
       SCOPED_TRACE(std::string(AttnMathName(m)) + " / " + setting);
       Made k = MakeKivi(g, 2, setting);
+      const std::string name = setting;
       const geodesia::PackedMath want =
-          setting == "int8" || (setting == "cache" && m == AttnMath::kInt8)
+          name == "int8" || (name == "cache" && m == AttnMath::kInt8)
               ? geodesia::PackedMath::kInt8
               : geodesia::PackedMath::kF32;
       EXPECT_EQ(k.policy->math(), want);
