@@ -89,6 +89,9 @@ const std::map<std::string, Entry>& Table() {
       {"kivi4", {{}, {}, "the rate is set by its bits: every complete group is quantized", 0}},
       {"q8_0", {{}, {}, "llama.cpp's cache: every row is quantized at any setting", 0}},
       {"q4_0", {{}, {}, "llama.cpp's cache: every row is quantized at any setting", 0}},
+      {"turboquant",
+       {{}, {}, "every row before the running prefill chunk is coded at any setting", 0}},
+      {"coldfp4", {{}, {}, "every full page but the first is demoted to FP4 at any setting", 0}},
   };
   return t;
 }

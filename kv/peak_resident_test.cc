@@ -67,7 +67,9 @@ std::vector<std::map<std::string, std::string>> Configs(const std::string& name,
     c.push_back({{"bits", "2"}, {"quest-keep", "0.25"}});
   } else if (name == "q8_0" || name == "q4_0") {
     c.push_back({{"rotate", "0"}});
-  } else if (name != "full" && name != "kivi2" && name != "kivi4") {
+  } else if (name == "turboquant") {
+    c.push_back({{"preset", "k8v4"}, {"recent", "16"}});
+  } else if (name != "full" && name != "kivi2" && name != "kivi4" && name != "coldfp4") {
     c.push_back({{"ratio", "4"}});
   }
   return c;

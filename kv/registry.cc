@@ -94,6 +94,17 @@ const std::vector<Entry>& Entries() {
                 "Walsh-Hadamard-rotated unless rotate=0",
         baselines::LlamaCppKvSettings(DType::kQ4_0)},
        [](const PolicySpec& s) { return baselines::MakeLlamaCppKvPolicy(s, DType::kQ4_0); }},
+      {{"turboquant", "TurboQuant as vLLM ships it: per KV head a random-sign Walsh-Hadamard "
+                      "rotation, then Lloyd-Max codes of the unit Gaussian per coordinate + an f16 "
+                      "row norm (preset 4bit default: 4.25 bits/value at head dim 64; k8v4, k3v4, "
+                      "3bit); the running prefill chunk exact",
+        baselines::TurboQuantSettings()},
+       [](const PolicySpec& s) { return baselines::MakeTurboQuantPolicy(s); }},
+      {{"coldfp4", "TensorRT-LLM's cold pages: 64-row pages demoted once full to NVFP4 (E2M1 + "
+                   "an E4M3 scale per 16 values, 4.5 bits/value); page 0 and the filling page "
+                   "exact",
+        baselines::ColdFp4Settings()},
+       [](const PolicySpec& s) { return baselines::MakeColdFp4Policy(s); }},
       {{"random", "uniform random m = prefix/ratio rows + rows after the compression point",
         baselines::EvictionSettings(baselines::EvictionKind::kRandom)},
        [](const PolicySpec& s) {

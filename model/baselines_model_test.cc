@@ -161,8 +161,9 @@ TEST(BaselineModelTest, LongChunksObserveAsColumnSums) {
 // A GQA prompt read in the staged form (model/gqa_prefill.h) is `full`'s bit for bit under
 // every policy whose prompt reads are dense until its compression point (they claim them,
 // Policy::ClaimDenseReads): the prompt's logits, every row, equal full's. KIVI reads its
-// quantized groups from the first complete group on, and q8_0 / q4_0 every row quantized, so
-// their prompts are not full's.
+// quantized groups from the first complete group on, q8_0 / q4_0 every row quantized,
+// turboquant every row before the running chunk coded and coldfp4 full pages after the first in
+// FP4, so their prompts are not full's.
 TEST(BaselineModelTest, DensePromptReadsAreStagedLikeFullOnGqa) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -189,8 +190,10 @@ TEST(BaselineModelTest, DensePromptReadsAreStagedLikeFullOnGqa) {
     std::vector<float> all;
     run(name, &all);
     ASSERT_EQ(all.size(), ref.size());
-    // KIVI and llama.cpp's q8_0 / q4_0 read quantized rows during the prompt.
-    const bool quantized = name.rfind("kivi", 0) == 0 || name == "q8_0" || name == "q4_0";
+    // KIVI, llama.cpp's q8_0 / q4_0, turboquant and coldfp4 read quantized rows during the
+    // prompt.
+    const bool quantized = name.rfind("kivi", 0) == 0 || name == "q8_0" || name == "q4_0" ||
+                           name == "turboquant" || name == "coldfp4";
     size_t differ = 0;
     for (size_t i = 0; i < all.size(); ++i) differ += all[i] != ref[i];
     if (quantized) {

@@ -570,6 +570,8 @@ TEST(KimiLinearModelTest, EveryPolicyOnTheMlaLayers) {
       {"kivi4", {{}, {}, -1}},
       {"q8_0", {{}, {}, -1}},
       {"q4_0", {{}, {}, -1}},
+      {"turboquant", {{}, {}, -1}},
+      {"coldfp4", {{}, {}, -1}},
   };
   auto fc = Cache(*m, "full");
   const std::vector<float> ref = RunSeq(*m, fc.get(), toks, prompt, 64, &pool);
