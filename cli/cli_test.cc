@@ -74,7 +74,7 @@ TEST_F(CliTest, HelpListsCommandsAndUnknownCommandIsAnError) {
   EXPECT_EQ(d.code, 0);
   for (const char* f : {"--len", "--seed", "--ratio", "--threads", "--policy", "--json",
                         "--gen", "nope-mla.gguf",
-                        "full,vestige:recall=off,vestige,vestige:archive=file,streaming,h2o"}) {
+                        "full,vestige:recall=off,vestige,vestige:archive=file,streaming,h2o,snapkv"}) {
     EXPECT_NE(d.out.find(f), std::string::npos) << f << "\n" << d.out;
   }
   Result ub = Strata({"bench", "preload"});
@@ -651,10 +651,21 @@ TEST_F(CliTest, DemoAnswersTheNeedleWithEveryPolicyAndAccountsBytes) {
   ASSERT_EQ(r.code, 0) << r.err;
   for (const char* s : {"policy", "answer", "correct?", "resident KiB", "read KiB/step",
                         "decode tok/s", "full", "vestige:recall=off@32", "vestige@32",
-                        "streaming@32", "h2o@32",
+                        "streaming@32", "h2o@32", "snapkv@32",
                         "expected answer: <v", "2048 tokens"}) {
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   }
+  // The first lines say in plain words what each policy saved and whether it answered, and
+  // the warnings, with the setting that would fix a RAM archive, come before the table.
+  const size_t table = r.out.find("policy    ");
+  ASSERT_NE(table, std::string::npos) << r.out;
+  const size_t in_short = r.out.find("in short:\n  full: the uncompressed reference, answered");
+  EXPECT_LT(in_short, table) << r.out;
+  EXPECT_LT(r.out.find("  vestige@32: answered "), table) << r.out;
+  const size_t warn = r.out.find("warning: vestige@32: holds ");
+  EXPECT_LT(warn, table) << r.out;
+  EXPECT_NE(r.out.find("archive=file keeps the archived rows on disk", warn), std::string::npos)
+      << r.out;
   EXPECT_NE(r.err.find("demo: vestige@32: prefill 2048 tokens"), std::string::npos) << r.err;
 
   std::ifstream f(json);
@@ -665,7 +676,7 @@ TEST_F(CliTest, DemoAnswersTheNeedleWithEveryPolicyAndAccountsBytes) {
   EXPECT_GE(depth, 0.1 * 2048);
   EXPECT_LT(depth, 0.8 * 2048);
   const auto& res = j["results"];
-  ASSERT_EQ(res.size(), 6u);
+  ASSERT_EQ(res.size(), 7u);
   std::map<std::string, nlohmann::json> by;
   for (const auto& row : res) {
     by[row["label"].get<std::string>()] = row;
@@ -676,7 +687,7 @@ TEST_F(CliTest, DemoAnswersTheNeedleWithEveryPolicyAndAccountsBytes) {
     EXPECT_FALSE(row["read_bytes_derived"].get<bool>()) << row;
     EXPECT_EQ(row["correct"].get<bool>(), row["answer"] == j["expected"]) << row;
   }
-  ASSERT_EQ(by.size(), 6u);
+  ASSERT_EQ(by.size(), 7u);
   // The file archive: the same answer and reads as the RAM archive, every closed page out of RAM
   // (what stays: the tail's pages, the kept rows, the index with its branch copy, the metadata),
   // the rows in the file; the parts add up to the resident bytes.

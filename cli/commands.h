@@ -230,7 +230,7 @@ struct DemoOptions {
   int threads = 1;
   int64_t ctx_size = 0;  // -c: 0 = the model's trained context length; --len must fit
   // vestige:archive=file: the file archive in a temporary folder, beside the RAM archive.
-  std::string policy = "full,vestige:recall=off,vestige,vestige:archive=file,streaming,h2o";
+  std::string policy = "full,vestige:recall=off,vestige,vestige:archive=file,streaming,h2o,snapkv";
   int64_t gen = 30;  // greedy tokens decoded after the answer, for the tok/s figure
   std::string json_path;
   std::string models_dir;  // empty: DefaultModelsDir() (tests override it)

@@ -379,6 +379,30 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
       << "\n";
   out << "budget:   --ratio " << o.ratio << ": the policies with a row budget keep 1/" << o.ratio
       << " of the prefix rows\n\n";
+  // In plain words first: what each policy saved and whether it answered, then any policy that
+  // holds or reads more than the full cache, with the setting that would fix it.
+  out << "in short:\n";
+  for (const DemoRow& r : rows) {
+    const std::string answered = r.correct ? "answered right" : "answered wrong";
+    if (r.achieved.policy.reference) {
+      out << "  " << r.config.Label() << ": the uncompressed reference, " << answered << "\n";
+      continue;
+    }
+    auto saved = [](double x, const std::string& what) {
+      const std::string f = FormatFixed(x, 2);
+      if (f == "1.00") return what + " as much as full";
+      return x < 1 ? what + " " + f + "x of full's" : what + " " + f + "x (more than full)";
+    };
+    out << "  " << r.config.Label() << ": " << answered << ", "
+        << saved(r.achieved.read_vs_full(), "reading") << " bytes per decode step, "
+        << saved(r.achieved.resident_vs_full(), "holding") << " in RAM\n";
+  }
+  std::vector<std::string> warnings;
+  for (const DemoRow& r : rows) {
+    if (!r.check.warning.empty()) warnings.push_back(r.check.warning);
+  }
+  for (const std::string& w : warnings) out << "warning: " << w << "\n";
+  out << "\n";
   Table t({"policy", "answer", "correct?", "resident KiB", "x full", "read KiB/step", "x full",
            "rows kept", "decode tok/s"});
   std::vector<std::string> derived;
@@ -392,11 +416,6 @@ int RunDemo(const DemoOptions& o, std::ostream& out, std::ostream& err) {
     if (r.read_derived) derived.push_back(r.config.Label());
   }
   t.Print(out);
-  std::vector<std::string> warnings;
-  for (const DemoRow& r : rows) {
-    if (!r.check.warning.empty()) warnings.push_back(r.check.warning);
-  }
-  for (const std::string& w : warnings) out << "warning: " << w << "\n";
   for (const auto& [label, why] : skipped) out << "skipped " << label << ": " << why << "\n";
   const int64_t n_steps = rows.empty() ? 0 : rows[0].decode_steps;
   out << "\nresident KiB: KV cache bytes held in RAM after the answer, all layers, as the policy "

@@ -180,6 +180,7 @@ CompressionCheck CheckAchieved(const std::string& label, const AchievedCompressi
     if (holds_more && reads_less) more += " (it reads " + Times(a.read_vs_full()) + ")";
     if (reads_more && holds_less) more += " (it holds " + Times(a.resident_vs_full()) + ")";
     parts.push_back(more);
+    if (!p.remedy.empty()) parts.push_back(p.remedy);
   } else if (p.compressed && !c.compressed) {
     parts.push_back("saved nothing on this run: it holds and reads what the full cache does");
   }

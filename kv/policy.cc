@@ -174,6 +174,10 @@ void PolicySummary::Add(const PolicySummary& o) {
   if (!o.note.empty() && ("; " + note + "; ").find("; " + o.note + "; ") == std::string::npos) {
     note = note.empty() ? o.note : note + "; " + o.note;
   }
+  if (!o.remedy.empty() &&
+      ("; " + remedy + "; ").find("; " + o.remedy + "; ") == std::string::npos) {
+    remedy = remedy.empty() ? o.remedy : remedy + "; " + o.remedy;
+  }
 }
 
 int64_t ResidentParts::total() const {

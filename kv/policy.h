@@ -119,6 +119,10 @@ struct PolicySummary {
   bool compressed = true;
   bool reference = false;  // the uncompressed cache itself (`full`): nothing to warn about
   std::string note;        // one line; several distinct notes are joined with "; "
+  // The setting that would make the policy hold (or read) less on this model, when its settings
+  // make it hold more than it must (e.g. "archive=file keeps the archived rows on disk");
+  // CheckAchieved appends it to a holds-more warning. Distinct ones are joined with "; ".
+  std::string remedy;
   // A bits-per-value budget (Geodesia's `bits`; 0: the policy has none), and the values it
   // covers on this run with the bits they take (summed over layers; 0 before the compression
   // point), for CheckAchieved's budget check (kv/achieved.h).

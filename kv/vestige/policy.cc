@@ -299,14 +299,11 @@ Status VestigePolicy::Bind(const std::vector<LayerGeometry>& layers) {
   }
   if (cfg_.recall && !recall_) {
     if (!cfg_.rank_explicit) {
-      // Default rank: 64, or the largest multiple of 8 that fits the smallest d_c (small models).
       for (const LayerGeometry& g : layers) {
         if (g.kind == AttnKind::kMla) {
-          cfg_.recall_options.rank =
-              std::min(cfg_.recall_options.rank, (g.k_dim - g.rope_dim) / 8 * 8);
+          cfg_.recall_options.rank = std::min(cfg_.recall_options.rank, DefaultRecallRank(g));
         }
       }
-      cfg_.recall_options.rank = std::max(cfg_.recall_options.rank, 8);
     }
     for (size_t l = 0; l < layers.size(); ++l) {
       if (layers[l].kind == AttnKind::kMla) {
@@ -903,6 +900,23 @@ PolicySummary VestigePolicy::Summary(int layer, const LayerStore& store) const {
   s.rows_kept = static_cast<int64_t>(L.sel.kept().size()) + (store.n_rows() - n_closed);
   s.blocks_closed = n_closed / cfg_.selector.block;
   s.compressed = !L.sel.archived().empty();
+  // What would hold less: the archive out of RAM, and a recall index above its quarter of the row.
+  if (cfg_.archive == VestigeArchivePlacement::kRam && s.compressed) {
+    s.remedy = "archive=file keeps the archived rows on disk instead of in RAM";
+  }
+  if (cfg_.recall && cfg_.rank_explicit) {
+    const LayerGeometry& g = store.geometry();
+    const int best = DefaultRecallRank(g);
+    if (cfg_.recall_options.rank > best) {
+      const std::string r = std::to_string(best);
+      std::string more = "rank=" + r + " shrinks the recall index to 2 x " + r + " + 4 + 2 x " +
+                         std::to_string(g.rope_dim) + " bytes per archived row (rank " +
+                         std::to_string(cfg_.recall_options.rank) + ": " +
+                         std::to_string(2 * cfg_.recall_options.rank + 4 + 2 * g.rope_dim) +
+                         " of the " + std::to_string(2 * g.k_dim) + "-byte row)";
+      s.remedy = s.remedy.empty() ? more : s.remedy + "; " + more;
+    }
+  }
   if (n_closed == 0) {
     s.note = "no block closed: " + std::to_string(store.n_rows()) + " rows < block " +
              std::to_string(cfg_.selector.block);
@@ -911,6 +925,14 @@ PolicySummary VestigePolicy::Summary(int layer, const LayerStore& store) const {
              std::to_string(n_closed) + ")";
   }
   return s;
+}
+
+int DefaultRecallRank(const LayerGeometry& g) {
+  const int d_c = g.k_dim - g.rope_dim, d_r = g.rope_dim;
+  const int64_t row_bytes = 2 * int64_t{g.k_dim};
+  int rank = std::min(64, d_c / 8 * 8);
+  while (rank > 8 && 4 * (2 * int64_t{rank} + 4 + 2 * int64_t{d_r}) > row_bytes) rank -= 8;
+  return std::max(rank, 8);
 }
 
 StatusOr<std::unique_ptr<Policy>> MakeVestigePolicy(const PolicySpec& spec, bool full_row) {

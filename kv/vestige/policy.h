@@ -73,7 +73,7 @@ struct VestigeConfig {
   // RecallOptions::FromSpec from the same spec.
   bool recall = true;
   RecallOptions recall_options;
-  bool rank_explicit = false;  // false: Bind lowers the default 64 to fit d_c (multiple of 8)
+  bool rank_explicit = false;  // false: Bind lowers the default 64 (DefaultRecallRank)
 
   // Effective values for printing by the CLI (the library prints nothing).
   int64_t block() const { return selector.block; }
@@ -307,6 +307,13 @@ class VestigePolicy final : public Policy {
 // The declared settings of vestige (full_row: fullrow): the selector's, the archive's and the
 // recall tier's (RecallSettingDecls); defaults are VestigeConfig's initial values.
 PolicySettings VestigeSettings(bool full_row);
+// The recall rank an MLA layer gets when `rank` is not given: the largest multiple of 8, at most
+// 64 and d_c, whose index row (2 rank + 4 + 2 d_r bytes scanned per archived row) is at most a
+// quarter of the 2 (d_c + d_r)-byte cache row, and 8 where even rank 8 is more (rows narrower
+// than 4 d_r + 40 values, whose branch copy alone takes most of the quarter). Kimi Linear's row
+// (d_c 512, d_r 64: 1,152 B) gets 64 (260 B, 23 %); the 80-wide testbed row 8 (52 B of 160).
+int DefaultRecallRank(const LayerGeometry& g);
+
 StatusOr<std::unique_ptr<Policy>> MakeVestigePolicy(const PolicySpec& spec, bool full_row);
 
 }  // namespace strata

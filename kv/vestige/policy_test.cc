@@ -428,6 +428,32 @@ TEST(VestigePolicyTest, FetchedRowsMergeIntoOneExactSoftmax) {
   }
 }
 
+// The default recall rank follows the row width: the largest multiple of 8 (at most 64 and d_c)
+// whose index row 2 r + 4 + 2 d_r is at most a quarter of the 2 (d_c + d_r)-byte row, at least 8.
+TEST(VestigePolicyTest, DefaultRecallRankFollowsTheRowWidth) {
+  auto geometry = [](int d_c, int d_r) {
+    LayerGeometry g = Mla();
+    g.k_dim = d_c + d_r;
+    g.rope_dim = d_r;
+    return g;
+  };
+  EXPECT_EQ(DefaultRecallRank(geometry(512, 64)), 64);  // Kimi Linear: 260 of 1,152 bytes
+  EXPECT_EQ(DefaultRecallRank(geometry(64, 16)), 8);    // the 80-wide testbed: 52 of 160
+  EXPECT_EQ(DefaultRecallRank(geometry(128, 16)), 16);  // 288-byte row: 2 x 16 + 36 = 68 <= 72
+  EXPECT_EQ(DefaultRecallRank(geometry(256, 32)), 32);  // 576-byte row: 2 x 32 + 68 = 132 <= 144
+  for (const auto& [d_c, d_r] : std::vector<std::pair<int, int>>{
+           {512, 64}, {256, 32}, {128, 16}, {96, 32}, {64, 16}, {32, 8}, {1024, 64}}) {
+    const int r = DefaultRecallRank(geometry(d_c, d_r));
+    SCOPED_TRACE(std::to_string(d_c) + " + " + std::to_string(d_r) + ": rank " + std::to_string(r));
+    EXPECT_EQ(r % 8, 0);
+    EXPECT_GE(r, 8);
+    EXPECT_LE(r, std::min(64, d_c));
+    // The largest such rank: the next one up breaks the quarter (or the caps).
+    if (r > 8) EXPECT_LE(4 * (2 * r + 4 + 2 * d_r), 2 * (d_c + d_r));
+    if (r + 8 <= std::min(64, d_c)) EXPECT_GT(4 * (2 * (r + 8) + 4 + 2 * d_r), 2 * (d_c + d_r));
+  }
+}
+
 // Accounting: bytes read = attended rows x row bytes + archived rows x scan bytes (recall on),
 // and fewer bytes than full with recall off. With the default recall tier on random data the
 // provisional/calibrated scan may fire widely or fall back to dense (exact); the counters must
@@ -456,7 +482,7 @@ TEST(VestigePolicyTest, ByteAccountingWithRecallOnAndOff) {
     }
     const int64_t scan = p.recall_hook() ? p.recall_hook()->ScanBytesPerArchivedRow(0) : 0;
     if (p.recall_hook()) {
-      EXPECT_EQ(scan, 2 * 32 + 4 + 2 * 8);  // rank 32 (fits d_c), d_r 8
+      EXPECT_EQ(scan, 2 * 8 + 4 + 2 * 8);  // rank 8 (DefaultRecallRank of a 40-value row), d_r 8
     }
     for (int s = 0; s < 20; ++s) {
       const std::vector<float> q = RandomQuery(rng, g);

@@ -88,7 +88,8 @@ std::vector<SettingDecl> RecallSettingDecls() {
   const RecallOptions o;
   return {
       SettingDecl::Int("rank", o.rank,
-                       "recall: basis rank r; when not given, lowered to fit d_c (small models)")
+                       "recall: basis rank r; when not given, 64 lowered until the index (2r + 4 + "
+                       "2 d_r bytes per archived row) is at most 1/4 of the row, min 8")
           .Min(8)
           .Constraint("a multiple of 8, <= d_c")
           .Alias("recall-rank")
