@@ -1,5 +1,5 @@
-// `strata eval needle|ppl|kl`: flags -> eval/ harness -> a table on stdout, optional JSON and SVG
-// reports; progress on stderr.
+// `strata eval needle|ppl|kl|ruler`: flags -> eval/ harness -> a table on stdout, optional JSON
+// and SVG reports; progress on stderr.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdlib>
@@ -13,6 +13,7 @@
 #include "eval/corpus.h"
 #include "eval/needle.h"
 #include "eval/report.h"
+#include "eval/ruler.h"
 #include "eval/stats.h"
 #include "eval/svg.h"
 #include "eval/windows.h"
@@ -24,6 +25,7 @@ struct EvalCliOptions {
   CLI::App* needle_cmd = nullptr;
   CLI::App* ppl_cmd = nullptr;
   CLI::App* kl_cmd = nullptr;
+  CLI::App* ruler_cmd = nullptr;
   // Shared.
   std::string model;
   std::string policies = "all";
@@ -63,6 +65,12 @@ struct EvalCliOptions {
   int draws = 20000;
   uint64_t bootstrap_seed = 0;
   bool block_levels = false;  // --block-levels (needle, ppl): per-block levels in the JSON
+  // ruler
+  std::string ruler_tasks = "all";
+  std::string ruler_lengths = "4096";
+  int64_t ruler_samples = 10;
+  std::string chat_template = "auto";
+  std::string words = "/usr/share/dict/words";
 };
 
 namespace {
@@ -205,7 +213,7 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
   CLI::App* eval = app->add_subcommand(
       "eval",
       "Evaluation harness: needle with compression before the query, causal Q=1 "
-      "perplexity, KL to the full cache");
+      "perplexity, KL to the full cache, RULER's synthetic tasks");
   eval->require_subcommand(1);
 
   CLI::App* n = eval->add_subcommand(
@@ -289,6 +297,43 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
   AddWindowFlags(k, o.get());
   k->add_option("--reference", o->reference, "The reference policy")->capture_default_str();
 
+  CLI::App* r = eval->add_subcommand(
+      "ruler",
+      "RULER's synthetic tasks (niah, vt, cwe, fwe) as kvpress runs them: the context is "
+      "prefilled and compressed before the question, the answer generated greedily and scored "
+      "by RULER's string_match_all");
+  o->ruler_cmd = r;
+  AddShared(r, o.get(), "all", true);
+  // The other subcommands default to every policy; a RULER run generates answers, so it
+  // defaults to the uncompressed cache alone (RunRulerCli reads --policy only when given).
+  r->get_option("--policy")->default_str("full");
+  r->add_option("--task", o->ruler_tasks,
+                "Tasks, comma-separated, or 'all': " + [] {
+                  std::string names;
+                  for (const auto& t : eval::RulerTaskNames()) {
+                    names += (names.empty() ? "" : ", ") + t;
+                  }
+                  return names;
+                }())
+      ->capture_default_str();
+  r->add_option("--len", o->ruler_lengths,
+                "Sequence lengths T (tokens), comma-separated: each sample's prompt plus the "
+                "tokens it may generate fit in T, as RULER's max_seq_length")
+      ->capture_default_str();
+  r->add_option("--samples", o->ruler_samples,
+                "Samples per task and length (sample i is the same for any count)")
+      ->capture_default_str();
+  r->add_option("--seed", o->seed, "Seed of the samples (keys, values, positions, words)")
+      ->capture_default_str();
+  r->add_option("--chat-template", o->chat_template,
+                "auto (the model's chat template when it has one), none (plain text), or a "
+                "built-in template name; the user message holds context and question")
+      ->capture_default_str();
+  r->add_option("--words", o->words,
+                "Word list of the needle keys and cwe (one word a line; lowercase words of 3-8 "
+                "letters are used; missing: the KJV text's vocabulary)")
+      ->capture_default_str();
+
   eval->footer(
       "Examples:\n"
       "  strata eval needle -m m.gguf --policy vestige,h2o,snapkv --ratio 8,32 --len 512,1024\n"
@@ -297,7 +342,9 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
       "      --policy full,vestige:recall=off,vestige,streaming --block 1024 --kappa 4 "
       "--depth 0.1:0.9\n"
       "  strata eval ppl -m m.gguf --text corpus.txt --policy vestige --policy2 full --windows 6\n"
-      "  strata eval kl -m m.gguf --policy all --ratio 8 --json kl.json\n");
+      "  strata eval kl -m m.gguf --policy all --ratio 8 --json kl.json\n"
+      "  strata eval ruler -m m.gguf --task all --len 4096 --samples 10 --policy "
+      "full,streaming,snapkv --ratio 4\n");
   return o;
 }
 
@@ -726,13 +773,138 @@ int RunKlCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
   return kExitOk;
 }
 
+// Short column names of the tasks in the score table (the legend under it spells them out).
+std::string RulerShort(const std::string& task) {
+  static const std::map<std::string, std::string> m = {
+      {"niah_single_1", "s1"},   {"niah_single_2", "s2"},   {"niah_single_3", "s3"},
+      {"niah_multikey_1", "mk1"}, {"niah_multikey_2", "mk2"}, {"niah_multikey_3", "mk3"},
+      {"niah_multivalue", "mv"}, {"niah_multiquery", "mq"}};
+  auto it = m.find(task);
+  return it == m.end() ? task : it->second;
+}
+
+int RunRulerCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CLI::App* cmd = o.ruler_cmd;
+  eval::RulerOptions ro;
+  auto tasks = eval::ParseRulerTasks(o.ruler_tasks);
+  if (!tasks.ok()) return Fail(err, tasks.status().message());
+  ro.tasks = *tasks;
+  auto lengths = ParseIntList("--len", o.ruler_lengths);
+  if (!lengths.ok()) return Fail(err, lengths.status().message());
+  ro.lengths = *lengths;
+  const std::string policies = cmd->count("--policy") > 0 ? o.policies : "full";
+  ro.policies = SplitList(policies);
+  if (ro.policies.empty()) return Fail(err, "--policy needs at least one policy");
+  ro.skip_unsupported = policies == "all";
+  ro.ratios = Ratios(o.ratios);
+  EvalCliOptions checked = o;
+  checked.policies = policies;
+  auto settings = Settings(checked, cmd);
+  if (!settings.ok()) return Fail(err, settings.status().message());
+  ro.settings = *settings;
+  if (Status st = CheckAtLeast("--samples", o.ruler_samples, int64_t{1}); !st.ok()) {
+    return Fail(err, st.message());
+  }
+  ro.samples = o.ruler_samples;
+  ro.seed = o.seed;
+  ro.chat_template = o.chat_template;
+  ro.words_path = o.words;
+  ro.chunk = o.chunk;
+  if (Status st = CheckAtLeast("--chunk", o.chunk, 1); !st.ok()) return Fail(err, st.message());
+  if (Status st = CheckAtLeast("--threads", o.threads, 1); !st.ok()) return Fail(err, st.message());
+  ro.threads = CapThreads("--threads", o.threads, err);
+  auto kv_type = ParseKvType(o.kv_type);
+  if (!kv_type.ok()) return Fail(err, kv_type.status().message());
+  ro.kv_type = *kv_type;
+  auto loaded = LoadModel(o, err);
+  if (!loaded.ok()) return Fail(err, loaded.status().message());
+  WarnPastTrainedContext("--len", ro.lengths, loaded->model->config(), err);
+  auto rep = eval::RunRuler(*loaded->model, ro, &err);
+  if (!rep.ok()) return Fail(err, rep.status().message());
+  const eval::RulerReport& r = *rep;
+
+  out << "ruler: " << ro.samples << " samples per task and length, seed " << ro.seed
+      << ", chat template " << r.chat_template << ", haystack " << eval::kBuiltinHaystackName
+      << ", words " << r.words_source
+      << "; compressed at the end of the context, before the question; greedy answers scored by "
+         "string_match_all (fraction of expected values found)\n";
+  if (ro.kv_type != DType::kBF16) {
+    out << "KV cache: " << KvTypeName(ro.kv_type) << " rows (--kv-type)\n";
+  }
+  for (int64_t len : ro.lengths) {
+    const std::vector<std::string> strong = eval::RulerStrongTasks(r, len);
+    out << "T=" << len << ":\n";
+    std::vector<std::string> head = {"policy", "ratio"};
+    for (const auto& t : ro.tasks) head.push_back(RulerShort(t));
+    head.push_back("avg");
+    if (!strong.empty()) head.push_back("avg full>=0.3");
+    head.push_back("rows kept");
+    Table t(head);
+    for (size_t c = 0; c < r.configs.size(); ++c) {
+      std::vector<std::string> row = {r.configs[c].Name(), r.configs[c].RatioText()};
+      for (const auto& cell : r.cells) {
+        if (cell.config == c && cell.length == len) row.push_back(Fixed(cell.score, 2));
+      }
+      for (const auto& a : r.averages) {
+        if (a.config != c || a.length != len) continue;
+        row.push_back(Fixed(a.average, 3));
+        if (!strong.empty()) row.push_back(Fixed(eval::RulerAverageOver(r, c, len, strong), 3));
+        row.push_back(eval::KeptText(a.achieved));
+      }
+      t.AddRow(row);
+    }
+    t.Print(out);
+    bool any_full = false;
+    for (const auto& c : r.configs) any_full |= c.policy == "full" && c.variant.empty();
+    if (!any_full) {
+      out << "(no full config in --policy: the tasks full answers are not known)\n";
+    } else if (strong.empty()) {
+      out << "full scores >= 0.3 on no task at T=" << len << "\n";
+    } else {
+      std::string names;
+      for (const auto& s : strong) names += (names.empty() ? "" : ", ") + s;
+      out << "full scores >= 0.3 on " << strong.size() << " of " << ro.tasks.size()
+          << " tasks at T=" << len << " (" << names << "); average over them:";
+      for (size_t c = 0; c < r.configs.size(); ++c) {
+        out << (c ? ", " : " ") << r.configs[c].Label() << " "
+            << Fixed(eval::RulerAverageOver(r, c, len, strong), 3);
+      }
+      out << "\n";
+    }
+  }
+  std::string legend;
+  for (const auto& task : ro.tasks) {
+    if (RulerShort(task) == task) continue;
+    legend += (legend.empty() ? "" : ", ") + RulerShort(task) + " = " + task;
+  }
+  if (!legend.empty()) out << "Legend: " << legend << "; score = mean string_match_all\n";
+  out << "fully correct samples (every expected value in the answer), 95% Wilson interval:\n";
+  Table d({"policy", "ratio", "T", "task", "score", "correct", "rate", "95% CI (Wilson)"});
+  for (const auto& c : r.cells) {
+    const auto& pc = r.configs[c.config];
+    d.AddRow({pc.Name(), pc.RatioText(), std::to_string(c.length), c.task, Fixed(c.score, 2),
+              std::to_string(c.correct) + "/" + std::to_string(c.n), Fixed(c.correct_rate.point, 2),
+              "[" + Fixed(c.correct_rate.lo, 2) + ", " + Fixed(c.correct_rate.hi, 2) + "]"});
+  }
+  d.Print(out);
+  PrintWarnings(r.warnings, out, err);
+  for (const auto& s : r.skipped) out << "skipped " << s.config.Label() << ": " << s.reason << "\n";
+  const nlohmann::json report =
+      eval::MakeReport("ruler", loaded->path, *loaded->model, Since(t0), {},
+                       eval::SkippedJson(r.skipped), eval::RulerJson(r), r.warnings);
+  if (Status st = WriteOutputs(o, report, {}, out); !st.ok()) return Fail(err, st.message());
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunEval(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
   if (o.needle_cmd->parsed()) return RunNeedleCli(o, out, err);
   if (o.ppl_cmd->parsed()) return RunPplCli(o, out, err);
   if (o.kl_cmd->parsed()) return RunKlCli(o, out, err);
-  return Fail(err, "eval needs a subcommand: needle, ppl or kl");
+  if (o.ruler_cmd->parsed()) return RunRulerCli(o, out, err);
+  return Fail(err, "eval needs a subcommand: needle, ppl, kl or ruler");
 }
 
 }  // namespace strata::cli

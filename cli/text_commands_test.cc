@@ -941,8 +941,8 @@ TEST_F(TextCommandsTest, DashTIsThreadsOnEveryCommandThatHasThreads) {
   const std::vector<std::vector<std::string>> commands = {
       {"demo"},          {"generate"},          {"quantize"},       {"serve"},
       {"chat"},          {"eval", "needle"},    {"eval", "ppl"},    {"eval", "kl"},
-      {"bench", "decode"}, {"bench", "capacity"}, {"bench", "attention"}, {"bench", "serve"},
-      {"bench", "prefill"}};
+      {"eval", "ruler"}, {"bench", "decode"}, {"bench", "capacity"}, {"bench", "attention"},
+      {"bench", "serve"}, {"bench", "prefill"}};
   for (const auto& c : commands) {
     std::vector<std::string> a = c;
     a.push_back("--help");

@@ -302,7 +302,8 @@ const std::vector<std::vector<std::string>>& Commands() {
       {"convert"},       {"logits"},         {"quantize"},         {"policies"},
       {"serve"},         {"tokenize"},      {"chat"},
       {"eval", "needle"},
-      {"eval", "ppl"},   {"eval", "kl"},     {"bench", "decode"},  {"bench", "capacity"},
+      {"eval", "ppl"},   {"eval", "kl"},     {"eval", "ruler"},
+      {"bench", "decode"},  {"bench", "capacity"},
       {"bench", "attention"}, {"bench", "serve"}, {"bench", "prefill"}};
   return *kCommands;
 }

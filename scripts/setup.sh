@@ -14,6 +14,7 @@ PKGS=(
   libcpp-httplib-dev             # HTTP client of `strata bench serve` and the server tests
   python3-torch libopenblas0-serial python3-numpy  # testbed trainer and the logit-parity test
   bible-kjv bible-kjv-text       # the testbed's filler text (the `bible` program and its data)
+  wamerican                      # /usr/share/dict/words: eval ruler's needle keys and cwe words
   librsvg2-bin zlib1g-dev        # chart tests: rsvg-convert renders the SVGs, zlib reads the PNGs
   clang libclang-rt-dev          # libFuzzer + ASan/UBSan runtimes for the fuzz targets (fuzz/)
   python3-venv python3-pip       # the test references' virtual environment (.venv, PyPI packages)

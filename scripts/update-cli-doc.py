@@ -20,7 +20,7 @@ import sys
 COMMANDS = [
     ["demo"], ["inspect"], ["generate"], ["synth"], ["convert"], ["logits"], ["quantize"], ["policies"], ["serve"],
     ["tokenize"], ["chat"],
-    ["eval", "needle"], ["eval", "ppl"], ["eval", "kl"],
+    ["eval", "needle"], ["eval", "ppl"], ["eval", "kl"], ["eval", "ruler"],
     ["bench", "decode"], ["bench", "capacity"], ["bench", "attention"], ["bench", "serve"], ["bench", "prefill"],
 ]
 # An option's head (names, type, default, flags) once its help text is split off; a default may

@@ -1,0 +1,83 @@
+// `strata eval ruler` on the shipped testbed: the table per length, the full-tasks line and the
+// JSON report (validated against eval/report_schema.json).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_testing.h"
+#include "eval/report.h"
+
+namespace strata::cli {
+namespace {
+
+TEST(EvalRulerCliTest, TableAndJsonOnTheTestbed) {
+  const std::string gqa = std::string(STRATA_SOURCE_DIR) + "/models/gqa.gguf";
+  const std::string json =
+      (std::filesystem::temp_directory_path() / ("ruler_" + std::to_string(getpid()) + ".json"))
+          .string();
+  CliResult r = Strata({"eval", "ruler", "-m", gqa, "--task", "niah_single_1,fwe", "--len", "1500",
+                        "--samples", "2", "--policy", "full,streaming", "--ratio", "4", "--threads",
+                        "1", "--json", json});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("T=1500:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("s1"), std::string::npos);
+  EXPECT_NE(r.out.find("fwe"), std::string::npos);
+  EXPECT_NE(r.out.find("streaming"), std::string::npos);
+  EXPECT_NE(r.out.find("full scores >= 0.3 on"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("95% CI (Wilson)"), std::string::npos);
+  // Progress on stderr, one line per sample.
+  EXPECT_NE(r.err.find("ruler T=1500 niah_single_1 sample 2/2"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("ruler T=1500 fwe sample 1/2"), std::string::npos);
+
+  std::ifstream f(json);
+  ASSERT_TRUE(f.good());
+  const nlohmann::json j = nlohmann::json::parse(f);
+  std::ifstream sf(std::string(STRATA_SOURCE_DIR) + "/eval/report_schema.json");
+  const nlohmann::json schema = nlohmann::json::parse(sf);
+  const Status st = eval::ValidateJsonSchema(schema, j);
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(j["command"], "ruler");
+  const nlohmann::json& ru = j["ruler"];
+  EXPECT_EQ(ru["tasks"], nlohmann::json({"niah_single_1", "fwe"}));
+  ASSERT_EQ(ru["samples"].size(), 4u);
+  for (const auto& s : ru["samples"]) {
+    EXPECT_EQ(s["results"].size(), 2u);
+    EXPECT_LE(s["prompt_tokens"].get<int64_t>() +
+                  ru["max_new_tokens"][s["task"].get<std::string>()].get<int64_t>(),
+              1500);
+    for (const auto& x : s["results"]) {
+      EXPECT_GE(x["score"].get<double>(), 0.0);
+      EXPECT_LE(x["score"].get<double>(), 1.0);
+    }
+  }
+  EXPECT_EQ(ru["cells"].size(), 4u);     // 2 configs x 2 tasks
+  EXPECT_EQ(ru["averages"].size(), 2u);  // 2 configs x 1 length
+  EXPECT_EQ(ru["samples"][0]["seed"], 1);
+  std::filesystem::remove(json);
+
+  // The same seed gives the same samples.
+  CliResult again =
+      Strata({"eval", "ruler", "-m", gqa, "--task", "niah_single_1,fwe", "--len", "1500",
+              "--samples", "2", "--policy", "full,streaming", "--ratio", "4", "--threads", "1"});
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_EQ(again.out.substr(0, again.out.find("process peak RSS")),
+            r.out.substr(0, r.out.find("process peak RSS")));
+}
+
+TEST(EvalRulerCliTest, TooShortLengthIsAnErrorNamingTheMinimum) {
+  const std::string gqa = std::string(STRATA_SOURCE_DIR) + "/models/gqa.gguf";
+  CliResult r = Strata(
+      {"eval", "ruler", "-m", gqa, "--task", "niah_single_1", "--len", "256", "--samples", "2"});
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("--len 256 is too short for niah_single_1"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the minimum --len is"), std::string::npos) << r.err;
+  CliResult bad = Strata({"eval", "ruler", "-m", gqa, "--task", "niah_single_7"});
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("niah_single_7"), std::string::npos) << bad.err;
+}
+
+}  // namespace
+}  // namespace strata::cli
