@@ -66,6 +66,7 @@ struct GenerateOptions {
   SamplerFlags sampling;
   std::vector<std::string> stop;  // --stop: end the text where any of these appears
   bool escape = true;             // -e/--escape (--no-escape): \n, \t, \xNN... in -p and --stop
+  bool ignore_eos = false;        // --ignore-eos: end-of-generation tokens are never sampled
   bool special = false;           // --special: control tokens written in the prompt are parsed
   int threads = 0;  // 0 means "not given": hardware concurrency
   int chunk = kPromptChunk;

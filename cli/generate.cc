@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
@@ -35,6 +36,9 @@ void AddGenerateCommand(CLI::App* app, GenerateOptions* o) {
   cmd->add_option("-n,--n-predict", o->n_predict,
                   "Tokens to generate (stops early at an end-of-generation token)")
       ->capture_default_str();
+  cmd->add_flag("--ignore-eos", o->ignore_eos,
+                "Never sample an end-of-generation token (their logits are set to -inf, as "
+                "llama.cpp's --ignore-eos does): generate all -n tokens");
   cmd->add_flag("--special", o->special,
                 "Parse control tokens written in the prompt (<|im_start|>, </s>, ...) as their "
                 "ids");
@@ -106,7 +110,7 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   }
   const StatusOr<SamplerOptions> so_or = ResolveSamplerOptions(o.sampling, err);
   if (!so_or.ok()) return fail(so_or.status().message());
-  const SamplerOptions& so = *so_or;
+  SamplerOptions so = *so_or;
   if (!o.prompt_file.empty()) {
     auto text = ReadPromptFile("-f", o.prompt_file, o.in);
     if (!text.ok()) return fail(text.status().message());
@@ -151,9 +155,16 @@ int RunGenerate(const GenerateOptions& o, std::ostream& out, std::ostream& err) 
   }
   const int threads = CapThreads("--threads", o.threads, err);
   ThreadPool pool(threads);
+  const int64_t n_vocab = m.config().n_vocab;
+  if (o.ignore_eos) {  // every end-of-generation token banned, as llama.cpp's --ignore-eos
+    for (int32_t id = 0; id < n_vocab; ++id) {
+      if (IsEndOfGeneration(*tok, id)) {
+        so.logit_bias.emplace_back(id, -std::numeric_limits<float>::infinity());
+      }
+    }
+  }
   Sampler sampler(so);
   for (const int32_t id : prompt) sampler.Accept(id);  // the penalty window spans the prompt
-  const int64_t n_vocab = m.config().n_vocab;
   std::vector<float> logits(n_vocab);
 
   const auto t0 = Clock::now();

@@ -527,6 +527,16 @@ TEST_F(TextCommandsTest, ChatAndGenerateStopAtTheEndOfGenerationToken) {
   ASSERT_EQ(g.code, 0) << g.err;
   EXPECT_EQ(g.out, prompt + cut + "\n");
   EXPECT_NE(g.err.find("(stopped at end-of-generation token"), std::string::npos) << g.err;
+  // --ignore-eos (llama.cpp's): the end-of-generation token is never sampled, all -n tokens come,
+  // and the text up to where it stood is the same.
+  CliResult i = Strata({"generate", "-m", eos_model, "-p", prompt, "--special", "-n", "24",
+                        "--ignore-eos"});
+  ASSERT_EQ(i.code, 0) << i.err;
+  EXPECT_EQ(i.out.rfind(prompt + cut, 0), 0u) << i.out;
+  EXPECT_GT(i.out.size(), g.out.size()) << i.out;
+  EXPECT_EQ(i.out.find(r1[at], prompt.size() + cut.size()), std::string::npos) << i.out;
+  EXPECT_EQ(i.err.find("stopped at end-of-generation"), std::string::npos) << i.err;
+  EXPECT_NE(i.err.find("24"), std::string::npos) << i.err;
 }
 
 TEST_F(TextCommandsTest, ChatStatsResetAndEof) {
