@@ -87,6 +87,34 @@ KvCache::KvCache(std::vector<LayerGeometry> layers, std::unique_ptr<Policy> poli
   scratch_ = SoftmaxStateBuffer(max_heads, max_dv);
 }
 
+StatusOr<std::unique_ptr<KvCache>> KvCache::Fork() const {
+  if (in_call_) {
+    return InvalidArgument("KvCache::Fork inside a forward call (fork between calls)");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Policy> policy, policy_->Clone());
+  std::unique_ptr<KvCache> c(new KvCache());
+  c->stores_.reserve(stores_.size());
+  for (const LayerStore& s : stores_) c->stores_.push_back(s.Clone());
+  c->policy_layer_ = policy_layer_;
+  c->window_floor_ = window_floor_;
+  c->policy_ = std::move(policy);
+  c->recurrent_ = recurrent_;
+  c->recurrent_buf_ = recurrent_buf_;
+  c->scratch_ = SoftmaxStateBuffer(scratch_.states().n_heads, scratch_.states().dv);
+  c->counters_ = counters_;
+  c->status_ = status_;
+  c->in_call_ = false;
+  c->call_ = call_;
+  c->call_pool_ = nullptr;
+  c->appended_ = appended_;
+  c->sealed_ = sealed_;
+  c->obs_first_ = obs_first_;
+  c->obs_end_ = obs_end_;
+  c->obs_stride_ = obs_stride_;
+  c->obs_w_ = obs_w_;
+  return c;
+}
+
 Status KvCache::Fail(const Status& s, int layer, const char* event) {
   Status e = layer >= 0
                  ? s.WithContext(LayerName(stores_[layer].geometry(), layer) + ", " + event)

@@ -61,6 +61,13 @@ class KvCache {
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
+  // A deep copy of the cache between calls (e.g. after a compression point, to answer several
+  // continuations of one compressed context): the stores' pages, the recurrent state, the
+  // counters, the status, the observation window and a clone of the policy (Policy::Clone). The
+  // fork's later calls give bit for bit what this cache's would, and the two share no mutable
+  // state. Errors: inside a call (InvalidArgument), or a policy that cannot be cloned (its error).
+  StatusOr<std::unique_ptr<KvCache>> Fork() const;
+
   int n_layers() const { return static_cast<int>(stores_.size()); }
   const LayerGeometry& geometry(int layer) const { return stores_[layer].geometry(); }
   const LayerStore& store(int layer) const { return stores_[layer]; }
@@ -168,6 +175,7 @@ class KvCache {
  private:
   KvCache(std::vector<LayerGeometry> layers, std::unique_ptr<Policy> policy,
           RecurrentGeometry recurrent);
+  KvCache() = default;
   size_t Slot(int i) const {
     STRATA_CHECK_MSG(i >= 0 && i < recurrent_.n_layers, "recurrent layer out of range");
     return static_cast<size_t>(i) * (recurrent_.state_floats + recurrent_.conv_floats);

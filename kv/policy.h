@@ -156,6 +156,12 @@ class Policy {
   // The policy with the settings it actually uses (e.g. "vestige ratio 32, block 512, kappa 2"),
   // for the CLI to print; valid after Bind.
   virtual std::string describe() const { return name(); }
+  // A deep copy of the policy and all its state (KvCache::Fork): the copy answers every later
+  // event exactly as this policy would, bit for bit, and shares no mutable state with it. The
+  // default refuses: "policy 'X' cannot be forked".
+  virtual StatusOr<std::unique_ptr<Policy>> Clone() const {
+    return Unimplemented("policy '" + name() + "' cannot be forked");
+  }
   // Checks the policy fits the model (e.g. a row policy on a model with no MLA layer is an error
   // naming both) and sizes per-layer state.
   virtual Status Bind(const std::vector<LayerGeometry>& layers) = 0;
@@ -286,6 +292,9 @@ class Policy {
 class FullPolicy final : public Policy {
  public:
   std::string name() const override { return "full"; }
+  StatusOr<std::unique_ptr<Policy>> Clone() const override {
+    return std::unique_ptr<Policy>(new FullPolicy(*this));
+  }
   Status Bind(const std::vector<LayerGeometry>& layers) override { return OkStatus(); }
   // Exact attention over rows of any stored type: bf16, f16 or f32 (--kv-type).
   bool SupportsKvType(DType t) const override { return true; }

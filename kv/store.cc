@@ -12,6 +12,16 @@ LayerStore::LayerStore(const LayerGeometry& g) : g_(g), pages_(g.n_kv_heads) {
                g.kv_type == DType::kF32);
 }
 
+LayerStore LayerStore::Clone() const {
+  LayerStore c(g_);
+  c.n_rows_ = n_rows_;
+  for (size_t h = 0; h < pages_.size(); ++h) {
+    c.pages_[h].reserve(pages_[h].size());
+    for (const Page& p : pages_[h]) c.pages_[h].push_back(Page{p.k.Clone(), p.v.Clone()});
+  }
+  return c;
+}
+
 LayerStore::Page& LayerStore::NewPageIfNeeded(int h) {
   const int64_t p = n_rows_ / kPageRows;
   auto& pages = pages_[h];

@@ -26,6 +26,8 @@ class LayerStore {
   explicit LayerStore(const LayerGeometry& g);
   LayerStore(LayerStore&&) = default;
   LayerStore& operator=(LayerStore&&) = default;
+  // A deep copy (every resident page copied; released pages stay released): shares nothing.
+  LayerStore Clone() const;
 
   const LayerGeometry& geometry() const { return g_; }
   int64_t n_rows() const { return n_rows_; }

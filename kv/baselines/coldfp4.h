@@ -56,6 +56,12 @@ void Fp4DecodeRow(const uint8_t* in, int n, float g, float* x);
 
 class ColdFp4Policy final : public Policy {
  public:
+  // A copy with no running call's store (the next call's OnAppended sets it).
+  StatusOr<std::unique_ptr<Policy>> Clone() const override {
+    auto c = std::make_unique<ColdFp4Policy>(*this);
+    for (Layer& L : c->layers_) L.store = nullptr;
+    return std::unique_ptr<Policy>(std::move(c));
+  }
   static constexpr int64_t kPage = 64;  // LayerStore::kPageRows
   std::string name() const override { return "coldfp4"; }
   std::string describe() const override;

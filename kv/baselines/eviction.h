@@ -56,6 +56,9 @@ const char* EvictionName(EvictionKind kind);
 
 class EvictionPolicy final : public Policy {
  public:
+  StatusOr<std::unique_ptr<Policy>> Clone() const override {
+    return std::unique_ptr<Policy>(new EvictionPolicy(*this));
+  }
   explicit EvictionPolicy(EvictionConfig cfg) : cfg_(cfg) {}
 
   std::string name() const override { return EvictionName(cfg_.kind); }

@@ -64,6 +64,9 @@ void KiviUnpack(const uint8_t* packed, int64_t n, int bits, uint8_t* codes);
 
 class KiviPolicy final : public Policy {
  public:
+  StatusOr<std::unique_ptr<Policy>> Clone() const override {
+    return std::unique_ptr<Policy>(new KiviPolicy(*this));
+  }
   static constexpr int kGroup = 32;     // tokens per key group, channels per value group
   static constexpr int kResidual = 32;  // exact recent tokens, at least
 

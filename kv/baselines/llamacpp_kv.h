@@ -64,6 +64,9 @@ void HadamardBlocks(double* x, int n, int block);
 
 class LlamaCppKvPolicy final : public Policy {
  public:
+  StatusOr<std::unique_ptr<Policy>> Clone() const override {
+    return std::unique_ptr<Policy>(new LlamaCppKvPolicy(*this));
+  }
   static constexpr int kBlock = 32;
 
   // type: DType::kQ8_0 or DType::kQ4_0.

@@ -47,6 +47,9 @@ struct QuestConfig {
 
 class QuestPolicy final : public Policy {
  public:
+  StatusOr<std::unique_ptr<Policy>> Clone() const override {
+    return std::unique_ptr<Policy>(new QuestPolicy(*this));
+  }
   explicit QuestPolicy(QuestConfig cfg) : cfg_(cfg) {}
   std::string name() const override { return "quest"; }
   Status Bind(const std::vector<LayerGeometry>& layers) override;

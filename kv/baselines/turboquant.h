@@ -105,6 +105,9 @@ struct TurboQuantConfig {
 
 class TurboQuantPolicy final : public Policy {
  public:
+  StatusOr<std::unique_ptr<Policy>> Clone() const override {
+    return std::unique_ptr<Policy>(new TurboQuantPolicy(*this));
+  }
   explicit TurboQuantPolicy(const TurboQuantConfig& c) : c_(c) {}
   std::string name() const override { return "turboquant"; }
   std::string describe() const override;

@@ -14,6 +14,29 @@
 
 namespace strata::geodesia {
 
+GradedLayer GradedLayer::Clone() const {
+  GradedLayer c(c_);
+  c.n_tokens_ = n_tokens_;
+  c.n_valid_ = n_valid_;
+  c.heads_ = heads_;
+  for (size_t li = 0; li < slabs_.size(); ++li) {
+    const Slab& a = slabs_[li];
+    Slab& b = c.slabs_[li];
+    b.slot_bytes = a.slot_bytes;
+    b.seg_slots = a.seg_slots;
+    b.n_slots = a.n_slots;
+    b.segs.clear();
+    b.bases.clear();
+    for (const AlignedBuffer<uint8_t>& seg : a.segs) {
+      b.segs.push_back(seg.Clone());
+      b.bases.push_back(b.segs.back().data());
+    }
+    b.free_slots = a.free_slots;
+    b.owner = a.owner;
+  }
+  return c;
+}
+
 const char* DemotionModeName(DemotionMode m) {
   return m == DemotionMode::kOnce ? "once" : "cascade";
 }

@@ -97,6 +97,9 @@ class GradedLayer {
   GradedLayer& operator=(GradedLayer&&) = default;
   GradedLayer(const GradedLayer&) = delete;
   GradedLayer& operator=(const GradedLayer&) = delete;
+  // A deep copy (every slab segment copied at its capacity, so later growth and compaction
+  // follow the same steps): shares nothing with this layer.
+  GradedLayer Clone() const;
 
   const GradedConfig& config() const { return c_; }
   int n_kv_heads() const { return c_.n_kv_heads; }

@@ -314,6 +314,40 @@ GeodesiaPolicy::GeodesiaPolicy(GeodesiaConfig config, std::string name)
     : c_(std::move(config)), name_(std::move(name)), scratch_(std::make_unique<ReadScratch>()) {}
 GeodesiaPolicy::~GeodesiaPolicy() = default;
 
+StatusOr<std::unique_ptr<Policy>> GeodesiaPolicy::Clone() const {
+  auto c = std::make_unique<GeodesiaPolicy>(c_, name_);
+  c->layers_.reserve(layers_.size());
+  for (const std::unique_ptr<Layer>& L : layers_) {
+    auto M = std::make_unique<Layer>();
+    M->g = L->g;
+    M->D = L->D;
+    M->G = L->G;
+    M->n_kv = L->n_kv;
+    if (L->graded) M->graded = std::make_unique<GradedLayer>(L->graded->Clone());
+    if (L->observer) M->observer = std::make_unique<geodesia::PrefillObserver>(*L->observer);
+    M->ema = L->ema;
+    M->alloc_runs = L->alloc_runs;
+    M->err = L->err;
+    M->err_at = L->err_at;
+    M->res_pos = L->res_pos;
+    M->active = L->active;
+    M->first_query_pending = L->first_query_pending;
+    M->q_offset = L->q_offset;
+    M->released_upto = L->released_upto;
+    M->last_blocks = L->last_blocks;
+    M->kbuf = L->kbuf;
+    M->vbuf = L->vbuf;
+    M->kblock = L->kblock;
+    M->vblock = L->vblock;
+    M->exact_keys = L->exact_keys;
+    c->layers_.push_back(std::move(M));
+  }
+  c->any_active_ = any_active_;
+  c->stats_ = stats_;
+  c->fail_next_demotion_ = fail_next_demotion_;
+  return std::unique_ptr<Policy>(std::move(c));
+}
+
 Status GeodesiaPolicy::Bind(const std::vector<LayerGeometry>& layers) {
   if (layers.empty()) return InvalidArgument(name_ + ": the model has no attention layers");
   if (c_.group_auto) {

@@ -153,6 +153,9 @@ class GeodesiaPolicy final : public Policy {
 
   std::string name() const override { return name_; }
   std::string describe() const override { return name_ + ": " + c_.ToString(); }
+  // Every layer copied (graded blocks, observer, EMA, residual, scratch of its own), the read
+  // scratch fresh; a pending test failure (FailNextDemotionForTesting) is copied too.
+  StatusOr<std::unique_ptr<Policy>> Clone() const override;
   Status Bind(const std::vector<LayerGeometry>& layers) override;
   int64_t observation_queries(int64_t prompt_len) const override;
   Status OnPrefillStats(int layer, const LayerStore& store, const PrefillObservation& obs) override;

@@ -1,6 +1,8 @@
 // § numbers cite docs/reference/vestigekv.md (the reference behaviour).
 #include "kv/vestige/policy.h"
 
+#include "kv/vestige/capacity.h"
+
 #include <functional>
 
 #include <sys/stat.h>
@@ -25,6 +27,26 @@ std::atomic<int64_t> g_instances{0};
 // (exact), never into a silent miss.
 class TierHook final : public VestigeRecallHook {
  public:
+  // A copy of every tier's state, without the policy reader (the file placement, which installs
+  // one, is not forked).
+  TierHook(const TierHook& o)
+      : opt_(o.opt_),
+        ok_(o.ok_),
+        max1_(o.max1_),
+        entropy_(o.entropy_),
+        error_(o.error_),
+        read_error_(o.read_error_) {
+    tiers_.reserve(o.tiers_.size());
+    for (const RecallTier& t : o.tiers_) tiers_.push_back(t.Clone());
+    ReserveAsIn(&max1_, o.max1_);
+    ReserveAsIn(&entropy_, o.entropy_);
+  }
+  StatusOr<std::unique_ptr<VestigeRecallHook>> Clone() const override {
+    if (policy_reader_) {
+      return Unimplemented("the recall tier of an archive file cannot be forked");
+    }
+    return std::unique_ptr<VestigeRecallHook>(new TierHook(*this));
+  }
   TierHook(const RecallOptions& opt, const std::vector<LayerGeometry>& layers) : opt_(opt) {
     tiers_.resize(layers.size());
     ok_.assign(layers.size(), 0);
@@ -264,6 +286,59 @@ VestigePolicy::~VestigePolicy() {
     L.file.reset();
     ::unlink(path.c_str());
   }
+}
+
+StatusOr<std::unique_ptr<Policy>> VestigePolicy::Clone() const {
+  if (cfg_.archive == VestigeArchivePlacement::kFile) {
+    return Unimplemented("policy '" + name() + "' cannot be forked with archive=file:" +
+                         cfg_.archive_dir +
+                         " (its archive files are append-only, one per cache); use archive=ram");
+  }
+  auto c = std::make_unique<VestigePolicy>(cfg_);
+  c->layers_.resize(layers_.size());
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& A = layers_[l];
+    Layer& B = c->layers_[l];
+    if (A.file || !A.staged.empty() || A.restored.size() != 0) {
+      return Internal("policy '" + name() + "' layer " + std::to_string(l) +
+                      " holds archive-file state in RAM placement");
+    }
+    B.mla = A.mla;
+    B.k_dim = A.k_dim;
+    B.sel = A.sel.Clone();
+    B.before = A.before;
+    B.last = A.last;
+    B.prompt_call = A.prompt_call;
+    B.compressed = A.compressed;
+    B.released = A.released;
+    ReserveAsIn(&B.released, A.released);
+    B.restored_pos = A.restored_pos;
+    ReserveAsIn(&B.restored_pos, A.restored_pos);
+    B.restored = RowChunks(A.restored.width());
+    B.released_bytes = A.released_bytes;
+    B.staged_bytes = A.staged_bytes;
+    B.rows = A.rows;
+    B.archived = A.archived;
+    B.fetched = A.fetched;
+    B.ptrs.assign(A.ptrs.size(), nullptr);
+    B.file_rows = A.file_rows;
+    B.file_buf = A.file_buf;
+    B.file_ok = A.file_ok;
+    B.file_reads = A.file_reads;
+  }
+  if (recall_) {
+    StatusOr<std::unique_ptr<VestigeRecallHook>> hook = recall_->Clone();
+    if (!hook.ok()) {
+      return hook.status().WithContext("policy '" + name() + "' cannot be forked");
+    }
+    c->recall_ = std::move(hook).value();
+  }
+  c->recovered_ = recovered_;
+  c->closes_ = closes_;
+  c->reads_ = reads_;
+  c->fallbacks_ = fallbacks_;
+  c->close_seconds_ = close_seconds_;
+  return std::unique_ptr<Policy>(std::move(c));
 }
 
 Status VestigePolicy::Bind(const std::vector<LayerGeometry>& layers) {

@@ -144,6 +144,11 @@ class VestigeRecallHook {
   virtual int64_t ResidentBytes(int layer) const { return 0; }
   // The first error the tier hit (it then answers with dense fallbacks, which are exact).
   virtual Status status() const { return OkStatus(); }
+  // A deep copy of the hook's state for a forked cache (VestigePolicy::Clone). The default
+  // refuses.
+  virtual StatusOr<std::unique_ptr<VestigeRecallHook>> Clone() const {
+    return Unimplemented("this recall hook cannot be forked");
+  }
 };
 
 class VestigePolicy final : public Policy {
@@ -154,6 +159,9 @@ class VestigePolicy final : public Policy {
 
   std::string name() const override { return cfg_.selector.full_row ? "fullrow" : "vestige"; }
   std::string describe() const override { return cfg_.ToString(); }
+  // RAM placement: every layer's selection and read state and the recall hook (Clone) copied.
+  // File placement (archive=file:DIR) is refused: its archive files are append-only per cache.
+  StatusOr<std::unique_ptr<Policy>> Clone() const override;
   Status Bind(const std::vector<LayerGeometry>& layers) override;
   int64_t observation_queries(int64_t prompt_len) const override;
   // The recall tier's prefix calibration keeps every s-th observed query (RecallTier::

@@ -5,6 +5,8 @@
 // LayerStore (KernelSource below, the RecallScanView in IndexScores and Scan).
 #include "kv/vestige/recall.h"
 
+#include "kv/vestige/capacity.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -215,6 +217,22 @@ std::vector<uint16_t> RecallTier::csk(int64_t u) const {
 float RecallTier::eta(int64_t u) const {
   STRATA_CHECK(u >= 0 && u < n_indexed_);
   return eta_[u];
+}
+
+RecallTier RecallTier::Clone() const {
+  RecallTier c(*this);
+  c.reader_ = RecallRowReader();
+  ReserveAsIn(&c.basis_, basis_);
+  ReserveAsIn(&c.csk_, csk_);
+  ReserveAsIn(&c.eta_, eta_);
+  ReserveAsIn(&c.branch_, branch_);
+  ReserveAsIn(&c.arch_mask_, arch_mask_);
+  ReserveAsIn(&c.fetch_, fetch_);
+  ReserveAsIn(&c.tile_fire_, tile_fire_);
+  ReserveAsIn(&c.qpos_, qpos_);
+  ReserveAsIn(&c.qidx_, qidx_);
+  ReserveAsIn(&c.qbuf_, qbuf_);
+  return c;
 }
 
 int64_t RecallTier::ResidentBytes() const {

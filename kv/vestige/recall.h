@@ -149,6 +149,9 @@ class RecallTier {
   RecallTier() = default;
   RecallTier(RecallTier&&) = default;
   RecallTier& operator=(RecallTier&&) = default;
+  // A deep copy with the same capacities (ResidentBytes counts them) and no row reader (one
+  // that reads through its owner must be installed again: SetRowReader).
+  RecallTier Clone() const;
 
   // g must be MLA: d_c = g.k_dim - g.rope_dim, d_r = g.rope_dim, lam = g.scale. Resets the tier
   // (identity basis, z = Z_MAX = 8, gate open, empty index and archive).
@@ -249,6 +252,7 @@ class RecallTier {
   void MaybeCalibrateDecode(const LayerStore& store, const float* q, int64_t limit,
                             ThreadPool* pool);
 
+  RecallTier(const RecallTier&) = default;  // Clone()
   RecallOptions opt_;
   int n_heads_ = 0;
   int d_c_ = 0, d_r_ = 0;

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "kv/vestige/capacity.h"
+
 #include "core/status.h"
 #include "kv/store.h"
 
@@ -55,6 +57,13 @@ class BlockSigma {
   // two on the same block; `bench attention --kind mla` times both in one run).
   enum class Path { kAuto, kDirect, kFft };
   void set_path(Path p) { path_ = p; }
+  // A new object on the same path, with no scratch or tables (they are rebuilt on use, and the
+  // results do not depend on them).
+  BlockSigma Fresh() const {
+    BlockSigma b;
+    b.path_ = path_;
+    return b;
+  }
 
   BlockSigma() = default;
   ~BlockSigma();
@@ -109,6 +118,25 @@ class VestigeSelector {
  public:
   VestigeSelector() = default;
   VestigeSelector(const VestigeSelectorConfig& cfg, int row_width, int branch_dim);
+  // A deep copy of the selection (the sigma back-end's scratch fresh).
+  VestigeSelector Clone() const {
+    VestigeSelector c;
+    c.cfg_ = cfg_;
+    c.row_width_ = row_width_;
+    c.first_channel_ = first_channel_;
+    c.fft_ = fft_.Fresh();
+    c.sigma_ = sigma_;
+    c.kept_mask_ = kept_mask_;
+    c.kept_ = kept_;
+    c.archived_ = archived_;
+    c.order_ = order_;
+    ReserveAsIn(&c.sigma_, sigma_);
+    ReserveAsIn(&c.kept_mask_, kept_mask_);
+    ReserveAsIn(&c.kept_, kept_);
+    ReserveAsIn(&c.archived_, archived_);
+    ReserveAsIn(&c.order_, order_);
+    return c;
+  }
 
   int64_t n_closed() const { return static_cast<int64_t>(sigma_.size()); }
   // m for the current closed prefix.
