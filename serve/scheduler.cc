@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 namespace strata::serve {
 
@@ -196,6 +197,11 @@ Scheduler::Scheduler(Model* model, ThreadPool* pool, SchedulerOptions o, Metrics
       metrics_(metrics),
       tok_(model->tokenizer()),
       n_vocab_(model->config().n_vocab) {
+  if (tok_) {
+    for (int32_t id = 0; id < n_vocab_; ++id) {
+      if (tok_->IsEog(id)) eog_ids_.push_back(id);
+    }
+  }
   UpdateGauges();
   thread_ = std::thread([this] { Loop(); });
 }
@@ -460,7 +466,13 @@ void Scheduler::Loop() {
       Sequence* s = prefilling_.get();
       s->prefill_start_ = Clock::now();
       s->order_ = next_order_++;
-      s->sampler_ = std::make_unique<Sampler>(s->sampler);
+      SamplerOptions so = s->sampler;
+      if (s->ignore_eos) {
+        for (const int32_t id : eog_ids_) {
+          so.logit_bias.emplace_back(id, -std::numeric_limits<float>::infinity());
+        }
+      }
+      s->sampler_ = std::make_unique<Sampler>(so);
       // The penalty window spans the prompt, as `strata generate` (and llama.cpp) count it.
       for (const int32_t id : s->prompt) s->sampler_->Accept(id);
       s->text_ = std::make_unique<StopText>(s->stop);

@@ -62,7 +62,9 @@ class Sequence {
   int64_t max_tokens = 16;
   SamplerOptions sampler;
   std::vector<std::string> stop;
-  bool ignore_eos = false;         // end-of-generation tokens do not end it (fixed-length runs)
+  // End-of-generation tokens are never sampled (their logits -inf, as llama-server's ignore_eos
+  // and `strata generate --ignore-eos`): every request runs to max_tokens.
+  bool ignore_eos = false;
   // Log-probabilities: -1 off; else each generated token's and that many of the most likely
   // alternatives' (at most kMaxTopLogprobs), from the model's distribution (the softmax of its
   // logits, before bias, penalties, truncation and temperature).
@@ -225,6 +227,7 @@ class Scheduler {
   Metrics* metrics_;
   const Tokenizer* tok_;
   int64_t n_vocab_;
+  std::vector<int32_t> eog_ids_;  // the vocabulary's end-of-generation tokens (ignore_eos bans)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
