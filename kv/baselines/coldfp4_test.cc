@@ -99,9 +99,9 @@ TEST(ColdFp4Test, BlockScaleAndCodesByHand) {
 
 // Pages: after 330 rows (a 200-row prefill, then a 130-row call), pages 1-4 are FP4, page 0
 // and page 5 (rows 320-329) exact. A read at limit 330 takes pages 0 and 5 from the store bit for
-// bit and pages 1-4 as FP4; its output equals attention over those rows (2e-5) and is within
-// 0.1 (GQA, 1/sqrt(64) scale) / 0.3 (the MLA geometry's sharper 0.3 scale) absolute of full's,
-// the values being unit Gaussians; the page scales are amax / 2688.
+// bit and pages 1-4 as FP4; its output equals attention over those rows (2e-5) and is within the
+// bound the rows' own quantization errors give of full's (below); the page scales are
+// amax / 2688.
 TEST(ColdFp4Test, FirstAndLastPagesExactBitForBit) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -146,7 +146,11 @@ TEST(ColdFp4Test, FirstAndLastPagesExactBitForBit) {
       ASSERT_OK(m.cache->Attend(0, q.data(), n - 1, nullptr, out.data()));
       EXPECT_LT(testing::MaxAbsDiff(out, RefAttention(g, q.data(), ak, av, {all})), 2e-5);
       const std::vector<double> full = RefAttention(g, q.data(), fk, fv, {all});
-      EXPECT_LT(testing::MaxAbsDiff(out, full), g.kind == AttnKind::kMla ? 0.3 : 0.1);
+      testing::ExpectWithinQuantizedAttentionBound(g, q.data(), ak, av, fk, fv, n, out, full);
+      // And in practice well inside it: within 0.1 on average over the channels.
+      double mean = 0;
+      for (size_t i = 0; i < out.size(); ++i) mean += std::abs(out[i] - full[i]);
+      EXPECT_LT(mean / static_cast<double>(out.size()), 0.1);
     }
   }
 }

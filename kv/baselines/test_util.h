@@ -125,6 +125,43 @@ inline std::vector<double> RefAttention(const LayerGeometry& g, const float* q,
   return out;
 }
 
+// Checks that attention over the decoded rows (`out`) is within the bound the rows' own errors
+// give of attention over the exact ones (`exact`, RefAttention of keys/vals): with every score
+// moved by at most D = max |scale q.(k' - k)|, each softmax weight moves by at most a factor
+// e^(2D), so per output channel |o' - o| <= max |v' - v| + (e^(2D) - 1) max |v| (per query
+// head, over its KV head's rows). Returns the largest bound, for the caller's own checks.
+inline double ExpectWithinQuantizedAttentionBound(
+    const LayerGeometry& g, const float* q, const std::vector<std::vector<float>>& dec_keys,
+    const std::vector<std::vector<float>>& dec_vals, const std::vector<std::vector<float>>& keys,
+    const std::vector<std::vector<float>>& vals, int64_t n, const std::vector<float>& out,
+    const std::vector<double>& exact) {
+  double largest = 0;
+  for (int hq = 0; hq < g.n_q_heads; ++hq) {
+    const int h = hq / g.group_size();
+    double d = 0, dv = 0, vmax = 0;
+    for (int64_t u = 0; u < n; ++u) {
+      double ds = 0;
+      for (int c = 0; c < g.k_dim; ++c) {
+        ds += static_cast<double>(q[hq * g.k_dim + c]) *
+              (dec_keys[h][u * g.k_dim + c] - keys[h][u * g.k_dim + c]);
+      }
+      d = std::max(d, std::abs(ds * g.scale));
+      for (int c = 0; c < g.v_dim; ++c) {
+        const double v = vals[h][u * g.v_dim + c];
+        dv = std::max(dv, std::abs(dec_vals[h][u * g.v_dim + c] - v));
+        vmax = std::max(vmax, std::abs(v));
+      }
+    }
+    const double bound = dv + std::expm1(2 * d) * vmax;
+    largest = std::max(largest, bound);
+    for (int c = 0; c < g.v_dim; ++c) {
+      EXPECT_LE(std::abs(out[hq * g.v_dim + c] - exact[hq * g.v_dim + c]), bound + 1e-5)
+          << "query head " << hq << " channel " << c;
+    }
+  }
+  return largest;
+}
+
 // The store's rows as f32, per KV head: keys [n, k_dim], values [n, v_dim].
 inline void StoreRows(const LayerStore& s, std::vector<std::vector<float>>* keys,
                       std::vector<std::vector<float>>* vals) {
