@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "kernels/ops.h"
+#include "kv/baselines/dequant_read.h"
 
 namespace strata::baselines {
 
@@ -240,62 +241,25 @@ Status LlamaCppKvPolicy::Read(int layer, const LayerStore& store, const float* q
                     std::to_string(layer) + " before they were quantized (" +
                     std::to_string(L.n_rows) + " rows held)");
   }
-  const int G = g.group_size();
   const int D = g.k_dim, DV = g.v_dim;
   // The query rotated once per head: q.k = (Hq).(Hk).
   std::vector<float> qr(q, q + static_cast<int64_t>(g.n_q_heads) * D);
   if (L.kb > 1) {
     for (int hq = 0; hq < g.n_q_heads; ++hq) HadamardBlocks(qr.data() + hq * D, D, L.kb);
   }
-  constexpr int64_t kChunk = 64;
-  const int64_t n_chunks = (limit + kChunk - 1) / kChunk;
-  const int T = pool ? pool->size() : 1;
-  std::vector<SoftmaxStateBuffer> part;
-  part.reserve(T);
-  for (int i = 0; i < T; ++i) part.emplace_back(g.n_q_heads, DV);
-  auto run = [&](int64_t b, int64_t e, int k) {
-    SoftmaxStates& ps = part[k].states();
-    std::vector<float> kt(static_cast<size_t>(kChunk) * D), vt(static_cast<size_t>(kChunk) * DV);
-    float s[kChunk];
-    for (int64_t t = b; t < e; ++t) {
-      const int h = static_cast<int>(t / n_chunks);
-      const int64_t u0 = (t % n_chunks) * kChunk, n = std::min(kChunk, limit - u0);
-      for (int64_t i = 0; i < n; ++i) {
-        DequantSlice(L.k.data() + (u0 + i) * KeyRowBytes(L), int64_t{h} * D, D, kt.data() + i * D);
-        if (L.mla) {
-          std::copy_n(kt.data() + i * D, DV, vt.data() + i * DV);
-        } else {
-          DequantSlice(L.v.data() + (u0 + i) * ValRowBytes(L), int64_t{h} * DV, DV,
-                       vt.data() + i * DV);
-        }
-      }
-      for (int r = 0; r < G; ++r) {
-        const int hq = h * G + r;
-        const float* qh = qr.data() + static_cast<int64_t>(hq) * D;
-        float tmax = -std::numeric_limits<float>::infinity();
-        for (int64_t i = 0; i < n; ++i) {
-          s[i] = g.scale * Dot(qh, kt.data() + i * D, D);
-          tmax = std::max(tmax, s[i]);
-        }
-        float* o = ps.o + static_cast<int64_t>(hq) * DV;
-        if (tmax > ps.m[hq]) {
-          if (ps.m[hq] != -std::numeric_limits<float>::infinity()) {
-            const float f = std::exp(ps.m[hq] - tmax);
-            ps.d[hq] *= f;
-            for (int c = 0; c < DV; ++c) o[c] *= f;
-          }
-          ps.m[hq] = tmax;
-        }
-        for (int64_t i = 0; i < n; ++i) {
-          const float p = std::exp(s[i] - ps.m[hq]);
-          ps.d[hq] += p;
-          Axpy(p, vt.data() + i * DV, o, DV);
-        }
-      }
-    }
-  };
-  ParallelForOrInline(pool, n_chunks * g.n_kv_heads, 1, run);
-  for (int i = 0; i < T; ++i) MergeStates(st, part[i].states());
+  AttendRowRange(g, qr.data(), 0, limit, pool, st,
+                 [&](int h, int64_t u0, int64_t n, float* kt, float* vt) {
+                   for (int64_t i = 0; i < n; ++i) {
+                     DequantSlice(L.k.data() + (u0 + i) * KeyRowBytes(L), int64_t{h} * D, D,
+                                  kt + i * D);
+                     if (L.mla) {
+                       std::copy_n(kt + i * D, DV, vt + i * DV);
+                     } else {
+                       DequantSlice(L.v.data() + (u0 + i) * ValRowBytes(L), int64_t{h} * DV, DV,
+                                    vt + i * DV);
+                     }
+                   }
+                 });
   // The weighted sum of rotated values un-rotated once per head: H^T = H.
   if (L.vb > 1) {
     for (int hq = 0; hq < g.n_q_heads; ++hq) HadamardBlocks(st->o + hq * DV, DV, L.vb);
