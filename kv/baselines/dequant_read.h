@@ -1,7 +1,8 @@
 // Attention over a contiguous run of rows a policy holds in its own (quantized) form: the rows
 // are dequantized to f32 in chunks of 64 per KV head and attended with online softmax, chunks
 // spread over the pool with per-worker states merged in worker order (the same result on any
-// number of threads up to f32 merge order). Used by the turboquant and coldfp4 baselines.
+// number of threads up to f32 merge order). Used by the kivi (groups of 32 rows), llamacpp_kv,
+// turboquant and coldfp4 baselines.
 #pragma once
 
 #include <algorithm>
@@ -18,14 +19,14 @@
 namespace strata::baselines {
 
 // Rows [r0, r1) of every KV head: fill(h, u0, n, kt, vt) writes rows [u0, u0 + n) of KV head h
-// as f32 keys [n, k_dim] and values [n, v_dim]. q: [n_q_heads, k_dim]; merged into *st.
-template <class Fill>
+// as f32 keys [n, k_dim] and values [n, v_dim], n <= kChunk (chunks start at r0 + i kChunk).
+// q: [n_q_heads, k_dim]; merged into *st.
+template <int64_t kChunk = 64, class Fill>
 void AttendRowRange(const LayerGeometry& g, const float* q, int64_t r0, int64_t r1,
                     ThreadPool* pool, SoftmaxStates* st, const Fill& fill) {
   if (r1 <= r0) return;
   const int G = g.group_size();
   const int D = g.k_dim, DV = g.v_dim;
-  constexpr int64_t kChunk = 64;
   const int64_t n_chunks = (r1 - r0 + kChunk - 1) / kChunk;
   const int T = pool ? pool->size() : 1;
   std::vector<SoftmaxStateBuffer> part;

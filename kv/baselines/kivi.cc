@@ -10,6 +10,7 @@
 #include "kernels/geodesia_format.h"
 #include "kernels/ops.h"
 #include "kv/baselines/common.h"
+#include "kv/baselines/dequant_read.h"
 
 namespace strata::baselines {
 
@@ -312,48 +313,11 @@ Status KiviPolicy::Read(int layer, const LayerStore& store, const float* q, int6
     return OkStatus();
   }
 
-  const int G = g.group_size();
-  const int D = g.k_dim, DV = g.v_dim;
-  const int64_t n_tasks = qg * g.n_kv_heads;
-  const int T = pool ? pool->size() : 1;
-  std::vector<SoftmaxStateBuffer> part;
-  part.reserve(T);
-  for (int i = 0; i < T; ++i) part.emplace_back(g.n_q_heads, DV);
-  auto run = [&](int64_t b, int64_t e, int k) {
-    SoftmaxStates& ps = part[k].states();
-    std::vector<float> kt(static_cast<size_t>(kGroup) * D), vt(static_cast<size_t>(kGroup) * DV);
-    float s[kGroup];
-    for (int64_t t = b; t < e; ++t) {
-      const int h = static_cast<int>(t / qg);
-      const int64_t j = t % qg;
-      DequantGroup(L, h, j, kt.data(), vt.data());
-      for (int r = 0; r < G; ++r) {
-        const int hq = h * G + r;
-        const float* qh = q + static_cast<int64_t>(hq) * D;
-        float tmax = -std::numeric_limits<float>::infinity();
-        for (int i = 0; i < kGroup; ++i) {
-          s[i] = g.scale * Dot(qh, kt.data() + i * D, D);
-          tmax = std::max(tmax, s[i]);
-        }
-        float* o = ps.o + static_cast<int64_t>(hq) * DV;
-        if (tmax > ps.m[hq]) {
-          if (ps.m[hq] != -std::numeric_limits<float>::infinity()) {
-            const float f = std::exp(ps.m[hq] - tmax);
-            ps.d[hq] *= f;
-            for (int c = 0; c < DV; ++c) o[c] *= f;
-          }
-          ps.m[hq] = tmax;
-        }
-        for (int i = 0; i < kGroup; ++i) {
-          const float p = std::exp(s[i] - ps.m[hq]);
-          ps.d[hq] += p;
-          Axpy(p, vt.data() + i * DV, o, DV);
-        }
-      }
-    }
-  };
-  ParallelForOrInline(pool, n_tasks, 1, run);
-  for (int i = 0; i < T; ++i) MergeStates(st, part[i].states());
+  // The quantized groups dequantized and attended, group by group.
+  AttendRowRange<kGroup>(g, q, 0, qg * kGroup, pool, st,
+                         [&](int h, int64_t u0, int64_t, float* kt, float* vt) {
+                           DequantGroup(L, h, u0 / kGroup, kt, vt);
+                         });
   if (stats) {
     stats->rows_attended += qg * kGroup * g.n_kv_heads;
     stats->bytes_read += qg * GroupBytes(layer);
