@@ -53,6 +53,8 @@ struct EvalCliOptions {
   std::string depth = "0.1:0.8";
   int32_t kv_bos = 0, kv_key = 1, kv_char_first = 50;
   std::string kv_slot0 = "2:16", kv_slot1 = "18:16", kv_charset;
+  std::string kv_keynames = "34:16";
+  int32_t kv_keys = 4;
   // ppl / kl
   std::string text;
   int64_t window_len = 512;
@@ -237,8 +239,10 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
                 "Write every trial's token ids (filler, prefix, query, answer) to this file as "
                 "JSON Lines, so another implementation can run the same trials (docs/eval.md)");
   n->add_option("--needle-format", o->format,
-                "text | kv-tokens (the char-level testbed) | auto (kv-tokens when the model has "
-                "no tokenizer or the testbed vocabulary, else text)")
+                "text | kv-tokens (the char-level testbed) | kv-multikey (the testbed "
+                "vocabulary, --kv-keys needles with named keys, one asked: RULER's "
+                "niah_multikey shape) | auto (kv-tokens when the model has no tokenizer or the "
+                "testbed vocabulary, else text)")
       ->capture_default_str();
   n->add_option("--needle", o->needle_template, "Needle template ({key}; \\n = newline)")
       ->capture_default_str();
@@ -261,6 +265,10 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
   n->add_option("--kv-slot0", o->kv_slot0, "kv-tokens: slot-0 values FIRST:COUNT")
       ->capture_default_str();
   n->add_option("--kv-slot1", o->kv_slot1, "kv-tokens: slot-1 values FIRST:COUNT")
+      ->capture_default_str();
+  n->add_option("--kv-keynames", o->kv_keynames, "kv-multikey: key-name ids FIRST:COUNT")
+      ->capture_default_str();
+  n->add_option("--kv-keys", o->kv_keys, "kv-multikey: needles per prefix (one is asked)")
       ->capture_default_str();
   n->add_option("--kv-char-first", o->kv_char_first, "kv-tokens: id of the first character")
       ->capture_default_str();
@@ -472,6 +480,11 @@ int RunNeedleCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) 
   n.kv.slot0_count = s0->second;
   n.kv.slot1_first = s1->first;
   n.kv.slot1_count = s1->second;
+  auto names = ParseSlot("--kv-keynames", o.kv_keynames);
+  if (!names.ok()) return Fail(err, names.status().message());
+  n.kv.keyname_first = names->first;
+  n.kv.keyname_count = names->second;
+  n.kv.n_keys = o.kv_keys;
   n.kv.char_first = o.kv_char_first;
   n.kv.charset = o.kv_charset;
   {

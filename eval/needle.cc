@@ -16,11 +16,18 @@ namespace strata::eval {
 StatusOr<NeedleFormat> ParseNeedleFormat(const std::string& text) {
   if (text == "text") return NeedleFormat::kText;
   if (text == "kv-tokens") return NeedleFormat::kKvTokens;
-  return InvalidArgument("--needle-format '" + text + "' must be text or kv-tokens");
+  if (text == "kv-multikey") return NeedleFormat::kKvMultikey;
+  return InvalidArgument("--needle-format '" + text +
+                         "' must be text, kv-tokens or kv-multikey");
 }
 
 const char* NeedleFormatName(NeedleFormat f) {
-  return f == NeedleFormat::kText ? "text" : "kv-tokens";
+  switch (f) {
+    case NeedleFormat::kText: return "text";
+    case NeedleFormat::kKvTokens: return "kv-tokens";
+    case NeedleFormat::kKvMultikey: return "kv-multikey";
+  }
+  return "?";
 }
 
 uint64_t TrialSeed(uint64_t seed, int64_t index) {
@@ -121,6 +128,18 @@ StatusOr<NeedleBuilder> NeedleBuilder::Create(const Model& model, const NeedleOp
     RETURN_IF_ERROR(CheckId("--kv-slot1 first", kv.slot1_first, b.n_vocab_));
     RETURN_IF_ERROR(CheckId("--kv-slot1 last", kv.slot1_first + kv.slot1_count - 1, b.n_vocab_));
     RETURN_IF_ERROR(CheckId("--kv-char-first", kv.char_first, b.n_vocab_));
+    if (o.format == NeedleFormat::kKvMultikey) {
+      if (kv.n_keys < 1 || kv.n_keys > std::min({kv.keyname_count, kv.slot0_count,
+                                                  kv.slot1_count})) {
+        return InvalidArgument(
+            "--kv-keys " + std::to_string(kv.n_keys) + " must be in [1, " +
+            std::to_string(std::min({kv.keyname_count, kv.slot0_count, kv.slot1_count})) +
+            "] (each needle has its own key name and values)");
+      }
+      RETURN_IF_ERROR(CheckId("--kv-keynames first", kv.keyname_first, b.n_vocab_));
+      RETURN_IF_ERROR(
+          CheckId("--kv-keynames last", kv.keyname_first + kv.keyname_count - 1, b.n_vocab_));
+    }
     b.bos_ = kv.bos;
     const std::string flat = CollapseWhitespace(text);
     const Tokenizer* tok = model.tokenizer();
@@ -169,12 +188,15 @@ StatusOr<NeedleBuilder> NeedleBuilder::Create(const Model& model, const NeedleOp
     // The needle's own tokens must not occur in the filler (the protocol's value tokens are
     // out-of-vocabulary for the text by design).
     for (int32_t id : b.filler_) {
-      const bool is_value = (id >= kv.slot0_first && id < kv.slot0_first + kv.slot0_count) ||
-                            (id >= kv.slot1_first && id < kv.slot1_first + kv.slot1_count);
+      const bool is_value =
+          (id >= kv.slot0_first && id < kv.slot0_first + kv.slot0_count) ||
+          (id >= kv.slot1_first && id < kv.slot1_first + kv.slot1_count) ||
+          (o.format == NeedleFormat::kKvMultikey && id >= kv.keyname_first &&
+           id < kv.keyname_first + kv.keyname_count);
       if (id == kv.key || id == kv.bos || is_value) {
         return InvalidArgument("kv-tokens: filler token " + std::to_string(id) +
-                               " collides with the BOS, KEY or a value id (check --kv-char-first, "
-                               "--kv-slot0/1, --kv-key)");
+                               " collides with the BOS, KEY, a key name or a value id (check "
+                               "--kv-char-first, --kv-slot0/1, --kv-keynames, --kv-key)");
       }
     }
   }
@@ -208,6 +230,8 @@ StatusOr<NeedleTrial> NeedleBuilder::Build(int64_t length, int64_t index) const 
       t.query = q;
       t.answer = tok_->Encode(" " + t.key, false);
     }
+  } else if (o_.format == NeedleFormat::kKvMultikey) {
+    return BuildMultikey(length, index, rng, &t);
   } else {
     const KvTokenIds& kv = o_.kv;
     const int32_t v1 = kv.slot0_first + static_cast<int32_t>(rng.Below(kv.slot0_count));
@@ -244,22 +268,89 @@ StatusOr<NeedleTrial> NeedleBuilder::Build(int64_t length, int64_t index) const 
 std::vector<int32_t> RebuildPrefix(const std::vector<int32_t>& filler, int32_t bos,
                                    int64_t filler_offset, int64_t depth,
                                    const std::vector<int32_t>& needle, int64_t length) {
+  return RebuildPrefix(filler, bos, filler_offset, {NeedleTrial::Insert{depth, needle}}, length);
+}
+
+std::vector<int32_t> RebuildPrefix(const std::vector<int32_t>& filler, int32_t bos,
+                                   int64_t filler_offset,
+                                   const std::vector<NeedleTrial::Insert>& inserts,
+                                   int64_t length) {
   std::vector<int32_t> prefix;
   if (filler.empty() || length <= 0) return prefix;
   const int64_t n_fill = static_cast<int64_t>(filler.size());
   int64_t f = ((filler_offset % n_fill) + n_fill) % n_fill;
   prefix.reserve(length);
   if (bos >= 0) prefix.push_back(bos);
-  while (static_cast<int64_t>(prefix.size()) < depth) {
-    prefix.push_back(filler[f]);
-    f = (f + 1) % n_fill;
+  auto fill_to = [&](int64_t n) {
+    while (static_cast<int64_t>(prefix.size()) < n) {
+      prefix.push_back(filler[f]);
+      f = (f + 1) % n_fill;
+    }
+  };
+  for (const NeedleTrial::Insert& in : inserts) {
+    fill_to(in.depth);
+    prefix.insert(prefix.end(), in.tokens.begin(), in.tokens.end());
   }
-  prefix.insert(prefix.end(), needle.begin(), needle.end());
-  while (static_cast<int64_t>(prefix.size()) < length) {
-    prefix.push_back(filler[f]);
-    f = (f + 1) % n_fill;
-  }
+  fill_to(length);
   return prefix;
+}
+
+StatusOr<NeedleTrial> NeedleBuilder::BuildMultikey(int64_t length, int64_t index, Rng& rng,
+                                                   NeedleTrial* out) const {
+  NeedleTrial& t = *out;
+  const KvTokenIds& kv = o_.kv;
+  const int n = kv.n_keys;
+  // Draw order: key names, v1s, v2s (each n distinct, by a partial Fisher-Yates shuffle), the n
+  // needle positions, the asked needle, the filler offset.
+  auto distinct = [&rng, n](int32_t first, int32_t count) {
+    std::vector<int32_t> pool(count);
+    for (int32_t i = 0; i < count; ++i) pool[i] = first + i;
+    for (int i = 0; i < n; ++i) {
+      const int64_t j = i + static_cast<int64_t>(rng.Below(count - i));
+      std::swap(pool[i], pool[j]);
+    }
+    pool.resize(n);
+    return pool;
+  };
+  const std::vector<int32_t> names = distinct(kv.keyname_first, kv.keyname_count);
+  const std::vector<int32_t> v1 = distinct(kv.slot0_first, kv.slot0_count);
+  const std::vector<int32_t> v2 = distinct(kv.slot1_first, kv.slot1_count);
+  // Positions in filler coordinates (the prefix without the needles), uniform in
+  // [depth_lo, depth_hi) of that span, sorted; needle i then sits at first + cut_i + 4 i.
+  const int64_t first = bos_ >= 0 ? 1 : 0;
+  const int64_t n_fill = length - first - 4 * static_cast<int64_t>(n);
+  const int64_t lo = static_cast<int64_t>(std::ceil(o_.depth_lo * n_fill));
+  const int64_t hi = std::min<int64_t>(static_cast<int64_t>(std::ceil(o_.depth_hi * n_fill)),
+                                       n_fill + 1);
+  if (n_fill < 1 || hi <= lo) {
+    return InvalidArgument("--len " + std::to_string(length) + " is too short for " +
+                           std::to_string(n) + " 4-token needles in [" +
+                           std::to_string(o_.depth_lo) + "T, " + std::to_string(o_.depth_hi) +
+                           "T)");
+  }
+  std::vector<int64_t> cuts(n);
+  for (int i = 0; i < n; ++i) {
+    cuts[i] = lo + std::min<int64_t>(hi - lo - 1, static_cast<int64_t>(rng.Uniform() * (hi - lo)));
+  }
+  std::sort(cuts.begin(), cuts.end());
+  const int q = static_cast<int>(rng.Below(n));
+  t.filler_offset = static_cast<int64_t>(rng.Below(static_cast<int64_t>(filler_.size())));
+  std::vector<NeedleTrial::Insert> inserts;
+  for (int i = 0; i < n; ++i) {
+    NeedleTrial::Insert in{first + cuts[i] + 4 * i, {kv.key, names[i], v1[i], v2[i]}};
+    if (i == q) {
+      t.depth = in.depth;
+      t.needle = in.tokens;
+    } else {
+      t.distractors.push_back(in);
+    }
+    inserts.push_back(std::move(in));
+  }
+  t.key = std::to_string(v1[q]) + " " + std::to_string(v2[q]);
+  t.query = {kv.key, names[q]};
+  t.answer = {v1[q], v2[q]};
+  t.prefix = RebuildPrefix(filler_, bos_, t.filler_offset, inserts, length);
+  return std::move(t);
 }
 
 std::string TokenHash(const std::vector<int32_t>& ids) {
@@ -283,10 +374,18 @@ nlohmann::json TrialDumpHeader(const NeedleOptions& o, const std::vector<int32_t
 }
 
 nlohmann::json TrialDumpLine(const NeedleTrial& t) {
-  return {{"length", t.length},   {"trial", t.index},   {"depth", t.depth},
-          {"filler_offset", t.filler_offset},           {"key", t.key},
-          {"needle", t.needle},   {"prefix", t.prefix}, {"query", t.query},
-          {"answer", t.answer}};
+  nlohmann::json j = {{"length", t.length},   {"trial", t.index},   {"depth", t.depth},
+                      {"filler_offset", t.filler_offset},           {"key", t.key},
+                      {"needle", t.needle},   {"prefix", t.prefix}, {"query", t.query},
+                      {"answer", t.answer}};
+  if (!t.distractors.empty()) {
+    nlohmann::json d = nlohmann::json::array();
+    for (const NeedleTrial::Insert& in : t.distractors) {
+      d.push_back({{"depth", in.depth}, {"tokens", in.tokens}});
+    }
+    j["distractors"] = d;
+  }
+  return j;
 }
 
 StatusOr<NeedleScore> ScoreNeedleTrial(Model& model, const NeedleTrial& trial,
@@ -384,6 +483,7 @@ StatusOr<NeedleReport> RunNeedle(Model& model, const NeedleOptions& o, std::ostr
       rec.answer_tokens = static_cast<int>(trial.answer.size());
       rec.filler_offset = trial.filler_offset;
       rec.needle = trial.needle;
+      rec.distractors = trial.distractors;
       rec.query = trial.query;
       rec.answer = trial.answer;
       if (dump.is_open()) {
@@ -505,7 +605,8 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
                        {"filler_hash", TokenHash(r.filler)},
                        {"prefix", "BOS (if bos >= 0), filler[(filler_offset + i) % filler_tokens] "
                                   "until depth tokens, needle_ids, the filler continuing until "
-                                  "length tokens"}};
+                                  "length tokens; kv-multikey: each of distractors and the "
+                                  "asked needle inserted at its depth, in depth order"}};
   j["seed"] = o.seed;
   j["intact_nats"] = o.intact_nats;
   j["baseline_gate_nats"] = o.baseline_gate_nats;
@@ -573,6 +674,10 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
       if (!t.results[c].block_levels.empty()) rj["block_levels"] = t.results[c].block_levels;
       res.push_back(std::move(rj));
     }
+    nlohmann::json distractors = nlohmann::json::array();
+    for (const NeedleTrial::Insert& in : t.distractors) {
+      distractors.push_back({{"depth", in.depth}, {"tokens", in.tokens}});
+    }
     j["trials"].push_back({{"length", t.length},
                            {"trial", t.index},
                            {"depth", t.depth},
@@ -581,6 +686,7 @@ nlohmann::json NeedleJson(const NeedleReport& r) {
                            {"answer_tokens", t.answer_tokens},
                            {"filler_offset", t.filler_offset},
                            {"needle_ids", t.needle},
+                           {"distractors", distractors},
                            {"query_ids", t.query},
                            {"answer_ids", t.answer},
                            {"reference_nll", t.reference_nll},

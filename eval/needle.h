@@ -19,11 +19,18 @@
 #include "eval/stats.h"
 #include "model/model.h"
 
+namespace strata {
+class Rng;
+}
+
 namespace strata::eval {
 
 enum class NeedleFormat {
   kText,      // needle and question sentences through the model's tokenizer
   kKvTokens,  // the char-level testbed vocabulary: "KEY v1 v2" needle, "KEY" query, "v1 v2" answer
+  // The same vocabulary, RULER's niah_multikey shape: n_keys needles "KEY k v1 v2" (distinct key
+  // names k and distinct values) at independent depths, query "KEY k_q", answer "v1_q v2_q".
+  kKvMultikey,
 };
 StatusOr<NeedleFormat> ParseNeedleFormat(const std::string& text);
 const char* NeedleFormatName(NeedleFormat f);
@@ -44,6 +51,10 @@ struct KvTokenIds {
   // (after whitespace is collapsed to single spaces) from char_first, wrapping around the
   // vocabulary.
   std::string charset;
+  // kv-multikey: the key names (slot 2 of the testbed vocabulary) and the needles per prefix.
+  int32_t keyname_first = 34;
+  int32_t keyname_count = 16;
+  int32_t n_keys = 4;
 };
 
 struct NeedleOptions {
@@ -95,6 +106,13 @@ struct NeedleTrial {
   std::vector<int32_t> needle;  // the inserted tokens (prefix[depth, depth + needle.size()))
   std::vector<int32_t> query;   // fed after the compression point
   std::vector<int32_t> answer;  // scored, teacher-forced, after the query
+  // kv-multikey: the other needles (not asked), each at its own position in `prefix`; `depth`
+  // and `needle` are the asked one's. Sorted by position; none overlaps another.
+  struct Insert {
+    int64_t depth = 0;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<Insert> distractors;
 };
 
 // Builds trials for one model and option set. Trial i depends only on (seed, i, T): its RNG is
@@ -108,6 +126,8 @@ class NeedleBuilder {
   int32_t bos() const { return bos_; }  // -1: the prefix starts with filler
 
  private:
+  StatusOr<NeedleTrial> BuildMultikey(int64_t length, int64_t index, Rng& rng,
+                                      NeedleTrial* t) const;
   NeedleOptions o_;
   const Tokenizer* tok_ = nullptr;
   int64_t n_vocab_ = 0;
@@ -121,6 +141,12 @@ class NeedleBuilder {
 std::vector<int32_t> RebuildPrefix(const std::vector<int32_t>& filler, int32_t bos,
                                    int64_t filler_offset, int64_t depth,
                                    const std::vector<int32_t>& needle, int64_t length);
+// The same with several inserts (sorted by depth, not overlapping): the filler runs on between
+// them, so the prefix is BOS, filler, insert 0 at its depth, filler, insert 1, ... to `length`.
+std::vector<int32_t> RebuildPrefix(const std::vector<int32_t>& filler, int32_t bos,
+                                   int64_t filler_offset,
+                                   const std::vector<NeedleTrial::Insert>& inserts,
+                                   int64_t length);
 
 // The RNG seed of trial i (SplitMix-style mix of seed and i).
 uint64_t TrialSeed(uint64_t seed, int64_t index);
@@ -167,6 +193,7 @@ struct NeedleTrialRecord {
   // offset and the needle, question and answer token ids.
   int64_t filler_offset = 0;
   std::vector<int32_t> needle, query, answer;
+  std::vector<NeedleTrial::Insert> distractors;  // kv-multikey: the needles not asked
   double reference_nll = 0;
   bool reference_answered = false;
   bool dropped = false;                     // reference NLL >= the baseline gate

@@ -2,9 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <unistd.h>
 
 #include "core/rng.h"
@@ -93,6 +95,77 @@ TEST_F(NeedleTest, NeedleIsInThePrefixAtTheChosenDepth) {
   }
 }
 
+// The multi-key form: n needles "KEY k v1 v2" with distinct names and values, at their recorded
+// depths, in order and apart; the query names the asked one and the answer is its values; the
+// KEY, key-name and value ids occur nowhere else; a trial is a function of (seed, index, T).
+TEST_F(NeedleTest, MultikeyNeedlesAreDistinctAndTheAskedOneIsQueried) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  NeedleOptions o;
+  o.format = NeedleFormat::kKvMultikey;
+  o.seed = seed;
+  auto b = NeedleBuilder::Create(*retrieval_model_, o);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  Rng rng(seed);
+  std::vector<int> asked(4, 0);
+  for (int it = 0; it < 60; ++it) {
+    const int64_t T = 64 + static_cast<int64_t>(rng.Below(2000));
+    const int64_t index = static_cast<int64_t>(rng.Below(1000));
+    auto t = b->Build(T, index);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    ASSERT_EQ(static_cast<int64_t>(t->prefix.size()), T);
+    ASSERT_EQ(t->distractors.size(), 3u);
+    std::vector<NeedleTrial::Insert> all = t->distractors;
+    all.push_back({t->depth, t->needle});
+    std::sort(all.begin(), all.end(), [](auto& x, auto& y) { return x.depth < y.depth; });
+    std::set<int32_t> names, v1s, v2s;
+    for (size_t i = 0; i < all.size(); ++i) {
+      const auto& in = all[i];
+      ASSERT_EQ(in.tokens.size(), 4u);
+      if (i > 0) EXPECT_GE(in.depth, all[i - 1].depth + 4) << "needles overlap";
+      ASSERT_LE(in.depth + 4, T);
+      for (size_t j = 0; j < 4; ++j) EXPECT_EQ(t->prefix[in.depth + j], in.tokens[j]);
+      EXPECT_EQ(in.tokens[0], 1);  // KEY
+      EXPECT_GE(in.tokens[1], 34);
+      EXPECT_LT(in.tokens[1], 50);
+      EXPECT_GE(in.tokens[2], 2);
+      EXPECT_LT(in.tokens[2], 18);
+      EXPECT_GE(in.tokens[3], 18);
+      EXPECT_LT(in.tokens[3], 34);
+      names.insert(in.tokens[1]);
+      v1s.insert(in.tokens[2]);
+      v2s.insert(in.tokens[3]);
+      // Inside [0.1, 0.8) of the prefix, give or take the needles before it.
+      EXPECT_GE(static_cast<double>(in.depth), 0.1 * (T - 17));
+      EXPECT_LT(static_cast<double>(in.depth), 0.8 * T + 16);
+      if (in.depth == t->depth) asked[i]++;
+    }
+    EXPECT_EQ(names.size(), 4u);
+    EXPECT_EQ(v1s.size(), 4u);
+    EXPECT_EQ(v2s.size(), 4u);
+    EXPECT_EQ(t->query, (std::vector<int32_t>{1, t->needle[1]}));
+    EXPECT_EQ(t->answer, (std::vector<int32_t>{t->needle[2], t->needle[3]}));
+    int specials = 0;
+    for (int32_t id : t->prefix) specials += id >= 1 && id < 50;
+    EXPECT_EQ(specials, 16) << "KEY, names and values occur only in the needles";
+    auto again = b->Build(T, index);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(again->prefix, t->prefix);
+    EXPECT_EQ(again->query, t->query);
+  }
+  for (int i = 0; i < 4; ++i) EXPECT_GT(asked[i], 0) << "needle " << i << " never asked";
+  // Bad settings are named.
+  o.kv.n_keys = 17;
+  auto bad = NeedleBuilder::Create(*retrieval_model_, o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--kv-keys 17"), std::string::npos)
+      << bad.status().message();
+  o.kv.n_keys = 4;
+  auto short_len = NeedleBuilder::Create(*retrieval_model_, o)->Build(18, 0);
+  ASSERT_FALSE(short_len.ok());
+  EXPECT_NE(short_len.status().message().find("--len 18"), std::string::npos);
+}
+
 TEST_F(NeedleTest, TrialIIsTheSameForAnyTrialCountAboveI) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
@@ -141,7 +214,8 @@ TEST_F(NeedleTest, TrialIIsTheSameForAnyTrialCountAboveI) {
 TEST_F(NeedleTest, RecordedTrialsRebuildAndReproduce) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE("seed " + std::to_string(seed));
-  for (NeedleFormat f : {NeedleFormat::kText, NeedleFormat::kKvTokens}) {
+  for (NeedleFormat f :
+       {NeedleFormat::kText, NeedleFormat::kKvTokens, NeedleFormat::kKvMultikey}) {
     SCOPED_TRACE(NeedleFormatName(f));
     Model* m = f == NeedleFormat::kText ? text_model_ : retrieval_model_;
     NeedleOptions o = f == NeedleFormat::kText ? NeedleOptions() : KvOptions();
@@ -178,15 +252,24 @@ TEST_F(NeedleTest, RecordedTrialsRebuildAndReproduce) {
       EXPECT_EQ(d["length"], T);
       EXPECT_EQ(d["trial"], rec["trial"]);
       const auto needle = rec["needle_ids"].get<std::vector<int32_t>>();
-      // The recipe, independently: BOS, filler from the offset, the needle at depth, filler.
+      // The recipe, independently: BOS, filler from the offset, each needle at its depth (the
+      // asked one and the distractors, in depth order), filler.
+      std::vector<std::pair<int64_t, std::vector<int32_t>>> inserts = {{depth, needle}};
+      for (const auto& d : rec["distractors"]) {
+        inserts.push_back({d["depth"].get<int64_t>(), d["tokens"].get<std::vector<int32_t>>()});
+      }
+      EXPECT_EQ(inserts.size(), f == NeedleFormat::kKvMultikey ? 4u : 1u);
+      std::sort(inserts.begin(), inserts.end());
       std::vector<int32_t> rebuilt;
       size_t fi = static_cast<size_t>(off);
       if (bos >= 0) rebuilt.push_back(bos);
-      while (static_cast<int64_t>(rebuilt.size()) < depth) {
-        rebuilt.push_back(filler[fi]);
-        fi = (fi + 1) % filler.size();
+      for (const auto& [at, tokens] : inserts) {
+        while (static_cast<int64_t>(rebuilt.size()) < at) {
+          rebuilt.push_back(filler[fi]);
+          fi = (fi + 1) % filler.size();
+        }
+        for (int32_t id : tokens) rebuilt.push_back(id);
       }
-      for (int32_t id : needle) rebuilt.push_back(id);
       while (static_cast<int64_t>(rebuilt.size()) < T) {
         rebuilt.push_back(filler[fi]);
         fi = (fi + 1) % filler.size();
