@@ -1,10 +1,11 @@
 // `strata bench attention`: per-step decode attention time, bytes read and resident bytes of the
-// registered cache policies over one synthetic layer (MLA or GQA), with the ratios against `full`
-// measured in the same process.
+// registered cache policies over one attention layer (MLA or GQA), with the ratios against `full`
+// measured in the same process. The layer's rows and decode queries are a model's own (captured
+// from its prefill and decode, cli/bench_capture.h) or, with --rows random, synthetic.
 //
 // Every policy is built by the registry (kv/registry.h) from its `--policy` item
 // (NAME[:key=value...], the shorthand flags filling the shared settings) and runs through
-// KvCache exactly as in decoding: `ctx` synthetic rows (the same rows for every policy), an
+// KvCache exactly as in decoding: `ctx` rows (the same rows for every policy), an
 // explicit compression point (Compress(): no prefill observation, so policies that learn from
 // prompt queries start from the first decode query), `warmup` untimed decode steps, then `steps`
 // timed ones: append one token and read it through the policy (KvCache::Attend). The caches are
@@ -15,12 +16,15 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "cli/bench_capacity_mla.h"
+#include "cli/bench_capture.h"
 #include "cli/bench_geodesia.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -70,6 +74,7 @@ struct Row {
   double bytes = 0;          // KV bytes read per step (the engine's counters)
   double rows = 0;           // rows attended per step (per KV head summed)
   double fetched = 0;        // rows recalled from an archive per step
+  int64_t fallbacks = -1;    // VestigeKV: timed steps its recall tier read densely (-1: n/a)
   int64_t resident = 0;
   // Geodesia: the reference rate accounting (GeodesiaStats) and the share of blocks at 16/8/4/2/1.
   bool geodesia = false;
@@ -88,16 +93,30 @@ void AddBenchAttentionCommand(CLI::App* bench, BenchAttentionOptions* o) {
   CLI::App* cmd = bench->add_subcommand(
       "attention",
       "Per-step decode attention time, bytes read and resident bytes of registered policies "
-      "over one synthetic MLA or GQA layer, against full in the same run");
+      "over one MLA or GQA layer (a model's own rows and decode queries, or random rows), "
+      "against full in the same run");
   cmd->add_option("--kind", o->kind, "Layer kind: mla or gqa")->capture_default_str();
   cmd->add_option("--ctx", o->ctx, "Context lengths in tokens (comma-separated)")
       ->capture_default_str();
-  cmd->add_option("--heads", o->heads, "mla: query heads")->capture_default_str();
-  cmd->add_option("--d-c", o->d_c, "mla: latent width d_c")->capture_default_str();
-  cmd->add_option("--d-r", o->d_r, "mla: branch width d_r")->capture_default_str();
-  cmd->add_option("--q-heads", o->q_heads, "gqa: query heads")->capture_default_str();
-  cmd->add_option("--kv-heads", o->kv_heads, "gqa: KV heads")->capture_default_str();
-  cmd->add_option("--head-dim", o->head_dim, "gqa: head dim")->capture_default_str();
+  cmd->add_option("--rows", o->rows,
+                  "Where rows and queries come from: model (the model's own prefill of a needle "
+                  "trial over the built-in KJV haystack, then its decode queries) or random "
+                  "(synthetic rows and queries: no attention structure, the worst case for a "
+                  "certified recall)")
+      ->capture_default_str();
+  cmd->add_option("-m,--model", o->model,
+                  std::string("--rows model: the GGUF (default: models/") +
+                      kBenchAttentionMlaModel + " for mla, models/" + kBenchAttentionGqaModel +
+                      " for gqa)");
+  cmd->add_option("--layer", o->layer,
+                  "--rows model: the model's cache layer to capture (-1: its last of --kind)")
+      ->capture_default_str();
+  cmd->add_option("--heads", o->heads, "--rows random, mla: query heads (default 16)");
+  cmd->add_option("--d-c", o->d_c, "--rows random, mla: latent width d_c (default 512)");
+  cmd->add_option("--d-r", o->d_r, "--rows random, mla: branch width d_r (default 64)");
+  cmd->add_option("--q-heads", o->q_heads, "--rows random, gqa: query heads (default 32)");
+  cmd->add_option("--kv-heads", o->kv_heads, "--rows random, gqa: KV heads (default 8)");
+  cmd->add_option("--head-dim", o->head_dim, "--rows random, gqa: head dim (default 128)");
   cmd->add_option("--policy", o->policy,
                   "Policies, comma-separated, each NAME[@X][:key=value...] (`strata policies`); "
                   "full is always measured. Default: " +
@@ -107,7 +126,8 @@ void AddBenchAttentionCommand(CLI::App* bench, BenchAttentionOptions* o) {
   cmd->add_option("--steps", o->steps, "Timed decode steps")->capture_default_str();
   cmd->add_option("--warmup", o->warmup, "Untimed decode steps first")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
-  cmd->add_option("--seed", o->seed, "Seed of the synthetic rows and queries")
+  cmd->add_option("--seed", o->seed, "Seed of the synthetic rows and queries, or of the model's "
+                                     "needle trial")
       ->capture_default_str();
   cmd->add_option("--attn-math", o->attn_math,
                   "Attention arithmetic(s), comma-separated (f32, bf16, int8, auto): every policy "
@@ -133,18 +153,60 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
   }
   if (o.steps < 1 || o.warmup < 0) return fail("--steps must be >= 1 and --warmup >= 0");
   if (o.threads < 0) return fail("--threads must be >= 0, got " + std::to_string(o.threads));
+  if (o.rows != "model" && o.rows != "random") {
+    return fail("--rows must be model or random, got '" + o.rows + "'");
+  }
+  const bool model_rows = o.rows == "model";
+  const bool shape_given = o.heads || o.d_c || o.d_r || o.q_heads || o.kv_heads || o.head_dim;
+  if (model_rows && shape_given) {
+    return fail("--heads, --d-c, --d-r, --q-heads, --kv-heads and --head-dim shape random rows; "
+                "with --rows model the layer's geometry is the model's (add --rows random)");
+  }
+  if (!model_rows && (!o.model.empty() || o.layer != -1)) {
+    return fail("-m and --layer choose the model whose rows are read; they need --rows model");
+  }
+  const int threads = o.threads > 0 ? CapThreads("--threads", o.threads, err) : HardwareThreads();
+  ThreadPool pool(threads);
   LayerGeometry g;
-  if (mla) {
-    if (o.heads < 1) return fail("--heads must be >= 1, got " + std::to_string(o.heads));
-    if (o.d_c < 1 || o.d_r < 0) return fail("--d-c must be >= 1 and --d-r >= 0");
-    g = MlaGeometry(o.heads, o.d_c, o.d_r);
-  } else {
-    if (o.kv_heads < 1 || o.q_heads < o.kv_heads || o.q_heads % o.kv_heads != 0) {
-      return fail("--q-heads " + std::to_string(o.q_heads) +
-                  " must be a multiple of --kv-heads " + std::to_string(o.kv_heads));
+  std::unique_ptr<Model> model;
+  std::string model_path;
+  if (model_rows) {
+    model_path = !o.model.empty() ? o.model
+                                  : DefaultModelsDir() + "/" +
+                                        (mla ? kBenchAttentionMlaModel : kBenchAttentionGqaModel);
+    auto m = Model::Load(model_path);
+    if (!m.ok()) {
+      return fail(m.status().WithContext("cannot load model '" + model_path + "' (-m)").message());
     }
-    if (o.head_dim < 1) return fail("--head-dim must be >= 1");
-    g = GqaGeometry(o.q_heads, o.kv_heads, o.head_dim);
+    model = std::move(*m);
+    const std::vector<int> layers = AttentionLayers(*model, mla);
+    if (layers.empty()) {
+      return fail("model '" + model_path + "' has no global " + (mla ? "MLA" : "GQA") +
+                  " attention layer (--kind " + o.kind + ")");
+    }
+    const int li = o.layer < 0 ? layers.back() : o.layer;
+    if (std::find(layers.begin(), layers.end(), li) == layers.end()) {
+      std::string list;
+      for (int c : layers) list += (list.empty() ? "" : ", ") + std::to_string(c);
+      return fail("--layer " + std::to_string(o.layer) + " is not one of the model's " +
+                  (mla ? "MLA" : "GQA") + " cache layers (" + list + ")");
+    }
+    g = model->CacheLayers()[li];
+    g.model_layer = -1;
+  } else if (mla) {
+    const int heads = o.heads ? o.heads : 16, d_c = o.d_c ? o.d_c : 512, d_r = o.d_r ? o.d_r : 64;
+    if (heads < 1) return fail("--heads must be >= 1, got " + std::to_string(heads));
+    if (d_c < 1 || d_r < 0) return fail("--d-c must be >= 1 and --d-r >= 0");
+    g = MlaGeometry(heads, d_c, d_r);
+  } else {
+    const int qh = o.q_heads ? o.q_heads : 32, kvh = o.kv_heads ? o.kv_heads : 8;
+    const int hd = o.head_dim ? o.head_dim : 128;
+    if (kvh < 1 || qh < kvh || qh % kvh != 0) {
+      return fail("--q-heads " + std::to_string(qh) + " must be a multiple of --kv-heads " +
+                  std::to_string(kvh));
+    }
+    if (hd < 1) return fail("--head-dim must be >= 1");
+    g = GqaGeometry(qh, kvh, hd);
   }
   std::vector<std::string> items = SplitComma(
       o.policy.empty() ? (mla ? kBenchAttentionMlaPolicies : kBenchAttentionGqaPolicies)
@@ -199,17 +261,39 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
     items = std::move(labels);
     specs = std::move(all_specs);
   }
-  const int threads = o.threads > 0 ? CapThreads("--threads", o.threads, err) : HardwareThreads();
-  ThreadPool pool(threads);
   const int64_t n_kv = int64_t{g.n_kv_heads} * g.k_dim;
   std::vector<float> k(n_kv), v(n_kv), q(int64_t{g.n_q_heads} * g.k_dim),
       att(int64_t{g.n_q_heads} * g.v_dim);
   std::vector<Row> rows;
   std::vector<std::string> describe(items.size());
+  std::string source = "random rows and queries (seed " + std::to_string(o.seed) +
+                       "): no attention structure, the worst case for a certified recall";
   for (int64_t ctx : *ctxs) {
-    std::vector<std::unique_ptr<KvCache>> caches;
+    std::optional<CapturedLayer> captured;
     std::vector<RowSource> sources;
+    if (model_rows) {
+      auto c = CaptureLayer(*model, mla, o.layer, ctx, o.warmup + o.steps, o.seed, &pool, err);
+      if (!c.ok()) return fail(c.status().message());
+      captured = std::move(*c);
+      g = captured->geometry;
+      g.model_layer = -1;
+      source = "model rows: " + model_path + ", cache layer " + std::to_string(captured->layer) +
+               " (model layer " + std::to_string(captured->geometry.model_layer) +
+               "), its prefill of a " + captured->format + " needle trial (seed " +
+               std::to_string(o.seed) + ", needle at " + std::to_string(captured->needle_depth) +
+               ") over the built-in KJV haystack, then its own decode queries";
+    }
+    // Row t and decode query s of this ctx: the model's, or the synthetic source's.
+    auto row = [&](size_t i, int64_t t, float* k, float* v) {
+      if (!captured) return sources[i].Row(t, k, v);
+      std::memcpy(k, captured->key_row(t), sizeof(float) * captured->k_stride());
+      if (captured->v_stride()) {
+        std::memcpy(v, captured->val_row(t), sizeof(float) * captured->v_stride());
+      }
+    };
+    std::vector<std::unique_ptr<KvCache>> caches;
     std::vector<CacheCounters> counters0(items.size());  // before the timed steps
+    std::vector<int64_t> fallbacks0(items.size(), 0);
     for (size_t i = 0; i < items.size(); ++i) {
       auto policy = MakePolicy(specs[i]);
       if (!policy.ok()) return fail("--policy " + items[i] + ": " + policy.status().message());
@@ -224,7 +308,7 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       sources.emplace_back(o.seed + static_cast<uint64_t>(ctx), g);
       Status st = cache.BeginCall(ctx, CallKind::kPrefill, &pool);
       for (int64_t t = 0; t < ctx && st.ok(); ++t) {
-        sources.back().Row(t, k.data(), v.data());
+        row(i, t, k.data(), v.data());
         st = cache.Append(0, k.data(), v.data());
       }
       if (st.ok()) st = cache.EndCall();
@@ -239,10 +323,14 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       for (size_t i = 0; i < n_pol; ++i) {
         KvCache& cache = *caches[i];
         const int64_t pos = cache.n_tokens();
-        sources[i].Row(pos, k.data(), v.data());
+        row(i, pos, k.data(), v.data());
         Status st = cache.BeginCall(1, CallKind::kDecode, &pool);
         if (st.ok()) st = cache.Append(0, k.data(), v.data());
-        sources[i].Query(q.data(), static_cast<int>(q.size()));
+        if (captured) {
+          std::memcpy(q.data(), captured->query(s), sizeof(float) * q.size());
+        } else {
+          sources[i].Query(q.data(), static_cast<int>(q.size()));
+        }
         const auto t0 = Clock::now();
         const double c0 = ThreadCpuSeconds();
         if (st.ok()) st = cache.Attend(0, q.data(), pos, &pool, att.data());
@@ -250,7 +338,12 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
         const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
         if (st.ok()) st = cache.EndCall();
         if (!st.ok()) return fail("--policy " + items[i] + ": decode step: " + st.ToString());
-        if (s + 1 == o.warmup) counters0[i] = cache.counters();
+        if (s + 1 == o.warmup) {
+          counters0[i] = cache.counters();
+          if (auto* vp = dynamic_cast<VestigePolicy*>(&cache.policy())) {
+            fallbacks0[i] = vp->fallbacks();
+          }
+        }
         if (s >= o.warmup) {
           times[i].push_back(ms);
           cpu_times[i].push_back(cpu_ms);
@@ -279,8 +372,11 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       r.resident = cache.ResidentBytes();
       r.achieved = MeasureAchieved(cache, counters0[i]);
       r.check = CheckAchieved(items[i] + " ctx " + std::to_string(ctx), r.achieved);
-      if (auto* vp = dynamic_cast<VestigePolicy*>(&cache.policy()); vp && vp->closes() > 0) {
-        r.ms_per_close = 1e3 * vp->close_seconds() / static_cast<double>(vp->closes());
+      if (auto* vp = dynamic_cast<VestigePolicy*>(&cache.policy())) {
+        if (vp->closes() > 0) {
+          r.ms_per_close = 1e3 * vp->close_seconds() / static_cast<double>(vp->closes());
+        }
+        if (vp->config().recall) r.fallbacks = vp->fallbacks() - fallbacks0[i];
       }
       if (auto* geo = dynamic_cast<GeodesiaPolicy*>(&cache.policy())) {
         r.geodesia = true;
@@ -304,6 +400,7 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
   out << "bench attention: " << o.kind << " " << g.ToString() << ", " << pool.size()
       << " threads; best of " << o.steps << " decode steps after " << o.warmup
       << " untimed; ratios vs full in this run\n"
+      << "rows: " << source << "\n"
       << CpuDotSummary() << "\n";
   for (size_t i = 0; i < items.size(); ++i) out << "  " << items[i] << ": " << describe[i] << "\n";
   // Every column, defined once: the header is built from this list and the legend printed
@@ -321,6 +418,8 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       {"read ratio", "KV bytes read/step / full's at the same ctx"},
       {"rows read/step", "rows whose full K/V were read per step, summed over KV heads"},
       {"fetched/step", "rows recalled from an archive file per step (VestigeKV; 0 for others)"},
+      {"fallbacks", "VestigeKV with recall: timed steps whose recall tier read every row densely "
+                    "('-': no recall tier)"},
       {"resident", "bytes the policy holds in RAM after the timed steps"},
       {"resident ratio", "resident / full's resident at the same ctx"},
       {"rows kept", "rows the policy reads without a recall / rows visible ('-': no selection)"},
@@ -344,7 +443,9 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
               FormatFixed(r.cpu_ms, 3), FormatFixed(full->cpu_ms / r.cpu_ms, 2) + "x",
               FormatBytes(r.bytes),
               FormatFixed(r.bytes / full->bytes, 4), FormatFixed(r.rows, 1),
-              FormatFixed(r.fetched, 1), FormatBytes(static_cast<double>(r.resident)),
+              FormatFixed(r.fetched, 1),
+              r.fallbacks >= 0 ? std::to_string(r.fallbacks) + "/" + std::to_string(o.steps) : "-",
+              FormatBytes(static_cast<double>(r.resident)),
               FormatFixed(static_cast<double>(r.resident) / full->resident, 4),
               eval::KeptText(r.achieved), eval::CompressedText(r.achieved, r.check),
               r.ms_per_close >= 0 ? FormatFixed(r.ms_per_close, 3) : "-",
@@ -363,6 +464,8 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
                        {"read_ratio_vs_full", r.bytes / full->bytes},
                        {"rows_read_per_step", r.rows},
                        {"rows_fetched_per_step", r.fetched},
+                       {"recall_fallbacks", r.fallbacks >= 0 ? nlohmann::json(r.fallbacks)
+                                                             : nlohmann::json(nullptr)},
                        {"resident_bytes", r.resident},
                        {"resident_ratio_vs_full", static_cast<double>(r.resident) / full->resident},
                        {"level_shares_16_8_4_2_1", r.levels}});
@@ -376,11 +479,11 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
   }
   t.Print(out);
   PrintLegend(columns, out);
-  if (mla && o.d_r > 0) {
+  if (mla && g.rope_dim > 0) {
     // The selector's sigma on one random 4096-row block of this geometry (branch channels,
     // kappa 16), both back-ends in this run on this thread: best of 5 each.
     const int64_t n = 4096;
-    const int width = o.d_c + o.d_r;
+    const int width = g.k_dim;
     Rng rng(o.seed);
     std::vector<uint16_t> block(static_cast<size_t>(n) * width);
     for (auto& v : block) v = F32ToBf16(static_cast<float>(rng.Normal()));
@@ -391,7 +494,7 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       double best = 1e30;
       for (int rep = 0; rep < 6; ++rep) {  // the first call builds the tables: untimed
         const auto t0 = Clock::now();
-        bs.Compute(block.data(), width, n, width, o.d_c, 16, sigma.data());
+        bs.Compute(block.data(), width, n, width, g.v_dim, 16, sigma.data());
         const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
         if (rep > 0) best = std::min(best, ms);
       }
@@ -399,7 +502,7 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
     };
     const double direct = best_ms(BlockSigma::Path::kDirect);
     const double fft = best_ms(BlockSigma::Path::kFft);
-    out << "selector sigma per " << n << "-row close (" << o.d_r
+    out << "selector sigma per " << n << "-row close (" << g.rope_dim
         << " branch channels, kappa 16, 1 thread, best of 5): direct partial DFT "
         << FormatFixed(direct, 3) << " ms (used), KissFFT " << FormatFixed(fft, 3) << " ms; "
         << FormatFixed(fft / direct, 2) << "x\n";
@@ -425,7 +528,7 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
   if (!o.json_path.empty()) {
     nlohmann::json pol = nlohmann::json::object();
     for (size_t i = 0; i < items.size(); ++i) pol[items[i]] = describe[i];
-    nlohmann::json j = {{"bench", "attention"}, {"kind", o.kind},
+    nlohmann::json j = {{"bench", "attention"}, {"kind", o.kind}, {"rows", source},
                         {"geometry", g.ToString()}, {"threads", pool.size()},
                         {"steps", o.steps},     {"warmup", o.warmup},
                         {"policies", pol},      {"results", results},

@@ -393,7 +393,8 @@ TEST_F(CliTest, GenerateVerbosePrintsBlockLevelHistograms) {
 
 // `bench attention` runs registered policies through the registry for both layer kinds.
 TEST_F(CliTest, BenchAttentionRunsRegisteredPolicies) {
-  Result g = Strata({"bench", "attention", "--kind", "gqa", "--ctx", "512", "--q-heads", "4",
+  Result g = Strata({"bench", "attention", "--kind", "gqa", "--rows", "random", "--ctx", "512",
+                     "--q-heads", "4",
                      "--kv-heads", "2", "--head-dim", "32", "--steps", "1", "--warmup", "0",
                      "--threads", "1", "--policy", "geodesia@5,cquest,streaming", "--ratio",
                      "4", "--attn-math", "f32"});
@@ -403,7 +404,8 @@ TEST_F(CliTest, BenchAttentionRunsRegisteredPolicies) {
   }
   EXPECT_NE(g.out.find("group 32 (auto: head dim 32)"), std::string::npos) << g.out;
   EXPECT_NE(g.out.find("streaming: streaming"), std::string::npos) << g.out;
-  Result m = Strata({"bench", "attention", "--kind", "mla", "--ctx", "256", "--heads", "2",
+  Result m = Strata({"bench", "attention", "--kind", "mla", "--rows", "random", "--ctx", "256",
+                     "--heads", "2",
                      "--d-c", "64", "--d-r", "16", "--steps", "1", "--warmup", "0", "--threads",
                      "1", "--policy", "vestige:recall=off:block=64:kappa=2", "--ratio", "4",
                      "--attn-math", "f32", "--json", Path("bench_attention.json")});
@@ -857,7 +859,8 @@ TEST_F(CliTest, GenerateSaysWhatThePolicyAchieved) {
 // figures are then full's) and does not say so when it does.
 TEST_F(CliTest, BenchAttentionWarnsWhenNoBlockCloses) {
   const std::string json = Path("bench_attention.json");
-  Result r = Strata({"bench", "attention", "--ctx", "2048,4160", "--policy", "full,vestige",
+  Result r = Strata({"bench", "attention", "--rows", "random", "--ctx", "2048,4160", "--policy",
+                     "full,vestige",
                      "--steps", "1", "--threads", "1", "--attn-math", "f32", "--json", json});
   ASSERT_EQ(r.code, 0) << r.err;
   // 2048 rows + the 2 untimed and 1 timed decode steps: no 4096-row block closes.

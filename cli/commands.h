@@ -180,6 +180,9 @@ int RunBenchPrefill(const BenchPrefillOptions& o, std::ostream& out, std::ostrea
 // `strata bench attention` (cli/bench_attention.cc): per-step decode attention of registered
 // policies vs full over one synthetic MLA or GQA layer.
 inline constexpr const char* kBenchAttentionMlaPolicies = "full,vestige:recall=off,vestige";
+// The models `bench attention --rows model` reads by default (in the models directory).
+inline constexpr const char* kBenchAttentionMlaModel = "nope-mla.gguf";
+inline constexpr const char* kBenchAttentionGqaModel = "gqa.gguf";
 // The paper's Geodesia at 5 and 2.5 bits (issue 21's speed goals are the reference's), the default
 // geodesia (retrieval profile) and Compressed-Quest.
 inline constexpr const char* kBenchAttentionGqaPolicies =
@@ -189,12 +192,18 @@ struct BenchAttentionOptions {
   std::string ctx;     // empty: 8192,32768 (mla), 16384 (gqa)
   std::string policy;  // empty: kBenchAttentionMlaPolicies or kBenchAttentionGqaPolicies
   PolicyFlags policy_flags;
-  int heads = 16;  // mla
-  int d_c = 512;
-  int d_r = 64;
-  int q_heads = 32;  // gqa
-  int kv_heads = 8;
-  int head_dim = 128;
+  // Where rows and queries come from: "model" (a model's own prefill and decode queries,
+  // cli/bench_capture.h) or "random" (synthetic rows: the worst case for a certified recall).
+  std::string rows = "model";
+  std::string model;  // empty: kBenchAttentionMlaModel / kBenchAttentionGqaModel in models/
+  int layer = -1;     // the model's cache layer; -1: its last of the kind
+  // --rows random geometry; 0: the default (mla 16 heads, d_c 512, d_r 64; gqa 32/8/128).
+  int heads = 0;  // mla
+  int d_c = 0;
+  int d_r = 0;
+  int q_heads = 0;  // gqa
+  int kv_heads = 0;
+  int head_dim = 0;
   int steps = 8;
   int warmup = 2;
   int threads = 0;  // 0: hardware concurrency

@@ -77,7 +77,8 @@ void ExpectLegendDefinesEveryColumn(const std::string& out, const std::string& f
 // Defect 9: bench attention's table defines every column; --kind names both kinds; GQA accepts
 // a context list like MLA.
 TEST_F(ReportsTest, BenchAttentionLegendKindAndContextLists) {
-  CliResult g = Strata({"bench", "attention", "--kind", "gqa", "--ctx", "256,320", "--q-heads",
+  CliResult g = Strata({"bench", "attention", "--kind", "gqa", "--rows", "random", "--ctx",
+                        "256,320", "--q-heads",
                         "4", "--kv-heads", "2", "--head-dim", "32", "--policy", "full,kivi2",
                         "--steps", "2", "--warmup", "1", "--threads", "1"});
   ASSERT_EQ(g.code, 0) << g.err;

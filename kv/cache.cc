@@ -211,6 +211,7 @@ Status KvCache::Attend(int layer, const float* q, int64_t pos, ThreadPool* pool,
   STRATA_CHECK_MSG(pos >= 0 && pos < store.n_rows(), "query at %lld but %lld rows",
                    static_cast<long long>(pos), static_cast<long long>(store.n_rows()));
   CheckSealed(layer, "query");
+  if (query_tap_) query_tap_(layer, pos, q);
   const LayerGeometry& g = store.geometry();
   SoftmaxStates st = scratch_.states();
   st.n_heads = g.n_q_heads;

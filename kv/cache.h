@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -172,6 +173,12 @@ class KvCache {
   // The policy's summaries of every global layer, summed (PolicySummary::Add).
   PolicySummary Summary() const;
 
+  // Sees every query Attend serves (model layer, position, q as Attend takes it) before it is
+  // read: benchmarks capture a model's own decode queries with it. Empty (the default): none.
+  // A fork starts without one.
+  using QueryTap = std::function<void(int layer, int64_t pos, const float* q)>;
+  void set_query_tap(QueryTap tap) { query_tap_ = std::move(tap); }
+
  private:
   KvCache(std::vector<LayerGeometry> layers, std::unique_ptr<Policy> policy,
           RecurrentGeometry recurrent);
@@ -205,6 +212,7 @@ class KvCache {
   SoftmaxStateBuffer scratch_;
   CacheCounters counters_;
   Status status_;
+  QueryTap query_tap_;
   // The running call.
   bool in_call_ = false;
   CacheCall call_;
