@@ -77,7 +77,7 @@ class Config:
         return asdict(self)
 
 
-KINDS = ("nope", "rope", "gqa", "kimi")
+KINDS = ("nope", "rope", "gqa", "kimi", "nope576")
 
 
 def config_for(kind: str) -> Config:
@@ -87,6 +87,16 @@ def config_for(kind: str) -> Config:
         # KDA, KDA, NoPE MLA: Kimi Linear's 3:1 pattern in miniature; rms_norm_eps 1e-5 as the
         # real config (also the o_norm eps and the MLA kv_a_layernorm eps).
         return Config(kind=kind, n_layers=3, rms_eps=1e-5, kda_layers=(0, 1))
+    if kind == "nope576":
+        # NoPE MLA with Kimi Linear's cache row [c_hat 512 ; r 64] (kv_lora_rank 512,
+        # qk_rope_head_dim 64, mla_use_nope). The body is small: d_model 256, 4 heads with
+        # qk_nope 64 and v 64 (per-head widths half of Kimi's 128, so kv_b_proj is 512 x 512),
+        # 3 layers (the multi-key needle binds a key name to its value: a NoPE model needs one
+        # layer to carry the key into the value's position and one to match it; the third
+        # leaves room for the previous-token signal NoPE has to build from the causal mask),
+        # SwiGLU FFN 512 (the FFN was half the step time at 768). It is exported and loaded as kind "nope" (the geometry is in config.json).
+        return Config(kind="nope", d_model=256, n_layers=3, n_heads=4, d_ff=512,
+                      kv_lora_rank=512, qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64)
     return Config(kind=kind)
 
 

@@ -171,6 +171,66 @@ class VocabAndDataTest(unittest.TestCase):
             self.assertEqual(list(tgt[cls == tb_data.T_ANSWER]), [v1, v2])
             self.assertEqual(int((cls == tb_data.T_IGNORE).sum()), 4)
 
+    def test_multikey_example_layout_and_masks(self):
+        corpus = tb_data.Corpus.synthetic(2)
+        rng = np.random.default_rng(3)
+        asked = set()
+        for L in (40, 64, 129, 512, 4096):
+            ids, pos, (v1, v2) = tb_data.make_example_multikey(corpus, L, rng)
+            self.assertEqual(len(ids), L)
+            self.assertEqual(ids[0], tb_data.BOS)
+            self.assertEqual(len(pos), tb_data.N_KEYS)
+            names, v1s, v2s = [], [], []
+            for i, p in enumerate(pos):
+                if i:
+                    self.assertGreaterEqual(p, pos[i - 1] + 4)  # in order, never overlapping
+                self.assertEqual(ids[p], tb_data.KEY)
+                names.append(int(ids[p + 1]))
+                v1s.append(int(ids[p + 2]))
+                v2s.append(int(ids[p + 3]))
+            self.assertTrue(all(34 <= k <= 49 for k in names))
+            self.assertTrue(all(2 <= v <= 17 for v in v1s) and all(18 <= v <= 33 for v in v2s))
+            for group in (names, v1s, v2s):
+                self.assertEqual(len(set(group)), tb_data.N_KEYS)
+            # The query names one of the keys; the answer is that needle's values.
+            self.assertEqual(ids[-4], tb_data.KEY)
+            q = names.index(int(ids[-3]))
+            asked.add(q)
+            self.assertEqual((v1, v2), (v1s[q], v2s[q]))
+            self.assertEqual(list(ids[-2:]), [v1, v2])
+            # KEY, names and values occur only in the needles and the query.
+            self.assertEqual(int((ids < tb_data.CHAR_BASE).sum()), 1 + 4 * tb_data.N_KEYS + 4)
+            cls = tb_data.example_masks_multikey(L, pos)
+            tgt = ids[1:]
+            self.assertTrue(np.all(tgt[cls == tb_data.T_FILLER] >= tb_data.CHAR_BASE))
+            self.assertEqual(list(tgt[cls == tb_data.T_ANSWER]), [v1, v2])
+            self.assertEqual(int((cls == tb_data.T_IGNORE).sum()), 4 * tb_data.N_KEYS + 2)
+        self.assertGreater(len(asked), 1)
+        # A batch of both kinds: the answer is the last two ids either way; an unknown kind is an
+        # error; one kind draws nothing extra (the single-kind stream of earlier runs).
+        ids, cls = tb_data.make_batch(corpus, 96, 16, np.random.default_rng(1),
+                                      kinds=("single", "multikey"))
+        self.assertEqual(ids.shape, (16, 96))
+        self.assertTrue(np.all((cls == tb_data.T_ANSWER).sum(1) == 2))
+        n_keys = (ids == tb_data.KEY).sum(1)
+        self.assertEqual(set(n_keys.tolist()), {2, tb_data.N_KEYS + 1})
+        a, _ = tb_data.make_batch(corpus, 64, 4, np.random.default_rng(9))
+        b = np.stack([tb_data.make_example(corpus, 64, r)[0]
+                      for r in [np.random.default_rng(9)] for _ in range(4)])
+        self.assertTrue(np.array_equal(a, b))
+        with self.assertRaises(ValueError):
+            tb_data.make_batch(corpus, 64, 2, rng, kinds=("multi",))
+
+    def test_nope576_geometry(self):
+        c = tb_model.config_for("nope576")
+        self.assertEqual((c.kind, c.kv_lora_rank, c.qk_rope_head_dim), ("nope", 512, 64))
+        m = tb_model.CausalLM(c)
+        rows = m.model.layers[0].self_attn.cache_rows(torch.zeros(1, 5, c.d_model))
+        self.assertEqual(tuple(rows.shape), (1, 5, 576))  # Kimi Linear's cache row
+        cfg = tb_hf.hf_config(c)
+        self.assertTrue(cfg["mla_use_nope"])
+        self.assertEqual(cfg["kv_lora_rank"], 512)
+
     def test_kjv_alphabet(self):
         try:
             text = tb_data.load_kjv_text()

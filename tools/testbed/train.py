@@ -41,14 +41,23 @@ CKPT_VERSION = 1
 STREAM_TRAIN, STREAM_QUICK_EVAL, STREAM_FINAL_EVAL = 0, 1, 2
 # Options that must not change across a resume.
 FROZEN = ("model", "seed", "tokens_per_step", "stages", "answer_weight", "lr", "warmup_steps",
-          "weight_decay")
+          "weight_decay", "needles")
+# Per-model defaults of the options left unset: the Kimi-geometry model trains on both needle
+# kinds up to 4,096 tokens.
+MODEL_DEFAULTS = {
+    "nope576": {"needles": "single,multikey", "stages": "128,256,512,1024,2048,4096",
+                "final_eval": "1024:64,2048:32,4096:32", "max_position_embeddings": 4096},
+}
+GENERIC_DEFAULTS = {"needles": "single", "stages": "128,256,512,1024,2048",
+                    "final_eval": "512:64,1024:64,2048:32", "max_position_embeddings": 2048}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", required=True, choices=list(tb_model.KINDS),
                    help="nope: MLA without RoPE; rope: its RoPE twin; gqa: llama-shaped GQA;\n"
-                        "kimi: Kimi-Linear-shaped hybrid (KDA, KDA, NoPE MLA)")
+                        "kimi: Kimi-Linear-shaped hybrid (KDA, KDA, NoPE MLA);\n"
+                        "nope576: NoPE MLA with Kimi Linear's cache row [c 512 ; r 64]")
     p.add_argument("--out", required=True, help="run directory (checkpoint, log, export)")
     p.add_argument("--budget-min", type=float, default=46.0,
                    help="training-time budget in minutes, summed across resumes (default 46)")
@@ -60,8 +69,12 @@ def parse_args(argv=None):
     p.add_argument("--eval-every-s", type=float, default=60.0,
                    help="training seconds between quick curriculum evaluations (default 60)")
     p.add_argument("--tokens-per-step", type=int, default=4096)
-    p.add_argument("--stages", default="128,256,512,1024,2048",
-                   help="curriculum maximum lengths (default 128,256,512,1024,2048)")
+    p.add_argument("--stages", default=None,
+                   help="curriculum maximum lengths (default 128,256,512,1024,2048;\n"
+                        "nope576: 128,...,4096)")
+    p.add_argument("--needles", default=None,
+                   help="needle kinds drawn per example: single, multikey or both, comma-separated\n"
+                        "(default single; nope576: single,multikey)")
     p.add_argument("--advance-acc", type=float, default=0.9)
     p.add_argument("--force-advance-min", type=float, default=8.0,
                    help="forced advance after this many minutes in a stage of max length >= 512")
@@ -72,12 +85,23 @@ def parse_args(argv=None):
     p.add_argument("--min-lr-frac", type=float, default=0.1)
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--answer-weight", type=float, default=8.0)
-    p.add_argument("--final-eval", default="512:64,1024:64,2048:32",
-                   help="final full-cache checks LEN:TRIALS,... ('' to skip)")
-    p.add_argument("--max-position-embeddings", type=int, default=2048,
-                   help="written to config.json on export")
+    p.add_argument("--final-eval", default=None,
+                   help="final full-cache checks LEN:TRIALS,... per needle kind ('' to skip;\n"
+                        "default 512:64,1024:64,2048:32; nope576: 1024:64,2048:32,4096:32)")
+    p.add_argument("--max-position-embeddings", type=int, default=None,
+                   help="written to config.json on export (default 2048; nope576: 4096)")
     p.add_argument("--no-export", action="store_true")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    defaults = MODEL_DEFAULTS.get(a.model, GENERIC_DEFAULTS)
+    for k, v in GENERIC_DEFAULTS.items():
+        if getattr(a, k) is None:
+            setattr(a, k, defaults.get(k, v))
+    kinds = [k for k in a.needles.split(",") if k]
+    bad = [k for k in kinds if k not in tb_data.NEEDLE_KINDS]
+    if not kinds or bad:
+        p.error(f"--needles {a.needles!r}: each kind must be one of "
+                f"{', '.join(tb_data.NEEDLE_KINDS)}")
+    return a
 
 
 class JsonLog:
@@ -131,16 +155,16 @@ def quick_eval_trials(m: int) -> int:
 
 @torch.no_grad()
 def answer_accuracy(model, corpus, length: int, trials: int, rng, device,
-                    depth_range=(0.05, 0.95), kv_bf16=False) -> dict:
-    """Teacher-forced full-cache accuracy on fresh needle examples: full answers (both value
-    tokens argmax-correct) and per token."""
+                    depth_range=(0.05, 0.95), kv_bf16=False, kind="single") -> dict:
+    """Teacher-forced full-cache accuracy on fresh needle examples of one kind: full answers
+    (both value tokens argmax-correct) and per token."""
     model.eval()
     full = tok = 0
     chunk = max(1, 4096 // length)
     done = 0
     while done < trials:
         b = min(chunk, trials - done)
-        ids, _ = tb_data.make_batch(corpus, length, b, rng, depth_range)
+        ids, _ = tb_data.make_batch(corpus, length, b, rng, depth_range, (kind,))
         x = torch.from_numpy(ids[:, :-1]).to(device)
         h = model.hidden(x, kv_bf16)[:, length - 3:length - 1]  # reads at query KEY and at v1
         pred = model.lm_head(h).argmax(-1).cpu().numpy()
@@ -193,6 +217,7 @@ def main(argv=None) -> int:
         pass
     device = pick_device(a.device)
     stages = [int(x) for x in a.stages.split(",")]
+    kinds = tuple(k for k in a.needles.split(",") if k)
     budget_s = a.budget_min * 60.0
     a.stages = stages
 
@@ -226,7 +251,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"{ckpt_path}: checkpoint version {ck.get('version')} != "
                              f"{CKPT_VERSION}")
         for k in FROZEN:
-            if ck["args"][k] != vars(a)[k]:
+            if ck["args"].get(k, GENERIC_DEFAULTS.get(k)) != vars(a)[k]:
                 raise SystemExit(f"{ckpt_path}: --{k.replace('_', '-')} was {ck['args'][k]!r} "
                                  f"in the checkpoint, {vars(a)[k]!r} now; use a new --out")
         model.load_state_dict(ck["model"])
@@ -301,7 +326,7 @@ def main(argv=None) -> int:
         choices = length_choices(stages, st["stage"])
         L = int(choices[int(rng.integers(len(choices)))])
         B = max(1, a.tokens_per_step // L)
-        ids, cls = tb_data.make_batch(corpus, L, B, rng)
+        ids, cls = tb_data.make_batch(corpus, L, B, rng, kinds=kinds)
         x = torch.from_numpy(ids[:, :-1]).to(device)
         y = torch.from_numpy(ids[:, 1:]).to(device)
         c = torch.from_numpy(cls).to(device)
@@ -332,7 +357,10 @@ def main(argv=None) -> int:
             m = stages[st["stage"]]
             te = time.monotonic()
             erng = np.random.default_rng([a.seed, STREAM_QUICK_EVAL, st["n_quick_evals"]])
-            acc = answer_accuracy(model, corpus, m, quick_eval_trials(m), erng, device)
+            per_kind = {k: answer_accuracy(model, corpus, m, quick_eval_trials(m), erng, device,
+                                           kind=k) for k in kinds}
+            # The curriculum advances on the weakest kind.
+            acc = min(per_kind.values(), key=lambda r: r["full"])
             st["n_quick_evals"] += 1
             st["last_eval_s"] = now_train_s()
             advance = None
@@ -344,12 +372,14 @@ def main(argv=None) -> int:
                 advance = "forced"
             log.write(t="eval", step=st["step"], tokens=st["tokens"],
                       train_s=round(st["last_eval_s"], 3), max_len=m, acc=acc["full"],
-                      token_acc=acc["token"], trials=acc["trials"], lm_ema=st["lm_ema"],
+                      token_acc=acc["token"], trials=acc["trials"],
+                      per_kind={k: v["full"] for k, v in per_kind.items()}, lm_ema=st["lm_ema"],
                       ans_ema=st["ans_ema"], advance=advance,
                       eval_s=round(time.monotonic() - te, 3))
             print(f"[{a.model}] step {st['step']} {st['tokens'] / 1e6:.2f}M tok "
                   f"{st['last_eval_s']:.0f}s  L<={m} lm {st['lm_ema']:.3f} "
-                  f"ans {st['ans_ema']:.3f} acc {acc['full']:.2f}"
+                  f"ans {st['ans_ema']:.3f} acc "
+                  + " ".join(f"{k} {v['full']:.2f}" for k, v in per_kind.items())
                   + (f" -> advance ({advance})" if advance else ""), flush=True)
             if advance:
                 st["stage"] += 1
@@ -381,12 +411,16 @@ def main(argv=None) -> int:
     for i, spec in enumerate(x for x in a.final_eval.split(",") if x):
         length, trials = (int(v) for v in spec.split(":"))
         te = time.monotonic()
-        erng = np.random.default_rng([a.seed, STREAM_FINAL_EVAL, i])
-        acc = answer_accuracy(model, corpus, length, trials, erng, device, (0.1, 0.9))
-        acc["eval_s"] = round(time.monotonic() - te, 2)
-        final["final_eval"][str(length)] = acc
-        print(f"[{a.model}] final full-cache accuracy @{length}: {acc['full']:.3f} "
-              f"({trials} trials)", flush=True)
+        for k in kinds:
+            erng = np.random.default_rng([a.seed, STREAM_FINAL_EVAL, i])
+            acc = answer_accuracy(model, corpus, length, trials, erng, device, (0.1, 0.9),
+                                  kind=k)
+            acc["eval_s"] = round(time.monotonic() - te, 2)
+            # Single-kind runs keep the summary's earlier shape {LEN: acc}.
+            key = str(length) if len(kinds) == 1 else f"{k}@{length}"
+            final["final_eval"][key] = acc
+            print(f"[{a.model}] final full-cache accuracy, {k} needle @{length}: "
+                  f"{acc['full']:.3f} ({trials} trials)", flush=True)
     log.write(t="final", **final)
     log.sync()
     with open(os.path.join(a.out, "summary.json.tmp"), "w") as f:
