@@ -61,6 +61,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "core/buffer.h"
@@ -69,6 +71,7 @@
 #include "core/quant.h"
 #include "core/scratch.h"
 #include "kernels/quant_dot.h"
+#include "kernels/quant_gemm.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/matmul.cc"
@@ -561,6 +564,51 @@ void CheckWeight(const TensorView& w) {
 }
 }  // namespace
 
+namespace {
+// STRATA_QUANT_PREFILL=dequant: prefill of quantized weights through the dequantizing f32 GEMM
+// even where the integer GEMM serves the type (for comparisons of the two paths; read once).
+bool DequantPrefillForced() {
+  static const bool forced = [] {
+    const char* e = std::getenv("STRATA_QUANT_PREFILL");
+    return e != nullptr && std::strcmp(e, "dequant") == 0;
+  }();
+  return forced;
+}
+
+// The integer prefill GEMM (kernels/quant_gemm.h): every token quantized to int8 blocks as MatVec
+// does and put in the GEMM's layout once (tokens split across the pool), then rows split across
+// the pool. Each (row, token) equals MatVec of that token bit for bit.
+void MatMulIntGemm(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
+                   int64_t y_stride, ThreadPool* pool) {
+  const DType t = w.dtype;
+  const int64_t k = w.cols();
+  const int64_t tb = QuantGemmTokenBytes(t, k);
+  ScratchScope ws;
+  std::span<uint8_t> toks = ws.U8(static_cast<size_t>(n * tb));
+  auto prepare = [&](int64_t b, int64_t e) {
+    uint8_t* act = ActBuffer(t, k);  // this thread's
+    for (int64_t j = b; j < e; ++j) {
+      QuantizeActivations(t, x + j * x_stride, k, act);
+      PrepareQuantGemmToken(t, act, k, toks.data() + j * tb);
+    }
+  };
+  auto rows = [&](int64_t b, int64_t e) {
+    QuantGemmRows(w, toks.data(), tb, n, y, y_stride, b, e);
+  };
+  if (pool == nullptr || pool->size() == 1) {
+    prepare(0, n);
+    rows(0, w.rows());
+    return;
+  }
+  pool->ParallelForGrain(n, 8, [&](int64_t b, int64_t e, int) { prepare(b, e); });
+  if (w.rows() < 2 * kRowGrain) {
+    rows(0, w.rows());
+    return;
+  }
+  pool->ParallelForGrain(w.rows(), kRowGrain, [&](int64_t b, int64_t e, int) { rows(b, e); });
+}
+}  // namespace
+
 void MatVec(const TensorView& w, const float* x, float* y, ThreadPool* pool) {
   CheckWeight(w);
   const int64_t rows = w.rows();
@@ -760,9 +808,20 @@ void MatMul(const TensorView& w, const float* x, int64_t n, int64_t x_stride, fl
     MatVec(w, x, y, pool);
     return;
   }
-  // Quantized weights too: tiles of rows dequantized exactly to f32 for the class-major GEMM,
-  // measured faster than the int8 path (MatMulInt8) on every prefill shape of the 125M llama
-  // (see the version log).
+  // Quantized weights: the integer GEMM where it serves the type on this CPU (measured faster than
+  // the dequantizing path, see v6 in the version log), else tiles of rows dequantized exactly to
+  // f32 for the class-major GEMM (measured faster than the row dots of MatMulInt8, v4).
+  if (IsQuantized(w.dtype) && HasQuantGemm(w.dtype, w.cols()) && !DequantPrefillForced()) {
+    MatMulIntGemm(w, x, n, x_stride, y, y_stride, pool);
+    return;
+  }
+  HWY_DYNAMIC_DISPATCH(MatMulImpl)(w, x, n, x_stride, y, y_stride, kRowGrain, pool);
+}
+
+void MatMulDequant(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
+                   int64_t y_stride, ThreadPool* pool) {
+  CheckWeight(w);
+  if (n <= 0) return;
   HWY_DYNAMIC_DISPATCH(MatMulImpl)(w, x, n, x_stride, y, y_stride, kRowGrain, pool);
 }
 

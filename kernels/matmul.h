@@ -48,20 +48,35 @@ void MatVecBatchRef(const TensorView& w, const float* x, int64_t B, int64_t x_st
                     int64_t y_stride);
 
 // Y[t, r] = sum_c W[r, c] * X[t, c] for t in [0, n). X rows have stride x_stride (elements), Y rows
-// y_stride. Each weight row is read once per tile of tokens: tiles of rows are converted exactly
-// to f32 (quantized types: DequantizeRow) for an f32 register-tiled GEMM with the f32 activations.
-// Equalities: for F32/F16/BF16 every (row, token) equals MatVec of that token bit for bit (n = 1
-// is MatVec itself, for every dtype). For quantized weights and n >= 2 there is no activation
-// rounding: the result is within f32 rounding of the float64 product of the dequantized weights
-// (MatVecRef), while MatVec carries the int8 activation error of kernels/quant_dot.h, so the two
-// differ by at most that bound. (Measured faster than MatMulInt8, which keeps MatVec's numbers.)
+// y_stride. Each weight row is read once per tile of tokens. Two paths:
+//   - Quantized weights that the integer GEMM serves on this CPU (HasQuantGemm: Q4_0, Q4_1, Q8_0,
+//     Q4_K, Q6_K on x86 AVX2 / AVX-512): every token's activations are quantized once to int8
+//     blocks (as MatVec does) and each weight row's codes are unpacked once per tile of tokens and
+//     multiplied with several tokens from registers by integer dot products (kernels/
+//     quant_gemm.h). Every (row, token) equals MatVec of that token bit for bit, so it carries the
+//     int8 activation error bound of kernels/quant_dot.h. Chosen because it measured faster than
+//     the dequantizing path (v6 in kernels/matmul.cc's version log).
+//     STRATA_QUANT_PREFILL=dequant in the environment (read once) selects MatMulDequant instead,
+//     for comparisons of the two paths.
+//   - Everything else (F32/F16/BF16, the other quantized types, quantized weights on CPUs without
+//     AVX2): MatMulDequant.
+// n = 1 is MatVec itself for every dtype.
 void MatMul(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
             int64_t y_stride, ThreadPool* pool);
 
-// The int8 prefill path for quantized weights, kept for the measurement against MatMul (see
+// The f32 GEMM: tiles of rows converted exactly to f32 (quantized types: DequantizeRow) for an
+// f32 register-tiled GEMM with the f32 activations. For F32/F16/BF16 every (row, token) equals
+// MatVec of that token bit for bit. For quantized weights there is no activation rounding: the
+// result is within f32 rounding of the float64 product of the dequantized weights (MatVecRef),
+// while MatVec (and the integer GEMM) carry the int8 activation error of kernels/quant_dot.h.
+void MatMulDequant(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
+                   int64_t y_stride, ThreadPool* pool);
+
+// The int8 row-dot path for quantized weights, kept for measurements (see
 // kernels/quant_dot_bench_test.cc): every token's activations quantized to int8 blocks and each
-// (row, token) the MatVec integer dot, so it equals MatVec per token bit for bit for every dtype
-// (F32/F16/BF16: it is MatMul).
+// (row, token) the MatVec integer dot, each row reused from L1 across a tile of tokens but
+// unpacked again for every token (the 32-element formats: once per 4 tokens). Equals MatVec per
+// token bit for bit for every dtype (F32/F16/BF16: it is MatMul).
 void MatMulInt8(const TensorView& w, const float* x, int64_t n, int64_t x_stride, float* y,
                 int64_t y_stride, ThreadPool* pool);
 

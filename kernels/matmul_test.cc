@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/quant.h"
 #include "core/rng.h"
 #include "core/thread_pool.h"
+#include "kernels/quant_gemm.h"
 #include "kernels/test_util.h"
 
 namespace strata {
@@ -17,8 +19,9 @@ namespace {
 constexpr DType kWeightTypes[] = {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0};
 // The float tests of MatVec/DotRow below compare with the f32/float64 product of x itself; Q8_0's
 // MatVec (like every quantized type's) rounds x to int8 blocks first, so its bound is the one of
-// kernels/quant_dot.h, tested in kernels/quant_dot_test.cc. MatMul's f32 path keeps Q8_0 in its
-// reference test; its equality with MatVec holds for the float types (and MatMulInt8 for Q8_0).
+// kernels/quant_dot.h, tested in kernels/quant_dot_test.cc. The f32 GEMM (MatMulDequant) keeps
+// Q8_0 in its reference test; MatMul equals MatVec for the float types, and for Q8_0 where the
+// integer GEMM serves it (as MatMulInt8 does everywhere).
 constexpr DType kFloatTypes[] = {DType::kF32, DType::kF16, DType::kBF16};
 
 // A weight matrix in storage type t, placed `shift` elements (F32/F16/BF16) or blocks past an
@@ -191,9 +194,10 @@ TEST(MatmulTest, MatVecManyEqualsSeparateMatVec) {
   });
 }
 
-// MatMul converts weights exactly to f32 and sums each (row, token) pair with the same sequence
-// as MatVec, so it equals MatVec per token bit for bit, for any tile shape, stride and pool; the
-// int8 path (MatMulInt8) does the same for Q8_0 with the integer row dot on the same activations.
+// MatMul converts float weights exactly to f32 and sums each (row, token) pair with the same
+// sequence as MatVec, so it equals MatVec per token bit for bit, for any tile shape, stride and
+// pool; for Q8_0 the integer GEMM (where it serves) and the int8 row dots (MatMulInt8) do the same
+// with the integer dot on the same activations.
 TEST(MatmulTest, MatMulEqualsMatVecPerToken) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
@@ -214,6 +218,10 @@ TEST(MatmulTest, MatMulEqualsMatVecPerToken) {
         // MatMulInt8 is MatMul for the float types, and the int8 prefill path for Q8_0.
         MatMulInt8(wt.view, x.data() + 1, n, xs, y.data(), ys, nullptr);
         MatMulInt8(wt.view, x.data() + 1, n, xs, ym.data(), ys, &p3);
+        // MatMul: the f32 GEMM for the float types, the integer GEMM for Q8_0 where it serves.
+        const bool mm = !IsQuantized(t) || HasQuantGemm(t, cols);
+        std::vector<float> yg(n * ys, -1.f);
+        if (mm) MatMul(wt.view, x.data() + 1, n, xs, yg.data(), ys, &p3);
         for (int64_t tk = 0; tk < n; ++tk) {
           MatVec(wt.view, x.data() + 1 + tk * xs, yv.data(), nullptr);
           for (int64_t r = 0; r < rows; ++r) {
@@ -221,6 +229,10 @@ TEST(MatmulTest, MatMulEqualsMatVecPerToken) {
                 << DTypeName(t) << " n=" << n << " t=" << tk << " r=" << r;
             ASSERT_EQ(F32Bits(ym[tk * ys + r]), F32Bits(yv[r]))
                 << DTypeName(t) << " n=" << n << " t=" << tk << " r=" << r;
+            if (mm) {
+              ASSERT_EQ(F32Bits(yg[tk * ys + r]), F32Bits(yv[r]))
+                  << "MatMul " << DTypeName(t) << " n=" << n << " t=" << tk << " r=" << r;
+            }
           }
           for (int64_t r = rows; r < ys; ++r)
             ASSERT_EQ(y[tk * ys + r], -1.f) << "wrote past row end";
@@ -230,7 +242,8 @@ TEST(MatmulTest, MatMulEqualsMatVecPerToken) {
   });
 }
 
-// A larger shape with several conversion tiles and thread chunks.
+// A larger shape with several conversion tiles and thread chunks (the f32 GEMM; Q8_0's MatMul is
+// the integer GEMM, with the int8 activation bound of kernels/quant_dot.h).
 TEST(MatmulTest, MatMulLargeMatchesReference) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
@@ -240,7 +253,7 @@ TEST(MatmulTest, MatMulLargeMatchesReference) {
   for (DType t : kWeightTypes) {
     Weights wt = MakeWeights(t, rows, cols, RandomVec(rng, rows * cols), 0);
     std::vector<float> x = RandomVec(rng, n * cols), y(n * rows), yref(rows);
-    MatMul(wt.view, x.data(), n, cols, y.data(), rows, &p2);
+    MatMulDequant(wt.view, x.data(), n, cols, y.data(), rows, &p2);
     for (int64_t tk = 0; tk < n; ++tk) {
       MatVecRef(wt.view, x.data() + tk * cols, yref.data());
       for (int64_t r = 0; r < rows; ++r) {

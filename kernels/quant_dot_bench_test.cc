@@ -5,8 +5,8 @@
 // q/k/v, o, gate/up, down and the 32000 x 768 output; random blocks, ~50-210 MB per type, larger
 // than the caches) on one thread, as GB/s of weight bytes and as a fraction of the read bandwidth
 // (MeasureReadBandwidth) measured between passes. Prefill: GFLOP/s of a 2048-token MatMul on the
-// 768 x 768, 2048 x 768 and 768 x 2048 (rows x cols) shapes, the int8 path (MatMulInt8) vs the
-// dequantize-to-f32 path (MatMul).
+// 768 x 768, 2048 x 768 and 768 x 2048 (rows x cols) shapes: the integer GEMM (MatMul, where
+// HasQuantGemm), the dequantize-to-f32 GEMM (MatMulDequant) and the int8 row dots (MatMulInt8).
 // STRATA_BENCH_TYPES=Q4_0,Q8_0 limits the types.
 #include <gtest/gtest.h>
 
@@ -26,6 +26,7 @@
 #include "core/rng.h"
 #include "kernels/matmul.h"
 #include "kernels/membw.h"
+#include "kernels/quant_gemm.h"
 #include "kernels/quant_testing.h"
 
 namespace strata {
@@ -179,19 +180,22 @@ TEST(QuantDotBench, DISABLED_Prefill) {
   Rng rng(18);
   const int64_t n = 2048;
   const int64_t shapes[3][2] = {{768, 768}, {2048, 768}, {768, 2048}};
-  std::printf("%-7s %12s %14s %14s\n", "type", "shape", "int8 GFLOP/s", "deq-f32 GFLOP/s");
+  std::printf("%-7s %12s %10s %10s %10s  (GFLOP/s, best of 3, 1 thread)\n", "type", "shape",
+              "int-gemm", "deq-f32", "row-dots");
   for (DType t : BenchTypes()) {
     for (const auto& s : shapes) {
       const int64_t rows = s[0], cols = s[1];
       Matrix w = MakeMatrix(t, rows, cols, rng);
       std::vector<float> x(n * cols), y(n * rows);
       for (auto& e : x) e = static_cast<float>(rng.Normal());
-      auto time = [&](bool deq) {
+      auto time = [&](int path) {
         double best = 1e30;
         for (int i = 0; i < 3; ++i) {
           const auto t0 = Clock::now();
-          if (deq) {
+          if (path == 0) {
             MatMul(w.view, x.data(), n, cols, y.data(), rows, nullptr);
+          } else if (path == 1) {
+            MatMulDequant(w.view, x.data(), n, cols, y.data(), rows, nullptr);
           } else {
             MatMulInt8(w.view, x.data(), n, cols, y.data(), rows, nullptr);
           }
@@ -199,9 +203,10 @@ TEST(QuantDotBench, DISABLED_Prefill) {
         }
         return 2.0 * rows * cols * n / best / 1e9;
       };
-      const double a = time(false), b = time(true);
-      std::printf("%-7s %5lldx%-6lld %14.1f %14.1f\n", std::string(DTypeName(t)).c_str(),
-                  static_cast<long long>(rows), static_cast<long long>(cols), a, b);
+      const double a = time(0), b = time(1), c = time(2);
+      std::printf("%-7s %5lldx%-6lld %10.1f %10.1f %10.1f%s\n", std::string(DTypeName(t)).c_str(),
+                  static_cast<long long>(rows), static_cast<long long>(cols), a, b, c,
+                  HasQuantGemm(t, cols) ? "" : "  (int-gemm not served: MatMul is deq-f32)");
       std::fflush(stdout);
     }
   }

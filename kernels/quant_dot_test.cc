@@ -12,6 +12,7 @@
 #include "core/rng.h"
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
+#include "kernels/quant_gemm.h"
 #include "kernels/quant_testing.h"
 
 namespace strata {
@@ -231,7 +232,7 @@ TensorView View(DType t, const uint8_t* data, int64_t rows, int64_t cols) {
 
 // MatVec (any pool) == DotRow == MatMulInt8 per token, bit for bit, for every quantized type on
 // odd row counts: every path runs QuantDot's row function on the same int8 activations. (MatMul
-// itself takes the f32 path for n >= 2; see MatMulMatchesReferenceAndMatVecBound.)
+// itself: see MatMulPathsMatchReferenceAndMatVec.)
 TEST(QuantDotTest, MatVecDotRowMatMulBitExact) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
@@ -318,35 +319,50 @@ TEST(QuantDotTest, MatVecManyMixedTypes) {
   }
 }
 
-// MatMul (the prefill path: rows dequantized exactly to f32, f32 GEMM with the f32 activations)
-// is within f32 rounding of MatVecRef's float64 sums; n = 1 is MatVec (int8 activations).
-TEST(QuantDotTest, MatMulMatchesReferenceAndMatVecAtOneToken) {
+// MatMulDequant (rows dequantized exactly to f32, f32 GEMM with the f32 activations) is within f32
+// rounding of MatVecRef's float64 sums. MatMul (the prefill path) is the integer GEMM where
+// HasQuantGemm serves the type on the target, and then equals MatVec per token bit for bit (the
+// same int8 activations and QuantDotRef's float; kernels/quant_gemm_test.cc tests the kernel
+// itself on ragged shapes); elsewhere it is MatMulDequant. n = 1 is MatVec.
+TEST(QuantDotTest, MatMulPathsMatchReferenceAndMatVec) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(testing::Message() << "seed " << seed);
   Rng rng(seed);
   ThreadPool p2(2);
-  for (DType t : kQuantTypes) {
-    const int64_t rows = 37, k = 512, n = 5;
-    std::vector<uint8_t> wbuf = RandomBlocks(t, rows * k / DTypeBlockElems(t), rng);
-    const TensorView w = View(t, wbuf.data(), rows, k);
-    std::vector<float> x(n * k), y(n * rows), yref(rows), wrow(k);
-    for (auto& v : x) v = static_cast<float>(rng.Normal());
-    MatMul(w, x.data(), n, k, y.data(), rows, &p2);
-    for (int64_t j = 0; j < n; ++j) {
-      MatVecRef(w, x.data() + j * k, yref.data());
-      for (int64_t r = 0; r < rows; ++r) {
-        DequantizeRow(t, w.row(r), wrow.data(), k);
-        double mag = 0;
-        for (int64_t i = 0; i < k; ++i) mag += std::fabs(double(wrow[i]) * x[j * k + i]);
-        ASSERT_NEAR(y[j * rows + r], yref[r], 8 * std::sqrt(double(k)) * 1.2e-7 * mag + 1e-30)
-            << DTypeName(t) << " t=" << j << " r=" << r;
+  ForEachQuantTarget([&] {
+    for (DType t : kQuantTypes) {
+      const int64_t rows = 37, k = 512, n = 5;
+      std::vector<uint8_t> wbuf = RandomBlocks(t, rows * k / DTypeBlockElems(t), rng);
+      const TensorView w = View(t, wbuf.data(), rows, k);
+      std::vector<float> x(n * k), y(n * rows), yd(n * rows), yref(rows), yv(rows), wrow(k);
+      for (auto& v : x) v = static_cast<float>(rng.Normal());
+      MatMulDequant(w, x.data(), n, k, yd.data(), rows, &p2);
+      MatMul(w, x.data(), n, k, y.data(), rows, &p2);
+      const bool gemm = HasQuantGemm(t, k);
+      for (int64_t j = 0; j < n; ++j) {
+        MatVecRef(w, x.data() + j * k, yref.data());
+        MatVec(w, x.data() + j * k, yv.data(), nullptr);
+        for (int64_t r = 0; r < rows; ++r) {
+          DequantizeRow(t, w.row(r), wrow.data(), k);
+          double mag = 0;
+          for (int64_t i = 0; i < k; ++i) mag += std::fabs(double(wrow[i]) * x[j * k + i]);
+          ASSERT_NEAR(yd[j * rows + r], yref[r], 8 * std::sqrt(double(k)) * 1.2e-7 * mag + 1e-30)
+              << DTypeName(t) << " t=" << j << " r=" << r;
+          if (gemm) {
+            ASSERT_EQ(F32Bits(y[j * rows + r]), F32Bits(yv[r]))
+                << DTypeName(t) << " t=" << j << " r=" << r;
+          } else {
+            ASSERT_EQ(F32Bits(y[j * rows + r]), F32Bits(yd[j * rows + r]))
+                << DTypeName(t) << " t=" << j << " r=" << r;
+          }
+        }
       }
+      std::vector<float> y1(rows);
+      MatMul(w, x.data(), 1, k, y1.data(), rows, nullptr);
+      MatVec(w, x.data(), yv.data(), nullptr);
+      for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(F32Bits(y1[r]), F32Bits(yv[r])) << DTypeName(t);
     }
-    std::vector<float> y1(rows), yv(rows);
-    MatMul(w, x.data(), 1, k, y1.data(), rows, nullptr);
-    MatVec(w, x.data(), yv.data(), nullptr);
-    for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(F32Bits(y1[r]), F32Bits(yv[r])) << DTypeName(t);
-  }
+  });
 }
 
 }  // namespace
