@@ -853,6 +853,7 @@ int RunRulerCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
     head.push_back("avg");
     if (!strong.empty()) head.push_back("avg full>=0.3");
     head.push_back("rows kept");
+    head.push_back("decode tok/s");
     Table t(head);
     for (size_t c = 0; c < r.configs.size(); ++c) {
       std::vector<std::string> row = {r.configs[c].Name(), r.configs[c].RatioText()};
@@ -864,6 +865,8 @@ int RunRulerCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
         row.push_back(Fixed(a.average, 3));
         if (!strong.empty()) row.push_back(Fixed(eval::RulerAverageOver(r, c, len, strong), 3));
         row.push_back(eval::KeptText(a.achieved));
+        row.push_back(a.decode_s > 0 ? Fixed(static_cast<double>(a.decode_tokens) / a.decode_s, 1)
+                                     : "-");
       }
       t.AddRow(row);
     }
@@ -891,7 +894,9 @@ int RunRulerCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
     if (RulerShort(task) == task) continue;
     legend += (legend.empty() ? "" : ", ") + RulerShort(task) + " = " + task;
   }
-  if (!legend.empty()) out << "Legend: " << legend << "; score = mean string_match_all\n";
+  out << "Legend: " << (legend.empty() ? "" : legend + "; ")
+      << "score = mean string_match_all; decode tok/s = the answers' decode steps (one token "
+         "each, through the compressed cache) per second of their wall time\n";
   out << "fully correct samples (every expected value in the answer), 95% Wilson interval:\n";
   Table d({"policy", "ratio", "T", "task", "score", "correct", "rate", "95% CI (Wilson)"});
   for (const auto& c : r.cells) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <sstream>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -55,16 +56,34 @@ TEST(EvalRulerCliTest, TableAndJsonOnTheTestbed) {
   }
   EXPECT_EQ(ru["cells"].size(), 4u);     // 2 configs x 2 tasks
   EXPECT_EQ(ru["averages"].size(), 2u);  // 2 configs x 1 length
+  for (const auto& a : ru["averages"]) {
+    // Every answer's decode steps were timed: at most max_new_tokens - 1 per sample.
+    EXPECT_GT(a["decode_tokens"].get<int64_t>(), 0) << a;
+    EXPECT_GT(a["decode_tokens_per_s"].get<double>(), 0) << a;
+  }
   EXPECT_EQ(ru["samples"][0]["seed"], 1);
   std::filesystem::remove(json);
 
-  // The same seed gives the same samples.
+  // The same seed gives the same samples and scores (the decode speed column is a timing).
   CliResult again =
       Strata({"eval", "ruler", "-m", gqa, "--task", "niah_single_1,fwe", "--len", "1500",
               "--samples", "2", "--policy", "full,streaming", "--ratio", "4", "--threads", "1"});
   ASSERT_EQ(again.code, 0) << again.err;
-  EXPECT_EQ(again.out.substr(0, again.out.find("process peak RSS")),
-            r.out.substr(0, r.out.find("process peak RSS")));
+  // The averages table's rows (and its header) end with the decode speed: drop that field.
+  auto without_speed = [](const std::string& out) {
+    std::istringstream in(out.substr(0, out.find("process peak RSS")));
+    std::string line, kept;
+    while (std::getline(in, line)) {
+      const bool avg_row = (line.rfind("full ", 0) == 0 || line.rfind("streaming ", 0) == 0) &&
+                           line.find('[') == std::string::npos;
+      if (avg_row || line.find("decode tok/s") != std::string::npos) {
+        line = line.substr(0, line.find_last_of(' '));
+      }
+      kept += line + "\n";
+    }
+    return kept;
+  };
+  EXPECT_EQ(without_speed(again.out), without_speed(r.out));
 }
 
 TEST(EvalRulerCliTest, TooShortLengthIsAnErrorNamingTheMinimum) {

@@ -673,7 +673,10 @@ StatusOr<RulerAnswer> AnswerRulerQuestion(Model& model, const RulerSample& sampl
     if (tok->IsEog(id)) break;
     a.ids.push_back(id);
     if (i + 1 == sample.max_new_tokens) break;
+    const auto t0 = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(model.Decode(id, cache, pool, logits.data()));
+    a.decode_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    a.decode_tokens++;
   }
   a.text = tok->Decode(a.ids);
   a.score = RulerStringMatchAll(a.text, sample.text.expected);
@@ -717,6 +720,7 @@ StatusOr<RulerReport> RunRuler(Model& model, const RulerOptions& o, std::ostream
   ThreadPool pool(std::max(1, o.threads));
   const size_t nc = r.configs.size();
   std::map<std::pair<int64_t, size_t>, AchievedCompression> achieved;  // (length, config)
+  std::map<std::pair<int64_t, size_t>, std::pair<int64_t, double>> decode;  // tokens, seconds
   const auto t0 = std::chrono::steady_clock::now();
   size_t done = 0;
   for (const RulerSample& s : all) {
@@ -739,6 +743,8 @@ StatusOr<RulerReport> RunRuler(Model& model, const RulerOptions& o, std::ostream
       rec.answers.push_back(a.text);
       rec.scores.push_back(a.score);
       achieved[{s.length, c}].Add(a.achieved);
+      decode[{s.length, c}].first += a.decode_tokens;
+      decode[{s.length, c}].second += a.decode_s;
       line += " " + r.configs[c].Label() + " " + FormatNum(a.score, 2);
     }
     ++done;
@@ -773,6 +779,8 @@ StatusOr<RulerReport> RunRuler(Model& model, const RulerOptions& o, std::ostream
       }
       avg.average = sum / static_cast<double>(o.tasks.size());
       avg.achieved = achieved[{len, c}];
+      avg.decode_tokens = decode[{len, c}].first;
+      avg.decode_s = decode[{len, c}].second;
       avg.check = CheckAchieved(r.configs[c].Label() + " T=" + std::to_string(len), avg.achieved);
       if (!avg.check.warning.empty()) r.warnings.push_back(avg.check.warning);
       r.averages.push_back(avg);
@@ -840,6 +848,11 @@ nlohmann::json RulerJson(const RulerReport& r) {
     nlohmann::json x = ConfigJson(r.configs[a.config]);
     x["length"] = a.length;
     x["average"] = a.average;
+    x["decode_tokens"] = a.decode_tokens;
+    x["decode_s"] = a.decode_s;
+    x["decode_tokens_per_s"] =
+        a.decode_s > 0 ? nlohmann::json(static_cast<double>(a.decode_tokens) / a.decode_s)
+                       : nlohmann::json(nullptr);
     AddAchievedFields(a.achieved, a.check, &x);
     j["averages"].push_back(x);
   }

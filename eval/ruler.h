@@ -120,6 +120,9 @@ struct RulerAnswer {
   std::vector<int32_t> ids;
   double score = 0;
   AchievedCompression achieved;  // measured after the answer (reads: the question and answer)
+  // The answer's decode steps (one token each, through the compressed cache) and their wall time.
+  int64_t decode_tokens = 0;
+  double decode_s = 0;
 };
 
 // Builds a fresh cache for `config` and prefills the sample's context into it: the end of the call
@@ -179,6 +182,10 @@ struct RulerConfigLength {  // one (config, length): the average over tasks and 
   size_t config = 0;
   int64_t length = 0;
   double average = 0;  // mean of the task scores
+  // Decode steps of every answer at this length and their wall time: the policy's decode speed
+  // at the task length (the same model, samples and process for every config).
+  int64_t decode_tokens = 0;
+  double decode_s = 0;
   AchievedCompression achieved;
   CompressionCheck check;
 };
