@@ -58,6 +58,9 @@ def main(argv=None) -> int:
     p.add_argument("--init-scale", type=float, default=1.0, help="with --random-init")
     p.add_argument("--out", help="output directory (default RUN/hf)")
     p.add_argument("--max-position-embeddings", type=int, default=2048)
+    p.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
+                   help="weights in the safetensors (bf16: rounded to nearest even; e.g. the\n"
+                        "weights a run leaves in the repository for train.py --init-from)")
     a = p.parse_args(argv)
     if a.run:
         model, ck = model_from_run(a.run)
@@ -72,7 +75,7 @@ def main(argv=None) -> int:
         model = random_model(a.random_init, a.seed, a.init_scale)
         out = a.out
         meta = {"strata_testbed_random_init_seed": a.seed}
-    tb_hf.export(model, out, a.max_position_embeddings, meta)
+    tb_hf.export(model, out, a.max_position_embeddings, meta, a.dtype.upper())
     print(f"wrote {out}/{{{tb_hf.SAFETENSORS_NAME}, config.json, {tb_hf.TOKENIZER_NAME}}}")
     return 0
 

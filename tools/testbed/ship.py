@@ -5,11 +5,14 @@ quick evaluations), and the GGUF (`strata convert --dtype f32`, models/NAME.gguf
 
   /usr/bin/python3 tools/testbed/ship.py RUN_DIR NAME --strata build/release/strata
   /usr/bin/python3 tools/testbed/ship.py tools/testbed/runs/kimi kimi-linear   # the hybrid
+  /usr/bin/python3 tools/testbed/ship.py tools/testbed/runs/nope576 nope-mla-576 --dtype bf16
 
 --no-gguf ships the HF export and the record only (for an architecture whose `strata convert`
 is not there yet); run ship.py again without it later to write the GGUF.
 
-Standard library only.
+--dtype bf16 ships the weights rounded to bf16 (nearest even) in both the safetensors and the GGUF
+(half the bytes of F32): PyTorch and the engine then read the same numbers, so the logit parity
+holds as it does for F32. It needs numpy (the rounding); F32 needs the standard library only.
 """
 from __future__ import annotations
 
@@ -30,6 +33,8 @@ def main() -> int:
     ap.add_argument("--strata", default=os.path.join(REPO, "build", "release", "strata"))
     ap.add_argument("--every", type=int, default=50, help="loss-curve sampling in steps")
     ap.add_argument("--no-gguf", action="store_true", help="skip `strata convert`")
+    ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
+                    help="weights as shipped (default f32)")
     a = ap.parse_args()
     summary_path = os.path.join(a.run_dir, "summary.json")
     hf = os.path.join(a.run_dir, "hf")
@@ -57,6 +62,14 @@ def main() -> int:
     os.makedirs(out_dir, exist_ok=True)
     for fn in ("config.json", "model.safetensors", "strata_tokenizer.json"):
         shutil.copyfile(os.path.join(hf, fn), os.path.join(out_dir, fn))
+    if a.dtype == "bf16":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import tb_hf  # numpy (and torch, which tb_hf imports)
+        st = os.path.join(out_dir, "model.safetensors")
+        with open(st, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            meta = json.loads(f.read(n)).get("__metadata__", {})
+        tb_hf.write_safetensors(st, tb_hf.read_safetensors(st), meta, "BF16")
     record = {"summary": summary, "sessions": sessions, "quick_evals": evals,
               "loss_curve": [dedup[k] for k in sorted(dedup)]}
     with open(os.path.join(out_dir, "training.json"), "w") as f:
@@ -66,7 +79,7 @@ def main() -> int:
         print(f"shipped {a.name}: {out_dir} (no GGUF: --no-gguf)")
         return 0
     gguf = os.path.join(REPO, "models", a.name + ".gguf")
-    r = subprocess.run([a.strata, "convert", out_dir, "-o", gguf, "--dtype", "f32",
+    r = subprocess.run([a.strata, "convert", out_dir, "-o", gguf, "--dtype", a.dtype,
                         "--overwrite"])
     if r.returncode != 0:
         return r.returncode

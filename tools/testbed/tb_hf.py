@@ -26,8 +26,16 @@ def _atomic_write_bytes(path: str, data: bytes):
     os.replace(tmp, path)
 
 
-def write_safetensors(path: str, tensors: dict, metadata: dict | None = None):
-    """tensors: name -> torch tensor or numpy array (stored as F32, little-endian, C order).
+def f32_to_bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns (uint16), rounded to nearest even (finite inputs)."""
+    u = np.ascontiguousarray(a, dtype="<f4").view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype("<u2")
+
+
+def write_safetensors(path: str, tensors: dict, metadata: dict | None = None,
+                      dtype: str = "F32"):
+    """tensors: name -> torch tensor or numpy array, stored as `dtype` (F32, or BF16 rounded to
+    nearest even), little-endian, C order.
     Layout: u64 LE header length N, N bytes of JSON (space-padded so data starts 8-byte aligned),
     then the data; data_offsets are relative to the start of the data."""
     header = {}
@@ -39,8 +47,13 @@ def write_safetensors(path: str, tensors: dict, metadata: dict | None = None):
         t = tensors[name]
         a = t.detach().cpu().to(torch.float32).numpy() if isinstance(t, torch.Tensor) else t
         a = np.ascontiguousarray(a, dtype="<f4")
-        b = a.tobytes()
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        if dtype == "BF16":
+            b = f32_to_bf16_bits(a).tobytes()
+        elif dtype == "F32":
+            b = a.tobytes()
+        else:
+            raise ValueError(f"write_safetensors: dtype {dtype!r} is not F32 or BF16")
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
         blobs.append(b)
         off += len(b)
     h = json.dumps(header, separators=(",", ":")).encode("utf-8")
@@ -235,14 +248,15 @@ def tokenizer_json() -> dict:
 
 
 def export(model: tb_model.CausalLM, out_dir: str, max_position_embeddings: int = 2048,
-           extra_metadata: dict | None = None):
-    """Writes out_dir/{model.safetensors, config.json, strata_tokenizer.json}."""
+           extra_metadata: dict | None = None, dtype: str = "F32"):
+    """Writes out_dir/{model.safetensors (dtype: F32 or BF16), config.json,
+    strata_tokenizer.json}."""
     os.makedirs(out_dir, exist_ok=True)
     sd = model.state_dict()
     meta = {"format": "pt", "strata_testbed_kind": model.config.kind}
     if extra_metadata:
         meta.update(extra_metadata)
-    write_safetensors(os.path.join(out_dir, SAFETENSORS_NAME), sd, meta)
+    write_safetensors(os.path.join(out_dir, SAFETENSORS_NAME), sd, meta, dtype)
     cfg = hf_config(model.config, max_position_embeddings)
     _atomic_write_bytes(os.path.join(out_dir, "config.json"),
                         (json.dumps(cfg, indent=2) + "\n").encode())

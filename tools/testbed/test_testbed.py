@@ -378,6 +378,58 @@ class TrainResumeTest(Tmp):
         self.assertEqual(steps, list(range(1, s2["steps"] + 1)))  # no gaps, no repeats
 
 
+class WarmStartAndBf16Test(Tmp):
+    def test_init_from_starts_from_the_given_weights(self):
+        try:
+            tb_data.load_kjv_text()
+        except RuntimeError as e:
+            self.skipTest(str(e))
+        src = os.path.join(self.tmp, "src")
+        torch.manual_seed(11)
+        m = tb_model.CausalLM(tb_model.config_for("nope"))
+        tb_hf.export(m, src)
+        out = os.path.join(self.tmp, "run")
+        # No training time: the export is the starting point itself.
+        r = subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--model", "nope",
+                            "--out", out, "--budget-min", "0", "--final-eval", "",
+                            "--init-from", src], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        a = tb_hf.read_safetensors(os.path.join(src, "model.safetensors"))
+        b = tb_hf.read_safetensors(os.path.join(out, "hf", "model.safetensors"))
+        self.assertEqual(sorted(a), sorted(b))
+        for k in a:
+            np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+        # Another geometry is refused by name.
+        r = subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--model", "gqa",
+                            "--out", os.path.join(self.tmp, "run2"), "--budget-min", "0",
+                            "--final-eval", "", "--init-from", src], capture_output=True,
+                           text=True)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("--init-from", r.stderr)
+
+    def test_bf16_safetensors_round_to_nearest_even(self):
+        x = np.array([1.0, 1.00390625, 1.01171875, -3.140625, 1e-3, 65504.0], dtype=np.float32)
+        x = np.concatenate([x, np.random.default_rng(0).normal(size=1000).astype(np.float32)])
+        path = os.path.join(self.tmp, "w.safetensors")
+        tb_hf.write_safetensors(path, {"w": x}, {"k": "v"}, "BF16")
+        y = tb_hf.read_safetensors(path)["w"]
+        # Reference: round each value to the nearest bf16 in float64, ties to even.
+        bits = x.view(np.uint32).astype(np.uint64)
+        lo = (bits >> 16) << 16
+        hi = lo + (1 << 16)
+        fl = lo.astype(np.uint32).view(np.float32).astype(np.float64)
+        fh = hi.astype(np.uint32).view(np.float32).astype(np.float64)
+        d_lo, d_hi = np.abs(x - fl), np.abs(fh - x)
+        even_lo = ((lo >> 16) & 1) == 0
+        want = np.where((d_lo < d_hi) | ((d_lo == d_hi) & even_lo), fl, fh).astype(np.float32)
+        np.testing.assert_array_equal(y, want)
+        self.assertEqual(y[1], 1.0)  # 1 + 2^-8 is a tie: to even
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            self.assertEqual(json.loads(f.read(n))["w"]["dtype"], "BF16")
+        self.assertEqual(os.path.getsize(path) - 8 - n, 2 * x.size)
+
+
 def engine_layout_dump(tensors: list, kind: str) -> np.ndarray:
     """The reference's cache tensors (bf16 bit patterns, in the order tb_model rounds them: MLA
     one [1, T, W] per layer, GQA K then V [1, G, T, hd] per layer) as `strata logits --dump-kv`

@@ -91,6 +91,10 @@ def parse_args(argv=None):
     p.add_argument("--max-position-embeddings", type=int, default=None,
                    help="written to config.json on export (default 2048; nope576: 4096)")
     p.add_argument("--no-export", action="store_true")
+    p.add_argument("--init-from", default=None,
+                   help="a fresh run starts from this HF export's weights (e.g. a run's hf/, or\n"
+                        "the weights a stopped run left in the repository) with a new optimizer;\n"
+                        "ignored when OUT has a checkpoint")
     a = p.parse_args(argv)
     defaults = MODEL_DEFAULTS.get(a.model, GENERIC_DEFAULTS)
     for k, v in GENERIC_DEFAULTS.items():
@@ -258,6 +262,13 @@ def main(argv=None) -> int:
         opt.load_state_dict(ck["opt"])
         set_rng_states(ck["rng"], device)
         st = ck["state"]
+    if not resumed and a.init_from:
+        warm = tb_hf.load(a.init_from)
+        if warm.config.to_dict() != cfg.to_dict():
+            raise SystemExit(f"--init-from {a.init_from}: its config {warm.config.to_dict()} is not "
+                             f"--model {a.model}'s {cfg.to_dict()}")
+        model.load_state_dict(warm.state_dict())
+        model.train()
     log = JsonLog(os.path.join(a.out, LOG), st["log_offset"])
     session = {"started": time.time(), "host": socket.gethostname(), "threads": a.threads,
                "device": str(device), "from_step": st["step"]}
