@@ -73,15 +73,17 @@ void ReconstructBlock(const PackedHeadView& view, int64_t b, double* k, double* 
     const uint16_t* vlo = reinterpret_cast<const uint16_t*>(slot + L.v_lo);
     const uint16_t* vst = reinterpret_cast<const uint16_t*>(slot + L.v_step);
     const int GV = D / g;
+    // The f16 scales converted once (the same values as per element).
+    std::vector<float> ks(P / g * D), kl(ks.size()), vs(P * GV), vl(vs.size());
+    for (size_t i = 0; i < ks.size(); ++i) ks[i] = F16ToF32(kst[i]), kl[i] = F16ToF32(klo[i]);
+    for (size_t i = 0; i < vs.size(); ++i) vs[i] = F16ToF32(vst[i]), vl[i] = F16ToF32(vlo[i]);
     for (int t = 0; t < nv; ++t) {
-      const int tg = t / g;
+      const float* kst_t = ks.data() + (t / g) * D;
+      const float* klo_t = kl.data() + (t / g) * D;
       for (int c = 0; c < D; ++c) {
-        const int ki = tg * D + c;
-        k[t * D + c] = kc[t * D + c] * static_cast<double>(F16ToF32(kst[ki])) +
-                       F16ToF32(klo[ki]);
+        k[t * D + c] = kc[t * D + c] * static_cast<double>(kst_t[c]) + klo_t[c];
         const int vi = t * GV + c / g;
-        v[t * D + c] = vc[t * D + c] * static_cast<double>(F16ToF32(vst[vi])) +
-                       F16ToF32(vlo[vi]);
+        v[t * D + c] = vc[t * D + c] * static_cast<double>(vs[vi]) + vl[vi];
       }
     }
   }

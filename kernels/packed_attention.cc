@@ -217,6 +217,47 @@ HWY_INLINE void UnpackBytes(const uint8_t* src, int64_t n_bytes, int bits, uint8
   const hn::Full128<uint8_t> d8;
   const hn::Full128<uint16_t> d16;
   int64_t i = 0;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  // 64 packed bytes at a time: the byte / word interleaves work within 128-bit lanes, so the
+  // lanes of their results are put back in order by 64-bit permutes (4-bit) or a 4 x 4 transpose
+  // of 128-bit lanes (2-bit).
+  if (bits == 4) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i i0 = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
+    const __m512i i1 = _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4);
+    for (; i + 64 <= n_bytes; i += 64) {
+      const __m512i v = _mm512_loadu_si512(src + i);
+      const __m512i lo = _mm512_and_si512(v, m4);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+      const __m512i a = _mm512_unpacklo_epi8(lo, hi), b = _mm512_unpackhi_epi8(lo, hi);
+      _mm512_storeu_si512(dst + 2 * i, _mm512_permutex2var_epi64(a, i0, b));
+      _mm512_storeu_si512(dst + 2 * i + 64, _mm512_permutex2var_epi64(a, i1, b));
+    }
+  } else {
+    const __m512i m2 = _mm512_set1_epi8(3);
+    for (; i + 64 <= n_bytes; i += 64) {
+      const __m512i v = _mm512_loadu_si512(src + i);
+      const __m512i p0 = _mm512_and_si512(v, m2);
+      const __m512i p1 = _mm512_and_si512(_mm512_srli_epi16(v, 2), m2);
+      const __m512i p2 = _mm512_and_si512(_mm512_srli_epi16(v, 4), m2);
+      const __m512i p3 = _mm512_and_si512(_mm512_srli_epi16(v, 6), m2);
+      const __m512i a_lo = _mm512_unpacklo_epi8(p0, p1), a_hi = _mm512_unpackhi_epi8(p0, p1);
+      const __m512i b_lo = _mm512_unpacklo_epi8(p2, p3), b_hi = _mm512_unpackhi_epi8(p2, p3);
+      // w_j lane L: the 16 codes of source bytes [16 L + 4 j, 16 L + 4 j + 4).
+      const __m512i w0 = _mm512_unpacklo_epi16(a_lo, b_lo), w1 = _mm512_unpackhi_epi16(a_lo, b_lo);
+      const __m512i w2 = _mm512_unpacklo_epi16(a_hi, b_hi), w3 = _mm512_unpackhi_epi16(a_hi, b_hi);
+      // Output L = lane L of w0, w1, w2, w3.
+      const __m512i x0 = _mm512_shuffle_i64x2(w0, w1, 0x44), x1 = _mm512_shuffle_i64x2(w0, w1, 0xEE);
+      const __m512i x2 = _mm512_shuffle_i64x2(w2, w3, 0x44), x3 = _mm512_shuffle_i64x2(w2, w3, 0xEE);
+      // x0 = [w0.0, w0.1, w1.0, w1.1], x2 = [w2.0, w2.1, w3.0, w3.1] (x1, x3 likewise lanes 2, 3).
+      uint8_t* o = dst + 4 * i;
+      _mm512_storeu_si512(o, _mm512_shuffle_i64x2(x0, x2, 0x88));
+      _mm512_storeu_si512(o + 64, _mm512_shuffle_i64x2(x0, x2, 0xDD));
+      _mm512_storeu_si512(o + 128, _mm512_shuffle_i64x2(x1, x3, 0x88));
+      _mm512_storeu_si512(o + 192, _mm512_shuffle_i64x2(x1, x3, 0xDD));
+    }
+  }
+#endif
   if (bits == 4) {
     const auto m4 = hn::Set(d8, 0x0F);
     for (; i + 16 <= n_bytes; i += 16) {

@@ -78,9 +78,7 @@ void EncodeQuantized(const float* k, const float* v, int D, int g, int bits, uin
       const QuantParams p = MakeQuantParams(lo, hi, bits);
       klo[tg * D + c] = p.lo;
       kst[tg * D + c] = p.step;
-      for (int t = tg * g; t < (tg + 1) * g; ++t) {
-        codes[t * D + c] = QuantizeValue(k[t * D + c], p, bits);
-      }
+      QuantizeRun(k + tg * g * D + c, g, D, p, bits, codes.data() + tg * g * D + c, D);
     }
   }
   PackCodes(codes.data(), int64_t{P} * D, bits, slot + L.k_codes);
@@ -97,7 +95,7 @@ void EncodeQuantized(const float* k, const float* v, int D, int g, int bits, uin
       const QuantParams p = MakeQuantParams(lo, hi, bits);
       vlo[t * GV + cg] = p.lo;
       vst[t * GV + cg] = p.step;
-      for (int c = 0; c < g; ++c) codes[t * D + cg * g + c] = QuantizeValue(x[c], p, bits);
+      QuantizeRun(x, g, 1, p, bits, codes.data() + t * D + cg * g, 1);
     }
   }
   PackCodes(codes.data(), int64_t{P} * D, bits, slot + L.v_codes);

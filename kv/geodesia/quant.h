@@ -32,6 +32,10 @@ struct QuantParams {
 QuantParams MakeQuantParams(float min, float max, int bits);
 // The code of x under p (see the header comment; step 0 -> 0).
 uint8_t QuantizeValue(float x, QuantParams p, int bits);
+// QuantizeValue over n values x[i * stride] into out[i * out_stride], the same codes bit for bit
+// (lo and step converted once, the rounding inlined: what block encoding uses).
+void QuantizeRun(const float* x, int n, int stride, QuantParams p, int bits, uint8_t* out,
+                 int out_stride);
 // code * step + lo in f32 (the kernel's dequantization).
 float DequantizeValue(uint8_t code, QuantParams p);
 

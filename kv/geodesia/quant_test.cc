@@ -87,5 +87,42 @@ TEST(GeodesiaQuant, RoundHalfToEven) {
   EXPECT_EQ(QuantizeValue(-9.f, p, 4), 0);
 }
 
+// QuantizeRun (the encoder's loop) gives QuantizeValue's codes bit for bit: random groups, exact
+// ties, values far outside the range (|y| >= 2^22 takes nearbyint), tiny steps, a zero step.
+TEST(GeodesiaQuant, RunEqualsValue) {
+  const uint64_t seed = TestSeed();
+  SCOPED_TRACE(testing::Message() << "seed " << seed);
+  Rng rng(seed);
+  std::vector<float> x(256);
+  std::vector<uint8_t> got(2 * x.size());
+  for (int trial = 0; trial < 600; ++trial) {
+    const int bits = (trial % 3 == 0) ? 2 : (trial % 3 == 1 ? 4 : 8);
+    const float top = static_cast<float>((1 << bits) - 1);
+    const double scale = std::ldexp(1.0, static_cast<int>(rng.Below(40)) - 30);
+    float mn = 1e30f, mx = -1e30f;
+    for (float& v : x) {
+      v = static_cast<float>(rng.Normal() * scale);
+      mn = std::min(mn, v), mx = std::max(mx, v);
+    }
+    QuantParams p = MakeQuantParams(mn, mx, bits);
+    if (trial % 7 == 0) {  // exact ties: lo + (k + 1/2) step, and far outside the range
+      p.lo = F32ToF16(0.f);
+      p.step = F32ToF16(trial % 2 ? 1.f : 6e-8f);
+      for (size_t i = 0; i < x.size(); ++i) {
+        x[i] = i % 5 == 0 ? 1e9f * (i % 2 ? 1.f : -1.f)
+                          : (static_cast<float>(i % 40) - 10.f + 0.5f) * F16ToF32(p.step);
+      }
+    }
+    if (trial % 11 == 0) p.step = 0;
+    const int n = static_cast<int>(x.size()) / 2;
+    QuantizeRun(x.data(), n, 2, p, bits, got.data(), 3);
+    for (int i = 0; i < n; ++i) {
+      const uint8_t want = QuantizeValue(x[2 * i], p, bits);
+      ASSERT_EQ(got[3 * i], want) << "x " << x[2 * i] << " bits " << bits << " trial " << trial;
+      ASSERT_LE(got[3 * i], top);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace strata::geodesia
