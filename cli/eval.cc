@@ -71,6 +71,7 @@ struct EvalCliOptions {
   std::string ruler_tasks = "all";
   std::string ruler_lengths = "4096";
   int64_t ruler_samples = 10;
+  int ruler_questions = 1;
   std::string chat_template = "auto";
   std::string words = "/usr/share/dict/words";
 };
@@ -330,6 +331,13 @@ std::shared_ptr<EvalCliOptions> AddEvalCommand(CLI::App* app) {
       ->capture_default_str();
   r->add_option("--samples", o->ruler_samples,
                 "Samples per task and length (sample i is the same for any count)")
+      ->capture_default_str();
+  r->add_option("--questions", o->ruler_questions,
+                "Questions per context: after the one prefill and compression of a sample's "
+                "context, RULER's question and up to N - 1 others the context answers "
+                "(niah_multikey_1's other keys, niah_multikey_2/3's other needle lines), each "
+                "from its own fork of the compressed cache; each counts as a sample (other tasks "
+                "have one question)")
       ->capture_default_str();
   r->add_option("--seed", o->seed, "Seed of the samples (keys, values, positions, words)")
       ->capture_default_str();
@@ -820,6 +828,10 @@ int RunRulerCli(const EvalCliOptions& o, std::ostream& out, std::ostream& err) {
     return Fail(err, st.message());
   }
   ro.samples = o.ruler_samples;
+  if (Status st = CheckAtLeast("--questions", o.ruler_questions, 1); !st.ok()) {
+    return Fail(err, st.message());
+  }
+  ro.questions = o.ruler_questions;
   ro.seed = o.seed;
   ro.chat_template = o.chat_template;
   ro.words_path = o.words;

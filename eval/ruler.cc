@@ -199,11 +199,16 @@ std::vector<int> Depths() {
 // One RNG per purpose, so the keys and values of a sample do not depend on its haystack size.
 struct SampleRngs {
   Rng keys, hay, pos;
+  Rng others;  // the order of the other questions (drawn last: the sample's text is unchanged)
   SampleRngs(uint64_t seed, const std::string& task, int64_t index)
       : keys(TrialSeed(seed ^ Fnv(task), index * 3)),
         hay(TrialSeed(seed ^ Fnv(task), index * 3 + 1)),
-        pos(TrialSeed(seed ^ Fnv(task), index * 3 + 2)) {}
+        pos(TrialSeed(seed ^ Fnv(task), index * 3 + 2)),
+        others(TrialSeed(~(seed ^ Fnv(task)), index)) {}
 };
+
+// At most this many other questions are kept per context (niah_multikey_2/3 have one per line).
+constexpr size_t kMaxOtherQuestions = 8;
 
 // One chain of four hops: VAR X0 = value, VAR X1 = VAR X0, ... (RULER's variable names: random
 // upper-case letters, five, or three in the in-context example).
@@ -415,6 +420,15 @@ StatusOr<RulerText> RulerBuilder::Text(const std::string& task, int64_t length, 
       query = Join(std::vector<std::string>(queries.begin(), queries.end() - 1), ", ") + ", and " +
               queries.back();
     }
+    // The other keys of the context with their values: the questions it also answers.
+    std::vector<std::pair<std::string, std::vector<std::string>>> other_keys;
+    if (c.num_q == 1) {
+      for (int i = 0; i < num_k; ++i) {
+        if (std::find(picked.begin(), picked.end(), i) == picked.end()) {
+          other_keys.push_back({keys[i], values[i]});
+        }
+      }
+    }
     std::string context;
     if (c.hay == Hay::kEssay) {
       // `units` words of the KJV text from a random word on (cyclically), cut into sentences;
@@ -460,10 +474,20 @@ StatusOr<RulerText> RulerBuilder::Text(const std::string& task, int64_t length, 
         do {
           key = random_of(c.k, r.hay);
         } while (std::find(keys.begin(), keys.end(), key) != keys.end());
+        const std::string value = random_of(c.v, r.hay);
         lines.push_back(
             Replace(Replace(Replace(kNiahNeedle, "{type_needle_v}", type_v), "{key}", key),
-                    "{value}", random_of(c.v, r.hay)));
+                    "{value}", value));
+        // A line whose key recurs in the haystack has no single answer: not asked.
+        bool unique = true;
+        for (auto& [k, v] : other_keys) {
+          if (k == key) unique = false, v.clear();
+        }
+        if (unique && c.num_q == 1) other_keys.push_back({key, {value}});
       }
+      other_keys.erase(std::remove_if(other_keys.begin(), other_keys.end(),
+                                      [](const auto& kv) { return kv.second.empty(); }),
+                       other_keys.end());
       std::vector<int64_t> at = SampleDistinct(r.pos, units, static_cast<int64_t>(needles.size()));
       std::sort(at.rbegin(), at.rend());
       for (size_t i = 0; i < needles.size(); ++i) lines.insert(lines.begin() + at[i], needles[i]);
@@ -481,6 +505,12 @@ StatusOr<RulerText> RulerBuilder::Text(const std::string& task, int64_t length, 
     t.context = Replace(head, "{type_needle_v}", type) + context;
     t.question = Replace(Replace(question, "{type_needle_v}", type), "{query}", query);
     t.answer_prefix = Replace(Replace(answer, "{type_needle_v}", type), "{query}", query);
+    Shuffle(r.others, &other_keys);
+    if (other_keys.size() > kMaxOtherQuestions) other_keys.resize(kMaxOtherQuestions);
+    for (const auto& [k, v] : other_keys) {
+      t.others.push_back({Replace(Replace(question, "{type_needle_v}", type), "{query}", k),
+                          Replace(Replace(answer, "{type_needle_v}", type), "{query}", k), v});
+    }
     return t;
   }
 
@@ -565,9 +595,13 @@ StatusOr<RulerSample> RulerBuilder::BuildUnits(const std::string& task, int64_t 
   s.units = units;
   s.max_new_tokens = RulerMaxNewTokens(task);
   ASSIGN_OR_RETURN(s.text, Text(task, length, index, units));
-  std::string before = s.text.context, after = s.text.question + s.text.answer_prefix;
-  if (chat_) {
-    const std::string content = s.text.context + s.text.question;
+  // The text before the compression point, and what follows it for a question: the question,
+  // the chat template's suffix and the answer prefix.
+  std::string before = s.text.context;
+  auto after = [&](const std::string& question,
+                   const std::string& answer_prefix) -> StatusOr<std::string> {
+    if (!chat_) return question + answer_prefix;
+    const std::string content = s.text.context + question;
     const std::string bos = tok_->bos_id() >= 0 ? tok_->token_text(tok_->bos_id()) : "";
     const std::string eos = tok_->eos_id() >= 0 ? tok_->token_text(tok_->eos_id()) : "";
     const std::string rendered = tmpl_.Render({{"user", content}}, true, bos, eos);
@@ -577,17 +611,30 @@ StatusOr<RulerSample> RulerBuilder::BuildUnits(const std::string& task, int64_t 
                       " message verbatim; use --chat-template none");
     }
     before = rendered.substr(0, at + s.text.context.size());
-    after = rendered.substr(at + s.text.context.size()) + s.text.answer_prefix;
-  }
+    return rendered.substr(at + s.text.context.size()) + answer_prefix;
+  };
+  ASSIGN_OR_RETURN(const std::string first, after(s.text.question, s.text.answer_prefix));
   s.context_ids = tok_->Encode(before, /*with_bos=*/false, /*parse_special=*/true);
   if (tok_->add_bos() && tok_->bos_id() >= 0 &&
       (s.context_ids.empty() || s.context_ids[0] != tok_->bos_id())) {
     s.context_ids.insert(s.context_ids.begin(), tok_->bos_id());
   }
-  s.question_ids = tok_->Encode(after, /*with_bos=*/false, /*parse_special=*/true);
+  s.question_ids = tok_->Encode(first, /*with_bos=*/false, /*parse_special=*/true);
   if (s.context_ids.empty() || s.question_ids.empty()) {
     return Internal(task + ": the context or the question tokenizes to nothing");
   }
+  // The other questions that fit the length as RULER's does (prompt + generated <= T).
+  std::vector<RulerText::Question> kept;
+  for (RulerText::Question& q : s.text.others) {
+    ASSIGN_OR_RETURN(const std::string text, after(q.question, q.answer_prefix));
+    std::vector<int32_t> ids = tok_->Encode(text, /*with_bos=*/false, /*parse_special=*/true);
+    if (static_cast<int64_t>(s.context_ids.size() + ids.size()) + s.max_new_tokens > length) {
+      continue;
+    }
+    s.other_question_ids.push_back(std::move(ids));
+    kept.push_back(std::move(q));
+  }
+  s.text.others = std::move(kept);
   return s;
 }
 
@@ -656,15 +703,23 @@ StatusOr<std::unique_ptr<KvCache>> PrefillRulerContext(Model& model, const Ruler
 }
 
 StatusOr<RulerAnswer> AnswerRulerQuestion(Model& model, const RulerSample& sample, KvCache* cache,
-                                          int chunk, ThreadPool* pool) {
+                                          int chunk, ThreadPool* pool, int question) {
   const Tokenizer* tok = model.tokenizer();
   if (!tok) return InvalidArgument("eval ruler needs a model with a tokenizer");
+  if (question < 0 || question > static_cast<int>(sample.other_question_ids.size())) {
+    return InvalidArgument("question " + std::to_string(question) + " of a " + sample.task +
+                           " sample with " + std::to_string(sample.other_question_ids.size()) +
+                           " other questions");
+  }
+  const std::vector<int32_t>& ids =
+      question == 0 ? sample.question_ids : sample.other_question_ids[question - 1];
+  const std::vector<std::string>& expected =
+      question == 0 ? sample.text.expected : sample.text.others[question - 1].expected;
   const int64_t v = model.config().n_vocab;
   std::vector<float> logits(static_cast<size_t>(v));
   const CacheCounters counters0 = cache->counters();
-  RETURN_IF_ERROR(model.Prefill(sample.question_ids.data(),
-                                static_cast<int64_t>(sample.question_ids.size()), chunk, cache,
-                                pool, logits.data()));
+  RETURN_IF_ERROR(model.Prefill(ids.data(), static_cast<int64_t>(ids.size()), chunk, cache, pool,
+                                logits.data()));
   RulerAnswer a;
   for (int i = 0; i < sample.max_new_tokens; ++i) {
     // Greedy: the first maximum wins ties.
@@ -679,7 +734,7 @@ StatusOr<RulerAnswer> AnswerRulerQuestion(Model& model, const RulerSample& sampl
     a.decode_tokens++;
   }
   a.text = tok->Decode(a.ids);
-  a.score = RulerStringMatchAll(a.text, sample.text.expected);
+  a.score = RulerStringMatchAll(a.text, expected);
   a.achieved = MeasureAchieved(*cache, counters0);
   return a;
 }
@@ -692,6 +747,9 @@ StatusOr<RulerReport> RunRuler(Model& model, const RulerOptions& o, std::ostream
   const Progress prog(progress);
   if (o.lengths.empty()) return InvalidArgument("--len needs at least one length");
   if (o.tasks.empty()) return InvalidArgument("--task needs at least one task");
+  if (o.questions < 1) {
+    return InvalidArgument("--questions must be >= 1, got " + std::to_string(o.questions));
+  }
   if (o.samples < 1) {
     return InvalidArgument("--samples must be >= 1, got " + std::to_string(o.samples));
   }
@@ -724,35 +782,53 @@ StatusOr<RulerReport> RunRuler(Model& model, const RulerOptions& o, std::ostream
   const auto t0 = std::chrono::steady_clock::now();
   size_t done = 0;
   for (const RulerSample& s : all) {
-    RulerSampleRecord rec;
-    rec.task = s.task;
-    rec.length = s.length;
-    rec.index = s.index;
-    rec.seed = s.seed;
-    rec.units = s.units;
-    rec.context_tokens = static_cast<int64_t>(s.context_ids.size());
-    rec.prompt_tokens = s.prompt_tokens();
-    rec.expected = s.text.expected;
+    // RULER's question, then up to questions - 1 others on the same compressed context.
+    const int n_q =
+        static_cast<int>(std::min<size_t>(o.questions, 1 + s.other_question_ids.size()));
+    std::vector<RulerSampleRecord> recs(n_q);
+    for (int q = 0; q < n_q; ++q) {
+      RulerSampleRecord& rec = recs[q];
+      rec.task = s.task;
+      rec.length = s.length;
+      rec.index = s.index;
+      rec.question = q;
+      rec.seed = s.seed;
+      rec.units = s.units;
+      rec.context_tokens = static_cast<int64_t>(s.context_ids.size());
+      const auto& ids = q == 0 ? s.question_ids : s.other_question_ids[q - 1];
+      rec.prompt_tokens = static_cast<int64_t>(s.context_ids.size() + ids.size());
+      rec.expected = q == 0 ? s.text.expected : s.text.others[q - 1].expected;
+    }
     std::string line = "ruler T=" + std::to_string(s.length) + " " + s.task + " sample " +
                        std::to_string(s.index + 1) + "/" + std::to_string(o.samples) + " (" +
-                       std::to_string(rec.prompt_tokens) + " tokens):";
+                       std::to_string(recs[0].prompt_tokens) + " tokens" +
+                       (n_q > 1 ? ", " + std::to_string(n_q) + " questions" : "") + "):";
     for (size_t c = 0; c < nc; ++c) {
       ASSIGN_OR_RETURN(auto cache, PrefillRulerContext(model, s, factory, r.configs[c], o.chunk,
                                                        &pool, o.kv_type));
-      ASSIGN_OR_RETURN(RulerAnswer a, AnswerRulerQuestion(model, s, cache.get(), o.chunk, &pool));
-      rec.answers.push_back(a.text);
-      rec.scores.push_back(a.score);
-      achieved[{s.length, c}].Add(a.achieved);
-      decode[{s.length, c}].first += a.decode_tokens;
-      decode[{s.length, c}].second += a.decode_s;
-      line += " " + r.configs[c].Label() + " " + FormatNum(a.score, 2);
+      line += " " + r.configs[c].Label();
+      for (int q = 0; q < n_q; ++q) {
+        // Each question reads its own copy of the compressed context (the last one the cache).
+        std::unique_ptr<KvCache> fork;
+        if (q + 1 < n_q) {
+          ASSIGN_OR_RETURN(fork, cache->Fork());
+        }
+        KvCache* use = fork ? fork.get() : cache.get();
+        ASSIGN_OR_RETURN(RulerAnswer a, AnswerRulerQuestion(model, s, use, o.chunk, &pool, q));
+        recs[q].answers.push_back(a.text);
+        recs[q].scores.push_back(a.score);
+        achieved[{s.length, c}].Add(a.achieved);
+        decode[{s.length, c}].first += a.decode_tokens;
+        decode[{s.length, c}].second += a.decode_s;
+        line += (q ? "/" : " ") + FormatNum(a.score, 2);
+      }
     }
     ++done;
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     line += " [" + std::to_string(done) + "/" + std::to_string(all.size()) + ", " +
             FormatNum(el, 0) + " s]";
     prog.Line(line);
-    r.samples.push_back(std::move(rec));
+    for (RulerSampleRecord& rec : recs) r.samples.push_back(std::move(rec));
   }
   for (int64_t len : o.lengths) {
     for (size_t c = 0; c < nc; ++c) {
@@ -821,6 +897,7 @@ nlohmann::json RulerJson(const RulerReport& r) {
   j["tasks"] = r.options.tasks;
   j["lengths"] = r.options.lengths;
   j["samples_per_task"] = r.options.samples;
+  j["questions_per_context"] = r.options.questions;
   j["seed"] = r.options.seed;
   j["chat_template"] = r.chat_template;
   j["words"] = r.words_source;
@@ -873,6 +950,7 @@ nlohmann::json RulerJson(const RulerReport& r) {
     nlohmann::json x = {{"task", s.task},
                         {"length", s.length},
                         {"index", s.index},
+                        {"question", s.question},
                         {"seed", s.seed},
                         {"units", s.units},
                         {"context_tokens", s.context_tokens},

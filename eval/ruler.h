@@ -50,6 +50,14 @@ struct RulerText {
   std::string question;       // the rest of the task's template
   std::string answer_prefix;  // RULER's answer prefix, fed before generation
   std::vector<std::string> expected;
+  // Other questions the same context answers (the shared-context protocol): niah_multikey_1's
+  // other keys, niah_multikey_2/3's other needle lines (in a fixed random order). Empty for the
+  // tasks whose context holds one answerable question.
+  struct Question {
+    std::string question, answer_prefix;
+    std::vector<std::string> expected;
+  };
+  std::vector<Question> others;
 };
 
 // One sample, tokenized for the model.
@@ -63,6 +71,8 @@ struct RulerSample {
   int max_new_tokens = 0;
   std::vector<int32_t> context_ids;   // BOS, the chat template's prefix and the context
   std::vector<int32_t> question_ids;  // the question, the template's suffix, the answer prefix
+  // text.others, tokenized as question_ids (each read after the same context).
+  std::vector<std::vector<int32_t>> other_question_ids;
   int64_t prompt_tokens() const {
     return static_cast<int64_t>(context_ids.size() + question_ids.size());
   }
@@ -136,12 +146,16 @@ StatusOr<std::unique_ptr<KvCache>> PrefillRulerContext(Model& model, const Ruler
 // and generates greedily up to sample.max_new_tokens, stopping at an end-of-generation token;
 // scores the answer with RulerStringMatchAll.
 StatusOr<RulerAnswer> AnswerRulerQuestion(Model& model, const RulerSample& sample, KvCache* cache,
-                                          int chunk, ThreadPool* pool);
+                                          int chunk, ThreadPool* pool, int question = 0);
 
 struct RulerOptions {
   std::vector<std::string> tasks = RulerTaskNames();
   std::vector<int64_t> lengths = {4096};
   int64_t samples = 10;
+  // Questions per context (>= 1): after the one compression of a sample's context, RULER's
+  // question and up to questions - 1 of text.others are each answered from a fork of the
+  // compressed cache (KvCache::Fork); each counts as a sample of its task.
+  int questions = 1;
   uint64_t seed = 1;
   std::vector<std::string> policies = {"full"};
   std::vector<std::string> ratios;
@@ -159,6 +173,7 @@ struct RulerSampleRecord {
   std::string task;
   int64_t length = 0;
   int64_t index = 0;
+  int question = 0;  // 0: RULER's question; k > 0: text.others[k - 1] on the same context
   uint64_t seed = 0;
   int64_t units = 0;
   int64_t context_tokens = 0;

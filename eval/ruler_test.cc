@@ -305,5 +305,100 @@ TEST_F(RulerTest, AnswerReadsTheCompressedCacheAndIsScored) {
   EXPECT_LT(a->achieved.kept_fraction(), 1.0);  // the context was compressed before the question
 }
 
+// The other questions a context answers: each names a key the context holds with its own value,
+// none is RULER's question, each fits the length; the tasks with one answerable question have
+// none; the sample's own text does not depend on them.
+TEST_F(RulerTest, OtherQuestionsAskOtherKeysOfTheSameContext) {
+  const RulerBuilder b = Builder();
+  for (const std::string task : {"niah_multikey_1", "niah_multikey_2", "niah_multikey_3"}) {
+    for (int64_t i = 0; i < 3; ++i) {
+      SCOPED_TRACE(task + " sample " + std::to_string(i));
+      auto s = b.Build(task, kLen, i);
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      const RulerText& t = s->text;
+      ASSERT_GE(t.others.size(), task == "niah_multikey_1" ? 3u : 2u);
+      ASSERT_EQ(s->other_question_ids.size(), t.others.size());
+      std::set<std::string> questions = {t.question};
+      for (size_t k = 0; k < t.others.size(); ++k) {
+        const auto& q = t.others[k];
+        ASSERT_EQ(q.expected.size(), 1u);
+        EXPECT_TRUE(questions.insert(q.question).second) << "asked twice: " << q.question;
+        // "... for KEY is: VALUE." is in the context, once, with the question's KEY.
+        const std::string& v = q.expected[0];
+        const size_t at = t.context.find(" is: " + v + ".");
+        ASSERT_NE(at, std::string::npos) << v;
+        const size_t for_at = t.context.rfind(" for ", at);
+        const std::string key = t.context.substr(for_at + 5, at - for_at - 5);
+        EXPECT_NE(q.question.find(key), std::string::npos) << key << " / " << q.question;
+        EXPECT_NE(q.answer_prefix.find(key), std::string::npos);
+        EXPECT_EQ(t.context.find(" for " + key + " is: ", at + 1), std::string::npos)
+            << "the key recurs";
+        EXPECT_LE(static_cast<int64_t>(s->context_ids.size() + s->other_question_ids[k].size()) +
+                      s->max_new_tokens,
+                  kLen);
+      }
+    }
+  }
+  for (const std::string task : {"niah_single_1", "niah_single_2", "niah_multivalue",
+                                 "niah_multiquery", "vt", "cwe"}) {
+    auto s = b.Build(task, kLen, 0);
+    ASSERT_TRUE(s.ok()) << task;
+    EXPECT_TRUE(s->text.others.empty()) << task;
+  }
+}
+
+// --questions N: one prefill and compression per sample and config, each question answered from
+// its own fork; RULER's question scores exactly as in a run without the others, and every
+// question is a sample of its task.
+TEST_F(RulerTest, SharedContextQuestionsAnswerFromForks) {
+  RulerOptions o;
+  o.tasks = {"niah_multikey_1", "niah_single_1"};
+  o.lengths = {1024};
+  o.samples = 2;
+  o.policies = {"full", "streaming", "kivi2"};
+  o.ratios = {"4"};
+  auto one = RunRuler(*model_, o, nullptr);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  o.questions = 3;
+  auto three = RunRuler(*model_, o, nullptr);
+  ASSERT_TRUE(three.ok()) << three.status().ToString();
+  ASSERT_EQ(one->samples.size(), 4u);
+  ASSERT_EQ(three->samples.size(), 2u * 3 + 2u);  // multikey_1: 3 questions; single_1: 1
+  const RulerBuilder b = Builder();
+  for (const auto& rec : three->samples) {
+    SCOPED_TRACE(rec.task + " " + std::to_string(rec.index) + " q" + std::to_string(rec.question));
+    if (rec.question == 0) {
+      const auto it = std::find_if(one->samples.begin(), one->samples.end(), [&](const auto& x) {
+        return x.task == rec.task && x.index == rec.index;
+      });
+      ASSERT_NE(it, one->samples.end());
+      EXPECT_EQ(rec.answers, it->answers);  // the fork answers as the cache itself did
+      EXPECT_EQ(rec.scores, it->scores);
+      continue;
+    }
+    EXPECT_EQ(rec.task, "niah_multikey_1");
+    // Against a fresh prefill of the same context answering the same question, per config.
+    auto s = b.Build(rec.task, 1024, rec.index);
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ(rec.expected, s->text.others[rec.question - 1].expected);
+    ThreadPool pool(1);
+    for (size_t c = 0; c < three->configs.size(); ++c) {
+      auto cache = PrefillRulerContext(*model_, *s, RegistryFactory(), three->configs[c], 256,
+                                       &pool);
+      ASSERT_TRUE(cache.ok());
+      auto a = AnswerRulerQuestion(*model_, *s, cache->get(), 256, &pool, rec.question);
+      ASSERT_TRUE(a.ok()) << a.status().ToString();
+      EXPECT_EQ(a->text, rec.answers[c]) << three->configs[c].Label();
+    }
+  }
+  for (const auto& cell : three->cells) {
+    EXPECT_EQ(cell.n, cell.task == "niah_multikey_1" ? 6 : 2) << cell.task;
+  }
+  o.questions = 0;
+  auto bad = RunRuler(*model_, o, nullptr);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--questions must be >= 1"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace strata::eval
