@@ -52,6 +52,9 @@ POLICIES = [
     "snapkv", "h2o", "streaming", "quest",
 ]
 RATIO = "4"  # the eviction policies' budget (the quantizers ignore it)
+# Questions per compressed context (eval ruler --questions): the multi-key tasks answer their
+# other keys from forks of one compression, four times the samples for one prefill.
+QUESTIONS = 4
 THIN = {"lengths": [1024], "samples": 1, "kld_windows": 1, "tasks": "niah_single_1,vt",
         "policies": ["full", "geodesia:bits=3", "kivi2", "turboquant:preset=3bit", "snapkv"]}
 
@@ -113,7 +116,8 @@ def fmt(x, digits=3) -> str:
 
 
 def render(out: str, meta: dict) -> str:
-    lines = [f"Model `{meta['model']}`; {meta['samples']} samples per RULER task and length, "
+    lines = [f"Model `{meta['model']}`; {meta['samples']} samples per RULER task and length "
+             f"(up to {QUESTIONS} questions per context on the multi-key tasks), "
              f"{meta['kld_windows']} KLD window(s) of the task length; eviction policies at "
              f"ratio {RATIO}. Measured {meta['date']} on {meta['cpu']}, {meta['threads']} "
              f"threads; command: `{meta['command']}`.", ""]
@@ -223,6 +227,7 @@ def main(argv=None) -> int:
                           "-t", str(a.threads)]
                 run([a.strata, "eval", "ruler"] + common +
                     ["--len", str(length), "--samples", str(p["samples"]), "--task", tasks,
+                     "--questions", str(QUESTIONS),
                      "--json", os.path.join(a.out, f"ruler-{length}.json")], log)
                 run([a.strata, "eval", "kld"] + common +
                     ["--len", str(length), "--windows", str(p["kld_windows"]),
