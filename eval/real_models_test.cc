@@ -35,7 +35,10 @@ struct RealModel {
   const char* file;
   const char* prompt;
   const char* greedy16;  // llama-completion's 16 greedy tokens after the prompt
-  double ppl1024;        // strata's perplexity over the first 1,024 tokens of the haystack
+  // Strata's perplexity over the first 1,024 tokens of the haystack: prefill on int8 activations
+  // (the integer GEMM of kernels/quant_gemm.h, as decode); with STRATA_QUANT_PREFILL=dequant
+  // (exact f32 activations) it is 3.9322 for SmolLM2 and 2.2287 for Gemma 3.
+  double ppl1024;
 };
 
 void PrintTo(const RealModel& m, std::ostream* os) { *os << m.file; }
@@ -140,10 +143,10 @@ INSTANTIATE_TEST_SUITE_P(
     Fetched, RealModelTest,
     ::testing::Values(RealModel{"SmolLM2-135M-Instruct.Q4_1.gguf",
                                 "Once upon a time, in a small village,",
-                                " there was a wise old wizard named Elwes. Elwes was", 3.9320},
+                                " there was a wise old wizard named Elwes. Elwes was", 3.9479},
                       RealModel{"gemma-3-270m-q4_k_m.gguf", "The three primary colors are",
                                 " red, blue, and yellow.\n\nThe primary colors are red, blue,",
-                                2.2270}),
+                                2.2541}),
     [](const ::testing::TestParamInfo<RealModel>& info) {
       return std::string(info.param.file[0] == 'S' ? "SmolLM2" : "Gemma3");
     });

@@ -57,6 +57,30 @@
 //       for the 32-element formats it now unpacks each 8-block group of a row once for 4 tokens
 //       (Dot32Tokens). `bench decode --batch` on the 125M Q8_0 llama, ctx 512, 2 threads, loaded
 //       host: aggregate tok/s at B = 16 103-108 -> 158-184, B = 64 124-129 -> 176-267.
+//   v6  Prefill of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K on x86 AVX2 / AVX-512: the integer
+//       GEMM of kernels/quant_gemm.h (MatMulIntGemm; each (row, token) equals MatVec bit for bit)
+//       instead of the f32 GEMM over dequantized tiles (kept as MatMulDequant). Predicted from
+//       instruction counts per 32 weights (kernels/quant_gemm.cc): the GEMM ~1.5-1.75x where k is
+//       long, ~1.1x at k = 576; with the GEMM ~70-80 % of a 2048-token prefill (attention most of
+//       the rest), prefill ~1.1-1.5x. Measured 2026-12-07 on the 2-core AMD EPYC Zen 5 host
+//       (avx512_vnni, avx_vnni, no AMX; shared with a training job, load 3-5), `strata bench
+//       prefill -m FILE --tokens 2048 --rounds 1 -t T` with STRATA_QUANT_PREFILL=dequant and
+//       without, interleaved per round, tok/s dequantizing -> integer (rounds):
+//       1 thread: SmolLM2-135M Q4_1 361-463 -> 526-590 (3 rounds), Gemma 3 270M Q4_K_M 404-420 ->
+//       535-550 (3), SmolLM2 requantized (strata quantize --allow-requantize) to Q4_0 459-471 ->
+//       617-625, Q8_0 444-461 -> 649-672, Q6_K (mostly Q8_0: 576-wide rows are no whole Q6_K
+//       block) 420-465 -> 495-559, Q4_K_M (mostly Q5_0/Q8_0) 427-463 -> 514-545 (2 rounds each);
+//       2 threads (the second core is busy with other work, so no faster than 1): SmolLM2 Q4_1
+//       357-400 -> 490-514, Gemma 3 364-397 -> 464-505, Q4_0 420-445 -> 567-585, Q8_0 449-457
+//       -> 592-609, Q6_K 434-442 -> 537-539, Q4_K_M 429-441 -> 555-556.
+//       Numbers: prefill now carries the int8 activation error that decode always had
+//       (kernels/quant_dot.h): perplexity of the first 1024 haystack tokens (eval/
+//       real_models_test.cc) SmolLM2 3.9322 -> 3.9479, Gemma 3 2.2287 -> 2.2541; greedy text of
+//       the 12 testbed files quantized to Q4_0/Q4_1/Q5_0/Q8_0/Q4_K_M/Q6_K equals prefill with
+//       --chunk 1 (MatVec per token) on 2 prompts each, and differs from the dequantizing path's on
+//       4 of those 24 after a few tokens; `strata generate -n 32 --temp 0` on the real models:
+//       SmolLM2 the same text on both paths, Gemma 3 parts from the dequantizing path's after 14
+//       tokens; both still give llama.cpp's greedy text in eval/real_models_test.cc.
 #include "kernels/matmul.h"
 
 #include <algorithm>

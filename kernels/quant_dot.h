@@ -16,8 +16,12 @@
 // SIMD target (AVX-512 VNNI vpdpbusd, AVX2/AVX-512 maddubs, the portable path: the scalar
 // reference itself on SSE4/EMU128) and every caller (MatVec, MatVecMany, DotRow, MatMulInt8,
 // MatVecBatch; QuantMatMulRows' 4-token pass of the 32-element formats, which unpacks a row's
-// blocks once for 4 tokens) give the same float bit for bit. (MatMul, the prefill GEMM,
-// dequantizes tiles to f32 instead: measured faster; see kernels/matmul.h.)
+// blocks once for 4 tokens) give the same float bit for bit. So does the prefill GEMM
+// (kernels/quant_gemm.h, which MatMul runs for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K on x86
+// AVX2 / AVX-512): it keeps each unpacked weight row in registers for several tokens, which made
+// it faster than dequantizing weight tiles to f32 (kernels/matmul.cc, v6), while the row dots here
+// unpack a row again per token and measured slower than that f32 path (v4). Prefill of the other
+// types, and on older CPUs, still runs the f32 GEMM (no activation rounding; kernels/matmul.h).
 //
 // Error contract (tested in float64 for every type, kernels/quant_dot_test.cc): with w_i the
 // dequantized weights (DequantizeRow) and x the f32 activations, the result y of QuantDot satisfies

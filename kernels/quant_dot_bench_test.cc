@@ -5,8 +5,9 @@
 // q/k/v, o, gate/up, down and the 32000 x 768 output; random blocks, ~50-210 MB per type, larger
 // than the caches) on one thread, as GB/s of weight bytes and as a fraction of the read bandwidth
 // (MeasureReadBandwidth) measured between passes. Prefill: GFLOP/s of a 2048-token MatMul on the
-// 768 x 768, 2048 x 768 and 768 x 2048 (rows x cols) shapes: the integer GEMM (MatMul, where
-// HasQuantGemm), the dequantize-to-f32 GEMM (MatMulDequant) and the int8 row dots (MatMulInt8).
+// 768 x 768, 2048 x 768, 768 x 2048, 576 x 576, 1536 x 576 and 576 x 1536 (rows x cols) shapes:
+// the integer GEMM (MatMul, where HasQuantGemm), the dequantize-to-f32 GEMM (MatMulDequant) and
+// the int8 row dots (MatMulInt8).
 // STRATA_BENCH_TYPES=Q4_0,Q8_0 limits the types.
 #include <gtest/gtest.h>
 
@@ -179,7 +180,9 @@ TEST(QuantDotBench, DISABLED_MatVecInCache) {
 TEST(QuantDotBench, DISABLED_Prefill) {
   Rng rng(18);
   const int64_t n = 2048;
-  const int64_t shapes[3][2] = {{768, 768}, {2048, 768}, {768, 2048}};
+  // The 125M llama's shapes, then SmolLM2-135M's (d_model 576: 18 blocks of 32 per row).
+  const int64_t shapes[][2] = {{768, 768}, {2048, 768}, {768, 2048}, {576, 576}, {1536, 576},
+                               {576, 1536}};
   std::printf("%-7s %12s %10s %10s %10s  (GFLOP/s, best of 3, 1 thread)\n", "type", "shape",
               "int-gemm", "deq-f32", "row-dots");
   for (DType t : BenchTypes()) {

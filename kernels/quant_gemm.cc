@@ -1,11 +1,33 @@
 // The integer prefill GEMM of the quantized weight types (see quant_gemm.h).
 //
-// Version log (2-core AMD EPYC Zen 5 host, AVX-512 VNNI, shared with other work):
+// Version log (2-core AMD EPYC Zen 5 host, AVX-512 VNNI, shared with other work: load 4-6):
 //   v1  Lane = segment layout, R x T = 4 x 4 zmm accumulators (AVX3_DL vpdpbusd, AVX3 vpmaddubsw +
-//       vpmaddwd), 4 x 2 ymm on AVX2; rows unpacked by 8-lane gathers once per tile of 64 tokens;
-//       the segment sums turned into block terms 8 blocks at a time in ymm (f32 lane j =
-//       accumulator j of quant_dot.h's order). SSE4 and EMU128 are not served (the callers keep
-//       their other paths there). Measured figures: kernels/matmul.cc's version log (v6).
+//       vpmaddwd), 4 x 2 ymm on AVX2; a last group of at most 8 segments in ymm on AVX-512; rows
+//       unpacked by 8-lane gathers once per token tile (~256 KiB of prepared tokens, 16-256); the
+//       segment sums turned into block terms 8 blocks at a time in ymm (f32 lane j = accumulator
+//       j of quant_dot.h's order; the K-quants 4 super-blocks at a time in xmm). SSE4 and EMU128
+//       are not served (MatMul keeps the f32 GEMM there).
+//       Predicted (instructions per 32 weights per (row, token), AVX3_DL, large k): integer stage
+//       8 vpdpbusd per 16 segments + one load per 2 vpdpbusd = 0.75, plus a store per group; f32
+//       stage Q4_0 7 per 8 blocks (load, subtract the offset, convert, 2 multiplies, add) = 0.9,
+//       Q4_1 1.1; Q4_K ~1.1 and Q6_K ~1.2 (scale multiplies and the reduction per super-block);
+//       so ~1.7-2.0 against the dequantizing GEMM's 3 (2 zmm FMAs + a load per 2 FMAs, in its
+//       4 x 4 f32 tiles): ~1.5-1.75x where k is long, less where padding of the 16-lane groups
+//       and the 8-block f32 steps (and the per-(row, token) tail) weigh: k = 576 (18 blocks in 24
+//       lanes) ~1.1x.
+//       Measured (QuantDotBench.DISABLED_Prefill, 2048 tokens, 1 thread, GFLOP/s best of 3, int /
+//       dequantizing, 2026-12-07, host load 4-5, +-30 % between runs): k = 2048 Q4_0 190-266 /
+//       73-113, Q4_1 144-243 / 67-116, Q5_0 156 / 75, Q8_0 147-253 / 75-113, Q4_K 128-204 /
+//       73-113, Q6_K 125-133 / 71-115; k = 768 Q4_0 124-242 / 91-155, Q4_1 82-205 / 93-166,
+//       Q4_K 76-108 / 92-169, Q6_K 87-113 / 95-159; k = 576 Q4_0 129-141 / 147-150, Q4_1
+//       145-156 / 135-158. Model-level figures: kernels/matmul.cc's version log (v6).
+//   v2  The 32-element formats' f32 stage for the whole 4 x 4 tile at once (Epi32): perf of a
+//       SmolLM2 Q4_1 prefill (2048 tokens, 1 thread) put 41 % of the time in the one-(row, token)
+//       f32 stage, called through a pointer, against 29 % in the integer stage: each call was one
+//       exposed latency chain of dependent multiplies and adds. Interleaving the 16 chains (and
+//       loading each row's scales and each token's factors once per step) took that prefill from
+//       411-439 tok/s (below the dequantizing path's 470-480) to 472-540 (dequantizing 373-436
+//       in the same minutes). Same operations per (row, token): results unchanged.
 // This file compiles AVX3_DL as kernels/quant_dot.cc does (vpdpbusd).
 #undef HWY_DISABLED_TARGETS
 #define HWY_DISABLED_TARGETS HWY_SSSE3
@@ -18,6 +40,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "core/buffer.h"
 #include "core/check.h"
@@ -177,35 +200,89 @@ HWY_INLINE VI DotAccSigned(VI acc, VI c, VI q) {
 #endif
 }
 
-// ---- The integer stage: S[r][t][seg] = sum over segment seg of code * q, for kR rows (w: their
-// codes in the lane layout) and kT tokens (a: their codes), groups [0, ngroups) of kLanes
-// segments with kC columns each. ----
-template <int kC, bool kSigned>
-HWY_INLINE void IntTile(const uint8_t* const* w, const uint8_t* const* a, int64_t ngroups,
-                        int32_t* s, int64_t sstride) {
-  for (int64_t g = 0; g < ngroups; ++g) {
-    const int64_t base = g * kLanes * 4 * kC;
-    VI acc[kR][kT];
-    for (int r = 0; r < kR; ++r)
-      for (int t = 0; t < kT; ++t) acc[r][t] = ZeroI();
+// 8 lanes (ymm) of the same products, for a last group of at most 8 segments on AVX-512: the
+// low half of every column.
+HWY_INLINE V8 DotAcc8(V8 acc, V8 u, V8 q) {
+#if HWY_TARGET == HWY_AVX3_DL
+  // The EVEX encoding (AVX-512 VNNI), written out as kernels/quant_dot.cc's DotU8 does.
+  asm("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(q));
+  return acc;
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, q), _mm256_set1_epi16(1)));
+#endif
+}
+HWY_INLINE V8 DotAcc8Signed(V8 acc, V8 c, V8 q) {
+  return DotAcc8(acc, _mm256_abs_epi8(c), _mm256_sign_epi8(q, c));
+}
+
+// One group at byte offset `base` of the lane layout: the kR x kT accumulators of kW lanes (kW =
+// kLanes, or 8 for the low half of a last group), stored at lane offset `lane0` of S.
+template <int kC, bool kSigned, bool kHalf>
+HWY_INLINE void IntGroup(const uint8_t* const* w, const uint8_t* const* a, int64_t base, int32_t* s,
+                         int64_t sstride, int64_t lane0) {
+  using VW = std::conditional_t<kHalf, V8, VI>;
+  auto load = [](const uint8_t* p) HWY_ATTR -> VW {
+    if constexpr (kHalf) {
+      return _mm256_loadu_si256(reinterpret_cast<const V8*>(p));
+    } else {
+      return LoadI(p);
+    }
+  };
+  VW acc[kR][kT];
+  for (int r = 0; r < kR; ++r)
+    for (int t = 0; t < kT; ++t) {
+      if constexpr (kHalf) {
+        acc[r][t] = _mm256_setzero_si256();
+      } else {
+        acc[r][t] = ZeroI();
+      }
+    }
 #pragma GCC unroll 8
-    for (int c = 0; c < kC; ++c) {
-      const int64_t o = base + c * 4 * kLanes;
-      VI wv[kR];
-      for (int r = 0; r < kR; ++r) wv[r] = LoadI(w[r] + o);
-      for (int t = 0; t < kT; ++t) {
-        const VI av = LoadI(a[t] + o);
-        for (int r = 0; r < kR; ++r) {
-          if constexpr (kSigned) {
-            acc[r][t] = DotAccSigned(acc[r][t], wv[r], av);
-          } else {
-            acc[r][t] = DotAcc(acc[r][t], wv[r], av);
-          }
+  for (int c = 0; c < kC; ++c) {
+    const int64_t o = base + c * 4 * kLanes;
+    VW wv[kR];
+    for (int r = 0; r < kR; ++r) wv[r] = load(w[r] + o);
+    for (int t = 0; t < kT; ++t) {
+      const VW av = load(a[t] + o);
+      for (int r = 0; r < kR; ++r) {
+        if constexpr (kHalf && kSigned) {
+          acc[r][t] = DotAcc8Signed(acc[r][t], wv[r], av);
+        } else if constexpr (kHalf) {
+          acc[r][t] = DotAcc8(acc[r][t], wv[r], av);
+        } else if constexpr (kSigned) {
+          acc[r][t] = DotAccSigned(acc[r][t], wv[r], av);
+        } else {
+          acc[r][t] = DotAcc(acc[r][t], wv[r], av);
         }
       }
     }
-    for (int r = 0; r < kR; ++r)
-      for (int t = 0; t < kT; ++t) StoreI(s + (r * kT + t) * sstride + g * kLanes, acc[r][t]);
+  }
+  for (int r = 0; r < kR; ++r) {
+    for (int t = 0; t < kT; ++t) {
+      int32_t* dst = s + (r * kT + t) * sstride + lane0;
+      if constexpr (kHalf) {
+        _mm256_storeu_si256(reinterpret_cast<V8*>(dst), acc[r][t]);
+      } else {
+        StoreI(dst, acc[r][t]);
+      }
+    }
+  }
+}
+
+// ---- The integer stage: S[r][t][seg] = sum over segment seg of code * q, for kR rows (w: their
+// codes in the lane layout) and kT tokens (a: their codes), over the nseg segments in groups of
+// kLanes with kC columns each (a last group of at most 8 segments in ymm on AVX-512). ----
+template <int kC, bool kSigned>
+HWY_INLINE void IntTile(const uint8_t* const* w, const uint8_t* const* a, int64_t nseg, int32_t* s,
+                        int64_t sstride) {
+  const int64_t ngroups = (nseg + kLanes - 1) / kLanes;
+  for (int64_t g = 0; g < ngroups; ++g) {
+    const int64_t base = g * kLanes * 4 * kC;
+    if (kLanes == 16 && nseg - g * kLanes <= 8) {
+      IntGroup<kC, kSigned, true>(w, a, base, s, sstride, g * kLanes);
+    } else {
+      IntGroup<kC, kSigned, false>(w, a, base, s, sstride, g * kLanes);
+    }
   }
 }
 
@@ -410,23 +487,43 @@ HWY_INLINE float Finish(__m256 acc) {
 }
 
 // The 32-element formats: isum = S - off (the code offset times the activation sum), then
-// quant_dot.h's Term / TermMin in lane b % 8.
+// quant_dot.h's Term / TermMin in lane b % 8, for a whole kR x kT tile at once: the same
+// operations per (row, token), with the
+// kR * kT independent accumulator chains interleaved (one (row, token) at a time left the f32
+// latency chain exposed) and each row's scales and each token's factors loaded once per step.
 template <bool kOff, bool kMin>
-HWY_INLINE float Epilogue32(const int32_t* sums, const uint8_t* row, const RowLayout& rl,
-                            const uint8_t* tok, const TokLayout& tl, int64_t nb) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; b += 8) {
-    V8 isum = LdV8(sums + b);
-    if constexpr (kOff) isum = _mm256_sub_epi32(isum, LdV8(tok + tl.off + 4 * b));
-    const __m256 dx = LdF8(tok + tl.dx + 4 * b);
-    __m256 t = _mm256_mul_ps(_mm256_mul_ps(LdF8(row + rl.d + 4 * b), dx), _mm256_cvtepi32_ps(isum));
-    if constexpr (kMin) {
-      t = _mm256_add_ps(t, _mm256_mul_ps(LdF8(row + rl.m + 4 * b), LdF8(tok + tl.dxs + 4 * b)));
+struct Epi32 {
+  HWY_INLINE static void Tile(const int32_t* sums, int64_t sstride, const uint8_t* const* rows,
+                              const RowLayout& rl, const uint8_t* const* toks, const TokLayout& tl,
+                              int64_t nb, float (*out)[kT]) {
+    __m256 acc[kR][kT];
+    for (int r = 0; r < kR; ++r)
+      for (int t = 0; t < kT; ++t) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b += 8) {
+      __m256 dx[kT], dxs[kT];
+      V8 off[kT];
+      for (int t = 0; t < kT; ++t) {
+        dx[t] = LdF8(toks[t] + tl.dx + 4 * b);
+        if constexpr (kMin) dxs[t] = LdF8(toks[t] + tl.dxs + 4 * b);
+        if constexpr (kOff) off[t] = LdV8(toks[t] + tl.off + 4 * b);
+      }
+      for (int r = 0; r < kR; ++r) {
+        const __m256 dw = LdF8(rows[r] + rl.d + 4 * b);
+        __m256 m;
+        if constexpr (kMin) m = LdF8(rows[r] + rl.m + 4 * b);
+        for (int t = 0; t < kT; ++t) {
+          V8 isum = LdV8(sums + (r * kT + t) * sstride + b);
+          if constexpr (kOff) isum = _mm256_sub_epi32(isum, off[t]);
+          __m256 v = _mm256_mul_ps(_mm256_mul_ps(dw, dx[t]), _mm256_cvtepi32_ps(isum));
+          if constexpr (kMin) v = _mm256_add_ps(v, _mm256_mul_ps(m, dxs[t]));
+          acc[r][t] = AddValid(acc[r][t], v, nb - b);
+        }
+      }
     }
-    acc = AddValid(acc, t, nb - b);
+    for (int r = 0; r < kR; ++r)
+      for (int t = 0; t < kT; ++t) out[r][t] = Finish(acc[r][t]);
   }
-  return Finish(acc);
-}
+};
 
 // The K-quants take 4 super-blocks per step: lane j of the xmm term is super-block b + j, whose
 // accumulator (b + j) % 8 is lane j of acc[(b / 4) % 2] (b a multiple of 4).
@@ -509,6 +606,19 @@ HWY_INLINE float EpilogueQ6K(const int32_t* sums, const uint8_t* row, const RowL
   return Finish(_mm256_set_m128(acc[1], acc[0]));
 }
 
+// The K-quants' epilogues over a tile, one (row, token) after another.
+template <float (*kEpi)(const int32_t*, const uint8_t*, const RowLayout&, const uint8_t*,
+                        const TokLayout&, int64_t)>
+struct EpiEach {
+  HWY_INLINE static void Tile(const int32_t* sums, int64_t sstride, const uint8_t* const* rows,
+                              const RowLayout& rl, const uint8_t* const* toks, const TokLayout& tl,
+                              int64_t nb, float (*out)[kT]) {
+    for (int r = 0; r < kR; ++r)
+      for (int t = 0; t < kT; ++t)
+        out[r][t] = kEpi(sums + (r * kT + t) * sstride, rows[r], rl, toks[t], tl, nb);
+  }
+};
+
 // ---- The tiled product. ----
 
 // Tokens per tile: each row is unpacked once per tile, and the tile's prepared tokens (about k
@@ -518,17 +628,13 @@ HWY_INLINE int64_t TokTile(int64_t token_bytes) {
   return std::clamp<int64_t>((256 * 1024) / std::max<int64_t>(token_bytes, 1), 16, 256) / kT * kT;
 }
 
-using EpiFn = float (*)(const int32_t*, const uint8_t*, const RowLayout&, const uint8_t*,
-                        const TokLayout&, int64_t);
-
-template <class K>
-void GemmT(EpiFn epi, const TensorView& w, const uint8_t* toks, int64_t tstride, int64_t n_tok,
-           float* y, int64_t y_stride, int64_t r0, int64_t r1) {
+template <class K, class Epi>
+void GemmT(const TensorView& w, const uint8_t* toks, int64_t tstride, int64_t n_tok, float* y,
+           int64_t y_stride, int64_t r0, int64_t r1) {
   const DType t = w.dtype;
   const Shape s = qgemm::GetShape(t, w.cols());
   const RowLayout rl = qgemm::GetRowLayout(t, s);
   const TokLayout tl = qgemm::GetTokLayout(t, s);
-  const int64_t ngroups = (s.nseg + kLanes - 1) / kLanes;
   thread_local AlignedBuffer<uint8_t> rowbuf;
   thread_local AlignedBuffer<int32_t> sbuf;
   if (rowbuf.size() < static_cast<size_t>(kR * rl.bytes)) rowbuf.Resize(kR * rl.bytes);
@@ -546,12 +652,11 @@ void GemmT(EpiFn epi, const TensorView& w, const uint8_t* toks, int64_t tstride,
         const int nt = static_cast<int>(std::min<int64_t>(kT, t1 - tt));
         const uint8_t* ap[kT];
         for (int j = 0; j < kT; ++j) ap[j] = toks + (tt + std::min(j, nt - 1)) * tstride;
-        IntTile<K::kC, K::kSigned>(wp, ap, ngroups, sbuf.data(), s.sstride);
+        IntTile<K::kC, K::kSigned>(wp, ap, s.nseg, sbuf.data(), s.sstride);
+        float out[kR][kT];
+        Epi::Tile(sbuf.data(), s.sstride, wp, rl, ap, tl, s.nb, out);
         for (int r = 0; r < nr; ++r) {
-          for (int j = 0; j < nt; ++j) {
-            y[(tt + j) * y_stride + ra + r] =
-                epi(sbuf.data() + (r * kT + j) * s.sstride, wp[r], rl, ap[j], tl, s.nb);
-          }
+          for (int j = 0; j < nt; ++j) y[(tt + j) * y_stride + ra + r] = out[r][j];
         }
       }
     }
@@ -607,23 +712,19 @@ void GemmRowsImpl(const TensorView& w, const uint8_t* toks, int64_t tstride, int
                   float* y, int64_t y_stride, int64_t r0, int64_t r1) {
   switch (w.dtype) {
     case DType::kQ4_0:
-      return GemmT<K4Bit<false>>(&Epilogue32<true, false>, w, toks, tstride, n_tok, y, y_stride, r0,
-                                 r1);
+      return GemmT<K4Bit<false>, Epi32<true, false>>(w, toks, tstride, n_tok, y, y_stride, r0, r1);
     case DType::kQ4_1:
-      return GemmT<K4Bit<true>>(&Epilogue32<false, true>, w, toks, tstride, n_tok, y, y_stride, r0,
-                                r1);
+      return GemmT<K4Bit<true>, Epi32<false, true>>(w, toks, tstride, n_tok, y, y_stride, r0, r1);
     case DType::kQ5_0:
-      return GemmT<K5Bit<false>>(&Epilogue32<true, false>, w, toks, tstride, n_tok, y, y_stride, r0,
-                                 r1);
+      return GemmT<K5Bit<false>, Epi32<true, false>>(w, toks, tstride, n_tok, y, y_stride, r0, r1);
     case DType::kQ5_1:
-      return GemmT<K5Bit<true>>(&Epilogue32<false, true>, w, toks, tstride, n_tok, y, y_stride, r0,
-                                r1);
+      return GemmT<K5Bit<true>, Epi32<false, true>>(w, toks, tstride, n_tok, y, y_stride, r0, r1);
     case DType::kQ8_0:
-      return GemmT<K8Bit>(&Epilogue32<kVnni, false>, w, toks, tstride, n_tok, y, y_stride, r0, r1);
+      return GemmT<K8Bit, Epi32<kVnni, false>>(w, toks, tstride, n_tok, y, y_stride, r0, r1);
     case DType::kQ4_K:
-      return GemmT<KQ4K>(&EpilogueQ4K, w, toks, tstride, n_tok, y, y_stride, r0, r1);
+      return GemmT<KQ4K, EpiEach<&EpilogueQ4K>>(w, toks, tstride, n_tok, y, y_stride, r0, r1);
     case DType::kQ6_K:
-      return GemmT<KQ6K>(&EpilogueQ6K, w, toks, tstride, n_tok, y, y_stride, r0, r1);
+      return GemmT<KQ6K, EpiEach<&EpilogueQ6K>>(w, toks, tstride, n_tok, y, y_stride, r0, r1);
     default:
       STRATA_CHECK(false);
   }
