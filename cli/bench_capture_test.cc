@@ -148,5 +148,29 @@ TEST(BenchCaptureTest, BenchAttentionSaysWhereItsRowsComeFrom) {
   }
 }
 
+// On a trained model's own rows and queries the recall tier does its job: no step falls back to a
+// dense read, every step's fetched rows fit its capacity, and the read is below full's.
+TEST(BenchCaptureTest, RecallOnModelRowsNeedsNoFallback) {
+  const std::string json =
+      (std::filesystem::temp_directory_path() /
+       ("strata_bench_recall_" + std::to_string(getpid()) + ".json"))
+          .string();
+  CliResult r = Strata({"bench", "attention", "--kind", "mla", "-m", Shipped("nope-mla.gguf"),
+                        "--ctx", "2100", "--policy", "full,vestige:block=1024:kappa=4",
+                        "--steps", "4", "--warmup", "1",
+                        "--threads", "1", "--attn-math", "f32", "--json", json});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream f(json);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  std::filesystem::remove(json);
+  ASSERT_EQ(j.at("results").size(), 2u);
+  const nlohmann::json& v = j["results"][1];
+  EXPECT_EQ(v.at("recall_fallbacks"), 0) << v;
+  EXPECT_GT(v.at("rows_fetched_per_step").get<double>(), 0) << v;  // the tier did recall
+  EXPECT_LE(v.at("rows_fetched_per_step").get<double>(), 4096) << v;  // the default capacity
+  EXPECT_LT(v.at("read_ratio_vs_full").get<double>(), 1.0) << v;
+  EXPECT_EQ(v.at("compressed"), true) << v;
+}
+
 }  // namespace
 }  // namespace strata::cli
