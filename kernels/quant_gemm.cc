@@ -28,6 +28,14 @@
 //       loading each row's scales and each token's factors once per step) took that prefill from
 //       411-439 tok/s (below the dequantizing path's 470-480) to 472-540 (dequantizing 373-436
 //       in the same minutes). Same operations per (row, token): results unchanged.
+//       QuantDotBench.DISABLED_Prefill after v2 (same host, 2026-12-07, load ~3.3; GFLOP/s int /
+//       dequantizing): k = 768 Q4_0 291-315 / 152-155, Q4_1 283 / 139-143, Q5_0 291 / 149-150,
+//       Q8_0 292-300 / 146-166, Q4_K 145-161 / 141-171, Q6_K 186-189 / 153-168; k = 2048 Q4_0
+//       316 / 96, Q4_1 302 / 107, Q5_0 338 / 103, Q8_0 326 / 112, Q4_K 206-215 / 104-116, Q6_K
+//       204 / 113; k = 576 (576 x 576, 1536 x 576) Q4_0 179 / 136-142, Q4_1 130-149 / 142-147,
+//       Q5_0 176-178 / 149-150, Q8_0 177-184 / 154-159; k = 1536 (576 x 1536) Q4_0 331 / 122,
+//       Q4_1 322 / 126, Q8_0 333 / 130, Q4_K 195 / 146, Q6_K 199 / 128. The K-quants' f32
+//       stage is still one (row, token) at a time (EpiEach): the next step for them.
 // This file compiles AVX3_DL as kernels/quant_dot.cc does (vpdpbusd).
 #undef HWY_DISABLED_TARGETS
 #define HWY_DISABLED_TARGETS HWY_SSSE3
