@@ -623,18 +623,11 @@ StatusOr<RulerSample> RulerBuilder::BuildUnits(const std::string& task, int64_t 
   if (s.context_ids.empty() || s.question_ids.empty()) {
     return Internal(task + ": the context or the question tokenizes to nothing");
   }
-  // The other questions that fit the length as RULER's does (prompt + generated <= T).
-  std::vector<RulerText::Question> kept;
-  for (RulerText::Question& q : s.text.others) {
+  for (const RulerText::Question& q : s.text.others) {
     ASSIGN_OR_RETURN(const std::string text, after(q.question, q.answer_prefix));
-    std::vector<int32_t> ids = tok_->Encode(text, /*with_bos=*/false, /*parse_special=*/true);
-    if (static_cast<int64_t>(s.context_ids.size() + ids.size()) + s.max_new_tokens > length) {
-      continue;
-    }
-    s.other_question_ids.push_back(std::move(ids));
-    kept.push_back(std::move(q));
+    s.other_question_ids.push_back(
+        tok_->Encode(text, /*with_bos=*/false, /*parse_special=*/true));
   }
-  s.text.others = std::move(kept);
   return s;
 }
 
@@ -643,7 +636,8 @@ StatusOr<RulerSample> RulerBuilder::Build(const std::string& task, int64_t lengt
   const int64_t lo_units = MinUnits(task);
   auto fits = [&](int64_t units, RulerSample* out) -> StatusOr<bool> {
     ASSIGN_OR_RETURN(RulerSample s, BuildUnits(task, length, index, units));
-    const bool ok = s.prompt_tokens() + s.max_new_tokens <= length;
+    // Every question the context answers fits T (RULER's and the others alike).
+    const bool ok = s.longest_prompt_tokens() + s.max_new_tokens <= length;
     if (out) *out = std::move(s);
     return ok;
   };
@@ -652,10 +646,10 @@ StatusOr<RulerSample> RulerBuilder::Build(const std::string& task, int64_t lengt
   if (!ok) {
     return InvalidArgument("--len " + std::to_string(length) + " is too short for " + task +
                            ": its template with the fewest haystack units takes " +
-                           std::to_string(first.prompt_tokens()) + " tokens and " +
+                           std::to_string(first.longest_prompt_tokens()) + " tokens and " +
                            std::to_string(first.max_new_tokens) +
                            " are generated; the minimum --len is " +
-                           std::to_string(first.prompt_tokens() + first.max_new_tokens));
+                           std::to_string(first.longest_prompt_tokens() + first.max_new_tokens));
   }
   // Doubling, then bisection, then a walk so that `lo` fits and lo + 1 does not.
   int64_t lo = lo_units, hi = std::max<int64_t>(lo_units * 2, lo_units + 16);

@@ -11,6 +11,7 @@
 // budgets are RULER's.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -75,6 +76,12 @@ struct RulerSample {
   std::vector<std::vector<int32_t>> other_question_ids;
   int64_t prompt_tokens() const {
     return static_cast<int64_t>(context_ids.size() + question_ids.size());
+  }
+  // The context with its longest question (RULER's or another): the one that must fit T.
+  int64_t longest_prompt_tokens() const {
+    size_t q = question_ids.size();
+    for (const auto& o : other_question_ids) q = std::max(q, o.size());
+    return static_cast<int64_t>(context_ids.size() + q);
   }
 };
 
