@@ -94,7 +94,9 @@ TEST_P(RealModelTest, GreedyTextEqualsLlamaCpp) {
       parted_margin = static_cast<double>(logits[next]) - second;
       break;  // past a parting the texts are different continuations
     }
-    if (i + 1 < 16) ASSERT_TRUE(m.Decode(next, cache->get(), &pool, logits.data()).ok());
+    if (i + 1 < 16) {
+      ASSERT_TRUE(m.Decode(next, cache->get(), &pool, logits.data()).ok());
+    }
   }
   if (parted_at < 0) {
     EXPECT_EQ(tok->Decode(out), rm.greedy16) << rm.file;
