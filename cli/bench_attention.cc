@@ -179,19 +179,10 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       return fail(m.status().WithContext("cannot load model '" + model_path + "' (-m)").message());
     }
     model = std::move(*m);
-    const std::vector<int> layers = AttentionLayers(*model, mla);
-    if (layers.empty()) {
-      return fail("model '" + model_path + "' has no global " + (mla ? "MLA" : "GQA") +
-                  " attention layer (--kind " + o.kind + ")");
-    }
-    const int li = o.layer < 0 ? layers.back() : o.layer;
-    if (std::find(layers.begin(), layers.end(), li) == layers.end()) {
-      std::string list;
-      for (int c : layers) list += (list.empty() ? "" : ", ") + std::to_string(c);
-      return fail("--layer " + std::to_string(o.layer) + " is not one of the model's " +
-                  (mla ? "MLA" : "GQA") + " cache layers (" + list + ")");
-    }
-    g = model->CacheLayers()[li];
+    auto li = ResolveAttentionLayer(*model, mla, o.layer);
+    if (!li.ok()) return fail("model '" + model_path + "': " + li.status().message());
+    // The layer's geometry sizes the row and query buffers; the capture per --ctx fills them.
+    g = model->CacheLayers()[*li];
     g.model_layer = -1;
   } else if (mla) {
     const int heads = o.heads ? o.heads : 16, d_c = o.d_c ? o.d_c : 512, d_r = o.d_r ? o.d_r : 64;
@@ -275,8 +266,6 @@ int RunBenchAttention(const BenchAttentionOptions& o, std::ostream& out, std::os
       auto c = CaptureLayer(*model, mla, o.layer, ctx, o.warmup + o.steps, o.seed, &pool, err);
       if (!c.ok()) return fail(c.status().message());
       captured = std::move(*c);
-      g = captured->geometry;
-      g.model_layer = -1;
       source = "model rows: " + model_path + ", cache layer " + std::to_string(captured->layer) +
                " (model layer " + std::to_string(captured->geometry.model_layer) +
                "), its prefill of a " + captured->format + " needle trial (seed " +

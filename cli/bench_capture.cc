@@ -10,6 +10,8 @@
 
 namespace strata::cli {
 
+namespace {
+
 std::vector<int> AttentionLayers(const Model& model, bool mla) {
   std::vector<int> out;
   const std::vector<LayerGeometry> layers = model.CacheLayers();
@@ -20,20 +22,27 @@ std::vector<int> AttentionLayers(const Model& model, bool mla) {
   return out;
 }
 
-StatusOr<CapturedLayer> CaptureLayer(Model& model, bool mla, int layer, int64_t ctx, int steps,
-                                     uint64_t seed, ThreadPool* pool, std::ostream& progress) {
+}  // namespace
+
+StatusOr<int> ResolveAttentionLayer(const Model& model, bool mla, int layer) {
   const std::vector<int> candidates = AttentionLayers(model, mla);
   if (candidates.empty()) {
     return InvalidArgument(std::string("the model has no global ") + (mla ? "MLA" : "GQA") +
                            " attention layer (--kind " + (mla ? "mla" : "gqa") + ")");
   }
-  if (layer < 0) layer = candidates.back();
+  if (layer < 0) return candidates.back();
   if (std::find(candidates.begin(), candidates.end(), layer) == candidates.end()) {
     std::string list;
     for (int c : candidates) list += (list.empty() ? "" : ", ") + std::to_string(c);
     return InvalidArgument("--layer " + std::to_string(layer) + " is not one of the model's " +
                            (mla ? "MLA" : "GQA") + " cache layers (" + list + ")");
   }
+  return layer;
+}
+
+StatusOr<CapturedLayer> CaptureLayer(Model& model, bool mla, int layer, int64_t ctx, int steps,
+                                     uint64_t seed, ThreadPool* pool, std::ostream& progress) {
+  ASSIGN_OR_RETURN(layer, ResolveAttentionLayer(model, mla, layer));
   if (ctx < 64) return InvalidArgument("--ctx must be >= 64 with model rows");
   if (steps < 1) return InvalidArgument("capture needs >= 1 decode step");
 

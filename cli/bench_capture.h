@@ -46,11 +46,12 @@ struct CapturedLayer {
   }
 };
 
-// Indexes into Model::CacheLayers of the layers of the kind asked (mla: MLA; gqa: GQA), global
-// ones only (a sliding-window layer is never a policy's), in order.
-std::vector<int> AttentionLayers(const Model& model, bool mla);
+// The index into Model::CacheLayers that `layer` names among the layers of the kind asked (mla:
+// MLA; gqa: GQA), global ones only (a sliding-window layer is never a policy's); layer < 0: the
+// last of them. Errors: the model has none, or `layer` is not one of them (the message lists them).
+StatusOr<int> ResolveAttentionLayer(const Model& model, bool mla, int layer);
 
-// layer < 0: the last of AttentionLayers. Errors: no such layer, ctx + steps past what the trial
+// layer as ResolveAttentionLayer takes it. Errors: no such layer, ctx + steps past what the trial
 // can hold, a model whose layer the run never queried through its cache.
 StatusOr<CapturedLayer> CaptureLayer(Model& model, bool mla, int layer, int64_t ctx, int steps,
                                      uint64_t seed, ThreadPool* pool, std::ostream& progress);

@@ -231,7 +231,8 @@ StatusOr<NeedleTrial> NeedleBuilder::Build(int64_t length, int64_t index) const 
       t.answer = tok_->Encode(" " + t.key, false);
     }
   } else if (o_.format == NeedleFormat::kKvMultikey) {
-    return BuildMultikey(length, index, rng, &t);
+    RETURN_IF_ERROR(BuildMultikey(length, rng, &t));
+    return t;
   } else {
     const KvTokenIds& kv = o_.kv;
     const int32_t v1 = kv.slot0_first + static_cast<int32_t>(rng.Below(kv.slot0_count));
@@ -295,8 +296,7 @@ std::vector<int32_t> RebuildPrefix(const std::vector<int32_t>& filler, int32_t b
   return prefix;
 }
 
-StatusOr<NeedleTrial> NeedleBuilder::BuildMultikey(int64_t length, int64_t index, Rng& rng,
-                                                   NeedleTrial* out) const {
+Status NeedleBuilder::BuildMultikey(int64_t length, Rng& rng, NeedleTrial* out) const {
   NeedleTrial& t = *out;
   const KvTokenIds& kv = o_.kv;
   const int n = kv.n_keys;
@@ -350,7 +350,7 @@ StatusOr<NeedleTrial> NeedleBuilder::BuildMultikey(int64_t length, int64_t index
   t.query = {kv.key, names[q]};
   t.answer = {v1[q], v2[q]};
   t.prefix = RebuildPrefix(filler_, bos_, t.filler_offset, inserts, length);
-  return std::move(t);
+  return OkStatus();
 }
 
 std::string TokenHash(const std::vector<int32_t>& ids) {

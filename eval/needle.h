@@ -126,8 +126,8 @@ class NeedleBuilder {
   int32_t bos() const { return bos_; }  // -1: the prefix starts with filler
 
  private:
-  StatusOr<NeedleTrial> BuildMultikey(int64_t length, int64_t index, Rng& rng,
-                                      NeedleTrial* t) const;
+  // kv-multikey: fills t's needles, query, answer and prefix from rng.
+  Status BuildMultikey(int64_t length, Rng& rng, NeedleTrial* t) const;
   NeedleOptions o_;
   const Tokenizer* tok_ = nullptr;
   int64_t n_vocab_ = 0;

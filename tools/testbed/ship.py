@@ -66,10 +66,9 @@ def main() -> int:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import tb_hf  # numpy (and torch, which tb_hf imports)
         st = os.path.join(out_dir, "model.safetensors")
-        with open(st, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            meta = json.loads(f.read(n)).get("__metadata__", {})
-        tb_hf.write_safetensors(st, tb_hf.read_safetensors(st), meta, "BF16")
+        meta = {}
+        tensors = tb_hf.read_safetensors(st, meta)
+        tb_hf.write_safetensors(st, tensors, meta, "BF16")
     record = {"summary": summary, "sessions": sessions, "quick_evals": evals,
               "loss_curve": [dedup[k] for k in sorted(dedup)]}
     with open(os.path.join(out_dir, "training.json"), "w") as f:

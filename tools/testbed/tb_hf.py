@@ -64,12 +64,15 @@ def write_safetensors(path: str, tensors: dict, metadata: dict | None = None,
 _ST_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8")}
 
 
-def read_safetensors(path: str) -> dict:
-    """name -> float32 numpy array (F32/F16/F64/BF16)."""
+def read_safetensors(path: str, metadata: dict | None = None) -> dict:
+    """name -> float32 numpy array (F32/F16/F64/BF16). `metadata`, when given, receives the
+    file's __metadata__ entries."""
     with open(path, "rb") as f:
         buf = f.read()
     (n,) = struct.unpack("<Q", buf[:8])
     header = json.loads(buf[8:8 + n].decode("utf-8"))
+    if metadata is not None:
+        metadata.update(header.get("__metadata__", {}))
     base = 8 + n
     out = {}
     for name, info in header.items():
